@@ -1,0 +1,112 @@
+"""The ``stepsim`` command. With the loader, the only code that touches files.
+
+Errors a user can cause print one line and exit with status 2; no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import __version__
+from .engine import DeadlockError
+from .loader import ScenarioError, dumps_toml, load_scenario, scenario_to_dict
+
+EXIT_USAGE = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, as for scenario errors
+        self.exit(EXIT_USAGE, f"stepsim: error: {message} (see stepsim {self._sub()}--help)\n")
+
+    def _sub(self) -> str:
+        parts = self.prog.split()[1:]
+        return " ".join(parts) + " " if parts else ""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="stepsim",
+        description="Simulate one training iteration of a Megatron-style transformer on a "
+        "GPU cluster.",
+    )
+    parser.add_argument("--version", action="version", version=f"stepsim {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = sub.add_parser(
+        "run",
+        help="simulate a scenario file and print a summary",
+        description="Simulate one iteration of SCENARIO (a TOML file; see scenarios/README.md).",
+    )
+    run.add_argument("scenario", help="scenario file (TOML)")
+    run.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a scenario key, e.g. --set cluster.nic_gbps=400 (repeatable)",
+    )
+    run.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write metrics.json, timeline.png, breakdown.png, trace.json and "
+        "scenario.resolved.toml to DIR",
+    )
+    run.add_argument("--json", action="store_true", help="print only the metrics JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+    except ScenarioError as exc:
+        print(f"stepsim: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except DeadlockError as exc:
+        print(f"stepsim: error: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:
+        print(f"stepsim: error: {exc}", file=sys.stderr)
+        return 1
+    return EXIT_USAGE
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .run import run  # imported here so that `stepsim --help` stays instant
+
+    scenario = load_scenario(args.scenario, args.overrides)
+    result = run(scenario)
+    if args.out:
+        _write_outputs(result, Path(args.out))
+    if args.json:
+        print(json.dumps(result.metrics, indent=2))
+    else:
+        from .output import summary_text
+
+        print(summary_text(result))
+        if args.out:
+            print(
+                f"\n  wrote {args.out}/: metrics.json timeline.png breakdown.png trace.json "
+                "scenario.resolved.toml"
+            )
+    return 0
+
+
+def _write_outputs(result, out: Path) -> None:
+    from .output import breakdown_figure, chrome_trace, timeline_figure
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(result.metrics, indent=2) + "\n")
+    (out / "scenario.resolved.toml").write_text(dumps_toml(scenario_to_dict(result.scenario)))
+    with (out / "trace.json").open("w") as f:
+        json.dump(chrome_trace(result), f, separators=(",", ":"))
+    timeline_figure(result).savefig(out / "timeline.png", dpi=110)
+    breakdown_figure(result).savefig(out / "breakdown.png", dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,363 @@
+"""Scenario files (TOML) in, a validated frozen `Scenario` out; and back to TOML.
+
+This module and the CLI are the only places that touch files. Every error a
+user can cause is a `ScenarioError` whose message names the key, the value and
+the rule, e.g. ``parallel.tensor_model_parallel_size=6 must divide
+model.num_attention_heads=128``.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from . import presets
+from .spec import (
+    NETWORK_MODELS,
+    RECOMPUTE_GRANULARITIES,
+    SCHEDULES,
+    ClusterSpec,
+    ModelSpec,
+    NetworkConfig,
+    ParallelConfig,
+    Scenario,
+    TrainingConfig,
+)
+
+
+class ScenarioError(ValueError):
+    """A scenario a user wrote is not valid; the message says why in one line."""
+
+
+# Each key's expected type: int, float (ints accepted), bool or str.
+_KEYS: dict[str, dict[str, type]] = {
+    "model": {
+        "preset": str,
+        "num_layers": int,
+        "hidden_size": int,
+        "num_attention_heads": int,
+        "ffn_hidden_size": int,
+        "seq_length": int,
+        "vocab_size": int,
+    },
+    "cluster": {
+        "node": str,
+        "gpu": str,
+        "num_nodes": int,
+        "gpus_per_node": int,
+        "nics_per_node": int,
+        "nic_gbps": float,
+        "nvlink_gbytes_per_s": float,
+        "pcie_gbytes_per_s": float,
+        "nvlink_latency_us": float,
+        "pcie_latency_us": float,
+        "ib_latency_us": float,
+        "collective_base_latency_us": float,
+    },
+    "parallel": {
+        "tensor_model_parallel_size": int,
+        "pipeline_model_parallel_size": int,
+        "data_parallel_size": int,
+        "virtual_pipeline_model_parallel_size": int,
+        "sequence_parallel": bool,
+    },
+    "training": {
+        "micro_batch_size": int,
+        "global_batch_size": int,
+        "schedule": str,
+        "recompute_granularity": str,
+        "overlap_grad_reduce": bool,
+    },
+    "network": {
+        "model": str,
+    },
+}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "training.schedule": SCHEDULES,
+    "training.recompute_granularity": RECOMPUTE_GRANULARITIES,
+    "network.model": NETWORK_MODELS,
+    "model.preset": tuple(presets.MODELS),
+    "cluster.node": tuple(presets.NODES),
+    "cluster.gpu": tuple(presets.GPUS),
+}
+# Latencies may be zero; every other number must be positive.
+_MAY_BE_ZERO = {
+    "cluster.nvlink_latency_us",
+    "cluster.pcie_latency_us",
+    "cluster.ib_latency_us",
+    "cluster.collective_base_latency_us",
+}
+
+
+def load_scenario(path: str | Path, overrides: Iterable[str] = ()) -> Scenario:
+    """Read a scenario file, apply ``section.key=value`` overrides, validate."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(f"cannot read scenario file {str(path)!r}: {exc.strerror}") from None
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    for item in overrides:
+        apply_override(raw, item)
+    return scenario_from_dict(raw)
+
+
+def parse_override(item: str) -> tuple[str, str, Any]:
+    """Split ``section.key=value`` into (section, key, value); value parsed as TOML."""
+    target, sep, text = item.partition("=")
+    target = target.strip()
+    if not sep or not target:
+        raise ScenarioError(f"--set {item!r} must look like section.key=value")
+    section, dot, key = target.partition(".")
+    if not dot:
+        section, key = "", target
+    if section and section not in _KEYS:
+        raise ScenarioError(f"--set {target}: unknown section {section!r}; known: {_known(_KEYS)}")
+    try:
+        value = tomllib.loads(f"v = {text.strip()}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text.strip()  # a bare word such as gpipe or fair-share
+    return section, key, value
+
+
+def apply_override(raw: dict[str, Any], item: str) -> None:
+    section, key, value = parse_override(item)
+    if not section:
+        raw[key] = value
+        return
+    table = raw.setdefault(section, {})
+    if not isinstance(table, dict):
+        raise ScenarioError(f"--set {section}.{key}: [{section}] is not a table in the file")
+    table[key] = value
+
+
+def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
+    """Validate a parsed TOML document and build the frozen Scenario."""
+    allowed_top = {"name", *_KEYS}
+    for key in raw:
+        if key not in allowed_top:
+            raise ScenarioError(f"unknown key {key!r} at top level; known: {_known(allowed_top)}")
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise ScenarioError(f"name={name!r} must be a non-empty string")
+    tables = {}
+    for section in _KEYS:
+        table = raw.get(section, {})
+        if not isinstance(table, Mapping):
+            raise ScenarioError(f"{section}={table!r} must be a table [{section}]")
+        tables[section] = _check_table(section, table)
+
+    model = _build_model(tables["model"])
+    cluster = _build_cluster(tables["cluster"])
+    parallel = _build_parallel(tables["parallel"], model, cluster)
+    training = _build_training(tables["training"], parallel)
+    network = NetworkConfig(model=tables["network"].get("model", "fair-share"))
+    return Scenario(
+        name=name,
+        model=model,
+        cluster=cluster,
+        parallel=parallel,
+        training=training,
+        network=network,
+    )
+
+
+def _known(keys: Iterable[str]) -> str:
+    return ", ".join(sorted(keys))
+
+
+def _check_table(section: str, table: Mapping[str, Any]) -> dict[str, Any]:
+    types = _KEYS[section]
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        full = f"{section}.{key}"
+        if key not in types:
+            raise ScenarioError(f"unknown key {full!r}; known in [{section}]: {_known(types)}")
+        want = types[key]
+        if want is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if want is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ScenarioError(f"{full}={value!r} must be an integer")
+        if want is float and not isinstance(value, float):
+            raise ScenarioError(f"{full}={value!r} must be a number")
+        if want is bool and not isinstance(value, bool):
+            raise ScenarioError(f"{full}={value!r} must be true or false")
+        if want is str and not isinstance(value, str):
+            raise ScenarioError(f"{full}={value!r} must be a string")
+        if want in (int, float):
+            if value < 0 or (value == 0 and full not in _MAY_BE_ZERO):
+                rule = "must be >= 0" if full in _MAY_BE_ZERO else "must be positive"
+                raise ScenarioError(f"{full}={value!r} {rule}")
+            if value != value or value == float("inf"):
+                raise ScenarioError(f"{full}={value!r} must be a finite number")
+        if full in _CHOICES and value not in _CHOICES[full]:
+            raise ScenarioError(f"{full}={value!r} must be one of: {', '.join(_CHOICES[full])}")
+        out[key] = value
+    return out
+
+
+def _require(section: str, table: Mapping[str, Any], key: str, hint: str = "") -> Any:
+    if key not in table:
+        raise ScenarioError(f"missing key {section}.{key}{hint}")
+    return table[key]
+
+
+def _build_model(table: dict[str, Any]) -> ModelSpec:
+    values: dict[str, Any] = {}
+    preset = table.get("preset")
+    if preset is not None:
+        values.update(presets.MODELS[preset])
+    values.update({k: v for k, v in table.items() if k != "preset"})
+    hint = " (or set model.preset)"
+    for key in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size"):
+        _require("model", values, key, hint)
+    values.setdefault("ffn_hidden_size", 4 * values["hidden_size"])
+    if values["hidden_size"] % values["num_attention_heads"]:
+        raise ScenarioError(
+            f"model.num_attention_heads={values['num_attention_heads']} must divide "
+            f"model.hidden_size={values['hidden_size']}"
+        )
+    return ModelSpec(preset=preset, **values)
+
+
+def _build_cluster(table: dict[str, Any]) -> ClusterSpec:
+    values: dict[str, Any] = {}
+    node = table.get("node")
+    if node is not None:
+        values.update(presets.NODES[node])
+    values.update({k: v for k, v in table.items() if k != "node"})
+    hint = " (or set cluster.node to a preset)"
+    for key in _KEYS["cluster"]:
+        if key != "node":
+            _require("cluster", values, key, hint if key != "num_nodes" else "")
+    gpu_name = values.pop("gpu")
+    if values["nics_per_node"] > values["gpus_per_node"]:
+        raise ScenarioError(
+            f"cluster.nics_per_node={values['nics_per_node']} must be <= "
+            f"cluster.gpus_per_node={values['gpus_per_node']}"
+        )
+    return ClusterSpec(gpu=presets.GPUS[gpu_name], node=node, **values)
+
+
+def _build_parallel(
+    table: dict[str, Any], model: ModelSpec, cluster: ClusterSpec
+) -> ParallelConfig:
+    tp = table.get("tensor_model_parallel_size", 1)
+    pp = table.get("pipeline_model_parallel_size", 1)
+    if model.num_attention_heads % tp:
+        raise ScenarioError(
+            f"parallel.tensor_model_parallel_size={tp} must divide "
+            f"model.num_attention_heads={model.num_attention_heads}"
+        )
+    if model.ffn_hidden_size % tp:
+        raise ScenarioError(
+            f"parallel.tensor_model_parallel_size={tp} must divide "
+            f"model.ffn_hidden_size={model.ffn_hidden_size}"
+        )
+    if model.num_layers % pp:
+        raise ScenarioError(
+            f"parallel.pipeline_model_parallel_size={pp} must divide "
+            f"model.num_layers={model.num_layers}"
+        )
+    if "data_parallel_size" in table:
+        dp = table["data_parallel_size"]
+    else:
+        if cluster.num_gpus % (tp * pp):
+            raise ScenarioError(
+                f"cluster GPUs={cluster.num_gpus} (num_nodes x gpus_per_node) must be a multiple "
+                f"of tensor x pipeline parallel size={tp * pp} to derive "
+                f"parallel.data_parallel_size; set it explicitly or change the sizes"
+            )
+        dp = cluster.num_gpus // (tp * pp)
+    if tp * pp * dp > cluster.num_gpus:
+        raise ScenarioError(
+            f"parallel.data_parallel_size={dp} asks for tensor x pipeline x data = "
+            f"{tp * pp * dp} GPUs but the cluster has {cluster.num_gpus} "
+            f"(cluster.num_nodes={cluster.num_nodes} x gpus_per_node={cluster.gpus_per_node})"
+        )
+    return ParallelConfig(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        data_parallel_size=dp,
+        virtual_pipeline_model_parallel_size=table.get("virtual_pipeline_model_parallel_size", 1),
+        sequence_parallel=table.get("sequence_parallel", False),
+    )
+
+
+def _build_training(table: dict[str, Any], parallel: ParallelConfig) -> TrainingConfig:
+    gbs = _require("training", table, "global_batch_size")
+    mbs = table.get("micro_batch_size", 1)
+    dp = parallel.data_parallel_size
+    if gbs % (mbs * dp):
+        raise ScenarioError(
+            f"training.global_batch_size={gbs} must be divisible by micro_batch_size x "
+            f"data_parallel_size={mbs} x {dp}={mbs * dp}"
+        )
+    schedule = table.get("schedule", "1f1b")
+    vpp = parallel.virtual_pipeline_model_parallel_size
+    if vpp != 1:
+        raise ScenarioError(
+            f"parallel.virtual_pipeline_model_parallel_size={vpp} needs an interleaved schedule; "
+            f"training.schedule={schedule!r} runs one chunk per stage, so it must be 1"
+        )
+    return TrainingConfig(
+        micro_batch_size=mbs,
+        global_batch_size=gbs,
+        schedule=schedule,
+        recompute_granularity=table.get("recompute_granularity", "none"),
+        overlap_grad_reduce=table.get("overlap_grad_reduce", False),
+    )
+
+
+# --- back to TOML -----------------------------------------------------------------------
+
+
+def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
+    """Every key with its resolved value: loading this gives the same Scenario."""
+
+    def table(spec: object, section: str) -> dict[str, Any]:
+        values = {k: getattr(spec, k) for k in _KEYS[section] if hasattr(spec, k)}
+        return {k: v for k, v in values.items() if v is not None}
+
+    cluster = table(scenario.cluster, "cluster")
+    cluster["gpu"] = scenario.cluster.gpu.name
+    return {
+        "name": scenario.name,
+        "model": table(scenario.model, "model"),
+        "cluster": cluster,
+        "parallel": table(scenario.parallel, "parallel"),
+        "training": table(scenario.training, "training"),
+        "network": table(scenario.network, "network"),
+    }
+
+
+def dumps_toml(doc: Mapping[str, Any]) -> str:
+    """A small TOML writer for flat tables of str, int, float and bool."""
+    lines = []
+    for key, value in doc.items():
+        if not isinstance(value, Mapping):
+            lines.append(f"{key} = {_toml_value(value)}")
+    for key, value in doc.items():
+        if isinstance(value, Mapping):
+            lines.append("")
+            lines.append(f"[{key}]")
+            lines.extend(f"{k} = {_toml_value(v)}" for k, v in value.items())
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, str):
+        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+        return f'"{escaped}"'
+    raise TypeError(f"cannot write {type(value).__name__} to TOML")

@@ -1,0 +1,120 @@
+"""Parameters and memory per GPU, stage by stage.
+
+Weights, gradients and optimizer states follow mixed-precision Adam as counted
+by Rajbhandari et al. 2020 (ZeRO, Sec 3.1): 2 bytes of fp16 weights, 2 of fp16
+gradients and 12 of fp32 master weights, momentum and variance per parameter.
+Activations follow Korthikanti et al. 2022 (arXiv 2205.05198, Sec 4), bytes
+per layer and micro-batch, times the micro-batches the schedule keeps in flight.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .spec import Scenario
+from .units import bytes_to_gib
+
+WEIGHT_BYTES_PER_PARAM = 2.0
+GRADIENT_BYTES_PER_PARAM = 2.0
+OPTIMIZER_BYTES_PER_PARAM = 12.0
+
+
+def layer_params_per_rank(scenario: Scenario) -> float:
+    """Parameters of one transformer layer held by one tensor-parallel rank."""
+    h, f = scenario.model.hidden_size, scenario.model.ffn_hidden_size
+    t = scenario.parallel.tensor_model_parallel_size
+    sharded = (
+        3 * h * h + 3 * h + h * h + h * f + f + f * h
+    )  # QKV, proj, fc1, fc2 (+ sharded biases)
+    replicated = 2 * h + 2 * h + h + h  # two layernorms, proj and fc2 biases
+    return sharded / t + replicated
+
+
+def stage_params_per_rank(scenario: Scenario, stage: int) -> float:
+    """Parameters on one GPU of a pipeline stage (embedding on the first, output on the last).
+
+    The output layer shares the word embedding; with more than one stage the
+    last stage keeps its own copy, as Megatron-LM does.
+    """
+    m, p = scenario.model, scenario.parallel.pipeline_model_parallel_size
+    t = scenario.parallel.tensor_model_parallel_size
+    params = layer_params_per_rank(scenario) * (m.num_layers // p)
+    if stage == 0:
+        params += m.vocab_size * m.hidden_size / t + m.seq_length * m.hidden_size
+    if stage == p - 1:
+        params += 2 * m.hidden_size  # final layernorm
+        if p > 1:
+            params += m.vocab_size * m.hidden_size / t
+    return params
+
+
+def activation_bytes_per_layer(scenario: Scenario) -> float:
+    """Korthikanti et al. 2022, Sec 4.2 and Table 2: one layer, one micro-batch, one rank."""
+    m = scenario.model
+    s, b, h, a = (
+        m.seq_length,
+        scenario.training.micro_batch_size,
+        m.hidden_size,
+        (m.num_attention_heads),
+    )
+    t = scenario.parallel.tensor_model_parallel_size
+    sp = scenario.parallel.sequence_parallel
+    recompute = scenario.training.recompute_granularity
+    sbh = s * b * h
+    if recompute == "full":
+        return 2 * sbh / (t if sp else 1)  # only the layer's input is kept
+    attention_core = 5 * a * s / (h * t)  # scores, softmax, dropout mask and output
+    if recompute == "selective":
+        attention_core = 0.0
+    if sp:
+        return sbh * (34 / t + attention_core)
+    return sbh * (10 + 24 / t + attention_core)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageMemory:
+    stage: int
+    params: float
+    weights_bytes: float
+    gradients_bytes: float
+    optimizer_bytes: float
+    activations_bytes: float
+    inflight_microbatches: int
+
+    @property
+    def total_bytes(self) -> float:
+        return (
+            self.weights_bytes
+            + self.gradients_bytes
+            + self.optimizer_bytes
+            + self.activations_bytes
+        )
+
+    def as_gib(self) -> dict[str, float]:
+        return {
+            "weights": bytes_to_gib(self.weights_bytes),
+            "gradients": bytes_to_gib(self.gradients_bytes),
+            "optimizer": bytes_to_gib(self.optimizer_bytes),
+            "activations": bytes_to_gib(self.activations_bytes),
+            "total": bytes_to_gib(self.total_bytes),
+        }
+
+
+def stage_memory(scenario: Scenario, stage: int, inflight_microbatches: int) -> StageMemory:
+    m, p = scenario.model, scenario.parallel.pipeline_model_parallel_size
+    t = scenario.parallel.tensor_model_parallel_size
+    params = stage_params_per_rank(scenario, stage)
+    activations = activation_bytes_per_layer(scenario) * (m.num_layers // p)
+    activations *= inflight_microbatches
+    if stage == p - 1:
+        # fp32 logits of the micro-batch whose loss is being computed (Korthikanti Sec 4.3).
+        activations += 4 * m.seq_length * scenario.training.micro_batch_size * m.vocab_size / t
+    return StageMemory(
+        stage=stage,
+        params=params,
+        weights_bytes=params * WEIGHT_BYTES_PER_PARAM,
+        gradients_bytes=params * GRADIENT_BYTES_PER_PARAM,
+        optimizer_bytes=params * OPTIMIZER_BYTES_PER_PARAM,
+        activations_bytes=activations,
+        inflight_microbatches=inflight_microbatches,
+    )

@@ -1,0 +1,120 @@
+"""Numbers from spans: iteration time, throughput, MFU, bubble, breakdown, memory.
+
+Hardware FLOPs are what the GPUs execute, recomputation included (how the
+Megatron-LM papers report TFLOP/s); model FLOPs leave recomputation out and
+give MFU. Both are summed over the ops of the simulated lanes and multiplied
+by the number of GPUs each lane stands for.
+
+The breakdown of a GPU's iteration (its compute stream) adds up to the
+iteration time: compute; exposed tensor-parallel communication; exposed
+pipeline point-to-point (waiting while an activation or gradient is on the
+wire); exposed data-parallel gradient sync; optimizer; idle (waiting for
+another stage to produce work, and the tail after the GPU's own optimizer
+step). ``bubble_fraction`` is the mean idle share over GPUs.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .engine import DP_WAIT, IDLE, PP_WAIT, TP_WAIT, Trace
+from .memory import StageMemory
+from .spec import Scenario
+from .units import bytes_to_gib
+from .workload import BACKWARD, DP_SYNC, FORWARD, OPTIMIZER, RECOMPUTE, TP_COMM, Workload
+
+BREAKDOWN_KEYS = ("compute", "tp_comm", "pp_p2p", "dp_sync", "optimizer", "idle")
+_CATEGORY = {
+    FORWARD: "compute",
+    BACKWARD: "compute",
+    RECOMPUTE: "compute",
+    TP_COMM: "tp_comm",
+    TP_WAIT: "tp_comm",
+    PP_WAIT: "pp_p2p",
+    DP_SYNC: "dp_sync",
+    DP_WAIT: "dp_sync",
+    OPTIMIZER: "optimizer",
+    IDLE: "idle",
+}
+
+
+def stage_breakdowns(trace: Trace) -> list[dict[str, float]]:
+    """Seconds per category on each simulated lane's stream, idle filling the rest."""
+    iteration_s = trace.end_s
+    by_lane: dict[tuple[int, str], dict[str, float]] = {
+        (lane.gpu, lane.stream): defaultdict(float) for lane in trace.lanes
+    }
+    for span in trace.spans:
+        totals = by_lane.get((span.gpu, span.stream))
+        if totals is not None:
+            totals[_CATEGORY[span.kind]] += span.end_s - span.start_s
+    out = []
+    for lane in trace.lanes:
+        totals = by_lane[(lane.gpu, lane.stream)]
+        row = {key: totals.get(key, 0.0) for key in BREAKDOWN_KEYS if key != "idle"}
+        row["idle"] = max(iteration_s - sum(row.values()), 0.0)
+        out.append(row)
+    return out
+
+
+def summarize(
+    scenario: Scenario,
+    workload: Workload,
+    trace: Trace,
+    memory: list[StageMemory],
+) -> dict:
+    iteration_s = trace.end_s
+    num_gpus = scenario.parallel.num_gpus
+    hardware_flops = model_flops = 0.0
+    for lane in workload.lanes:
+        lane_hw = lane_model = 0.0
+        for index in lane.ops:
+            op = workload.ops[index]
+            lane_hw += op.flops
+            if op.kind in (FORWARD, BACKWARD):
+                lane_model += op.flops
+        hardware_flops += lane_hw * lane.stands_for
+        model_flops += lane_model * lane.stands_for
+    per_gpu = 1.0 / (num_gpus * iteration_s * 1e12) if iteration_s > 0 else 0.0
+    hardware_tflops = hardware_flops * per_gpu
+    model_tflops = model_flops * per_gpu
+    breakdowns = stage_breakdowns(trace)
+    weights = [lane.stands_for for lane in workload.lanes]
+    total_weight = sum(weights)
+    mean = {
+        key: sum(w * row[key] for w, row in zip(weights, breakdowns, strict=True)) / total_weight
+        for key in BREAKDOWN_KEYS
+    }
+    tokens = scenario.training.global_batch_size * scenario.model.seq_length
+    memory_gib = [stage.as_gib() for stage in memory]
+    peak = max(memory, key=lambda m: m.total_bytes)
+    return {
+        "name": scenario.name,
+        "iteration_time_s": iteration_s,
+        "hardware_tflops_per_gpu": hardware_tflops,
+        "model_tflops_per_gpu": model_tflops,
+        "mfu": model_tflops / scenario.cluster.gpu.peak_tflops,
+        "bubble_fraction": mean["idle"] / iteration_s if iteration_s > 0 else 0.0,
+        "num_gpus": num_gpus,
+        "num_microbatches": scenario.num_microbatches,
+        "tokens_per_s": tokens / iteration_s if iteration_s > 0 else 0.0,
+        "memory_per_gpu_gib": bytes_to_gib(peak.total_bytes),
+        "memory_peak_stage": peak.stage,
+        "gpu_memory_gib": scenario.cluster.gpu.memory_gib,
+        "breakdown_s": mean,
+        "stages": [
+            {
+                "stage": lane.stage,
+                "gpu": lane.gpu,
+                "stands_for_gpus": lane.stands_for,
+                "breakdown_s": row,
+                "memory_gib": mem,
+                "inflight_microbatches": stage_mem.inflight_microbatches,
+            }
+            for lane, row, mem, stage_mem in zip(
+                workload.lanes, breakdowns, memory_gib, memory, strict=True
+            )
+        ],
+        "simulated_transfers": trace.num_transfers,
+        "simulated_spans": len(trace.spans),
+    }

@@ -1,0 +1,172 @@
+"""How long bytes take: transfers become flows on directed links.
+
+Two models share one method, ``transfer(Transfer) -> simpy.Event``:
+
+- `AnalyticalNetwork`: every transfer runs as if alone on the cluster:
+  latency + bytes / bottleneck, where the bottleneck counts only the
+  transfer's own flows (a ring crossing one NIC twice gets half of it).
+- `FairShareNetwork`: transfers active at the same time share every link
+  max-min fairly (progressive filling). A transfer first waits its latency,
+  then streams its bytes at the rate the sharing gives it; rates are
+  recomputed whenever a flow starts or ends, only for the flows connected
+  to the change through shared links, and changes at one instant are
+  coalesced into one recompute. A stale wake-up (the flow's rate changed
+  since it was scheduled) is ignored by a version counter, because simpy
+  cannot cancel a timeout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import simpy
+
+from .collectives import Transfer
+
+# Relative tolerance when deciding that two fair shares are the same bottleneck.
+_SHARE_RTOL = 1e-12
+
+
+def solo_rate_bytes_per_s(transfer: Transfer, capacities: Sequence[float]) -> float:
+    """Rate of a transfer alone on the network: its tightest link divided among its flows."""
+    return min(
+        capacities[link] / mult for link, mult in zip(transfer.links, transfer.mults, strict=True)
+    )
+
+
+class AnalyticalNetwork:
+    def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
+        self.env = env
+        self.capacities = list(capacities)
+        self.num_transfers = 0
+
+    def transfer(self, transfer: Transfer) -> simpy.Event:
+        self.num_transfers += 1
+        duration_s = transfer.latency_s
+        if transfer.bytes_per_flow > 0 and transfer.links:
+            duration_s += transfer.bytes_per_flow / solo_rate_bytes_per_s(transfer, self.capacities)
+        return self.env.timeout(duration_s)
+
+
+class _Flow:
+    __slots__ = ("seq", "links", "mults", "bytes_left", "rate", "updated_s", "version", "done")
+
+    def __init__(self, seq: int, transfer: Transfer, done: simpy.Event) -> None:
+        self.seq = seq
+        self.links = transfer.links
+        self.mults = transfer.mults
+        self.bytes_left = transfer.bytes_per_flow
+        self.rate = 0.0
+        self.updated_s = 0.0
+        self.version = 0
+        self.done = done
+
+
+class FairShareNetwork:
+    def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
+        self.env = env
+        self.capacities = list(capacities)
+        # Active flows per link, in start order (dicts keep insertion order: deterministic).
+        self._on_link: list[dict[_Flow, None]] = [{} for _ in self.capacities]
+        self._dirty: set[int] = set()
+        self._recompute_pending = False
+        self._seq = 0
+        self.num_transfers = 0
+        self.num_recomputes = 0
+
+    def transfer(self, transfer: Transfer) -> simpy.Event:
+        self.num_transfers += 1
+        done = self.env.event()
+        latency = self.env.timeout(transfer.latency_s)
+        if transfer.bytes_per_flow <= 0 or not transfer.links:
+            latency.callbacks.append(lambda _: done.succeed())
+            return done
+        self._seq += 1
+        flow = _Flow(self._seq, transfer, done)
+        latency.callbacks.append(lambda _: self._start(flow))
+        return done
+
+    # -- flow lifecycle ----------------------------------------------------------------
+
+    def _start(self, flow: _Flow) -> None:
+        flow.updated_s = self.env.now
+        for link in flow.links:
+            self._on_link[link][flow] = None
+        self._mark_dirty(flow.links)
+
+    def _finish(self, flow: _Flow, version: int) -> None:
+        if version != flow.version:
+            return  # its rate changed after this wake-up was scheduled
+        for link in flow.links:
+            del self._on_link[link][flow]
+        flow.bytes_left = 0.0
+        flow.rate = 0.0
+        self._mark_dirty(flow.links)
+        flow.done.succeed()
+
+    def _mark_dirty(self, links: tuple[int, ...]) -> None:
+        self._dirty.update(links)
+        if not self._recompute_pending:
+            self._recompute_pending = True
+            self.env.timeout(0).callbacks.append(self._recompute)
+
+    # -- max-min fair rates ------------------------------------------------------------
+
+    def _recompute(self, _event: simpy.Event) -> None:
+        self._recompute_pending = False
+        dirty = sorted(self._dirty)
+        self._dirty.clear()
+        flows = self._component(dirty)
+        if not flows:
+            return
+        self.num_recomputes += 1
+        now = self.env.now
+        for flow in flows:
+            flow.bytes_left -= flow.rate * (now - flow.updated_s)
+            flow.updated_s = now
+        for flow, rate in zip(flows, self._max_min(flows), strict=True):
+            if rate != flow.rate:
+                flow.rate = rate
+                flow.version += 1
+                wake = self.env.timeout(max(flow.bytes_left, 0.0) / rate)
+                wake.callbacks.append(lambda _, f=flow, v=flow.version: self._finish(f, v))
+
+    def _component(self, links: list[int]) -> list[_Flow]:
+        """Every active flow connected to these links through shared links, in start order."""
+        seen: dict[_Flow, None] = {}
+        stack = [f for link in links for f in self._on_link[link]]
+        while stack:
+            flow = stack.pop()
+            if flow in seen:
+                continue
+            seen[flow] = None
+            for link in flow.links:
+                stack.extend(f for f in self._on_link[link] if f not in seen)
+        return sorted(seen, key=lambda f: f.seq)
+
+    def _max_min(self, flows: list[_Flow]) -> list[float]:
+        """Progressive filling with multiplicities: raise all unfrozen rates together
+        until a link fills, freeze the flows crossing it, repeat."""
+        remaining: dict[int, float] = {}
+        load: dict[int, int] = {}
+        for flow in flows:
+            for link, mult in zip(flow.links, flow.mults, strict=True):
+                remaining[link] = self.capacities[link]
+                load[link] = load.get(link, 0) + mult
+        rates: dict[_Flow, float] = {}
+        unfrozen = list(flows)
+        while unfrozen:
+            share = min(remaining[link] / n for link, n in load.items() if n > 0)
+            limit = share * (1 + _SHARE_RTOL)
+            full = {link for link, n in load.items() if n > 0 and remaining[link] / n <= limit}
+            still = []
+            for flow in unfrozen:
+                if any(link in full for link in flow.links):
+                    rates[flow] = share
+                    for link, mult in zip(flow.links, flow.mults, strict=True):
+                        remaining[link] = max(remaining[link] - mult * share, 0.0)
+                        load[link] -= mult
+                else:
+                    still.append(flow)
+            unfrozen = still
+        return [rates[flow] for flow in flows]

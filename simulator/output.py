@@ -1,0 +1,310 @@
+"""What a person reads: the text summary, the timeline and breakdown figures,
+and the Chrome trace. Builds objects only; the CLI writes them to files."""
+
+from __future__ import annotations
+
+from itertools import groupby
+
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from .engine import DP_WAIT, IDLE, PP_WAIT, TP_WAIT, Trace
+from .metrics import BREAKDOWN_KEYS
+from .run import Result
+from .workload import BACKWARD, DP_SYNC, FORWARD, OPTIMIZER, PP_SEND, RECOMPUTE, TP_COMM
+
+# One colour per span kind; waits share their communication's colour, hatched.
+COLORS = {
+    FORWARD: "#4C72B0",
+    BACKWARD: "#DD8452",
+    RECOMPUTE: "#8172B3",
+    TP_COMM: "#55A868",
+    TP_WAIT: "#55A868",
+    PP_SEND: "#C44E52",
+    PP_WAIT: "#C44E52",
+    DP_SYNC: "#937860",
+    DP_WAIT: "#937860",
+    OPTIMIZER: "#222222",
+    IDLE: "#EEEEEE",
+}
+LEGEND = [
+    (FORWARD, "forward"),
+    (BACKWARD, "backward"),
+    (RECOMPUTE, "recompute"),
+    (TP_COMM, "tensor-parallel comm"),
+    (PP_SEND, "pipeline p2p (send / exposed wait)"),
+    (DP_SYNC, "data-parallel grad sync"),
+    (OPTIMIZER, "optimizer"),
+    (IDLE, "idle (bubble)"),
+]
+BREAKDOWN_COLORS = {
+    "compute": COLORS[FORWARD],
+    "tp_comm": COLORS[TP_COMM],
+    "pp_p2p": COLORS[PP_SEND],
+    "dp_sync": COLORS[DP_SYNC],
+    "optimizer": COLORS[OPTIMIZER],
+    "idle": "#BBBBBB",
+}
+_STREAM_ORDER = {"compute": 0, "pp": 1, "dp": 2, "tp": 3}
+
+
+# -- text ------------------------------------------------------------------------------
+
+
+def summary_text(result: Result) -> str:
+    s, m = result.scenario, result.metrics
+    par, tr, cl = s.parallel, s.training, s.cluster
+    node = f"{cl.node} nodes" if cl.node else f"nodes of {cl.gpus_per_node}"
+    used = f"{m['num_gpus']} GPUs"
+    if m["num_gpus"] < cl.num_gpus:
+        used += f" of {cl.num_gpus}"
+    lines = [
+        f"stepsim · {s.name}",
+        f"  {used} ({cl.num_nodes} {node}, {cl.gpu.name}, {cl.nics_per_node} x "
+        f"{cl.nic_gbps:g} Gb/s NICs per node)",
+        f"  TP {par.tensor_model_parallel_size} x PP {par.pipeline_model_parallel_size} x "
+        f"DP {par.data_parallel_size}"
+        + (" + sequence parallel" if par.sequence_parallel else "")
+        + f" · {m['num_microbatches']} micro-batches of {tr.micro_batch_size} per pipeline"
+        f" · {tr.schedule} · recompute {tr.recompute_granularity}"
+        + (" · overlapped grad reduce" if tr.overlap_grad_reduce else "")
+        + f" · {s.network.model} network",
+        "",
+        f"  iteration time            {m['iteration_time_s']:.4g} s",
+        f"  throughput                {m['tokens_per_s']:,.0f} tokens/s",
+        f"  hardware TFLOP/s per GPU  {m['hardware_tflops_per_gpu']:.1f}  (recomputation included)",
+        f"  model TFLOP/s per GPU     {m['model_tflops_per_gpu']:.1f}",
+        f"  MFU                       {100 * m['mfu']:.1f} %",
+        f"  pipeline bubble           {100 * m['bubble_fraction']:.1f} % of the iteration",
+        f"  memory per GPU            {m['memory_per_gpu_gib']:.1f} GiB of "
+        f"{m['gpu_memory_gib']:g} GiB (peak on stage {m['memory_peak_stage']})",
+    ]
+    if m["memory_per_gpu_gib"] > m["gpu_memory_gib"]:
+        lines.append("  WARNING: this layout does not fit in GPU memory")
+    iteration = m["iteration_time_s"]
+    lines += ["", "  where the time goes, mean per GPU      seconds       %"]
+    for key in BREAKDOWN_KEYS:
+        value = m["breakdown_s"][key]
+        share = 100 * value / iteration if iteration else 0.0
+        lines.append(f"    {_BREAKDOWN_NAMES[key]:<34}{value:>10.4g}{share:>8.1f}")
+    lines += ["", _stage_table(m["stages"])]
+    return "\n".join(lines)
+
+
+_BREAKDOWN_NAMES = {
+    "compute": "compute",
+    "tp_comm": "tensor-parallel comm (exposed)",
+    "pp_p2p": "pipeline p2p (exposed)",
+    "dp_sync": "data-parallel sync (exposed)",
+    "optimizer": "optimizer step",
+    "idle": "idle (pipeline bubble)",
+}
+
+
+def _stage_table(stages: list[dict]) -> str:
+    head = "  per stage (seconds)  " + "".join(f"{k:>10}" for k in BREAKDOWN_KEYS) + "   mem GiB"
+    rows = [head]
+    shown = stages if len(stages) <= 12 else stages[:5] + [None] + stages[-5:]
+    for stage in shown:
+        if stage is None:
+            rows.append("    ...")
+            continue
+        values = "".join(f"{stage['breakdown_s'][k]:>10.3g}" for k in BREAKDOWN_KEYS)
+        rows.append(
+            f"    stage {stage['stage']:<3} x{stage['stands_for_gpus']:<5}  {values}"
+            f"{stage['memory_gib']['total']:>10.1f}"
+        )
+    return "\n".join(rows)
+
+
+# -- figures ---------------------------------------------------------------------------
+
+
+def timeline_figure(result: Result) -> Figure:
+    """A Gantt chart: one row per simulated GPU (one per pipeline stage), its compute
+    stream on top and its background transfers in a thin band below."""
+    trace = result.trace
+    lanes = trace.lanes
+    row_of = {lane.gpu: i for i, lane in enumerate(lanes)}
+    scale, unit = _time_unit(trace.end_s)
+    height = min(max(2.0 + 0.45 * len(lanes), 3.0), 16.0)
+    fig = Figure(figsize=(14, height), layout="constrained")
+    ax = fig.add_subplot()
+    few = len(lanes) <= 16 and result.scenario.num_microbatches <= 32
+    for (gpu, stream, kind), spans in groupby(
+        sorted(
+            trace.spans,
+            key=lambda sp: (sp.gpu, _STREAM_ORDER.get(sp.stream, 9), sp.kind, sp.start_s),
+        ),
+        key=lambda sp: (sp.gpu, sp.stream, sp.kind),
+    ):
+        row = row_of[gpu]
+        bars = _merge([(sp.start_s * scale, sp.end_s * scale) for sp in spans])
+        if stream == "compute":
+            y, h = row - 0.38, 0.6
+        else:
+            y, h = row + 0.26, 0.14
+        ax.broken_barh(
+            [(a, b - a) for a, b in bars],
+            (y, h),
+            facecolors=COLORS.get(kind, "#999999"),
+            edgecolor="none",
+            hatch="///" if kind in (PP_WAIT, DP_WAIT, TP_WAIT) else None,
+        )
+    if few:
+        _label_microbatches(ax, trace, row_of, scale)
+    ax.set_yticks(range(len(lanes)))
+    ax.set_yticklabels(
+        [
+            f"stage {lane.stage} · GPU {lane.gpu}"
+            + (f" (x{lane.stands_for})" if lane.stands_for > 1 else "")
+            for lane in lanes
+        ],
+        fontsize=8 if len(lanes) > 20 else 9,
+    )
+    ax.invert_yaxis()
+    ax.set_xlim(0, trace.end_s * scale)
+    ax.set_xlabel(f"time ({unit})")
+    ax.set_title(
+        f"{result.scenario.name}: one iteration, {trace.end_s * scale:.4g} {unit}"
+        " (rows: one GPU per pipeline stage; thin band: background transfers)"
+    )
+    fig.legend(
+        handles=[Patch(facecolor=COLORS[k], label=name) for k, name in LEGEND],
+        loc="outside lower center",
+        ncol=4,
+        fontsize=8,
+        frameon=False,
+    )
+    return fig
+
+
+def breakdown_figure(result: Result) -> Figure:
+    """Stacked bars: where each pipeline stage's iteration goes."""
+    stages = result.metrics["stages"]
+    scale, unit = _time_unit(result.trace.end_s)
+    fig = Figure(figsize=(max(6.0, 0.3 * len(stages) + 3), 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    x = list(range(len(stages)))
+    bottom = [0.0] * len(stages)
+    for key in BREAKDOWN_KEYS:
+        values = [stage["breakdown_s"][key] * scale for stage in stages]
+        ax.bar(
+            x,
+            values,
+            bottom=bottom,
+            color=BREAKDOWN_COLORS[key],
+            label=_BREAKDOWN_NAMES[key],
+            width=0.8,
+        )
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_xticks(x)
+    ax.set_xticklabels(
+        [str(stage["stage"]) for stage in stages], fontsize=7 if len(stages) > 20 else 9
+    )
+    ax.set_xlabel("pipeline stage")
+    ax.set_ylabel(f"time per iteration ({unit})")
+    ax.set_title(f"{result.scenario.name}: where the time goes")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return fig
+
+
+def _time_unit(end_s: float) -> tuple[float, str]:
+    if end_s >= 1.0:
+        return 1.0, "s"
+    if end_s >= 1e-3:
+        return 1e3, "ms"
+    return 1e6, "µs"
+
+
+def _merge(bars: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Join touching intervals so that large runs draw fewer rectangles."""
+    merged: list[list[float]] = []
+    for start, end in bars:
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(a, b) for a, b in merged]
+
+
+def _label_microbatches(ax, trace: Trace, row_of: dict[int, int], scale: float) -> None:
+    """Micro-batch numbers on forward and backward passes, as in the papers' figures."""
+    compute = [
+        sp
+        for sp in trace.spans
+        if sp.stream == "compute"
+        and sp.microbatch >= 0
+        and sp.kind in (FORWARD, BACKWARD, RECOMPUTE)
+    ]
+    compute.sort(key=lambda sp: (sp.gpu, sp.microbatch, sp.kind == FORWARD, sp.start_s))
+    for (gpu, mb, forward), group in groupby(
+        compute, key=lambda sp: (sp.gpu, sp.microbatch, sp.kind == FORWARD)
+    ):
+        spans = list(group)
+        start, end = spans[0].start_s, max(sp.end_s for sp in spans)
+        ax.text(
+            (start + end) / 2 * scale,
+            row_of[gpu] - 0.08,
+            str(mb),
+            ha="center",
+            va="center",
+            fontsize=7,
+            color="white" if forward else "black",
+        )
+
+
+# -- Chrome trace ----------------------------------------------------------------------
+
+
+def chrome_trace(result: Result) -> dict:
+    """Chrome trace event format: a process per simulated GPU, a thread per stream.
+    Opens in Perfetto (ui.perfetto.dev) and chrome://tracing."""
+    events: list[dict] = []
+    streams = sorted(
+        {sp.stream for sp in result.trace.spans}, key=lambda s: _STREAM_ORDER.get(s, 9)
+    )
+    tids = {stream: i for i, stream in enumerate(streams)}
+    for lane in result.trace.lanes:
+        name = f"GPU {lane.gpu} (stage {lane.stage}"
+        name += f", stands for {lane.stands_for} GPUs)" if lane.stands_for > 1 else ")"
+        events.append(
+            {"ph": "M", "name": "process_name", "pid": lane.gpu, "tid": 0, "args": {"name": name}}
+        )
+        events.append(
+            {
+                "ph": "M",
+                "name": "process_sort_index",
+                "pid": lane.gpu,
+                "tid": 0,
+                "args": {"sort_index": lane.stage},
+            }
+        )
+        for stream, tid in tids.items():
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": lane.gpu,
+                    "tid": tid,
+                    "args": {"name": stream},
+                }
+            )
+    for sp in result.trace.spans:
+        events.append(
+            {
+                "ph": "X",
+                "name": f"{sp.label} {sp.kind}",
+                "cat": sp.kind,
+                "pid": sp.gpu,
+                "tid": tids[sp.stream],
+                "ts": sp.start_s * 1e6,
+                "dur": (sp.end_s - sp.start_s) * 1e6,
+                "args": {"microbatch": sp.microbatch},
+            }
+        )
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"scenario": result.scenario.name},
+    }

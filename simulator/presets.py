@@ -1,0 +1,113 @@
+"""Named GPUs, nodes and models that scenario files can refer to.
+
+Every number carries its source. Hardware figures are vendor datasheet values
+(copied from the project's reference notes, docs/reference.md); latencies are
+derived from published NCCL measurements as explained next to them.
+"""
+
+from __future__ import annotations
+
+from .spec import GpuSpec
+
+# Dense FP16/BF16 tensor peak, memory and HBM bandwidth: NVIDIA datasheets for
+# V100, A100, H100 and the H200 product brief. Memory is what CUDA reports
+# (rounded GiB), which is what a training run can use.
+GPUS: dict[str, GpuSpec] = {
+    "v100-sxm2-32gb": GpuSpec(
+        name="v100-sxm2-32gb", peak_tflops=125.0, memory_gib=32.0, hbm_gbytes_per_s=900.0
+    ),
+    "a100-sxm4-40gb": GpuSpec(
+        name="a100-sxm4-40gb", peak_tflops=312.0, memory_gib=40.0, hbm_gbytes_per_s=1555.0
+    ),
+    "a100-sxm4-80gb": GpuSpec(
+        name="a100-sxm4-80gb", peak_tflops=312.0, memory_gib=80.0, hbm_gbytes_per_s=2039.0
+    ),
+    "h100-sxm5-80gb": GpuSpec(
+        name="h100-sxm5-80gb", peak_tflops=989.4, memory_gib=80.0, hbm_gbytes_per_s=3350.0
+    ),
+    "h200-sxm-141gb": GpuSpec(
+        name="h200-sxm-141gb", peak_tflops=989.4, memory_gib=140.0, hbm_gbytes_per_s=4800.0
+    ),
+}
+
+# Latencies (one directed hop). The small-message ring all-reduce on one DGX
+# A100 takes 10 us with 2 GPUs and 33.7 us with 8 (nccl-tests issue #123): a
+# fit gives ~6 us of fixed cost plus ~2 us per ring step, and one NVLink step is
+# two hops (GPU -> NVSwitch -> GPU), hence 1 us a hop and 6 us base. NCCL's
+# tuner (src/graph/tuning.cc) charges 2.7-9.6 us per inter-node step; one such
+# step here is PCIe + IB + IB + PCIe = 0.5 + 2 + 2 + 0.5 = 5 us.
+_LATENCIES = {
+    "nvlink_latency_us": 1.0,
+    "pcie_latency_us": 0.5,
+    "ib_latency_us": 2.0,
+    "collective_base_latency_us": 6.0,
+}
+
+# NVLink figures are per GPU and per direction (the datasheets quote both
+# directions together: 300 / 600 / 900 GB/s). PCIe: Gen3 x16 ~16 GB/s,
+# Gen4 x16 ~32 GB/s, Gen5 x16 ~64 GB/s per direction (nominal).
+NODES: dict[str, dict[str, object]] = {
+    # DGX A100: 8 x A100 on NVSwitch, 8 x 200 Gb/s HDR InfiniBand for compute.
+    "dgx-a100": {
+        "gpu": "a100-sxm4-80gb",
+        "gpus_per_node": 8,
+        "nics_per_node": 8,
+        "nic_gbps": 200.0,
+        "nvlink_gbytes_per_s": 300.0,
+        "pcie_gbytes_per_s": 32.0,
+        **_LATENCIES,
+    },
+    # DGX H100: 8 x H100 SXM5, NVLink 4, 8 x ConnectX-7 NDR 400 Gb/s.
+    "dgx-h100": {
+        "gpu": "h100-sxm5-80gb",
+        "gpus_per_node": 8,
+        "nics_per_node": 8,
+        "nic_gbps": 400.0,
+        "nvlink_gbytes_per_s": 450.0,
+        "pcie_gbytes_per_s": 64.0,
+        **_LATENCIES,
+    },
+    # DGX H200: as DGX H100 with H200 GPUs.
+    "dgx-h200": {
+        "gpu": "h200-sxm-141gb",
+        "gpus_per_node": 8,
+        "nics_per_node": 8,
+        "nic_gbps": 400.0,
+        "nvlink_gbytes_per_s": 450.0,
+        "pcie_gbytes_per_s": 64.0,
+        **_LATENCIES,
+    },
+    # Jean Zay V100 node (BigScience): 4 x V100 SXM2 32 GB, 400 Gb/s theoretical
+    # between nodes (bigscience-workshop/bigscience, experiments/README.md). The
+    # source gives the node total only, so it is one 400 Gb/s pipe here. The
+    # four GPUs are all-to-all on NVLink 2 (150 GB/s per direction per GPU),
+    # modelled as a switch until mesh topologies exist.
+    "v100x4": {
+        "gpu": "v100-sxm2-32gb",
+        "gpus_per_node": 4,
+        "nics_per_node": 1,
+        "nic_gbps": 400.0,
+        "nvlink_gbytes_per_s": 150.0,
+        "pcie_gbytes_per_s": 16.0,
+        **_LATENCIES,
+    },
+}
+
+# Model shapes. GPT-3 175B: Brown et al. 2020, Table 2.1 (vocabulary padded to
+# 51200 as Megatron-LM does). MT-NLG 530B: Smith et al. 2022, Sec 3.
+MODELS: dict[str, dict[str, int]] = {
+    "gpt3-175b": {
+        "num_layers": 96,
+        "hidden_size": 12288,
+        "num_attention_heads": 96,
+        "seq_length": 2048,
+        "vocab_size": 51200,
+    },
+    "mt-nlg-530b": {
+        "num_layers": 105,
+        "hidden_size": 20480,
+        "num_attention_heads": 128,
+        "seq_length": 2048,
+        "vocab_size": 50272,
+    },
+}

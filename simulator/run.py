@@ -1,0 +1,54 @@
+"""One call from a Scenario to its simulated iteration: cluster, workload, engine, metrics."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from topologies import Cluster, build_graph
+
+from .engine import Trace, simulate
+from .lowering import inflight_per_stage, lower
+from .memory import StageMemory, stage_memory
+from .metrics import summarize
+from .spec import ClusterSpec, Scenario
+from .units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
+from .workload import Workload
+
+
+class Result(NamedTuple):
+    scenario: Scenario
+    workload: Workload
+    trace: Trace
+    memory: list[StageMemory]
+    metrics: dict
+
+
+def build_cluster(spec: ClusterSpec) -> Cluster:
+    graph = build_graph(
+        num_nodes=spec.num_nodes,
+        gpus_per_node=spec.gpus_per_node,
+        nics_per_node=spec.nics_per_node,
+        nvlink_bytes_per_s=gbytes_per_s_to_bytes_per_s(spec.nvlink_gbytes_per_s),
+        nvlink_latency_s=us_to_s(spec.nvlink_latency_us),
+        pcie_bytes_per_s=gbytes_per_s_to_bytes_per_s(spec.pcie_gbytes_per_s),
+        pcie_latency_s=us_to_s(spec.pcie_latency_us),
+        nic_bytes_per_s=gbps_to_bytes_per_s(spec.nic_gbps),
+        ib_latency_s=us_to_s(spec.ib_latency_us),
+    )
+    return Cluster(graph, gpus_per_node=spec.gpus_per_node)
+
+
+def run(scenario: Scenario) -> Result:
+    """Simulate one training iteration of the scenario."""
+    cluster = build_cluster(scenario.cluster)
+    workload = lower(scenario, cluster)
+    trace = simulate(
+        workload,
+        network=scenario.network.model,
+        capacities_bytes_per_s=[link.bandwidth_bytes_per_s for link in cluster.links],
+    )
+    memory = [
+        stage_memory(scenario, stage, inflight)
+        for stage, inflight in enumerate(inflight_per_stage(scenario))
+    ]
+    return Result(scenario, workload, trace, memory, summarize(scenario, workload, trace, memory))

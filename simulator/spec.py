@@ -1,0 +1,104 @@
+"""Frozen specifications: what a scenario file loads into, and the Python API.
+
+Units live in the field names (see design notes). Human units (`_gbps`, `_us`,
+`_gbytes_per_s`) appear only here, at the edge; `simulator.units` converts them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+ScheduleName = Literal["1f1b", "gpipe"]
+RecomputeGranularity = Literal["none", "selective", "full"]
+NetworkModelName = Literal["fair-share", "analytical"]
+
+SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe")
+RECOMPUTE_GRANULARITIES: tuple[str, ...] = ("none", "selective", "full")
+NETWORK_MODELS: tuple[str, ...] = ("fair-share", "analytical")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSpec:
+    name: str
+    peak_tflops: float  # dense FP16/BF16 tensor-core peak
+    memory_gib: float
+    hbm_gbytes_per_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ModelSpec:
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    seq_length: int
+    vocab_size: int
+    preset: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    gpu: GpuSpec
+    node: str | None  # the node preset the values came from, if any
+    num_nodes: int
+    gpus_per_node: int
+    nics_per_node: int
+    nic_gbps: float  # line rate of one NIC, one direction, 10^9 bit/s
+    nvlink_gbytes_per_s: float  # one GPU's NVLink bandwidth into the switch, one direction
+    pcie_gbytes_per_s: float  # GPU <-> NIC path, one direction
+    nvlink_latency_us: float  # one hop GPU <-> NVSwitch
+    pcie_latency_us: float  # one hop GPU <-> NIC
+    ib_latency_us: float  # one hop NIC <-> switch
+    collective_base_latency_us: float  # fixed software cost of launching one collective
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelConfig:
+    tensor_model_parallel_size: int
+    pipeline_model_parallel_size: int
+    data_parallel_size: int
+    virtual_pipeline_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+
+    @property
+    def num_gpus(self) -> int:
+        return (
+            self.tensor_model_parallel_size
+            * self.pipeline_model_parallel_size
+            * self.data_parallel_size
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingConfig:
+    micro_batch_size: int
+    global_batch_size: int
+    schedule: ScheduleName = "1f1b"
+    recompute_granularity: RecomputeGranularity = "none"
+    overlap_grad_reduce: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NetworkConfig:
+    model: NetworkModelName = "fair-share"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    name: str
+    model: ModelSpec
+    cluster: ClusterSpec
+    parallel: ParallelConfig
+    training: TrainingConfig
+    network: NetworkConfig
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches each pipeline runs per iteration."""
+        per_replica = self.training.global_batch_size // self.parallel.data_parallel_size
+        return per_replica // self.training.micro_batch_size

@@ -1,0 +1,161 @@
+"""What runs: ops with durations or transfers, dependencies and lanes. Pure data.
+
+A `Workload` is a list of lanes, one per simulated GPU stream, each an ordered
+list of ops. An op waits for its ``deps`` (ops anywhere), then:
+
+- ``compute`` kinds (forward, backward, recompute, optimizer) hold the lane
+  for ``duration_s``;
+- a communication op with ``blocking=True`` (tensor-parallel all-reduce,
+  non-overlapped gradient sync) holds the lane until its transfer is done;
+- a communication op with ``blocking=False`` (pipeline send, overlapped
+  gradient bucket) is launched and the lane moves on; whoever needs it lists
+  it in ``deps``;
+- a ``barrier`` only waits for its deps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from schedules import Step, step_label
+
+from .collectives import Transfer, delay
+
+# Op kinds. Compute kinds hold the GPU; comm kinds move bytes.
+FORWARD = "forward"
+BACKWARD = "backward"
+RECOMPUTE = "recompute"
+OPTIMIZER = "optimizer"
+TP_COMM = "tp_comm"
+PP_SEND = "pp_send"
+DP_SYNC = "dp_sync"
+BARRIER = "barrier"
+
+COMPUTE_KINDS = frozenset({FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER})
+COMM_KINDS = frozenset({TP_COMM, PP_SEND, DP_SYNC})
+
+
+class Op(NamedTuple):
+    index: int
+    lane: int
+    kind: str
+    label: str
+    microbatch: int  # -1 when the op belongs to no micro-batch
+    duration_s: float  # compute ops
+    transfer: Transfer | None  # comm ops
+    blocking: bool
+    deps: tuple[int, ...]
+    flops: float  # FLOPs executed on the lane's GPU (recomputation included)
+
+
+class Lane(NamedTuple):
+    index: int
+    gpu: int  # index of the GPU in the cluster
+    stream: str
+    stage: int
+    stands_for: int  # how many real GPUs this lane represents (itself included)
+    ops: tuple[int, ...]
+
+
+class Workload(NamedTuple):
+    ops: tuple[Op, ...]
+    lanes: tuple[Lane, ...]
+
+
+class WorkloadBuilder:
+    """Collects ops lane by lane; deps may name ops by key before they exist."""
+
+    def __init__(self) -> None:
+        self._ops: list[list] = []
+        self._lanes: list[list] = []
+        self._keys: dict[object, int] = {}
+
+    def lane(self, *, gpu: int, stream: str, stage: int, stands_for: int = 1) -> int:
+        self._lanes.append([gpu, stream, stage, stands_for, []])
+        return len(self._lanes) - 1
+
+    def add(
+        self,
+        lane: int,
+        kind: str,
+        label: str,
+        *,
+        microbatch: int = -1,
+        duration_s: float = 0.0,
+        transfer: Transfer | None = None,
+        blocking: bool = True,
+        deps: Sequence[object] = (),
+        flops: float = 0.0,
+        key: object = None,
+    ) -> int:
+        index = len(self._ops)
+        self._ops.append(
+            [index, lane, kind, label, microbatch, duration_s, transfer, blocking, deps, flops]
+        )
+        self._lanes[lane][4].append(index)
+        if key is not None:
+            if key in self._keys:
+                raise ValueError(f"two ops share the key {key!r}")
+            self._keys[key] = index
+        return index
+
+    def build(self) -> Workload:
+        ops = []
+        for fields in self._ops:
+            try:
+                fields[8] = tuple(d if isinstance(d, int) else self._keys[d] for d in fields[8])
+            except KeyError as exc:
+                raise ValueError(
+                    f"op {fields[3]!r} depends on unknown op {exc.args[0]!r}"
+                ) from None
+            ops.append(Op(*fields))
+        lanes = tuple(
+            Lane(i, gpu, stream, stage, stands_for, tuple(op_ids))
+            for i, (gpu, stream, stage, stands_for, op_ids) in enumerate(self._lanes)
+        )
+        return Workload(tuple(ops), lanes)
+
+
+def abstract_pipeline(
+    orders: Sequence[Sequence[Step]],
+    *,
+    forward_s: float,
+    backward_s: float,
+    p2p_latency_s: float = 0.0,
+) -> Workload:
+    """A pipeline with fixed op times and a fixed latency on every stage-to-stage hop.
+
+    This is the setting of the reference pipeline vectors: rank r runs its
+    order strictly; F of micro-batch i on rank r waits for F of i on rank r-1
+    plus the latency, B waits for B on rank r+1 plus the latency.
+    """
+    builder = WorkloadBuilder()
+    num_stages = len(orders)
+    hop = delay(p2p_latency_s)
+    for stage, order in enumerate(orders):
+        lane = builder.lane(gpu=stage, stream="compute", stage=stage)
+        for step in order:
+            forward = step.kind == "F"
+            source = stage - 1 if forward else stage + 1
+            deps = [(source, step.kind, step.microbatch)] if 0 <= source < num_stages else []
+            builder.add(
+                lane,
+                FORWARD if forward else BACKWARD,
+                step_label(step),
+                microbatch=step.microbatch,
+                duration_s=forward_s if forward else backward_s,
+                deps=deps,
+            )
+            target = stage + 1 if forward else stage - 1
+            if 0 <= target < num_stages:
+                builder.add(
+                    lane,
+                    PP_SEND,
+                    step_label(step),
+                    microbatch=step.microbatch,
+                    transfer=hop,
+                    blocking=False,
+                    key=(stage, step.kind, step.microbatch),
+                )
+    return builder.build()
