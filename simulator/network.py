@@ -86,6 +86,14 @@ class FairShareNetwork:
         latency.callbacks.append(lambda _: self._start(flow))
         return done
 
+    def link_load_bytes_per_s(self) -> list[float]:
+        """Bytes/s each link carries right now (multiplicities included)."""
+        load = [0.0] * len(self.capacities)
+        for link, flows in enumerate(self._on_link):
+            for flow in flows:
+                load[link] += flow.rate * flow.mults[flow.links.index(link)]
+        return load
+
     # -- flow lifecycle ----------------------------------------------------------------
 
     def _start(self, flow: _Flow) -> None:

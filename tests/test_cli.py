@@ -1,0 +1,121 @@
+"""The stepsim command as a user runs it, and every shipped scenario."""
+
+import json
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from simulator.cli import main
+from simulator.loader import load_scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "scenarios" / "tiny-2gpu.toml")
+SCENARIOS = sorted((ROOT / "scenarios").glob("*.toml"))
+REQUIRED_KEYS = {
+    "iteration_time_s",
+    "hardware_tflops_per_gpu",
+    "model_tflops_per_gpu",
+    "mfu",
+    "bubble_fraction",
+    "num_gpus",
+    "memory_per_gpu_gib",
+    "breakdown_s",
+}
+
+
+def test_run_writes_every_output(tmp_path, capsys):
+    assert main(["run", TINY, "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "iteration time" in printed and "where the time goes" in printed
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics.keys() >= REQUIRED_KEYS
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert complete and all(e["dur"] >= 0 and "pid" in e and "tid" in e for e in complete)
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+    assert names == {"GPU 0 (stage 0)", "GPU 1 (stage 1)"}
+    last_end_us = max(e["ts"] + e["dur"] for e in complete)
+    assert last_end_us == pytest.approx(metrics["iteration_time_s"] * 1e6)
+    for png in ("timeline.png", "breakdown.png"):
+        data = (tmp_path / png).read_bytes()
+        assert data.startswith(b"\x89PNG") and len(data) > 10_000
+    resolved = tomllib.loads((tmp_path / "scenario.resolved.toml").read_text())
+    assert resolved["cluster"]["nvlink_gbytes_per_s"] == 300.0
+    assert load_scenario(tmp_path / "scenario.resolved.toml") == load_scenario(TINY)
+
+
+def test_json_prints_only_json_and_set_overrides(capsys):
+    assert (
+        main(
+            [
+                "run",
+                TINY,
+                "--json",
+                "--set",
+                "training.global_batch_size=32",
+                "--set",
+                "training.schedule=gpipe",
+            ]
+        )
+        == 0
+    )
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics.keys() >= REQUIRED_KEYS
+    assert metrics["num_microbatches"] == 16 and metrics["num_gpus"] == 2
+    assert set(metrics["breakdown_s"]) == {
+        "compute",
+        "tp_comm",
+        "pp_p2p",
+        "dp_sync",
+        "optimizer",
+        "idle",
+    }
+
+
+@pytest.mark.parametrize(
+    "args, key",
+    [
+        (
+            ["--set", "parallel.tensor_model_parallel_size=3"],
+            "parallel.tensor_model_parallel_size=3",
+        ),
+        (["--set", "training.flavour=x"], "training.flavour"),
+        (["--set", "cluster.num_nodes=0"], "cluster.num_nodes=0"),
+        (["--set", "parallel.data_parallel_size=4"], "parallel.data_parallel_size=4"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line_naming_the_key(args, key):
+    proc = subprocess.run(
+        [sys.executable, "-m", "simulator.cli", "run", TINY, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("stepsim: error:") and key in lines[0]
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_file_and_bad_flags_exit_2(capsys):
+    assert main(["run", "no/such/file.toml"]) == 2
+    with pytest.raises(SystemExit) as info:
+        main(["run", TINY, "--frobnicate"])
+    assert info.value.code == 2
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
+def test_every_shipped_scenario_loads_and_runs(path, capsys):
+    scenario = load_scenario(path)
+    # two micro-batches per pipeline keep the suite fast; the layout stays as shipped
+    small = scenario.training.micro_batch_size * scenario.parallel.data_parallel_size * 2
+    assert main(["run", str(path), "--json", "--set", f"training.global_batch_size={small}"]) == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert metrics["num_gpus"] == scenario.parallel.num_gpus
+    assert metrics["iteration_time_s"] > 0
+    assert metrics["memory_per_gpu_gib"] < scenario.cluster.gpu.memory_gib
