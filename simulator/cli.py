@@ -6,6 +6,7 @@ Errors a user can cause print one line and exit with status 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 from pathlib import Path
@@ -55,6 +56,24 @@ def build_parser() -> argparse.ArgumentParser:
         "scenario.resolved.toml to DIR",
     )
     run.add_argument("--json", action="store_true", help="print only the metrics JSON")
+
+    sweep = sub.add_parser(
+        "sweep",
+        help="run a scenario over a grid of settings and tabulate the results",
+        description="Run SCENARIO at every combination of the swept values. A --set with a "
+        "comma-separated list (cluster.nic_gbps=135,400) is swept; several swept keys make a "
+        "grid, the first varying slowest. A --set with one value applies to every point.",
+    )
+    sweep.add_argument("scenario", help="scenario file (TOML)")
+    sweep.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=V1[,V2,...]",
+        help="a fixed or swept key (repeatable)",
+    )
+    sweep.add_argument("--out", metavar="DIR", help="write sweep.csv and sweep.png to DIR")
     return parser
 
 
@@ -63,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "run":
             return _run(args)
+        if args.command == "sweep":
+            return _sweep(args)
     except ScenarioError as exc:
         print(f"stepsim: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -93,6 +114,30 @@ def _run(args: argparse.Namespace) -> int:
                 f"\n  wrote {args.out}/: metrics.json timeline.png breakdown.png trace.json "
                 "scenario.resolved.toml"
             )
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from .output import sweep_figure, sweep_table_text
+    from .run import run
+    from .sweep import run_sweep
+
+    keys, rows = run_sweep(
+        lambda overrides: load_scenario(args.scenario, overrides),
+        lambda scenario: run(scenario).metrics,
+        args.overrides,
+    )
+    print(sweep_table_text(keys, rows))
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        with (out / "sweep.csv").open("w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        name = load_scenario(args.scenario).name
+        sweep_figure(keys, rows, f"{name}: sweep").savefig(out / "sweep.png", dpi=110)
+        print(f"\n  wrote {args.out}/: sweep.csv sweep.png")
     return 0
 
 

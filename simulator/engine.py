@@ -68,6 +68,9 @@ class _Engine:
         self.end_s: list[float | None] = [None] * n
         self.events: dict[int, simpy.Event] = {}
         self.spans: list[Span] = []
+        # The last op's end, not env.now: stale network wake-ups (simpy cannot cancel a
+        # timeout) may still be queued after the last op and would run the clock on.
+        self.last_end_s = 0.0
         self.position = [0] * len(workload.lanes)  # next op per lane, for deadlock reports
 
     def run(self) -> Trace:
@@ -75,10 +78,12 @@ class _Engine:
             self.env.process(self._walk(lane))
         self.env.run()
         self._check_finished()
-        return Trace(self.spans, self.workload.lanes, self.env.now, self.network.num_transfers)
+        return Trace(self.spans, self.workload.lanes, self.last_end_s, self.network.num_transfers)
 
     def _done(self, index: int) -> None:
-        self.end_s[index] = self.env.now
+        self.end_s[index] = now = self.env.now
+        if now > self.last_end_s:
+            self.last_end_s = now
         event = self.events.pop(index, None)
         if event is not None:
             event.succeed()

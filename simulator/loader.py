@@ -8,6 +8,7 @@ model.num_attention_heads=128``.
 
 from __future__ import annotations
 
+import json
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -82,6 +83,20 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "cluster.node": tuple(presets.NODES),
     "cluster.gpu": tuple(presets.GPUS),
 }
+# Plausible ranges, so that absurd values give an error rather than NaN or a hang.
+_MAX_INT = 10**9
+_RANGES: dict[str, tuple[float, float]] = {
+    "cluster.num_nodes": (1, 100_000),
+    "cluster.nic_gbps": (1e-3, 1e7),
+    "cluster.nvlink_gbytes_per_s": (1e-3, 1e7),
+    "cluster.pcie_gbytes_per_s": (1e-3, 1e7),
+    "cluster.nvlink_latency_us": (0.0, 1e6),
+    "cluster.pcie_latency_us": (0.0, 1e6),
+    "cluster.ib_latency_us": (0.0, 1e6),
+    "cluster.collective_base_latency_us": (0.0, 1e6),
+}
+# Ops per micro-batch and layer are about a dozen; beyond this a run takes hours.
+MAX_SIMULATED_OPS = 50_000_000
 # Latencies may be zero; every other number must be positive.
 _MAY_BE_ZERO = {
     "cluster.nvlink_latency_us",
@@ -98,6 +113,8 @@ def load_scenario(path: str | Path, overrides: Iterable[str] = ()) -> Scenario:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ScenarioError(f"cannot read scenario file {str(path)!r}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ScenarioError(f"scenario file {str(path)!r} is not UTF-8 text") from None
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -156,6 +173,7 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     cluster = _build_cluster(tables["cluster"])
     parallel = _build_parallel(tables["parallel"], model, cluster)
     training = _build_training(tables["training"], parallel)
+    _check_size(model, training, parallel)
     network = NetworkConfig(model=tables["network"].get("model", "fair-share"))
     return Scenario(
         name=name,
@@ -195,6 +213,9 @@ def _check_table(section: str, table: Mapping[str, Any]) -> dict[str, Any]:
                 raise ScenarioError(f"{full}={value!r} {rule}")
             if value != value or value == float("inf"):
                 raise ScenarioError(f"{full}={value!r} must be a finite number")
+            low, high = _RANGES.get(full, (0, _MAX_INT))
+            if not low <= value <= high:
+                raise ScenarioError(f"{full}={value!r} must be between {low:g} and {high:g}")
         if full in _CHOICES and value not in _CHOICES[full]:
             raise ScenarioError(f"{full}={value!r} must be one of: {', '.join(_CHOICES[full])}")
         out[key] = value
@@ -280,6 +301,7 @@ def _build_parallel(
             f"{tp * pp * dp} GPUs but the cluster has {cluster.num_gpus} "
             f"(cluster.num_nodes={cluster.num_nodes} x gpus_per_node={cluster.gpus_per_node})"
         )
+    _check_symmetric(tp, tp * dp, cluster)
     return ParallelConfig(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
@@ -287,6 +309,45 @@ def _build_parallel(
         virtual_pipeline_model_parallel_size=table.get("virtual_pipeline_model_parallel_size", 1),
         sequence_parallel=table.get("sequence_parallel", False),
     )
+
+
+def _check_symmetric(tp: int, stage_gpus: int, cluster: ClusterSpec) -> None:
+    """One GPU per stage is simulated for all its TP ranks and DP replicas, which needs
+    every one of them to sit in the cluster the same way (docs/design.md)."""
+    gpn, nics = cluster.gpus_per_node, cluster.nics_per_node
+    if gpn % nics:
+        raise ScenarioError(
+            f"cluster.nics_per_node={nics} must divide cluster.gpus_per_node={gpn} "
+            "(every NIC serves the same number of GPUs)"
+        )
+    per_nic = gpn // nics
+    for name, size in (
+        (f"parallel.tensor_model_parallel_size={tp}", tp),
+        (f"tensor x data parallel size={stage_gpus} (the GPUs of one pipeline stage)", stage_gpus),
+    ):
+        if gpn % size and size % gpn:
+            raise ScenarioError(
+                f"{name} must divide or be a multiple of cluster.gpus_per_node={gpn}, so "
+                "that every group sits in the nodes the same way"
+            )
+        if size < gpn and per_nic % size and size % per_nic:
+            raise ScenarioError(
+                f"{name} must divide or be a multiple of the {per_nic} GPUs that share a NIC "
+                f"(cluster.gpus_per_node={gpn} / nics_per_node={nics})"
+            )
+
+
+def _check_size(model: ModelSpec, training: TrainingConfig, parallel: ParallelConfig) -> None:
+    microbatches = training.global_batch_size // (
+        training.micro_batch_size * parallel.data_parallel_size
+    )
+    ops = microbatches * model.num_layers * 12
+    if ops > MAX_SIMULATED_OPS:
+        raise ScenarioError(
+            f"training.global_batch_size={training.global_batch_size} with "
+            f"model.num_layers={model.num_layers} means about {ops:,} ops to simulate, over "
+            f"the limit of {MAX_SIMULATED_OPS:,}; use fewer micro-batches or layers"
+        )
 
 
 def _build_training(table: dict[str, Any], parallel: ParallelConfig) -> TrainingConfig:
@@ -358,6 +419,6 @@ def _toml_value(value: Any) -> str:
     if isinstance(value, float):
         return repr(value)
     if isinstance(value, str):
-        escaped = value.replace("\\", "\\\\").replace('"', '\\"')
-        return f'"{escaped}"'
+        # JSON string escapes are valid TOML; TOML also forbids a raw DEL character.
+        return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
     raise TypeError(f"cannot write {type(value).__name__} to TOML")

@@ -163,15 +163,19 @@ def _lower_stage(
             lane, kind, label, microbatch=mb, duration_s=w.duration_s, flops=w.flops, deps=deps
         )
 
-    def tp(label: str, mb: int, kind: str) -> None:
+    def tp(label: str, mb: int, kind: str, deps: Sequence[object] = ()) -> Sequence[object]:
+        """Add a TP collective if the group has more than one GPU; return deps not yet used."""
         transfer = comm.tp[kind]
-        if transfer is not None:
-            builder.add(lane, TP_COMM, label, microbatch=mb, transfer=transfer)
+        if transfer is None:
+            return deps
+        builder.add(lane, TP_COMM, label, microbatch=mb, transfer=transfer, deps=deps)
+        return ()
 
     def block(kind: str, label: str, mb: int, w: Work, deps: Sequence[object] = ()) -> None:
-        """A block followed by its TP collective (preceded by an all-gather under SP)."""
+        """A block followed by its TP collective (preceded by an all-gather under SP).
+        ``deps`` go on the block's first op, so nothing starts before its input arrives."""
         if sequence_parallel:
-            tp(label, mb, "all_gather")
+            deps = tp(label, mb, "all_gather", deps)
         work(kind, label, mb, w, deps)
         tp(label, mb, "reduce_scatter" if sequence_parallel else "all_reduce")
 

@@ -48,8 +48,10 @@ def stage_params_per_rank(scenario: Scenario, stage: int) -> float:
     return params
 
 
-def activation_bytes_per_layer(scenario: Scenario) -> float:
-    """Korthikanti et al. 2022, Sec 4.2 and Table 2: one layer, one micro-batch, one rank."""
+def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None) -> float:
+    """Korthikanti et al. 2022, Sec 4.2 and Table 2: one layer, one micro-batch, one rank.
+
+    ``recompute`` defaults to the scenario's granularity."""
     m = scenario.model
     s, b, h, a = (
         m.seq_length,
@@ -59,7 +61,8 @@ def activation_bytes_per_layer(scenario: Scenario) -> float:
     )
     t = scenario.parallel.tensor_model_parallel_size
     sp = scenario.parallel.sequence_parallel
-    recompute = scenario.training.recompute_granularity
+    if recompute is None:
+        recompute = scenario.training.recompute_granularity
     sbh = s * b * h
     if recompute == "full":
         return 2 * sbh / (t if sp else 1)  # only the layer's input is kept
@@ -106,6 +109,9 @@ def stage_memory(scenario: Scenario, stage: int, inflight_microbatches: int) -> 
     params = stage_params_per_rank(scenario, stage)
     activations = activation_bytes_per_layer(scenario) * (m.num_layers // p)
     activations *= inflight_microbatches
+    if scenario.training.recompute_granularity == "full":
+        # the layer being recomputed holds all its activations during its backward
+        activations += activation_bytes_per_layer(scenario, "none")
     if stage == p - 1:
         # fp32 logits of the micro-batch whose loss is being computed (Korthikanti Sec 4.3).
         activations += 4 * m.seq_length * scenario.training.micro_batch_size * m.vocab_size / t

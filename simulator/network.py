@@ -66,6 +66,7 @@ class FairShareNetwork:
     def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
         self.env = env
         self.capacities = list(capacities)
+        assert all(0 < c < float("inf") for c in self.capacities), "link capacities must be finite"
         # Active flows per link, in start order (dicts keep insertion order: deterministic).
         self._on_link: list[dict[_Flow, None]] = [{} for _ in self.capacities]
         self._dirty: set[int] = set()

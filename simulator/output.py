@@ -308,3 +308,63 @@ def chrome_trace(result: Result) -> dict:
         "displayTimeUnit": "ms",
         "otherData": {"scenario": result.scenario.name},
     }
+
+
+# -- sweeps ----------------------------------------------------------------------------
+
+
+def sweep_table_text(keys: list[str], rows: list[dict]) -> str:
+    head = [*keys, "iteration s", "HW TFLOP/s", "MFU %", "bubble %", "exposed comm %", "mem GiB"]
+    body = [
+        [
+            *(str(row[k]) for k in keys),
+            f"{row['iteration_time_s']:.4g}",
+            f"{row['hardware_tflops_per_gpu']:.1f}",
+            f"{100 * row['mfu']:.1f}",
+            f"{100 * row['bubble_fraction']:.1f}",
+            f"{100 * row['exposed_comm_fraction']:.1f}",
+            f"{row['memory_per_gpu_gib']:.1f}",
+        ]
+        for row in rows
+    ]
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    lines = [
+        "  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in [head, *body]
+    ]
+    return "\n".join(lines)
+
+
+def sweep_figure(keys: list[str], rows: list[dict], title: str) -> Figure:
+    """Iteration time, TFLOP/s per GPU and exposed-communication share against the
+    first swept key; one line per combination of the other swept keys."""
+    x_key, other = keys[0], keys[1:]
+    xs = [row[x_key] for row in rows]
+    numeric = all(isinstance(x, int | float) and not isinstance(x, bool) for x in xs)
+    categories = list(dict.fromkeys(xs))
+    fig = Figure(figsize=(13, 4), layout="constrained")
+    axes = fig.subplots(1, 3)
+    panels = [
+        ("iteration_time_s", "iteration time (s)", 1.0),
+        ("hardware_tflops_per_gpu", "hardware TFLOP/s per GPU", 1.0),
+        ("exposed_comm_fraction", "exposed communication (% of iteration)", 100.0),
+    ]
+    series: dict[tuple, list[dict]] = {}
+    for row in rows:
+        series.setdefault(tuple(row[k] for k in other), []).append(row)
+    for ax, (metric, label, scale) in zip(axes, panels, strict=True):
+        for name, points in series.items():
+            x = [p[x_key] if numeric else categories.index(p[x_key]) for p in points]
+            y = [p[metric] * scale for p in points]
+            legend = ", ".join(f"{k}={v}" for k, v in zip(other, name, strict=True))
+            ax.plot(x, y, marker="o", label=legend or None)
+        ax.set_xlabel(x_key)
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        if not numeric:
+            ax.set_xticks(range(len(categories)))
+            ax.set_xticklabels([str(c) for c in categories])
+        ax.grid(alpha=0.3)
+    if other:
+        axes[0].legend(fontsize=8)
+    fig.suptitle(title)
+    return fig

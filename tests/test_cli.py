@@ -119,3 +119,29 @@ def test_every_shipped_scenario_loads_and_runs(path, capsys):
     assert metrics["num_gpus"] == scenario.parallel.num_gpus
     assert metrics["iteration_time_s"] > 0
     assert metrics["memory_per_gpu_gib"] < scenario.cluster.gpu.memory_gib
+
+
+def test_same_output_in_separate_processes_with_different_hash_seeds():
+    outputs = []
+    for seed in ("1", "2"):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "simulator.cli",
+                "run",
+                TINY,
+                "--json",
+                "--set",
+                "parallel.pipeline_model_parallel_size=1",
+                "--set",
+                "parallel.data_parallel_size=2",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            env={"PYTHONHASHSEED": seed},
+            check=True,
+        )
+        outputs.append(proc.stdout)
+    assert outputs[0] == outputs[1] and json.loads(outputs[0])["breakdown_s"]["dp_sync"] > 0

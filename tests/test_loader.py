@@ -93,6 +93,10 @@ def test_resolved_toml_loads_back_to_the_same_scenario(tmp_path):
         ("cluster.nics_per_node=16", "cluster.nics_per_node=16 must be <= cluster.gpus_per_node=8"),
         ("network.model=packet", "network.model='packet' must be one of"),
         ("oops.key=1", "unknown section 'oops'"),
+        ("cluster.nvlink_gbytes_per_s=1e-320", "must be between 0.001 and 1e+07"),
+        ("cluster.num_nodes=10000000", "cluster.num_nodes=10000000 must be between 1 and 100000"),
+        ("cluster.nics_per_node=3", "cluster.nics_per_node=3 must divide cluster.gpus_per_node=8"),
+        ("model.num_layers=400000000", "ops to simulate, over the limit"),
         ("justaword", "must look like section.key=value"),
     ],
 )
@@ -125,3 +129,46 @@ def test_unknown_top_level_key_and_bad_files(tmp_path):
         load_scenario(bad)
     with pytest.raises(ScenarioError, match="cannot read scenario file"):
         load_scenario(tmp_path / "missing.toml")
+
+
+def test_layouts_that_break_replica_symmetry_are_refused():
+    doc = scenario(
+        cluster={"gpus_per_node": 6, "nics_per_node": 2, "num_nodes": 3},
+        parallel={"tensor_model_parallel_size": 4, "data_parallel_size": 3},
+        training={"global_batch_size": 6},
+    )
+    with pytest.raises(
+        ScenarioError,
+        match="tensor_model_parallel_size=4 must divide or be a "
+        "multiple of cluster.gpus_per_node=6",
+    ):
+        scenario_from_dict(doc)
+    doc = scenario(
+        cluster={"num_nodes": 3},
+        parallel={
+            "tensor_model_parallel_size": 2,
+            "data_parallel_size": 3,
+            "pipeline_model_parallel_size": 2,
+        },
+        training={"global_batch_size": 6},
+    )
+    with pytest.raises(
+        ScenarioError,
+        match=r"tensor x data parallel size=6 \(the GPUs of one "
+        r"pipeline stage\) must divide",
+    ):
+        scenario_from_dict(doc)
+
+
+def test_strings_with_control_characters_survive_the_round_trip(tmp_path):
+    s = scenario_from_dict(scenario(name='a\nb\t"c"\x7f'))
+    path = tmp_path / "r.toml"
+    path.write_text(dumps_toml(scenario_to_dict(s)))
+    assert load_scenario(path).name == s.name
+
+
+def test_non_utf8_file_is_a_clear_error(tmp_path):
+    path = tmp_path / "latin1.toml"
+    path.write_bytes(b'name = "\xff\xfe"\n')
+    with pytest.raises(ScenarioError, match="is not UTF-8 text"):
+        load_scenario(path)

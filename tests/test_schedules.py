@@ -96,3 +96,14 @@ def test_1f1b_holds_fewer_activations_than_gpipe():
 def test_bad_sizes_are_refused():
     with pytest.raises(ValueError, match="at least one stage"):
         one_f_one_b(0, 4)
+
+
+@pytest.mark.parametrize("schedule", sorted(SCHEDULES))
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (8, 3)])
+def test_bubble_share_of_the_iteration_is_p_minus_1_over_m_plus_p_minus_1(schedule, p, m):
+    from simulator.metrics import stage_breakdowns
+
+    trace = simulate(abstract_pipeline(SCHEDULES[schedule](p, m), forward_s=1.0, backward_s=2.0))
+    for row in stage_breakdowns(trace):
+        assert row["idle"] / trace.end_s == pytest.approx((p - 1) / (m + p - 1))
+        assert row["compute"] == pytest.approx(m * 3.0)

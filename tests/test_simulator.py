@@ -89,7 +89,8 @@ def test_layer_params_and_memory_by_hand():
     stage0 = run(s).memory[0]
     assert stage0.inflight_microbatches == 2  # 1F1B: p - stage
     assert stage0.weights_bytes == 2 * first and stage0.optimizer_bytes == 12 * first
-    assert stage0.activations_bytes == 2 * 2 * (2 * 1024 * h)
+    working_set = 1024 * h * (10 + 24 / 2 + 5 * 16 * 1024 / (h * 2))  # one layer, no recompute
+    assert stage0.activations_bytes == 2 * 2 * (2 * 1024 * h) + working_set
 
 
 def test_no_recompute_activations_follow_korthikanti():
@@ -110,3 +111,88 @@ def test_deadlock_names_the_blocked_ops():
     builder.add(b, FORWARD, "F1", duration_s=1.0, key="y")
     with pytest.raises(DeadlockError, match="2 lanes cannot go on.*'F0' waits for forward 'F1'"):
         simulate(builder.build())
+
+
+def test_iteration_ends_with_the_last_op_even_under_contention():
+    # A short and a long flow share a link: the long one speeds up when the short one
+    # ends, leaving a stale wake-up queued that must not extend the iteration.
+    from simulator.collectives import Transfer
+    from simulator.workload import TP_COMM
+
+    builder = WorkloadBuilder()
+    for i, nbytes in enumerate((10.0, 100.0)):
+        lane = builder.lane(gpu=i, stream="compute", stage=0)
+        builder.add(lane, TP_COMM, f"t{i}", transfer=Transfer((0,), (1,), nbytes, 0.0))
+    trace = simulate(builder.build(), capacities_bytes_per_s=[10.0])
+    assert trace.end_s == pytest.approx(11.0)
+    assert max(s.end_s for s in trace.spans) == trace.end_s
+
+
+def test_recorded_idle_spans_are_the_idle_of_the_breakdown():
+    result = run(load(**TWO_NODES))
+    for lane, stage in zip(result.trace.lanes, result.metrics["stages"], strict=True):
+        spans = [s for s in result.trace.spans if s.gpu == lane.gpu and s.stream == "compute"]
+        idle = sum(s.end_s - s.start_s for s in spans if s.kind == "idle")
+        tail = result.trace.end_s - max(s.end_s for s in spans)
+        assert idle + tail == pytest.approx(stage["breakdown_s"]["idle"])
+        # spans on a lane never overlap
+        spans.sort(key=lambda s: s.start_s)
+        assert all(a.end_s <= b.start_s + 1e-15 for a, b in zip(spans, spans[1:], strict=False))
+
+
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_no_stage_starts_a_microbatch_before_its_input_arrives(sp, recompute):
+    doc = {
+        **TWO_NODES,
+        "parallel": {**TWO_NODES["parallel"], "sequence_parallel": sp},
+        "training": {**TWO_NODES["training"], "recompute_granularity": recompute},
+    }
+    result = run(load(**doc))
+    ops = result.workload.ops
+    sends = {
+        (result.workload.lanes[op.lane].stage, op.label): i
+        for i, op in enumerate(ops)
+        if op.kind == PP_SEND
+    }
+    end_of = {}
+    for span in result.trace.spans:
+        if span.stream == "pp":
+            end_of[(span.gpu, span.label)] = span.end_s
+    for lane in result.trace.lanes:
+        stage = lane.stage
+        for span in result.trace.spans:
+            if span.gpu != lane.gpu or span.stream != "compute" or span.microbatch < 0:
+                continue
+            if span.kind in ("idle", "pp_wait"):
+                continue
+            source = stage - 1 if span.label.startswith("F") else stage + 1
+            if not 0 <= source < 2 or (source, span.label) not in sends:
+                continue
+            source_gpu = result.trace.lanes[source].gpu
+            assert span.start_s >= end_of[(source_gpu, span.label)] - 1e-15
+
+
+def test_gpipe_keeps_every_microbatch_in_flight():
+    doc = {**TWO_NODES, "training": {**TWO_NODES["training"], "schedule": "gpipe"}}
+    memory = run(load(**doc)).memory
+    assert [m.inflight_microbatches for m in memory] == [8, 8]
+
+
+def test_gpus_sharing_a_nic_are_charged_together_in_the_lowering():
+    # 4 V100s per node behind one NIC, one pipeline stage per node: 4 sends share it.
+    s = load(
+        cluster={"node": "v100x4", "num_nodes": 2},
+        parallel={"tensor_model_parallel_size": 4, "pipeline_model_parallel_size": 2},
+        training={"global_batch_size": 2},
+    )
+    result = run(s)
+    from simulator.run import build_cluster
+
+    links = build_cluster(s.cluster).links
+    send = next(op for op in result.workload.ops if op.kind == PP_SEND)
+    by_kind = {
+        links[i].kind: m for i, m in zip(send.transfer.links, send.transfer.mults, strict=True)
+    }
+    assert by_kind == {"ib": 4, "pcie": 1}
+    assert send.transfer.bytes_per_flow == 1 * 1024 * 1024 * 2 / 4

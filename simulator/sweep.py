@@ -1,0 +1,91 @@
+"""Run one scenario at many settings: a grid over one or more keys.
+
+``--set cluster.nic_gbps=135,400 --set parallel.pipeline_model_parallel_size=8,16``
+is a 2 x 2 grid, the first key varying slowest. Every point is loaded and
+validated before any is simulated, so a bad point fails at once.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .loader import ScenarioError, parse_override
+from .spec import Scenario
+
+# Scalar metrics that go into sweep.csv, in this order, then the breakdown.
+ROW_METRICS = (
+    "iteration_time_s",
+    "hardware_tflops_per_gpu",
+    "model_tflops_per_gpu",
+    "mfu",
+    "bubble_fraction",
+    "num_gpus",
+    "num_microbatches",
+    "tokens_per_s",
+    "memory_per_gpu_gib",
+)
+
+
+def split_axes(overrides: Sequence[str]) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """Separate fixed overrides from swept ones (a comma-separated list of values).
+
+    Returns (fixed ``key=value`` strings, [(key, [value texts])] for swept keys).
+    """
+    fixed: list[str] = []
+    axes: list[tuple[str, list[str]]] = []
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        parse_override(item)  # same errors as `run` for a malformed key
+        values = [v.strip() for v in text.split(",")] if sep else []
+        if len(values) > 1:
+            if any(not v for v in values):
+                raise ScenarioError(f"--set {item!r}: empty value in the list")
+            if any(k == key.strip() for k, _ in axes):
+                raise ScenarioError(f"--set {key.strip()} is swept twice")
+            axes.append((key.strip(), values))
+        else:
+            fixed.append(item)
+    return fixed, axes
+
+
+def grid(axes: Sequence[tuple[str, list[str]]]) -> list[list[tuple[str, str]]]:
+    """Every combination of the swept values, as (key, value text) pairs."""
+    keys = [key for key, _ in axes]
+    return [
+        list(zip(keys, combo, strict=True))
+        for combo in itertools.product(*(values for _, values in axes))
+    ]
+
+
+def run_sweep(
+    load: Callable[[Sequence[str]], Scenario],
+    simulate: Callable[[Scenario], dict],
+    overrides: Sequence[str],
+) -> tuple[list[str], list[dict[str, Any]]]:
+    """Load every point, then simulate each; returns (swept keys, one row per point)."""
+    fixed, axes = split_axes(overrides)
+    if not axes:
+        raise ScenarioError(
+            "stepsim sweep needs at least one --set KEY=V1,V2,... with two or more values"
+        )
+    points = grid(axes)
+    scenarios = []
+    for point in points:
+        try:
+            scenarios.append(load([*fixed, *(f"{k}={v}" for k, v in point)]))
+        except ScenarioError as exc:
+            where = ", ".join(f"{k}={v}" for k, v in point)
+            raise ScenarioError(f"sweep point {where}: {exc}") from None
+    rows = []
+    for point, scenario in zip(points, scenarios, strict=True):
+        metrics = simulate(scenario)
+        row: dict[str, Any] = {k: parse_override(f"{k}={v}")[2] for k, v in point}
+        row.update({key: metrics[key] for key in ROW_METRICS})
+        row.update({f"breakdown_s.{k}": v for k, v in metrics["breakdown_s"].items()})
+        iteration = metrics["iteration_time_s"]
+        exposed = sum(metrics["breakdown_s"][k] for k in ("tp_comm", "pp_p2p", "dp_sync"))
+        row["exposed_comm_fraction"] = exposed / iteration if iteration > 0 else 0.0
+        rows.append(row)
+    return [key for key, _ in axes], rows
