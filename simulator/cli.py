@@ -74,6 +74,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="a fixed or swept key (repeatable)",
     )
     sweep.add_argument("--out", metavar="DIR", help="write sweep.csv and sweep.png to DIR")
+
+    topo = sub.add_parser(
+        "topology",
+        help="describe a scenario's cluster: GPUs, links, switches, bisection bandwidth",
+        description="Print what the cluster graph of SCENARIO holds; optionally draw it.",
+    )
+    topo.add_argument("scenario", help="scenario file (TOML)")
+    topo.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a scenario key (repeatable)",
+    )
+    topo.add_argument("--png", metavar="FILE", help="draw the graph (clusters of up to 128 GPUs)")
     return parser
 
 
@@ -84,6 +100,8 @@ def main(argv: list[str] | None = None) -> int:
             return _run(args)
         if args.command == "sweep":
             return _sweep(args)
+        if args.command == "topology":
+            return _topology(args)
     except ScenarioError as exc:
         print(f"stepsim: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -138,6 +156,26 @@ def _sweep(args: argparse.Namespace) -> int:
         name = load_scenario(args.scenario).name
         sweep_figure(keys, rows, f"{name}: sweep").savefig(out / "sweep.png", dpi=110)
         print(f"\n  wrote {args.out}/: sweep.csv sweep.png")
+    return 0
+
+
+def _topology(args: argparse.Namespace) -> int:
+    from topologies.describe import summarize
+
+    from .output import MAX_DRAWN_GPUS, topology_figure, topology_text
+    from .run import build_cluster
+
+    scenario = load_scenario(args.scenario, args.overrides)
+    cluster = build_cluster(scenario.cluster)
+    if args.png and cluster.num_gpus > MAX_DRAWN_GPUS:
+        raise ScenarioError(
+            f"--png draws clusters of up to {MAX_DRAWN_GPUS} GPUs; this one has "
+            f"{cluster.num_gpus} (try --set cluster.num_nodes=4)"
+        )
+    print(topology_text(scenario, summarize(cluster.graph, scenario.cluster.gpus_per_node)))
+    if args.png:
+        topology_figure(cluster.graph, scenario.name).savefig(args.png, dpi=110)
+        print(f"\n  wrote {args.png}")
     return 0
 
 

@@ -1,24 +1,38 @@
-"""Communication as data: point-to-point transfers and ring collectives as coupled flows.
+"""Communication as data: point-to-point transfers and NCCL-like collectives.
 
-A `Transfer` is what the network moves for one communication op. It is a
-*coupled flow*: several real flows (one per ring edge, or one per GPU sending)
-that progress together, each carrying ``bytes_per_flow``. ``links`` are the
+A `Transfer` is what the network moves in one go. It is a *coupled flow*:
+several real flows (one per ring or tree edge, or one per GPU sending) that
+progress together, each carrying ``bytes_per_flow``. ``links`` are the
 directed links they cross and ``mults`` how many of those real flows cross
 each link; the network gives the coupled flow one rate r and charges ``m x r``
-on a link crossed by m of its flows.
+on a link crossed by m of its flows. A collective is a tuple of transfers run
+one after the other (phases).
 
 Symmetric replicas: a scenario's tensor-parallel ranks and data-parallel
 replicas all do the same thing at the same time, so only a representative
 group is simulated. Its flows are charged, link by link, for every congruent
-flow of the groups it stands for that crosses the same link (``copies``).
+flow of the groups it stands for that crosses the same link (``groups[1:]``).
 Links of those other groups that the representative does not touch carry by
 symmetry the same load as the representative's own, so leaving them out does
-not change any rate. This is exact for clusters that look the same from every
-replica, such as the switch-connected nodes built in topologies/.
+not change any rate (docs/design.md).
 
-A ring all-reduce of S bytes over n ranks sends 2(n-1)/n S bytes on every
-ring edge in 2(n-1) steps, each step paying the slowest edge's hop latency;
-reduce-scatter and all-gather are each half of that.
+Algorithms, as NCCL runs them (message S bytes, n ranks):
+
+- ``ring``: 2(n-1)/n S bytes on every ring edge in 2(n-1) steps (all-reduce;
+  reduce-scatter and all-gather are half of it). Like NCCL, a group spread
+  over several nodes with k GPUs in each runs k rings (channels), each
+  entering and leaving a node through a different GPU, and so a different
+  NIC; each carries S/k. Inside a node with a NVLink mesh, the rings are the
+  edge-disjoint Hamiltonian cycles of the NVLink lanes, both directions.
+- ``tree``: reduce-scatter inside each node, then per local rank a double
+  binary tree over the nodes (each tree carries half of the shard up and down;
+  2 x depth steps), then all-gather inside each node. Needs two nodes or more.
+- ``hierarchical``: as ``tree`` with a ring over the nodes in the middle.
+- ``auto``: whichever of those is fastest for this message when alone on the
+  network (latency + bytes / bottleneck per phase), the way NCCL's tuner
+  picks an algorithm from its cost model.
+
+Every phase pays a fixed base latency plus, per step, the slowest hop's latency.
 """
 
 from __future__ import annotations
@@ -27,8 +41,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-Route = Callable[[int, int], tuple[int, ...]]
-RouteLatency = Callable[[tuple[int, ...]], float]
+ALL_REDUCE_ALGORITHMS = ("ring", "tree", "hierarchical", "auto")
 
 
 class Transfer(NamedTuple):
@@ -38,77 +51,200 @@ class Transfer(NamedTuple):
     latency_s: float
 
 
+Collective = tuple[Transfer, ...]
+Edge = tuple[int, int]
+
+
+class Fabric(NamedTuple):
+    """What collectives need to know about the cluster (see topologies.Cluster)."""
+
+    route: Callable[[int, int], tuple[int, ...]]
+    route_latency_s: Callable[[tuple[int, ...]], float]
+    node_of: Callable[[int], int]
+    intra_node_rings: Callable[[Sequence[int]], list[list[int]]]
+    capacities: Sequence[float]
+    base_latency_s: float
+
+    @classmethod
+    def of(cls, cluster, base_latency_s: float) -> Fabric:
+        """From a topologies.Cluster."""
+        return cls(
+            route=cluster.route,
+            route_latency_s=cluster.route_latency_s,
+            node_of=cluster.node_of,
+            intra_node_rings=cluster.intra_node_rings,
+            capacities=[link.bandwidth_bytes_per_s for link in cluster.links],
+            base_latency_s=base_latency_s,
+        )
+
+
 def delay(latency_s: float) -> Transfer:
     """A transfer that only takes time: for abstract schedules with a fixed p2p latency."""
     return Transfer((), (), 0.0, latency_s)
 
 
 def _coupled(
-    edges: Sequence[tuple[int, int]],
-    copies: Sequence[Sequence[tuple[int, int]]],
-    route: Route,
+    edge_sets: Sequence[Sequence[Edge]],
+    fabric: Fabric,
     bytes_per_flow: float,
     latency_s: float,
 ) -> Transfer:
+    """``edge_sets[0]`` are the representative's edges, the rest congruent copies."""
     own = Counter()
-    for src, dst in edges:
-        own.update(route(src, dst))
+    for src, dst in edge_sets[0]:
+        own.update(fabric.route(src, dst))
     mults = Counter()
-    for copy in copies:
-        for src, dst in copy:
-            mults.update(link for link in route(src, dst) if link in own)
+    for edges in edge_sets:
+        for src, dst in edges:
+            mults.update(link for link in fabric.route(src, dst) if link in own)
     links = tuple(sorted(own))
-    # The representative's own edges are among the copies; count them at least once.
-    return Transfer(links, tuple(max(mults[i], own[i]) for i in links), bytes_per_flow, latency_s)
+    return Transfer(links, tuple(mults[i] for i in links), bytes_per_flow, latency_s)
 
 
-def _ring_edges(group: Sequence[int]) -> list[tuple[int, int]]:
-    n = len(group)
-    return [(group[i], group[(i + 1) % n]) for i in range(n)]
+def _hop_latency_s(edges: Sequence[Edge], fabric: Fabric) -> float:
+    return max(fabric.route_latency_s(fabric.route(a, b)) for a, b in edges)
+
+
+def _cycle(order: Sequence[int]) -> list[Edge]:
+    n = len(order)
+    return [(order[i], order[(i + 1) % n]) for i in range(n)] if n > 1 else []
+
+
+def _by_node(group: Sequence[int], fabric: Fabric) -> list[list[int]]:
+    nodes: dict[int, list[int]] = {}
+    for gpu in group:
+        nodes.setdefault(fabric.node_of(gpu), []).append(gpu)
+    return list(nodes.values())
+
+
+def ring_channels(group: Sequence[int], fabric: Fabric) -> list[list[int]]:
+    """The rings NCCL would build over a group: one per GPU in a node across nodes
+    (each leaving the node through a different GPU), the NVLink rings inside one."""
+    nodes = _by_node(group, fabric)
+    if len(nodes) == 1:
+        return fabric.intra_node_rings(group)
+    k = min(len(members) for members in nodes)
+    return [[gpu for members in nodes for gpu in members[c:] + members[:c]] for c in range(k)]
 
 
 def ring(
-    kind: str,
-    groups: Sequence[Sequence[int]],
-    message_bytes: float,
-    route: Route,
-    route_latency_s: RouteLatency,
-    base_latency_s: float,
-) -> Transfer | None:
+    kind: str, groups: Sequence[Sequence[int]], message_bytes: float, fabric: Fabric
+) -> Collective | None:
     """A ring ``all_reduce``, ``reduce_scatter`` or ``all_gather`` of ``message_bytes``.
 
-    ``groups[0]`` is the representative group (GPU indices in ring order); the
-    other groups are the congruent ones it stands for. Returns None for a
-    group of one GPU, which needs no communication.
+    ``groups[0]`` is the representative group (GPU indices in rank order), the
+    others the congruent groups it stands for. None for a group of one GPU.
     """
-    group = groups[0]
-    n = len(group)
+    n = len(groups[0])
     if n == 1:
         return None
     steps = {"all_reduce": 2 * (n - 1), "reduce_scatter": n - 1, "all_gather": n - 1}[kind]
-    edges = _ring_edges(group)
-    hop_latency_s = max(route_latency_s(route(a, b)) for a, b in edges)
-    return _coupled(
-        edges,
-        [_ring_edges(g) for g in groups],
-        route,
-        bytes_per_flow=steps * message_bytes / n,
-        latency_s=base_latency_s + steps * hop_latency_s,
+    edge_sets = [
+        [edge for channel in ring_channels(g, fabric) for edge in _cycle(channel)] for g in groups
+    ]
+    channels = len(ring_channels(groups[0], fabric))
+    latency = fabric.base_latency_s + steps * _hop_latency_s(edge_sets[0], fabric)
+    return (_coupled(edge_sets, fabric, steps * message_bytes / (n * channels), latency),)
+
+
+def _intra_phase(kind: str, groups, message_bytes: float, fabric: Fabric) -> Transfer | None:
+    """Reduce-scatter or all-gather inside every node of the group, all nodes at once."""
+    per_node = [_by_node(g, fabric) for g in groups]
+    k = len(per_node[0][0])
+    if k == 1:
+        return None
+    edge_sets = [
+        [e for members in nodes for ch in fabric.intra_node_rings(members) for e in _cycle(ch)]
+        for nodes in per_node
+    ]
+    channels = len(fabric.intra_node_rings(per_node[0][0]))
+    latency = fabric.base_latency_s + (k - 1) * _hop_latency_s(edge_sets[0], fabric)
+    bytes_per_flow = (k - 1) * message_bytes / (k * channels)
+    return _coupled(edge_sets, fabric, bytes_per_flow, latency)
+
+
+def _binary_tree_edges(order: Sequence[int]) -> tuple[list[Edge], int]:
+    """Heap-shaped binary tree over ``order``: (child -> parent edges, depth)."""
+    edges = [(order[i], order[(i - 1) // 2]) for i in range(1, len(order))]
+    return edges, max(len(order).bit_length() - 1, 1)
+
+
+def _inter_phase(algorithm: str, groups, message_bytes: float, fabric: Fabric) -> Transfer:
+    """All-reduce across nodes of each local rank's shard: rings or double binary trees."""
+    shards = [list(zip(*_by_node(g, fabric), strict=True)) for g in groups]  # per local rank
+    k = len(shards[0])
+    shard_bytes = message_bytes / k
+    num_nodes = len(shards[0][0])
+    edge_sets = []
+    for lines in shards:
+        edges: list[Edge] = []
+        for line in lines:
+            if algorithm == "ring":
+                edges += _cycle(line)
+            else:  # two trees, the second over the reversed order so leaves become inner nodes
+                for order in (line, line[::-1]):
+                    up, _ = _binary_tree_edges(order)
+                    edges += up + [(b, a) for a, b in up]
+        edge_sets.append(edges)
+    hop = _hop_latency_s(edge_sets[0], fabric)
+    if algorithm == "ring":
+        steps = 2 * (num_nodes - 1)
+        bytes_per_flow = steps * shard_bytes / num_nodes
+    else:
+        _, depth = _binary_tree_edges(shards[0][0])
+        steps = 2 * depth
+        bytes_per_flow = shard_bytes / 2  # each tree carries half, up and then down
+    return _coupled(edge_sets, fabric, bytes_per_flow, fabric.base_latency_s + steps * hop)
+
+
+def two_level_all_reduce(
+    algorithm: str, groups: Sequence[Sequence[int]], message_bytes: float, fabric: Fabric
+) -> Collective | None:
+    """``tree`` or ``hierarchical``: reduce-scatter in nodes, across nodes, all-gather in
+    nodes. None when the group is inside one node or nodes hold unequal shares."""
+    nodes = _by_node(groups[0], fabric)
+    if len(nodes) == 1 or len({len(m) for m in nodes}) != 1:
+        return None
+    inter = "ring" if algorithm == "hierarchical" else "tree"
+    phases = (
+        _intra_phase("reduce_scatter", groups, message_bytes, fabric),
+        _inter_phase(inter, groups, message_bytes, fabric),
+        _intra_phase("all_gather", groups, message_bytes, fabric),
     )
+    return tuple(p for p in phases if p is not None)
 
 
-def point_to_point(
-    pairs: Sequence[tuple[int, int]],
-    message_bytes: float,
-    route: Route,
-    route_latency_s: RouteLatency,
-) -> Transfer:
+def estimate_s(collective: Collective, capacities: Sequence[float]) -> float:
+    """Time of a collective alone on the network: per phase, latency + bytes / bottleneck."""
+    total = 0.0
+    for phase in collective:
+        total += phase.latency_s
+        if phase.bytes_per_flow > 0 and phase.links:
+            rate = min(capacities[i] / m for i, m in zip(phase.links, phase.mults, strict=True))
+            total += phase.bytes_per_flow / rate
+    return total
+
+
+def all_reduce(
+    algorithm: str, groups: Sequence[Sequence[int]], message_bytes: float, fabric: Fabric
+) -> Collective | None:
+    """An all-reduce by ``algorithm``; ``tree`` and ``hierarchical`` fall back to the ring
+    where they do not apply (a group inside one node), as NCCL does."""
+    flat = ring("all_reduce", groups, message_bytes, fabric)
+    if flat is None or algorithm == "ring":
+        return flat
+    if algorithm != "auto":
+        return two_level_all_reduce(algorithm, groups, message_bytes, fabric) or flat
+    candidates = [flat]
+    for name in ("tree", "hierarchical"):
+        other = two_level_all_reduce(name, groups, message_bytes, fabric)
+        if other is not None:
+            candidates.append(other)
+    return min(candidates, key=lambda c: estimate_s(c, fabric.capacities))  # first on a tie
+
+
+def point_to_point(pairs: Sequence[Edge], message_bytes: float, fabric: Fabric) -> Transfer:
     """``pairs[0]`` sends ``message_bytes`` while the congruent ``pairs`` do the same."""
     src, dst = pairs[0]
-    return _coupled(
-        [pairs[0]],
-        [[pair] for pair in pairs],
-        route,
-        bytes_per_flow=message_bytes,
-        latency_s=route_latency_s(route(src, dst)),
-    )
+    latency = fabric.route_latency_s(fabric.route(src, dst))
+    return _coupled([[pair] for pair in pairs], fabric, message_bytes, latency)

@@ -14,7 +14,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from topologies import FABRICS, NVLINK_TOPOLOGIES
+
 from . import presets
+from .collectives import ALL_REDUCE_ALGORITHMS
 from .spec import (
     NETWORK_MODELS,
     RECOMPUTE_GRANULARITIES,
@@ -56,6 +59,13 @@ _KEYS: dict[str, dict[str, type]] = {
         "pcie_latency_us": float,
         "ib_latency_us": float,
         "collective_base_latency_us": float,
+        "nvlink_topology": str,
+        "fabric": str,
+        "fabric_levels": int,
+        "nodes_per_leaf": int,
+        "leaves_per_pod": int,
+        "spine_switches": int,
+        "oversubscription": float,
     },
     "parallel": {
         "tensor_model_parallel_size": int,
@@ -73,16 +83,33 @@ _KEYS: dict[str, dict[str, type]] = {
     },
     "network": {
         "model": str,
+        "collective_algorithm": str,
     },
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "training.schedule": SCHEDULES,
     "training.recompute_granularity": RECOMPUTE_GRANULARITIES,
     "network.model": NETWORK_MODELS,
+    "network.collective_algorithm": ALL_REDUCE_ALGORITHMS,
     "model.preset": tuple(presets.MODELS),
     "cluster.node": tuple(presets.NODES),
     "cluster.gpu": tuple(presets.GPUS),
+    "cluster.nvlink_topology": NVLINK_TOPOLOGIES,
+    "cluster.fabric": FABRICS,
 }
+_REQUIRED_CLUSTER_KEYS = (
+    "gpu",
+    "num_nodes",
+    "gpus_per_node",
+    "nics_per_node",
+    "nic_gbps",
+    "nvlink_gbytes_per_s",
+    "pcie_gbytes_per_s",
+    "nvlink_latency_us",
+    "pcie_latency_us",
+    "ib_latency_us",
+    "collective_base_latency_us",
+)
 # Plausible ranges, so that absurd values give an error rather than NaN or a hang.
 _MAX_INT = 10**9
 _RANGES: dict[str, tuple[float, float]] = {
@@ -94,6 +121,9 @@ _RANGES: dict[str, tuple[float, float]] = {
     "cluster.pcie_latency_us": (0.0, 1e6),
     "cluster.ib_latency_us": (0.0, 1e6),
     "cluster.collective_base_latency_us": (0.0, 1e6),
+    "cluster.fabric_levels": (2, 3),
+    "cluster.spine_switches": (1, 1024),
+    "cluster.oversubscription": (1.0, 1000.0),
 }
 # Ops per micro-batch and layer are about a dozen; beyond this a run takes hours.
 MAX_SIMULATED_OPS = 50_000_000
@@ -174,7 +204,7 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     parallel = _build_parallel(tables["parallel"], model, cluster)
     training = _build_training(tables["training"], parallel)
     _check_size(model, training, parallel)
-    network = NetworkConfig(model=tables["network"].get("model", "fair-share"))
+    network = NetworkConfig(**tables["network"])
     return Scenario(
         name=name,
         model=model,
@@ -253,10 +283,15 @@ def _build_cluster(table: dict[str, Any]) -> ClusterSpec:
         values.update(presets.NODES[node])
     values.update({k: v for k, v in table.items() if k != "node"})
     hint = " (or set cluster.node to a preset)"
-    for key in _KEYS["cluster"]:
-        if key != "node":
-            _require("cluster", values, key, hint if key != "num_nodes" else "")
+    for key in _REQUIRED_CLUSTER_KEYS:
+        _require("cluster", values, key, hint if key != "num_nodes" else "")
     gpu_name = values.pop("gpu")
+    topology = values.get("nvlink_topology", "nvswitch")
+    if topology == "hybrid-cube-mesh" and values["gpus_per_node"] != 8:
+        raise ScenarioError(
+            f"cluster.gpus_per_node={values['gpus_per_node']} must be 8 for "
+            "cluster.nvlink_topology='hybrid-cube-mesh'"
+        )
     if values["nics_per_node"] > values["gpus_per_node"]:
         raise ScenarioError(
             f"cluster.nics_per_node={values['nics_per_node']} must be <= "
@@ -329,6 +364,15 @@ def _check_symmetric(tp: int, stage_gpus: int, cluster: ClusterSpec) -> None:
             raise ScenarioError(
                 f"{name} must divide or be a multiple of cluster.gpus_per_node={gpn}, so "
                 "that every group sits in the nodes the same way"
+            )
+        if (
+            cluster.nvlink_topology == "hybrid-cube-mesh"
+            and size < gpn
+            and size not in (1, gpn // 2)
+        ):
+            raise ScenarioError(
+                f"{name} must be 1, {gpn // 2} or a multiple of {gpn} on a hybrid cube-mesh "
+                "node, whose smaller GPU groups are not alike"
             )
         if size < gpn and per_nic % size and size % per_nic:
             raise ScenarioError(

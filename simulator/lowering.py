@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from schedules import SCHEDULES, Step, peak_inflight
 
 from . import collectives
-from .collectives import Transfer
+from .collectives import Collective, Fabric, Transfer
 from .compute import BYTES_PER_ELEMENT, ComputeModel, Work
 from .memory import GRADIENT_BYTES_PER_PARAM, layer_params_per_rank, stage_params_per_rank
 from .spec import Scenario
@@ -85,19 +85,19 @@ def stage_orders(scenario: Scenario) -> list[list[Step]]:
 class _StageComm:
     """The transfers one stage uses, built once per stage."""
 
-    def __init__(self, scenario: Scenario, cluster, layout: Layout, stage: int) -> None:
-        self._route, self._latency = cluster.route, cluster.route_latency_s
-        self._base_s = us_to_s(scenario.cluster.collective_base_latency_us)
-        self.layout, self.stage = layout, stage
+    def __init__(self, scenario: Scenario, fabric: Fabric, layout: Layout, stage: int) -> None:
+        self.fabric, self.layout, self.stage = fabric, layout, stage
+        self.algorithm = scenario.network.collective_algorithm
         m, b = scenario.model, scenario.training.micro_batch_size
         activation_bytes = b * m.seq_length * m.hidden_size * BYTES_PER_ELEMENT
         tp_groups = [layout.tp_group(d, stage) for d in range(layout.data)]
         self.tp = {
-            kind: collectives.ring(
-                kind, tp_groups, activation_bytes, self._route, self._latency, self._base_s
-            )
-            for kind in ("all_reduce", "reduce_scatter", "all_gather")
+            kind: collectives.ring(kind, tp_groups, activation_bytes, fabric)
+            for kind in ("reduce_scatter", "all_gather")
         }
+        self.tp["all_reduce"] = collectives.all_reduce(
+            self.algorithm, tp_groups, activation_bytes, fabric
+        )
         shard_bytes = activation_bytes / layout.tensor
         self.send_next = self._p2p(stage + 1, shard_bytes)
         self.send_prev = self._p2p(stage - 1, shard_bytes)
@@ -110,31 +110,30 @@ class _StageComm:
             for d in range(self.layout.data)
             for j in range(self.layout.tensor)
         ]
-        return collectives.point_to_point(pairs, message_bytes, self._route, self._latency)
+        return collectives.point_to_point(pairs, message_bytes, self.fabric)
 
-    def dp_all_reduce(self, num_params: float) -> Transfer | None:
+    def dp_all_reduce(self, num_params: float) -> Collective | None:
         groups = [self.layout.dp_group(j, self.stage) for j in range(self.layout.tensor)]
         message_bytes = num_params * GRADIENT_BYTES_PER_PARAM
-        return collectives.ring(
-            "all_reduce", groups, message_bytes, self._route, self._latency, self._base_s
-        )
+        return collectives.all_reduce(self.algorithm, groups, message_bytes, self.fabric)
 
 
 def lower(scenario: Scenario, cluster) -> Workload:
     """Build the ops of one training iteration, one compute lane per pipeline stage."""
     layout = layout_of(scenario)
+    fabric = Fabric.of(cluster, us_to_s(scenario.cluster.collective_base_latency_us))
     compute = ComputeModel(scenario)
     builder = WorkloadBuilder()
     orders = stage_orders(scenario)
     for stage, order in enumerate(orders):
-        _lower_stage(builder, scenario, cluster, layout, compute, stage, order)
+        _lower_stage(builder, scenario, fabric, layout, compute, stage, order)
     return builder.build()
 
 
 def _lower_stage(
     builder: WorkloadBuilder,
     scenario: Scenario,
-    cluster,
+    fabric: Fabric,
     layout: Layout,
     compute: ComputeModel,
     stage: int,
@@ -146,7 +145,7 @@ def _lower_stage(
     sequence_parallel = scenario.parallel.sequence_parallel
     recompute = scenario.training.recompute_granularity
     overlap = scenario.training.overlap_grad_reduce and layout.data > 1
-    comm = _StageComm(scenario, cluster, layout, stage)
+    comm = _StageComm(scenario, fabric, layout, stage)
     layer = compute.layer()
     extras = compute.extras()
     lane = builder.lane(

@@ -21,10 +21,24 @@ from collections.abc import Sequence
 
 import simpy
 
-from .collectives import Transfer
+from .collectives import Collective, Transfer
 
 # Relative tolerance when deciding that two fair shares are the same bottleneck.
 _SHARE_RTOL = 1e-12
+
+
+def run_phases(env: simpy.Environment, start, phases: Collective) -> simpy.Event:
+    """Start each phase when the previous one ends; one event for the whole collective."""
+    done = env.event()
+
+    def next_phase(index: int) -> None:
+        if index == len(phases):
+            done.succeed()
+            return
+        start(phases[index]).callbacks.append(lambda _: next_phase(index + 1))
+
+    next_phase(0)
+    return done
 
 
 def solo_rate_bytes_per_s(transfer: Transfer, capacities: Sequence[float]) -> float:
@@ -40,7 +54,9 @@ class AnalyticalNetwork:
         self.capacities = list(capacities)
         self.num_transfers = 0
 
-    def transfer(self, transfer: Transfer) -> simpy.Event:
+    def transfer(self, transfer: Transfer | Collective) -> simpy.Event:
+        if not isinstance(transfer, Transfer):
+            return run_phases(self.env, self.transfer, transfer)
         self.num_transfers += 1
         duration_s = transfer.latency_s
         if transfer.bytes_per_flow > 0 and transfer.links:
@@ -75,7 +91,9 @@ class FairShareNetwork:
         self.num_transfers = 0
         self.num_recomputes = 0
 
-    def transfer(self, transfer: Transfer) -> simpy.Event:
+    def transfer(self, transfer: Transfer | Collective) -> simpy.Event:
+        if not isinstance(transfer, Transfer):
+            return run_phases(self.env, self.transfer, transfer)
         self.num_transfers += 1
         done = self.env.event()
         latency = self.env.timeout(transfer.latency_s)

@@ -368,3 +368,114 @@ def sweep_figure(keys: list[str], rows: list[dict], title: str) -> Figure:
         axes[0].legend(fontsize=8)
     fig.suptitle(title)
     return fig
+
+
+# -- topology --------------------------------------------------------------------------
+
+_LEVEL_NAMES = {1: "leaf", 2: "spine/aggregation", 3: "core"}
+MAX_DRAWN_GPUS = 128
+
+
+def topology_text(scenario, summary: dict) -> str:
+    cl = scenario.cluster
+    lines = [
+        f"stepsim topology · {scenario.name}",
+        f"  {summary['num_nodes']} nodes x {cl.gpus_per_node} GPUs"
+        + (f" ({cl.node})" if cl.node else "")
+        + f" = {summary['num_gpus']} GPUs, {summary['num_nics']} NICs of {cl.nic_gbps:g} Gb/s",
+        f"  inside a node: {cl.nvlink_topology}, {cl.nvlink_gbytes_per_s:g} GB/s NVLink per GPU "
+        f"per direction; GPU-NIC over PCIe at {cl.pcie_gbytes_per_s:g} GB/s",
+        f"  fabric: {cl.fabric}"
+        + (
+            ""
+            if cl.fabric == "switch"
+            else f", {cl.nodes_per_leaf} nodes per leaf, {cl.spine_switches} switches above each "
+            f"leaf{' and pod' if cl.fabric_levels == 3 else ''}, oversubscription "
+            f"{cl.oversubscription:g}:1"
+            + (
+                f", 3 levels ({cl.leaves_per_pod} leaves per pod)"
+                if cl.fabric == "fat-tree" and cl.fabric_levels == 3
+                else ""
+            )
+        ),
+        "  switches: "
+        + ", ".join(
+            f"{n} {_LEVEL_NAMES.get(level, f'level {level}')}"
+            for level, n in summary["switches_by_level"].items()
+        ),
+        "",
+        "  directed links   count   GB/s each (min-max)   total GB/s",
+    ]
+    for kind, entry in summary["links"].items():
+        lo, hi = entry["min_bytes_per_s"] / 1e9, entry["max_bytes_per_s"] / 1e9
+        each = f"{lo:g}" if lo == hi else f"{lo:g}-{hi:g}"
+        lines.append(
+            f"    {kind:<12}{entry['count']:>8}   {each:>19}   "
+            f"{entry['total_bytes_per_s'] / 1e9:>10,.0f}"
+        )
+    bisection = summary["bisection_bytes_per_s"]
+    half = summary["num_nodes"] // 2
+    if bisection:
+        lines += [
+            "",
+            f"  bisection bandwidth: {bisection / 1e9:,.0f} GB/s one way "
+            f"({bisection * 8 / 1e12:,.1f} Tb/s) from nodes 0-{half - 1} to "
+            f"{half}-{summary['num_nodes'] - 1}",
+        ]
+    return "\n".join(lines)
+
+
+def topology_figure(graph, title: str) -> Figure:
+    """The cluster graph, by layer: GPUs, NVSwitches, NICs, then switch levels."""
+    import networkx as nx
+
+    from topologies import GPU, NIC, NVSWITCH, SWITCH
+
+    layer = {GPU: 0, NVSWITCH: 1, NIC: 2}
+
+    def layer_of(n: tuple) -> int:
+        return 2 + n[1] if n[0] == SWITCH else layer[n[0]]
+
+    undirected = nx.Graph()
+    rows: dict[int, list[tuple]] = {}
+    for n in sorted(graph, key=lambda n: (layer_of(n), n[1:])):
+        undirected.add_node(n)
+        rows.setdefault(layer_of(n), []).append(n)
+    for a, b, data in graph.edges(data=True):
+        undirected.add_edge(a, b, kind=data["kind"], bw=data["bandwidth_bytes_per_s"])
+    # Left to right in index order within each layer, so nodes line up with their GPUs.
+    positions = {
+        n: ((i + 0.5) / len(row), -depth) for depth, row in rows.items() for i, n in enumerate(row)
+    }
+    fig = Figure(figsize=(14, 7), layout="constrained")
+    ax = fig.add_subplot()
+    colors = {"nvlink": COLORS[TP_COMM], "pcie": "#888888", "ib": COLORS[PP_SEND]}
+    top = max(d["bw"] for _, _, d in undirected.edges(data=True))
+    for kind, color in colors.items():
+        edges = [(a, b) for a, b, d in undirected.edges(data=True) if d["kind"] == kind]
+        widths = [0.5 + 3 * undirected[a][b]["bw"] / top for a, b in edges]
+        nx.draw_networkx_edges(
+            undirected, positions, edgelist=edges, edge_color=color, width=widths, ax=ax, label=kind
+        )
+    node_colors = {
+        GPU: COLORS[FORWARD],
+        NVSWITCH: COLORS[TP_COMM],
+        NIC: "#BBBBBB",
+        SWITCH: COLORS[PP_SEND],
+    }
+    for kind, color in node_colors.items():
+        nodes = [n for n in undirected if n[0] == kind]
+        nx.draw_networkx_nodes(
+            undirected,
+            positions,
+            nodelist=nodes,
+            node_color=color,
+            node_size=60 if kind != SWITCH else 120,
+            ax=ax,
+        )
+    ax.set_title(
+        title + "  (top: GPUs, then NVSwitches, NICs, switch levels; edge width ~ bandwidth)"
+    )
+    ax.legend(loc="upper right", fontsize=8)
+    ax.set_axis_off()
+    return fig

@@ -80,14 +80,28 @@ NODES: dict[str, dict[str, object]] = {
     # Jean Zay V100 node (BigScience): 4 x V100 SXM2 32 GB, 400 Gb/s theoretical
     # between nodes (bigscience-workshop/bigscience, experiments/README.md). The
     # source gives the node total only, so it is one 400 Gb/s pipe here. The
-    # four GPUs are all-to-all on NVLink 2 (150 GB/s per direction per GPU),
-    # modelled as a switch until mesh topologies exist.
+    # four GPUs are all-to-all on NVLink 2: 6 lanes of 25 GB/s per direction per
+    # GPU, two lanes to each peer (150 GB/s per GPU, 50 GB/s per pair).
     "v100x4": {
         "gpu": "v100-sxm2-32gb",
         "gpus_per_node": 4,
         "nics_per_node": 1,
         "nic_gbps": 400.0,
         "nvlink_gbytes_per_s": 150.0,
+        "nvlink_topology": "all-to-all",
+        "pcie_gbytes_per_s": 16.0,
+        **_LATENCIES,
+    },
+    # DGX-1 with V100: 8 x V100 SXM2 in the NVLink hybrid cube-mesh (6 lanes of
+    # 25 GB/s per direction per GPU), 4 x 100 Gb/s EDR InfiniBand (NVIDIA DGX-1
+    # with Tesla V100 system architecture white paper).
+    "dgx-1-v100": {
+        "gpu": "v100-sxm2-32gb",
+        "gpus_per_node": 8,
+        "nics_per_node": 4,
+        "nic_gbps": 100.0,
+        "nvlink_gbytes_per_s": 150.0,
+        "nvlink_topology": "hybrid-cube-mesh",
         "pcie_gbytes_per_s": 16.0,
         **_LATENCIES,
     },

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from topologies import Cluster, build_graph
+from topologies import Cluster, FabricShape, NodeShape, build_graph
 
 from .engine import Trace, simulate
 from .lowering import inflight_per_stage, lower
@@ -24,18 +24,26 @@ class Result(NamedTuple):
 
 
 def build_cluster(spec: ClusterSpec) -> Cluster:
-    graph = build_graph(
-        num_nodes=spec.num_nodes,
-        gpus_per_node=spec.gpus_per_node,
-        nics_per_node=spec.nics_per_node,
+    node = NodeShape(
+        gpus=spec.gpus_per_node,
+        nics=spec.nics_per_node,
+        nvlink_topology=spec.nvlink_topology,
         nvlink_bytes_per_s=gbytes_per_s_to_bytes_per_s(spec.nvlink_gbytes_per_s),
         nvlink_latency_s=us_to_s(spec.nvlink_latency_us),
         pcie_bytes_per_s=gbytes_per_s_to_bytes_per_s(spec.pcie_gbytes_per_s),
         pcie_latency_s=us_to_s(spec.pcie_latency_us),
         nic_bytes_per_s=gbps_to_bytes_per_s(spec.nic_gbps),
-        ib_latency_s=us_to_s(spec.ib_latency_us),
     )
-    return Cluster(graph, gpus_per_node=spec.gpus_per_node)
+    fabric = FabricShape(
+        kind=spec.fabric,
+        levels=spec.fabric_levels,
+        nodes_per_leaf=spec.nodes_per_leaf,
+        leaves_per_pod=spec.leaves_per_pod,
+        spines=spec.spine_switches,
+        oversubscription=spec.oversubscription,
+        latency_s=us_to_s(spec.ib_latency_us),
+    )
+    return Cluster(build_graph(spec.num_nodes, node, fabric), gpus_per_node=spec.gpus_per_node)
 
 
 def run(scenario: Scenario) -> Result:

@@ -51,6 +51,13 @@ class ClusterSpec:
     pcie_latency_us: float  # one hop GPU <-> NIC
     ib_latency_us: float  # one hop NIC <-> switch
     collective_base_latency_us: float  # fixed software cost of launching one collective
+    nvlink_topology: str = "nvswitch"  # "nvswitch", "all-to-all", "hybrid-cube-mesh"
+    fabric: str = "switch"  # "switch", "fat-tree", "rail-optimized"
+    fabric_levels: int = 2  # fat-tree: 2 or 3
+    nodes_per_leaf: int = 16
+    leaves_per_pod: int = 8  # 3-level fat-tree
+    spine_switches: int = 4  # switches above each leaf (and above each pod)
+    oversubscription: float = 1.0  # bandwidth below a switch level / bandwidth above it
 
     @property
     def num_gpus(self) -> int:
@@ -86,6 +93,7 @@ class TrainingConfig:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NetworkConfig:
     model: NetworkModelName = "fair-share"
+    collective_algorithm: str = "auto"  # all-reduce: "ring", "tree", "hierarchical", "auto"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,102 +1,174 @@
-"""Routes, ring collectives and point-to-point transfers on real cluster graphs."""
+"""Routes, collectives and transfers on real cluster graphs, against closed forms."""
 
 import pytest
 
 from simulator import collectives
+from simulator.collectives import Fabric
 from simulator.engine import simulate
 from simulator.run import build_cluster
 from simulator.workload import TP_COMM, WorkloadBuilder
 from tests.helpers import load
 
 GB = 1e9
+NVLINK_STEP_S = 2e-6  # GPU -> NVSwitch -> GPU, 1 us a link
+IB_STEP_S = 0.5e-6 + 2e-6 + 2e-6 + 0.5e-6  # PCIe, IB, IB, PCIe through one switch
 
 
-def _cluster(**cluster):
-    return build_cluster(load(cluster=cluster).cluster)
+def _fabric(base_latency_s=0.0, **cluster):
+    c = build_cluster(load(cluster=cluster).cluster)
+    return c, Fabric.of(c, base_latency_s)
 
 
 def _time(cluster, *transfers):
-    """Run transfers at once, each blocking its own lane; the last one's finish time."""
+    """Run transfers at once, each blocking its own lane; when the last one ends."""
     builder = WorkloadBuilder()
     for i, transfer in enumerate(transfers):
         lane = builder.lane(gpu=i, stream="compute", stage=0)
         builder.add(lane, TP_COMM, f"t{i}", transfer=transfer)
-    trace = simulate(
-        builder.build(),
-        capacities_bytes_per_s=[link.bandwidth_bytes_per_s for link in cluster.links],
-    )
-    return trace.end_s
+    capacities = [link.bandwidth_bytes_per_s for link in cluster.links]
+    return simulate(builder.build(), capacities_bytes_per_s=capacities).end_s
+
+
+def _busbw(cluster, collective, n, size):
+    return size / _time(cluster, collective) * 2 * (n - 1) / n
 
 
 def test_routes_use_nvlink_inside_a_node_and_nics_between_nodes():
-    cluster = _cluster(num_nodes=2)
+    cluster, _ = _fabric(num_nodes=2)
     assert [cluster.links[i].kind for i in cluster.route(0, 5)] == ["nvlink", "nvlink"]
     assert [cluster.links[i].kind for i in cluster.route(3, 11)] == ["pcie", "ib", "ib", "pcie"]
-    # rail-optimized: GPU 3 leaves through NIC 3 and GPU 11 (local 3) is reached by NIC 3
+    # rail-optimized wiring: GPU 3 leaves through NIC 3, GPU 11 (local 3) is reached by NIC 3
     first, *_, last = (cluster.links[i] for i in cluster.route(3, 11))
     assert first.dst == ("nic", 0, 3) and last.src == ("nic", 1, 3)
 
 
 def test_ring_all_reduce_on_one_nvswitch_node_matches_closed_form():
-    cluster = _cluster(num_nodes=1)
+    cluster, fabric = _fabric(6e-6, num_nodes=1)
     n, size = 8, 1 * GB
-    ring = collectives.ring(
-        "all_reduce",
-        [list(range(n))],
-        size,
-        cluster.route,
-        cluster.route_latency_s,
-        base_latency_s=6e-6,
-    )
-    hop_s = 2 * 1e-6  # GPU -> NVSwitch -> GPU, 1 us a link
-    expected = 6e-6 + 2 * (n - 1) * hop_s + 2 * (n - 1) / n * size / (300 * GB)
+    (ring,) = collectives.ring("all_reduce", [list(range(n))], size, fabric)
+    expected = 6e-6 + 2 * (n - 1) * NVLINK_STEP_S + 2 * (n - 1) / n * size / (300 * GB)
     assert _time(cluster, ring) == pytest.approx(expected, rel=1e-12)
 
 
 def test_ring_across_nodes_is_bound_by_the_nic():
-    cluster = _cluster(num_nodes=4)
-    group = [0, 8, 16, 24]  # GPU 0 of each node, one rail
-    ring = collectives.ring(
-        "all_reduce", [group], GB, cluster.route, cluster.route_latency_s, base_latency_s=0.0
-    )
-    step_s = 0.5e-6 + 2e-6 + 2e-6 + 0.5e-6
-    expected = 2 * 3 * step_s + 2 * 3 / 4 * GB / (200e9 / 8)
-    assert _time(cluster, ring) == pytest.approx(expected, rel=1e-12)
+    cluster, fabric = _fabric(num_nodes=4)
+    ring = collectives.ring("all_reduce", [[0, 8, 16, 24]], GB, fabric)  # one rail
+    expected = 2 * 3 * IB_STEP_S + 2 * 3 / 4 * GB / (200e9 / 8)
+    assert _time(cluster, *ring) == pytest.approx(expected, rel=1e-12)
+
+
+def test_a_group_with_eight_gpus_per_node_runs_eight_rings_one_per_nic():
+    cluster, fabric = _fabric(num_nodes=2)
+    group = list(range(16))
+    channels = collectives.ring_channels(group, fabric)
+    assert len(channels) == 8
+    exits = {ch[7] for ch in channels}  # the GPU each ring leaves node 0 from
+    assert exits == set(range(8))
+    # bus bandwidth: 8 NICs of 25 GB/s (NVLink ports carry 8 rings at 37.5 GB/s each)
+    ring = collectives.ring("all_reduce", [group], 16 * GB, fabric)
+    assert _busbw(cluster, ring, 16, 16 * GB) == pytest.approx(8 * 25 * GB, rel=1e-3)
 
 
 def test_reduce_scatter_and_all_gather_are_each_half_an_all_reduce_of_bytes():
-    cluster = _cluster(num_nodes=1)
-    args = ([list(range(4))], GB, cluster.route, cluster.route_latency_s, 0.0)
-    ar = collectives.ring("all_reduce", *args)
-    rs = collectives.ring("reduce_scatter", *args)
-    ag = collectives.ring("all_gather", *args)
+    _, fabric = _fabric(num_nodes=1)
+    (ar,) = collectives.ring("all_reduce", [list(range(4))], GB, fabric)
+    (rs,) = collectives.ring("reduce_scatter", [list(range(4))], GB, fabric)
+    (ag,) = collectives.ring("all_gather", [list(range(4))], GB, fabric)
     assert rs.bytes_per_flow == ag.bytes_per_flow == pytest.approx(ar.bytes_per_flow / 2)
-    assert collectives.ring("all_reduce", [[3]], *args[1:]) is None
+    assert collectives.ring("all_reduce", [[3]], GB, fabric) is None
+
+
+def test_hierarchical_all_reduce_by_phases():
+    cluster, fabric = _fabric(num_nodes=4)
+    group, size = list(range(32)), 8 * GB
+    rs, inter, ag = collectives.two_level_all_reduce("hierarchical", [group], size, fabric)
+    # inside nodes: ring reduce-scatter of S over 8 GPUs; across: 8 rings of S/8 over 4 nodes
+    assert rs.bytes_per_flow == pytest.approx(7 / 8 * size)
+    assert inter.bytes_per_flow == pytest.approx(2 * 3 / 4 * size / 8)
+    expected = (
+        7 * NVLINK_STEP_S
+        + 7 / 8 * size / (300 * GB)
+        + 2 * 3 * IB_STEP_S
+        + 2 * 3 / 4 * (size / 8) / (25 * GB)
+        + 7 * NVLINK_STEP_S
+        + 7 / 8 * size / (300 * GB)
+    )
+    assert _time(cluster, (rs, inter, ag)) == pytest.approx(expected, rel=1e-9)
+
+
+def test_double_binary_tree_across_two_nodes():
+    cluster, fabric = _fabric(num_nodes=2)
+    (inter,) = collectives.two_level_all_reduce("tree", [[0, 8]], GB, fabric)
+    # each tree sends half up and half down; both trees cross each NIC once per direction
+    assert inter.bytes_per_flow == pytest.approx(GB / 2)
+    assert _time(cluster, inter) == pytest.approx(2 * IB_STEP_S + GB / 2 / (12.5 * GB))
+
+
+def test_auto_picks_the_fastest_estimate_and_ring_inside_a_node():
+    cluster, fabric = _fabric(6e-6, num_nodes=16)
+    group = list(range(0, 128, 8))  # one GPU per node: tree latency grows with log n
+    small = collectives.all_reduce("auto", [group], 1e3, fabric)
+    large = collectives.all_reduce("auto", [group], 1e9, fabric)
+    ring = collectives.all_reduce("ring", [group], 1e3, fabric)
+    tree = collectives.all_reduce("tree", [group], 1e3, fabric)
+    estimate = collectives.estimate_s
+    assert estimate(tree, fabric.capacities) < estimate(ring, fabric.capacities)
+    assert small == tree
+    assert estimate(large, fabric.capacities) == min(
+        estimate(collectives.all_reduce(a, [group], 1e9, fabric), fabric.capacities)
+        for a in ("ring", "tree", "hierarchical")
+    )
+    inside = list(range(8))
+    assert collectives.all_reduce("tree", [inside], GB, fabric) == collectives.ring(
+        "all_reduce", [inside], GB, fabric
+    )
+
+
+@pytest.mark.parametrize("node, rings", [("dgx-1-v100", 6), ("v100x4", 6)])
+def test_nvlink_mesh_rings_use_every_lane(node, rings):
+    cluster, fabric = _fabric(node=node, num_nodes=1)
+    n = cluster.gpus_per_node
+    channels = cluster.intra_node_rings(list(range(n)))
+    assert len(channels) == rings
+    # six lanes of 25 GB/s per GPU per direction, all busy: bus bandwidth 150 GB/s
+    ring = collectives.ring("all_reduce", [list(range(n))], 10 * GB, fabric)
+    assert _busbw(cluster, ring, n, 10 * GB) == pytest.approx(150 * GB, rel=1e-3)
 
 
 def test_gpus_sharing_one_nic_split_it():
-    # 4 GPUs per node, one 400 Gb/s NIC: four congruent sends share it.
-    cluster = _cluster(node="v100x4", num_nodes=2)
+    cluster, fabric = _fabric(node="v100x4", num_nodes=2)
     pairs = [(j, 4 + j) for j in range(4)]
-    send = collectives.point_to_point(pairs, GB, cluster.route, cluster.route_latency_s)
-    latency = 0.5e-6 + 2e-6 + 2e-6 + 0.5e-6
-    assert _time(cluster, send) == pytest.approx(latency + GB / (50 * GB / 4))
+    send = collectives.point_to_point(pairs, GB, fabric)
+    assert _time(cluster, send) == pytest.approx(IB_STEP_S + GB / (50 * GB / 4))
     # one sender alone is limited by its PCIe link (16 GB/s), not the 50 GB/s NIC
-    alone = collectives.point_to_point(pairs[:1], GB, cluster.route, cluster.route_latency_s)
-    assert _time(cluster, alone) == pytest.approx(latency + GB / (16 * GB))
+    alone = collectives.point_to_point(pairs[:1], GB, fabric)
+    assert _time(cluster, alone) == pytest.approx(IB_STEP_S + GB / (16 * GB))
+
+
+def test_oversubscribed_uplink_is_shared_by_the_leaf():
+    # 2 nodes per leaf, 2:1 oversubscribed, one spine: the leaf's uplink carries
+    # 2 x 8 x 25 / 2 = 200 GB/s; all 16 GPUs of leaf 0 send to leaf 1 at once.
+    cluster, fabric = _fabric(
+        num_nodes=4, fabric="fat-tree", nodes_per_leaf=2, oversubscription=2.0, spine_switches=1
+    )
+    pairs = [(g, g + 16) for g in range(16)]
+    send = collectives.point_to_point(pairs, GB, fabric)
+    latency = 0.5e-6 + 4 * 2e-6 + 0.5e-6
+    assert _time(cluster, send) == pytest.approx(latency + GB / (200 * GB / 16))
+    # within a leaf nothing is oversubscribed
+    local = collectives.point_to_point([(g, g + 8) for g in range(8)], GB, fabric)
+    assert _time(cluster, local) == pytest.approx(IB_STEP_S + GB / (25 * GB))
 
 
 def test_tensor_ring_and_pipeline_send_share_an_nvlink_port():
-    cluster = _cluster(num_nodes=1)
-    ring = collectives.ring(
-        "all_reduce", [[0, 1]], 2 * GB, cluster.route, cluster.route_latency_s, 0.0
-    )  # 2 GB per ring edge
-    send = collectives.point_to_point([(0, 1)], 2 * GB, cluster.route, cluster.route_latency_s)
+    cluster, fabric = _fabric(num_nodes=1)
+    (ring,) = collectives.ring("all_reduce", [[0, 1]], 2 * GB, fabric)  # 2 GB per edge
+    send = collectives.point_to_point([(0, 1)], 2 * GB, fabric)
     alone = _time(cluster, ring)
     both = _time(cluster, ring, send)
     assert alone == pytest.approx(4e-6 + 2 * GB / (300 * GB))  # 2 steps of 2 us
     # The send (2 us latency) streams alone at 300 GB/s until the ring's 4 us latency is
     # paid, then GPU 0's port is shared 150/150 until the send ends, then the ring has it.
-    head = 2e-6 * 300 * GB  # bytes the send moves alone
+    head = 2e-6 * 300 * GB
     expected = 4e-6 + (2 * GB - head) / (150 * GB) + head / (300 * GB)
     assert both == pytest.approx(expected, rel=1e-9)

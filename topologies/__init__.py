@@ -1,5 +1,19 @@
 """Cluster graphs (networkx) and their frozen form with links and routes."""
 
-from .cluster import GPU, IB_SWITCH, NIC, NVSWITCH, Cluster, Link, build_graph
+from .cluster import Cluster, Link, build_graph
+from .fabric import FABRICS, FabricShape
+from .node import GPU, NIC, NVLINK_TOPOLOGIES, NVSWITCH, SWITCH, NodeShape
 
-__all__ = ["GPU", "IB_SWITCH", "NIC", "NVSWITCH", "Cluster", "Link", "build_graph"]
+__all__ = [
+    "FABRICS",
+    "GPU",
+    "NIC",
+    "NVLINK_TOPOLOGIES",
+    "NVSWITCH",
+    "SWITCH",
+    "Cluster",
+    "FabricShape",
+    "Link",
+    "NodeShape",
+    "build_graph",
+]

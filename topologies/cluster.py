@@ -1,28 +1,28 @@
-"""The cluster as a graph of GPUs, NVSwitches, NICs and an InfiniBand switch.
+"""The cluster as a graph: GPUs, NVLink inside nodes, NICs, an InfiniBand fabric.
 
-``build_graph`` draws the cluster with networkx; ``Cluster`` freezes it into
-directed links and routes, built once and then only read. A node looks like::
+``build_graph`` draws the cluster with networkx (nodes from topologies.node,
+the fabric from topologies.fabric); ``Cluster`` freezes it into directed links
+and routes, built once and then only read.
 
-    GPU0 ─┐              ┌─ NIC0 ─┐
-    GPU1 ─┼─ NVSwitch    ├─ NIC1 ─┼── IB switch ── (other nodes' NICs)
-     ...  ┘  (NVLink)    ...      ┘
-    GPU i ── NIC(i) over PCIe, NIC(i) = i * nics_per_node // gpus_per_node
-
-With as many NICs as GPUs this is the rail-optimized DGX wiring (GPU i uses
-NIC i). Every cable is two directed links, one per direction, each with its own
+Every cable is two directed links, one per direction, each with its own
 bandwidth and latency, so traffic in opposite directions does not compete.
+Graph nodes are tuples: ``("gpu", g)``, ``("nvswitch", node)``,
+``("nic", node, k)`` and ``("switch", level, index)``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from itertools import islice
 from typing import NamedTuple
 
 import networkx as nx
 
-GPU = "gpu"
-NVSWITCH = "nvswitch"
-NIC = "nic"
-IB_SWITCH = "ib-switch"
+from .fabric import FabricShape, add_fabric
+from .node import GPU, NIC, NVSWITCH, SWITCH, NodeShape, add_node
+
+# Enough Hamiltonian cycles to find disjoint ones in any node of up to 8 GPUs.
+_MAX_CYCLES = 5000
 
 
 class Link(NamedTuple):
@@ -34,50 +34,22 @@ class Link(NamedTuple):
     latency_s: float
 
 
-def build_graph(
-    *,
-    num_nodes: int,
-    gpus_per_node: int,
-    nics_per_node: int,
-    nvlink_bytes_per_s: float,
-    nvlink_latency_s: float,
-    pcie_bytes_per_s: float,
-    pcie_latency_s: float,
-    nic_bytes_per_s: float,
-    ib_latency_s: float,
-) -> nx.DiGraph:
-    """Nodes of NVSwitch-connected GPUs joined by a non-blocking InfiniBand switch.
-
-    Graph nodes are tuples: ``("gpu", global_index)``, ``("nvswitch", node)``,
-    ``("nic", node, k)`` and ``("ib-switch",)``. Every edge carries
-    ``bandwidth_bytes_per_s``, ``latency_s`` and ``kind``.
-    """
+def build_graph(num_nodes: int, node: NodeShape, fabric: FabricShape) -> nx.DiGraph:
     graph = nx.DiGraph()
-    fabric = (IB_SWITCH,)
-    graph.add_node(fabric)
-
-    def cable(a: tuple, b: tuple, kind: str, bandwidth: float, latency: float) -> None:
-        graph.add_edge(a, b, kind=kind, bandwidth_bytes_per_s=bandwidth, latency_s=latency)
-        graph.add_edge(b, a, kind=kind, bandwidth_bytes_per_s=bandwidth, latency_s=latency)
-
-    for node in range(num_nodes):
-        switch = (NVSWITCH, node)
-        for k in range(nics_per_node):
-            cable((NIC, node, k), fabric, "ib", nic_bytes_per_s, ib_latency_s)
-        for local in range(gpus_per_node):
-            gpu = (GPU, node * gpus_per_node + local)
-            cable(gpu, switch, "nvlink", nvlink_bytes_per_s, nvlink_latency_s)
-            nic = (NIC, node, local * nics_per_node // gpus_per_node)
-            cable(gpu, nic, "pcie", pcie_bytes_per_s, pcie_latency_s)
+    for index in range(num_nodes):
+        add_node(graph, index, node)
+    add_fabric(graph, num_nodes, node, fabric)
     return graph
 
 
 class Cluster:
     """Directed links with integer indices and cached GPU-to-GPU routes.
 
-    A route inside a node goes GPU -> NVSwitch -> GPU; between nodes it goes
-    GPU -> its NIC -> fabric -> the other GPU's NIC -> GPU, the fabric part
-    being a shortest path that never passes through a GPU.
+    Inside a node a route takes the NVLink graph (through the NVSwitch, or a
+    direct link, or two hops through a GPU adjacent to both when a mesh has no
+    direct link). Between nodes it goes GPU -> its NIC -> switches -> the other
+    GPU's NIC -> GPU. Among equally short switch paths one is picked by a
+    fixed hash of the two GPUs (deterministic ECMP).
     """
 
     def __init__(self, graph: nx.DiGraph, *, gpus_per_node: int) -> None:
@@ -101,18 +73,13 @@ class Cluster:
             g: next(n for n in graph.successors((GPU, g)) if n[0] == NIC)
             for g in range(self.num_gpus)
         }
-        # Each NIC hangs off one fabric switch; paths between switches are searched
-        # on the switches alone (a copy, so that the search never sees GPUs or NICs).
-        self._nic_switch = {n: self._fabric_neighbor(n) for n in graph if n[0] == NIC}
-        self._switches = nx.DiGraph(
-            graph.subgraph(n for n in graph if n[0] not in (GPU, NVSWITCH, NIC))
-        )
+        self._nic_switch = {
+            n: next(s for s in graph.successors(n) if s[0] == SWITCH) for n in graph if n[0] == NIC
+        }
+        self._switches = nx.DiGraph(graph.subgraph(n for n in graph if n[0] == SWITCH))
         self._routes: dict[tuple[int, int], tuple[int, ...]] = {}
-        self._fabric_paths: dict[tuple[tuple, tuple], list[tuple]] = {}  # switch to switch
-
-    def _fabric_neighbor(self, nic: tuple) -> tuple:
-        (switch,) = (n for n in self.graph.successors(nic) if n[0] not in (GPU, NVSWITCH))
-        return switch
+        self._switch_paths: dict[tuple[tuple, tuple], list[list[tuple]]] = {}
+        self._rings: dict[tuple[int, ...], list[list[int]]] = {}
 
     def node_of(self, gpu: int) -> int:
         return gpu // self.gpus_per_node
@@ -133,14 +100,125 @@ class Cluster:
             return ()
         src, dst = (GPU, src_gpu), (GPU, dst_gpu)
         if self.node_of(src_gpu) == self.node_of(dst_gpu):
-            switch = (NVSWITCH, self.node_of(src_gpu))
-            path = [src, switch, dst]
+            path = self._node_path(src, dst)
         else:
             nic_a, nic_b = self._gpu_nic[src_gpu], self._gpu_nic[dst_gpu]
-            sw_a, sw_b = self._nic_switch[nic_a], self._nic_switch[nic_b]
-            middle = self._fabric_paths.get((sw_a, sw_b))
-            if middle is None:
-                middle = nx.shortest_path(self._switches, sw_a, sw_b)
-                self._fabric_paths[(sw_a, sw_b)] = middle
+            choices = self._switch_paths_between(self._nic_switch[nic_a], self._nic_switch[nic_b])
+            middle = choices[_flow_hash(src_gpu, dst_gpu) % len(choices)]
             path = [src, nic_a, *middle, nic_b, dst]
         return tuple(self._index[(a, b)] for a, b in zip(path, path[1:], strict=False))
+
+    def _node_path(self, src: tuple, dst: tuple) -> list[tuple]:
+        graph = self.graph
+        switch = (NVSWITCH, self.node_of(src[1]))
+        if switch in graph:
+            return [src, switch, dst]
+        if graph.has_edge(src, dst):
+            return [src, dst]
+        # Mesh without a direct link: through the GPU adjacent to both whose
+        # narrower link is widest, the lowest-numbered on a tie.
+        via = [n for n in graph.successors(src) if n[0] == GPU and graph.has_edge(n, dst)]
+        if not via:
+            raise ValueError(f"no NVLink path from GPU {src[1]} to GPU {dst[1]} within a node")
+
+        def width(n: tuple) -> tuple[float, int]:
+            bandwidth = min(
+                graph[src][n]["bandwidth_bytes_per_s"], graph[n][dst]["bandwidth_bytes_per_s"]
+            )
+            return (-bandwidth, n[1])
+
+        return [src, min(via, key=width), dst]
+
+    def intra_node_rings(self, members: Sequence[int]) -> list[list[int]]:
+        """Directed rings over GPUs of one node, as NCCL channels would use NVLink.
+
+        Behind an NVSwitch one ring in rank order is as good as any. On a mesh the
+        rings are a largest set of Hamiltonian cycles that share no NVLink lane, each
+        in both directions; with none, the rank order (routed through other GPUs).
+        """
+        key = tuple(members)
+        rings = self._rings.get(key)
+        if rings is None:
+            rings = self._rings[key] = self._find_rings(list(members))
+        return rings
+
+    def _find_rings(self, members: list[int]) -> list[list[int]]:
+        if len(members) < 3 or (NVSWITCH, self.node_of(members[0])) in self.graph:
+            return [members]
+        lanes = {
+            frozenset((a, b)): self.graph[(GPU, a)][(GPU, b)].get("lanes", 1)
+            for a in members
+            for b in members
+            if a != b and self.graph.has_edge((GPU, a), (GPU, b))
+        }
+        cycles = list(islice(_hamiltonian_cycles(members, lanes), _MAX_CYCLES))
+        best = _disjoint_cycles(cycles, lanes)
+        if not best:
+            return [members]
+        return [ring for cycle in best for ring in (cycle, [cycle[0], *cycle[:0:-1]])]
+
+    def _switch_paths_between(self, a: tuple, b: tuple) -> list[list[tuple]]:
+        paths = self._switch_paths.get((a, b))
+        if paths is None:
+            paths = sorted(nx.all_shortest_paths(self._switches, a, b))
+            self._switch_paths[(a, b)] = paths
+        return paths
+
+
+def _flow_hash(src: int, dst: int) -> int:
+    """A fixed 32-bit mix of a GPU pair (not Python's hash, which varies per process)."""
+    h = (src * 0x9E3779B1 + dst * 0x85EBCA77) & 0xFFFFFFFF
+    h ^= h >> 15
+    h = (h * 0xC2B2AE3D) & 0xFFFFFFFF
+    return h ^ (h >> 13)
+
+
+def _hamiltonian_cycles(members: list[int], lanes: dict[frozenset, int]) -> Iterator[list[int]]:
+    """Every cycle through all members along NVLink, each once (starting at the first,
+    second member smaller than the last, so a cycle and its reverse count once)."""
+    first, rest = members[0], members[1:]
+
+    def extend(path: list[int], left: list[int]) -> Iterator[list[int]]:
+        if not left:
+            if frozenset((path[-1], first)) in lanes and path[1] < path[-1]:
+                yield list(path)
+            return
+        for gpu in left:
+            if frozenset((path[-1], gpu)) in lanes:
+                path.append(gpu)
+                yield from extend(path, [g for g in left if g != gpu])
+                path.pop()
+
+    yield from extend([first], rest)
+
+
+def _disjoint_cycles(cycles: list[list[int]], lanes: dict[frozenset, int]) -> list[list[int]]:
+    """A largest set of cycles that together use no pair more often than it has lanes
+    (depth-first, first found wins: deterministic)."""
+    best: list[list[int]] = []
+    # No more cycles than the member with the fewest lanes allows (two lane ends each).
+    members = {g for pair in lanes for g in pair}
+    bound = min(sum(n for pair, n in lanes.items() if g in pair) for g in members) // 2
+
+    def pairs(cycle: list[int]) -> list[frozenset]:
+        return [frozenset((cycle[i], cycle[(i + 1) % len(cycle)])) for i in range(len(cycle))]
+
+    def search(start: int, chosen: list[list[int]], free: dict[frozenset, int]) -> None:
+        nonlocal best
+        if len(chosen) > len(best):
+            best = list(chosen)
+        for i in range(start, len(cycles)):
+            if len(best) >= bound:
+                return
+            used = pairs(cycles[i])
+            if all(free[p] > 0 for p in used):
+                for p in used:
+                    free[p] -= 1
+                chosen.append(cycles[i])
+                search(i + 1, chosen, free)
+                chosen.pop()
+                for p in used:
+                    free[p] += 1
+
+    search(0, [], dict(lanes))
+    return best

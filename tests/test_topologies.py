@@ -1,0 +1,95 @@
+"""Cluster graphs: what the builders build, routes, ECMP, bisection, the topology command."""
+
+import pytest
+
+from simulator.cli import main
+from simulator.run import build_cluster
+from tests.helpers import load
+from topologies.describe import summarize
+
+
+def _cluster(**cluster):
+    return build_cluster(load(cluster=cluster).cluster)
+
+
+@pytest.mark.parametrize(
+    "fabric, switches, bisection_gb_per_s",
+    [
+        ({"fabric": "switch"}, {1: 1}, 8 * 8 * 25),
+        ({"fabric": "fat-tree", "nodes_per_leaf": 4}, {1: 4, 2: 4}, 8 * 8 * 25),
+        (
+            {"fabric": "fat-tree", "nodes_per_leaf": 4, "oversubscription": 2.0},
+            {1: 4, 2: 4},
+            8 * 8 * 25 / 2,
+        ),
+        ({"fabric": "rail-optimized", "nodes_per_leaf": 4}, {1: 32, 2: 4}, 8 * 8 * 25),
+        (
+            {
+                "fabric": "fat-tree",
+                "fabric_levels": 3,
+                "nodes_per_leaf": 2,
+                "leaves_per_pod": 2,
+                "oversubscription": 2.0,
+            },
+            {1: 8, 2: 16, 3: 4},
+            8 * 8 * 25 / 4,
+        ),
+    ],
+)
+def test_fabrics_switch_counts_and_bisection(fabric, switches, bisection_gb_per_s):
+    summary = summarize(_cluster(num_nodes=16, **fabric).graph, 8)
+    assert summary["num_gpus"] == 128 and summary["num_nics"] == 128
+    assert summary["switches_by_level"] == switches
+    assert summary["bisection_bytes_per_s"] == pytest.approx(bisection_gb_per_s * 1e9)
+
+
+def test_rail_optimized_keeps_same_rail_traffic_on_one_leaf():
+    cluster = _cluster(num_nodes=8, fabric="rail-optimized", nodes_per_leaf=4)
+    hops = [cluster.links[i].dst for i in cluster.route(3, 8 * 2 + 3)]  # rail 3, same group
+    assert [h for h in hops if h[0] == "switch"] == [("switch", 1, 3)]
+    cross = [cluster.links[i].dst for i in cluster.route(3, 8 * 5 + 3)]  # rail 3, other group
+    assert [h[1] for h in cross if h[0] == "switch"] == [1, 2, 1]
+
+
+def test_ecmp_spreads_flows_over_spines_deterministically():
+    a = _cluster(num_nodes=8, fabric="fat-tree", nodes_per_leaf=4)
+    b = _cluster(num_nodes=8, fabric="fat-tree", nodes_per_leaf=4)
+    spines = set()
+    for g in range(8):
+        route = a.route(g, 32 + g)
+        assert route == b.route(g, 32 + g)
+        spines |= {a.links[i].dst for i in route if a.links[i].dst[:2] == ("switch", 2)}
+    assert len(spines) >= 3  # hashed like ECMP: spread, with the collisions ECMP has
+
+
+def test_mesh_routes_take_a_direct_link_or_two_hops():
+    cluster = _cluster(node="dgx-1-v100", num_nodes=1)
+    assert len(cluster.route(0, 3)) == 1
+    two = cluster.route(0, 7)  # not adjacent in the cube-mesh
+    assert len(two) == 2 and cluster.links[two[0]].dst[0] == "gpu"
+    assert cluster.links[cluster.route(0, 3)[0]].bandwidth_bytes_per_s == pytest.approx(50e9)
+
+
+def test_topology_command_prints_and_draws(tmp_path, capsys):
+    png = tmp_path / "t.png"
+    assert (
+        main(
+            [
+                "topology",
+                "scenarios/tiny-2gpu.toml",
+                "--set",
+                "cluster.num_nodes=4",
+                "--set",
+                "cluster.fabric=fat-tree",
+                "--set",
+                "cluster.nodes_per_leaf=2",
+                "--png",
+                str(png),
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "bisection bandwidth: 100 GB/s" in out and "2 leaf" in out
+    assert png.read_bytes().startswith(b"\x89PNG")
+    assert main(["topology", "scenarios/mt-nlg-530b-420nodes.toml", "--png", str(png)]) == 2

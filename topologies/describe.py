@@ -1,0 +1,73 @@
+"""What a cluster graph holds: counts, bandwidth by link kind, bisection bandwidth."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import networkx as nx
+
+from .node import GPU, NIC, SWITCH
+
+
+def summarize(graph: nx.DiGraph, gpus_per_node: int) -> dict:
+    """Counts of GPUs, NICs and switches, directed links by kind, and bisection bandwidth.
+
+    Bisection bandwidth is the most bytes/s that can cross, in one direction, from the
+    first half of the nodes to the second (a max-flow over the graph, each node's GPUs
+    and NVLink collapsed into one vertex since they do not lie between the halves).
+    """
+    kinds = Counter(n[0] for n in graph)
+    switches = Counter(n[1] for n in graph if n[0] == SWITCH)
+    links: dict[str, dict[str, float]] = {}
+    for _, _, data in graph.edges(data=True):
+        entry = links.setdefault(
+            data["kind"],
+            {
+                "count": 0,
+                "total_bytes_per_s": 0.0,
+                "min_bytes_per_s": float("inf"),
+                "max_bytes_per_s": 0.0,
+            },
+        )
+        bandwidth = data["bandwidth_bytes_per_s"]
+        entry["count"] += 1
+        entry["total_bytes_per_s"] += bandwidth
+        entry["min_bytes_per_s"] = min(entry["min_bytes_per_s"], bandwidth)
+        entry["max_bytes_per_s"] = max(entry["max_bytes_per_s"], bandwidth)
+    num_nodes = kinds[GPU] // gpus_per_node
+    return {
+        "num_nodes": num_nodes,
+        "num_gpus": kinds[GPU],
+        "num_nics": kinds[NIC],
+        "switches_by_level": dict(sorted(switches.items())),
+        "links": dict(sorted(links.items())),
+        "bisection_bytes_per_s": bisection_bytes_per_s(graph, gpus_per_node),
+    }
+
+
+def bisection_bytes_per_s(graph: nx.DiGraph, gpus_per_node: int) -> float:
+    num_nodes = sum(1 for n in graph if n[0] == GPU) // gpus_per_node
+    if num_nodes < 2:
+        return 0.0
+    flow = nx.DiGraph()
+    for a, b, data in graph.edges(data=True):
+        if a[0] == GPU or b[0] == GPU or a[0] not in (NIC, SWITCH) or b[0] not in (NIC, SWITCH):
+            continue
+        u, v = _vertex(a), _vertex(b)
+        capacity = data["bandwidth_bytes_per_s"]
+        if flow.has_edge(u, v):  # a server's several NICs on one switch add up
+            capacity += flow[u][v]["capacity"]
+        flow.add_edge(u, v, capacity=capacity)
+    half = num_nodes // 2
+    for node in range(num_nodes):
+        side = ("source",) if node < half else ("sink",)
+        if node < half:
+            flow.add_edge(side, ("server", node))
+        else:
+            flow.add_edge(("server", node), side)
+    return float(nx.maximum_flow_value(flow, ("source",), ("sink",)))
+
+
+def _vertex(n: tuple) -> tuple:
+    """A NIC stands for its whole server: the NVLink side is never the bottleneck."""
+    return ("server", n[1]) if n[0] == NIC else n

@@ -1,0 +1,87 @@
+"""The InfiniBand fabric between nodes (``FabricShape.kind``):
+
+``switch`` — one non-blocking switch; every NIC has its own port::
+
+    NIC ── switch ── NIC
+
+``fat-tree`` — leaves of ``nodes_per_leaf`` nodes (all their NICs) under
+``spines`` spine switches; with ``levels = 3`` pods of ``leaves_per_pod``
+leaves have their own aggregation switches joined by core switches. Each
+level's uplinks carry 1/``oversubscription`` of the bandwidth below it,
+split evenly over the switches above (one aggregated link per pair)::
+
+              spine 0 ... spine S-1
+             /   |     X     |   \\
+        leaf 0  leaf 1 ... leaf L-1
+        |||||   |||||       |||||
+        nodes 0..n-1, n..2n-1, ...
+
+``rail-optimized`` — as the 2-level fat tree, but each group of
+``nodes_per_leaf`` nodes has one leaf per rail: NIC k of every node in the
+group plugs into rail leaf k, so same-rail traffic stays one switch away
+(the DGX SuperPOD wiring).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+
+import networkx as nx
+
+from .node import NIC, SWITCH, NodeShape, cable
+
+FABRICS = ("switch", "fat-tree", "rail-optimized")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FabricShape:
+    kind: str = "switch"
+    levels: int = 2  # fat-tree only: 2 or 3
+    nodes_per_leaf: int = 16
+    leaves_per_pod: int = 8  # 3-level fat-tree only
+    spines: int = 4  # switches above each leaf (and above each pod's aggregation)
+    oversubscription: float = 1.0
+    latency_s: float = 0.0  # one hop NIC <-> switch or switch <-> switch
+
+
+def add_fabric(graph: nx.DiGraph, num_nodes: int, node: NodeShape, fabric: FabricShape) -> None:
+    nic_bw, lat = node.nic_bytes_per_s, fabric.latency_s
+    if fabric.kind == "switch":
+        for n in range(num_nodes):
+            for k in range(node.nics):
+                cable(graph, (NIC, n, k), (SWITCH, 1, 0), "ib", nic_bw, lat)
+        return
+    if fabric.kind not in ("fat-tree", "rail-optimized"):
+        raise ValueError(f"unknown fabric {fabric.kind!r}")
+    groups = ceil(num_nodes / fabric.nodes_per_leaf)
+    rails = node.nics if fabric.kind == "rail-optimized" else 1
+    leaf_down_bw = fabric.nodes_per_leaf * node.nics * nic_bw / rails
+    for n in range(num_nodes):
+        group = n // fabric.nodes_per_leaf
+        for k in range(node.nics):
+            leaf = group * rails + (k if rails > 1 else 0)
+            cable(graph, (NIC, n, k), (SWITCH, 1, leaf), "ib", nic_bw, lat)
+    leaves = groups * rails
+    if leaves == 1:
+        return
+    up_total = leaf_down_bw / fabric.oversubscription
+    if fabric.kind == "fat-tree" and fabric.levels == 3:
+        pods = ceil(leaves / fabric.leaves_per_pod)
+        for leaf in range(leaves):
+            pod = leaf // fabric.leaves_per_pod
+            for s in range(fabric.spines):
+                agg = (SWITCH, 2, pod * fabric.spines + s)
+                cable(graph, (SWITCH, 1, leaf), agg, "ib", up_total / fabric.spines, lat)
+        if pods == 1:
+            return
+        agg_up_total = fabric.leaves_per_pod * (up_total / fabric.spines) / fabric.oversubscription
+        for agg in range(pods * fabric.spines):
+            for c in range(fabric.spines):
+                cable(
+                    graph, (SWITCH, 2, agg), (SWITCH, 3, c), "ib", agg_up_total / fabric.spines, lat
+                )
+        return
+    for leaf in range(leaves):
+        for s in range(fabric.spines):
+            cable(graph, (SWITCH, 1, leaf), (SWITCH, 2, s), "ib", up_total / fabric.spines, lat)
