@@ -42,6 +42,7 @@ class Trace(NamedTuple):
     lanes: tuple[Lane, ...]
     end_s: float  # when the last op finished
     num_transfers: int
+    link_intervals: list  # network.Interval: which links carried what, when
 
 
 class DeadlockError(RuntimeError):
@@ -78,7 +79,13 @@ class _Engine:
             self.env.process(self._walk(lane))
         self.env.run()
         self._check_finished()
-        return Trace(self.spans, self.workload.lanes, self.last_end_s, self.network.num_transfers)
+        return Trace(
+            self.spans,
+            self.workload.lanes,
+            self.last_end_s,
+            self.network.num_transfers,
+            self.network.intervals,
+        )
 
     def _done(self, index: int) -> None:
         self.end_s[index] = now = self.env.now

@@ -18,6 +18,7 @@ Two models share one method, ``transfer(Transfer) -> simpy.Event``:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import simpy
 
@@ -25,6 +26,16 @@ from .collectives import Collective, Transfer
 
 # Relative tolerance when deciding that two fair shares are the same bottleneck.
 _SHARE_RTOL = 1e-12
+
+
+class Interval(NamedTuple):
+    """A coupled flow at one rate for a while: ``mults[i] x rate_bytes_per_s`` on ``links[i]``."""
+
+    links: tuple[int, ...]
+    mults: tuple[int, ...]
+    rate_bytes_per_s: float
+    start_s: float
+    end_s: float
 
 
 def run_phases(env: simpy.Environment, start, phases: Collective) -> simpy.Event:
@@ -53,6 +64,7 @@ class AnalyticalNetwork:
         self.env = env
         self.capacities = list(capacities)
         self.num_transfers = 0
+        self.intervals: list[Interval] = []
 
     def transfer(self, transfer: Transfer | Collective) -> simpy.Event:
         if not isinstance(transfer, Transfer):
@@ -90,6 +102,7 @@ class FairShareNetwork:
         self._seq = 0
         self.num_transfers = 0
         self.num_recomputes = 0
+        self.intervals: list[Interval] = []  # every stretch of constant rate, for link stats
 
     def transfer(self, transfer: Transfer | Collective) -> simpy.Event:
         if not isinstance(transfer, Transfer):
@@ -126,10 +139,15 @@ class FairShareNetwork:
             return  # its rate changed after this wake-up was scheduled
         for link in flow.links:
             del self._on_link[link][flow]
+        self._close_interval(flow, self.env.now)
         flow.bytes_left = 0.0
         flow.rate = 0.0
         self._mark_dirty(flow.links)
         flow.done.succeed()
+
+    def _close_interval(self, flow: _Flow, now: float) -> None:
+        if flow.rate > 0 and now > flow.updated_s:
+            self.intervals.append(Interval(flow.links, flow.mults, flow.rate, flow.updated_s, now))
 
     def _mark_dirty(self, links: tuple[int, ...]) -> None:
         self._dirty.update(links)
@@ -149,6 +167,7 @@ class FairShareNetwork:
         self.num_recomputes += 1
         now = self.env.now
         for flow in flows:
+            self._close_interval(flow, now)
             flow.bytes_left -= flow.rate * (now - flow.updated_s)
             flow.updated_s = now
         for flow, rate in zip(flows, self._max_min(flows), strict=True):

@@ -88,6 +88,13 @@ def summary_text(result: Result) -> str:
         share = 100 * value / iteration if iteration else 0.0
         lines.append(f"    {_BREAKDOWN_NAMES[key]:<34}{value:>10.4g}{share:>8.1f}")
     lines += ["", _stage_table(m["stages"])]
+    if m.get("busiest_links"):
+        lines += ["", "  busiest links (mean utilization over the iteration)"]
+        for entry in m["busiest_links"]:
+            lines.append(
+                f"    {100 * entry['utilization']:5.1f} %  {entry['gbytes']:>10.3g} GB  "
+                f"{entry['kind']:<7}{entry['link']}"
+            )
     return "\n".join(lines)
 
 
@@ -303,11 +310,50 @@ def chrome_trace(result: Result) -> dict:
                 "args": {"microbatch": sp.microbatch},
             }
         )
+    events += _link_counters(result)
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
         "otherData": {"scenario": result.scenario.name},
     }
+
+
+NETWORK_PID = 1_000_000_000  # a process of its own for the link counters
+
+
+def _link_counters(result: Result, top: int = 8, bins: int = 400) -> list[dict]:
+    """Utilization of the busiest links over time, as Chrome trace counter tracks."""
+    from .linkstats import utilization_over_time
+
+    busiest = result.metrics.get("busiest_links", [])[:top]
+    if not busiest:
+        return []
+    chosen = [entry["index"] for entry in busiest]
+    capacities = [link.bandwidth_bytes_per_s for link in result.cluster.links]
+    edges, series = utilization_over_time(
+        result.trace.link_intervals, capacities, chosen, result.trace.end_s, bins
+    )
+    events: list[dict] = [
+        {
+            "ph": "M",
+            "name": "process_name",
+            "pid": NETWORK_PID,
+            "tid": 0,
+            "args": {"name": "network: busiest links (utilization %)"},
+        }
+    ]
+    for entry in busiest:
+        for start, value in zip(edges[:-1], series[entry["index"]], strict=True):
+            events.append(
+                {
+                    "ph": "C",
+                    "name": entry["link"],
+                    "pid": NETWORK_PID,
+                    "ts": start * 1e6,
+                    "args": {"utilization %": round(100 * float(value), 3)},
+                }
+            )
+    return events
 
 
 # -- sweeps ----------------------------------------------------------------------------

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from topologies import Cluster, FabricShape, NodeShape, build_graph
+from topologies.describe import link_name
 
 from .engine import Trace, simulate
+from .linkstats import mean_utilization
 from .lowering import inflight_per_stage, lower
 from .memory import StageMemory, stage_memory
 from .metrics import summarize
@@ -17,6 +19,7 @@ from .workload import Workload
 
 class Result(NamedTuple):
     scenario: Scenario
+    cluster: Cluster
     workload: Workload
     trace: Trace
     memory: list[StageMemory]
@@ -59,4 +62,28 @@ def run(scenario: Scenario) -> Result:
         stage_memory(scenario, stage, inflight)
         for stage, inflight in enumerate(inflight_per_stage(scenario))
     ]
-    return Result(scenario, workload, trace, memory, summarize(scenario, workload, trace, memory))
+    metrics = summarize(scenario, workload, trace, memory)
+    metrics["busiest_links"] = busiest_links(cluster, trace)
+    return Result(scenario, cluster, workload, trace, memory, metrics)
+
+
+def busiest_links(cluster: Cluster, trace: Trace, top: int = 5) -> list[dict]:
+    """The links that carried the most bytes relative to what they could carry.
+
+    With one lane per stage these are the representative GPUs' links, each charged
+    for every flow it carries (multiplicities included).
+    """
+    capacities = [link.bandwidth_bytes_per_s for link in cluster.links]
+    utilization = mean_utilization(trace.link_intervals, capacities, trace.end_s)
+    order = sorted(range(len(utilization)), key=lambda i: (-utilization[i], i))[:top]
+    return [
+        {
+            "link": link_name(cluster.links[i].src, cluster.links[i].dst),
+            "kind": cluster.links[i].kind,
+            "index": i,
+            "utilization": float(utilization[i]),
+            "gbytes": float(utilization[i] * capacities[i] * trace.end_s / 1e9),
+        }
+        for i in order
+        if utilization[i] > 0
+    ]

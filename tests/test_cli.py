@@ -36,7 +36,7 @@ def test_run_writes_every_output(tmp_path, capsys):
     complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert complete and all(e["dur"] >= 0 and "pid" in e and "tid" in e for e in complete)
     names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
-    assert names == {"GPU 0 (stage 0)", "GPU 1 (stage 1)"}
+    assert names == {"GPU 0 (stage 0)", "GPU 1 (stage 1)", "network: busiest links (utilization %)"}
     last_end_us = max(e["ts"] + e["dur"] for e in complete)
     assert last_end_us == pytest.approx(metrics["iteration_time_s"] * 1e6)
     for png in ("timeline.png", "breakdown.png"):

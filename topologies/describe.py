@@ -71,3 +71,20 @@ def bisection_bytes_per_s(graph: nx.DiGraph, gpus_per_node: int) -> float:
 def _vertex(n: tuple) -> tuple:
     """A NIC stands for its whole server: the NVLink side is never the bottleneck."""
     return ("server", n[1]) if n[0] == NIC else n
+
+
+_SWITCH_LEVEL = {1: "switch", 2: "spine", 3: "core"}  # level 1: the only or leaf switch
+
+
+def endpoint_name(n: tuple) -> str:
+    if n[0] == GPU:
+        return f"GPU {n[1]}"
+    if n[0] == NIC:
+        return f"NIC {n[2]} of node {n[1]}"
+    if n[0] == SWITCH:
+        return f"{_SWITCH_LEVEL.get(n[1], f'level-{n[1]} switch')} {n[2]}"
+    return f"NVSwitch of node {n[1]}"
+
+
+def link_name(src: tuple, dst: tuple) -> str:
+    return f"{endpoint_name(src)} -> {endpoint_name(dst)}"

@@ -1,0 +1,74 @@
+"""How busy each link was: mean utilization over the iteration and over time.
+
+Works from the network's record of constant-rate stretches (`network.Interval`),
+after the simulation, with numpy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .network import Interval
+
+
+def _rows(intervals: Sequence[Interval]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One row per (interval, link): link index, bytes/s on it, start, end."""
+    counts = np.fromiter((len(iv.links) for iv in intervals), dtype=np.int64, count=len(intervals))
+    links = np.fromiter(
+        (link for iv in intervals for link in iv.links), dtype=np.int64, count=int(counts.sum())
+    )
+    loads = np.fromiter(
+        (m * iv.rate_bytes_per_s for iv in intervals for m in iv.mults),
+        dtype=np.float64,
+        count=int(counts.sum()),
+    )
+    starts = np.repeat(
+        np.fromiter((iv.start_s for iv in intervals), dtype=np.float64, count=len(intervals)),
+        counts,
+    )
+    ends = np.repeat(
+        np.fromiter((iv.end_s for iv in intervals), dtype=np.float64, count=len(intervals)), counts
+    )
+    return links, loads, starts, ends
+
+
+def mean_utilization(
+    intervals: Sequence[Interval], capacities: Sequence[float], end_s: float
+) -> np.ndarray:
+    """Bytes each link carried divided by what it could have carried in ``end_s``."""
+    capacity = np.asarray(capacities, dtype=np.float64)
+    if not intervals or end_s <= 0:
+        return np.zeros_like(capacity)
+    links, loads, starts, ends = _rows(intervals)
+    carried = np.bincount(links, weights=loads * (ends - starts), minlength=len(capacity))
+    return carried / (capacity * end_s)
+
+
+def utilization_over_time(
+    intervals: Sequence[Interval],
+    capacities: Sequence[float],
+    links: Sequence[int],
+    end_s: float,
+    bins: int,
+) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """Bin edges and, per chosen link, its mean utilization in each time bin."""
+    edges = np.linspace(0.0, end_s, bins + 1)
+    out: dict[int, np.ndarray] = {}
+    if not intervals:
+        return edges, {link: np.zeros(bins) for link in links}
+    all_links, loads, starts, ends = _rows(intervals)
+    for link in links:
+        mine = all_links == link
+        times = np.concatenate([starts[mine], ends[mine]])
+        deltas = np.concatenate([loads[mine], -loads[mine]])
+        order = np.argsort(times, kind="stable")
+        times, deltas = times[order], deltas[order]
+        level = np.cumsum(deltas)  # load from each event time to the next
+        integral = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times))])
+        at_edges = np.interp(
+            edges, times, integral, left=0.0, right=integral[-1] if len(integral) else 0.0
+        )
+        out[link] = np.diff(at_edges) / (np.diff(edges) * capacities[link])
+    return edges, out

@@ -1,0 +1,62 @@
+"""Link utilization: means and timelines from the network's constant-rate stretches."""
+
+import numpy as np
+import pytest
+import simpy
+
+from simulator.collectives import Transfer
+from simulator.linkstats import mean_utilization, utilization_over_time
+from simulator.network import FairShareNetwork, Interval
+from simulator.run import run
+from tests.helpers import load
+
+
+def test_mean_and_binned_utilization_of_a_step():
+    # link 0 (10 B/s) full for the first half of 4 s; link 1 (20 B/s) carries 2 x 5 B/s
+    intervals = [Interval((0,), (1,), 10.0, 0.0, 2.0), Interval((1,), (2,), 5.0, 1.0, 3.0)]
+    mean = mean_utilization(intervals, [10.0, 20.0], 4.0)
+    assert mean == pytest.approx([0.5, 10.0 * 2 / (20.0 * 4)])
+    edges, series = utilization_over_time(intervals, [10.0, 20.0], [0, 1], 4.0, 4)
+    assert edges == pytest.approx([0, 1, 2, 3, 4])
+    assert series[0] == pytest.approx([1, 1, 0, 0])
+    assert series[1] == pytest.approx([0, 0.5, 0.5, 0])
+
+
+def test_fair_share_intervals_account_for_every_byte():
+    env = simpy.Environment()
+    net = FairShareNetwork(env, [10.0, 4.0])
+
+    def go(start, transfer):
+        yield env.timeout(start)
+        yield net.transfer(transfer)
+
+    env.process(go(0.0, Transfer((0,), (1,), 100.0, 0.0)))
+    env.process(go(3.0, Transfer((0, 1), (1, 2), 20.0, 0.0)))
+    env.run()
+    carried = np.zeros(2)
+    for iv in net.intervals:
+        for link, mult in zip(iv.links, iv.mults, strict=True):
+            carried[link] += mult * iv.rate_bytes_per_s * (iv.end_s - iv.start_s)
+    assert carried == pytest.approx([100.0 + 20.0, 2 * 20.0])
+
+
+def test_busiest_links_reach_the_summary_and_the_trace():
+    from simulator.output import chrome_trace, summary_text
+
+    result = run(
+        load(
+            cluster={"num_nodes": 2},
+            parallel={"tensor_model_parallel_size": 8, "data_parallel_size": 2},
+            training={"global_batch_size": 4},
+        )
+    )
+    busiest = result.metrics["busiest_links"]
+    assert len(busiest) == 5
+    assert [b["utilization"] for b in busiest] == sorted(
+        (b["utilization"] for b in busiest), reverse=True
+    )
+    assert all(0 < b["utilization"] <= 1 for b in busiest)
+    assert "busiest links" in summary_text(result)
+    counters = [e for e in chrome_trace(result)["traceEvents"] if e["ph"] == "C"]
+    assert {e["name"] for e in counters} == {b["link"] for b in busiest}
+    assert max(e["args"]["utilization %"] for e in counters) <= 100.0 + 1e-9
