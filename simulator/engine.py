@@ -1,9 +1,10 @@
 """When things run: a simpy process per lane walks its ops in order.
 
 The engine records a `Span` for everything a lane does or waits for. A wait
-is split by what it waited on: the time before the awaited transfer even
-started is ``idle`` (the pipeline bubble), the time while it was in flight is
-exposed communication (``pp_wait``, ``dp_wait``). Non-blocking transfers get
+is split by what it waited on: waiting for another GPU's transfer to start is
+``idle`` (the pipeline bubble), the time while it is in flight is exposed
+communication (``pp_wait``, ``dp_wait``); waiting for one of the GPU's own
+transfers, queued or in flight, is exposed communication throughout. Non-blocking transfers get
 spans of their own on the lane's GPU, on a stream named after their kind.
 """
 
@@ -143,8 +144,10 @@ class _Engine:
         wait_kind = _WAIT_KIND.get(dep_op.kind)
         if wait_kind is None:
             busy_from = now  # waited on another GPU's compute: all of it is bubble
+        elif self.workload.lanes[dep_op.lane].gpu == gpu:
+            busy_from = waited_from  # own transfer, queued or in flight: all exposed comm
         else:
-            # Until the awaited transfer starts, the GPU waits on the pipeline, not the wire.
+            # Until another GPU starts sending, this one waits on the pipeline, not the wire.
             busy_from = max(waited_from, self.start_s[dep])
         if busy_from > waited_from:
             self.spans.append(

@@ -19,6 +19,7 @@ from topologies import FABRICS, NVLINK_TOPOLOGIES
 from . import presets
 from .collectives import ALL_REDUCE_ALGORITHMS
 from .spec import (
+    DATA_PARALLEL_SHARDING,
     NETWORK_MODELS,
     RECOMPUTE_GRANULARITIES,
     SCHEDULES,
@@ -80,6 +81,7 @@ _KEYS: dict[str, dict[str, type]] = {
         "schedule": str,
         "recompute_granularity": str,
         "overlap_grad_reduce": bool,
+        "data_parallel_sharding": str,
     },
     "network": {
         "model": str,
@@ -89,6 +91,7 @@ _KEYS: dict[str, dict[str, type]] = {
 _CHOICES: dict[str, tuple[str, ...]] = {
     "training.schedule": SCHEDULES,
     "training.recompute_granularity": RECOMPUTE_GRANULARITIES,
+    "training.data_parallel_sharding": DATA_PARALLEL_SHARDING,
     "network.model": NETWORK_MODELS,
     "network.collective_algorithm": ALL_REDUCE_ALGORITHMS,
     "model.preset": tuple(presets.MODELS),
@@ -416,6 +419,7 @@ def _build_training(table: dict[str, Any], parallel: ParallelConfig) -> Training
         schedule=schedule,
         recompute_granularity=table.get("recompute_granularity", "none"),
         overlap_grad_reduce=table.get("overlap_grad_reduce", False),
+        data_parallel_sharding=table.get("data_parallel_sharding", "none"),
     )
 
 

@@ -29,7 +29,7 @@ that layer's last backward is done; then the optimizer step.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from schedules import SCHEDULES, Step, peak_inflight
@@ -112,10 +112,14 @@ class _StageComm:
         ]
         return collectives.point_to_point(pairs, message_bytes, self.fabric)
 
-    def dp_all_reduce(self, num_params: float) -> Collective | None:
+    def dp_collective(self, kind: str, message_bytes: float) -> Collective | None:
+        """``all-reduce``, ``reduce-scatter`` or ``all-gather`` over this stage's
+        data-parallel groups (one per tensor rank)."""
         groups = [self.layout.dp_group(j, self.stage) for j in range(self.layout.tensor)]
-        message_bytes = num_params * GRADIENT_BYTES_PER_PARAM
-        return collectives.all_reduce(self.algorithm, groups, message_bytes, self.fabric)
+        if kind == "all-reduce":
+            return collectives.all_reduce(self.algorithm, groups, message_bytes, self.fabric)
+        ring_kind = {"reduce-scatter": "reduce_scatter", "all-gather": "all_gather"}[kind]
+        return collectives.ring(ring_kind, groups, message_bytes, self.fabric)
 
 
 def lower(scenario: Scenario, cluster) -> Workload:
@@ -139,127 +143,203 @@ def _lower_stage(
     stage: int,
     order: Sequence[Step],
 ) -> None:
-    p = layout.pipeline
-    first, last = stage == 0, stage == p - 1
-    num_layers = scenario.model.num_layers // p
-    sequence_parallel = scenario.parallel.sequence_parallel
-    recompute = scenario.training.recompute_granularity
-    overlap = scenario.training.overlap_grad_reduce and layout.data > 1
-    comm = _StageComm(scenario, fabric, layout, stage)
-    layer = compute.layer()
-    extras = compute.extras()
-    lane = builder.lane(
-        gpu=layout.gpu(0, 0, stage),
-        stream="compute",
-        stage=stage,
-        stands_for=layout.tensor * layout.data,
-    )
-    last_backward = max(i for i, s in enumerate(order) if s.kind == "B")
-    bucket_keys: list[tuple] = []
+    _Stage(builder, scenario, fabric, layout, compute, stage).lower(order)
 
-    def work(kind: str, label: str, mb: int, w: Work, deps: Sequence[object] = ()) -> None:
-        builder.add(
-            lane, kind, label, microbatch=mb, duration_s=w.duration_s, flops=w.flops, deps=deps
+
+class _Stage:
+    """The ops of one pipeline stage: its compute lane and, under fully sharded data
+    parallelism, a second lane (stream "dp") for the parameter all-gathers and
+    gradient reduce-scatters, which FSDP runs one at a time on its own stream."""
+
+    def __init__(self, builder, scenario, fabric, layout, compute, stage) -> None:
+        self.b, self.stage, self.layout = builder, stage, layout
+        p = layout.pipeline
+        self.first, self.last = stage == 0, stage == p - 1
+        self.num_layers = scenario.model.num_layers // p
+        self.sequence_parallel = scenario.parallel.sequence_parallel
+        self.recompute = scenario.training.recompute_granularity
+        sharded = layout.data > 1
+        self.sharding = scenario.training.data_parallel_sharding if sharded else "none"
+        self.overlap = scenario.training.overlap_grad_reduce and sharded
+        self.comm = _StageComm(scenario, fabric, layout, stage)
+        self.layer, self.extras, self.compute = compute.layer(), compute.extras(), compute
+        self.layer_params = layer_params_per_rank(scenario)
+        self.params = stage_params_per_rank(scenario, stage)
+        gpu = layout.gpu(0, 0, stage)
+        stands_for = layout.tensor * layout.data
+        self.lane = builder.lane(gpu=gpu, stream="compute", stage=stage, stands_for=stands_for)
+        self.side = None
+        if self.sharding == "full":
+            self.side = builder.lane(gpu=gpu, stream="dp", stage=stage, stands_for=stands_for)
+
+    # -- small builders -----------------------------------------------------------------
+
+    def work(self, kind: str, label: str, mb: int, w: Work, deps: Sequence[object] = ()) -> None:
+        self.b.add(
+            self.lane, kind, label, microbatch=mb, duration_s=w.duration_s, flops=w.flops, deps=deps
         )
 
-    def tp(label: str, mb: int, kind: str, deps: Sequence[object] = ()) -> Sequence[object]:
-        """Add a TP collective if the group has more than one GPU; return deps not yet used."""
-        transfer = comm.tp[kind]
+    def tp(self, label: str, mb: int, kind: str, deps: Sequence[object]) -> Sequence[object]:
+        """A TP collective if the group has more than one GPU; returns deps not yet used."""
+        transfer = self.comm.tp[kind]
         if transfer is None:
             return deps
-        builder.add(lane, TP_COMM, label, microbatch=mb, transfer=transfer, deps=deps)
+        self.b.add(self.lane, TP_COMM, label, microbatch=mb, transfer=transfer, deps=deps)
         return ()
 
-    def block(kind: str, label: str, mb: int, w: Work, deps: Sequence[object] = ()) -> None:
-        """A block followed by its TP collective (preceded by an all-gather under SP).
-        ``deps`` go on the block's first op, so nothing starts before its input arrives."""
-        if sequence_parallel:
-            deps = tp(label, mb, "all_gather", deps)
-        work(kind, label, mb, w, deps)
-        tp(label, mb, "reduce_scatter" if sequence_parallel else "all_reduce")
+    def block(self, kind: str, label: str, mb: int, w: Work, deps: Sequence[object] = ()) -> None:
+        """A block and its TP collective (an all-gather before it under SP). ``deps`` go
+        on the block's first op, so nothing starts before its input arrives."""
+        if self.sequence_parallel:
+            deps = self.tp(label, mb, "all_gather", deps)
+        self.work(kind, label, mb, w, deps)
+        self.tp(label, mb, "reduce_scatter" if self.sequence_parallel else "all_reduce", ())
 
-    for position, step in enumerate(order):
-        mb = step.microbatch
-        label = f"{step.kind}{mb}"
-        if step.kind == "F":
-            recv = [("pp", stage - 1, "F", mb)] if not first else []
-            if first:
-                work(FORWARD, label, mb, extras.embedding_forward, recv)
-                recv = []
-            for _ in range(num_layers):
-                block(FORWARD, label, mb, layer.attention_forward, recv)
-                block(FORWARD, label, mb, layer.mlp_forward)
-                recv = []
-            if last:
-                work(FORWARD, label, mb, extras.output_forward)
-            else:
-                builder.add(
-                    lane,
-                    PP_SEND,
-                    label,
-                    microbatch=mb,
-                    transfer=comm.send_next,
-                    blocking=False,
-                    key=("pp", stage, "F", mb),
-                )
-            continue
+    def send(self, label: str, mb: int, transfer, key: tuple) -> None:
+        self.b.add(
+            self.lane, PP_SEND, label, microbatch=mb, transfer=transfer, blocking=False, key=key
+        )
 
-        recv = [("pp", stage + 1, "B", mb)] if not last else []
-        if last:
-            work(BACKWARD, label, mb, extras.output_backward, recv)
-            recv = []
-        for index in reversed(range(num_layers)):
-            if recompute == "full":
-                block(RECOMPUTE, label, mb, layer.attention_forward, recv)
-                block(RECOMPUTE, label, mb, layer.mlp_forward)
-                recv = []
-            elif recompute == "selective":
-                work(RECOMPUTE, label, mb, layer.attention_core_forward, recv)
-                recv = []
-            block(BACKWARD, label, mb, layer.mlp_backward, recv)
-            block(BACKWARD, label, mb, layer.attention_backward)
-            recv = []
-            if overlap and position == last_backward:
-                key = ("dp", stage, index)
-                builder.add(
-                    lane,
-                    DP_SYNC,
-                    f"grads layer {index}",
-                    microbatch=mb,
-                    transfer=comm.dp_all_reduce(layer_params_per_rank(scenario)),
-                    blocking=False,
-                    key=key,
-                )
-                bucket_keys.append(key)
-        if first:
-            work(BACKWARD, label, mb, extras.embedding_backward)
-        else:
-            builder.add(
-                lane,
-                PP_SEND,
-                label,
-                microbatch=mb,
-                transfer=comm.send_prev,
-                blocking=False,
-                key=("pp", stage, "B", mb),
-            )
+    def unit_params(self, index: int) -> float:
+        """FSDP gathers layer by layer; the embedding/output weights ride with layer 0."""
+        rest = self.params - self.num_layers * self.layer_params
+        return self.layer_params + (rest if index == 0 else 0.0)
 
-    params = stage_params_per_rank(scenario, stage)
-    if overlap:
-        rest = params - num_layers * layer_params_per_rank(scenario)  # embedding, output, norms
-        key = ("dp", stage, "rest")
-        builder.add(
-            lane,
+    def shard_op(self, kind: str, label: str, mb: int, index: int, deps) -> tuple:
+        """A parameter all-gather or gradient reduce-scatter of one unit on the side lane."""
+        key = ("fsdp", self.stage, label, kind, index)
+        message = self.unit_params(index) * GRADIENT_BYTES_PER_PARAM
+        self.b.add(
+            self.side,
             DP_SYNC,
-            "grads embedding/output",
-            transfer=comm.dp_all_reduce(rest),
-            blocking=False,
+            f"{label} {kind} layer {index}",
+            microbatch=mb,
+            transfer=self.comm.dp_collective(kind, message),
+            deps=deps,
             key=key,
         )
-        builder.add(lane, BARRIER, "wait for gradient buckets", deps=[*bucket_keys, key])
-    elif layout.data > 1:
-        builder.add(lane, DP_SYNC, "grads", transfer=comm.dp_all_reduce(params))
-    work(OPTIMIZER, "optimizer", -1, compute.optimizer(params))
+        return key
+
+    # -- the stage ----------------------------------------------------------------------
+
+    def lower(self, order: Sequence[Step]) -> None:
+        last_backward = max(i for i, s in enumerate(order) if s.kind == "B")
+        buckets: list[tuple] = []
+        for position, step in enumerate(order):
+            if step.kind == "F":
+                self.forward(step.microbatch)
+            else:
+                buckets += self.backward(step.microbatch, position == last_backward)
+        self.finish(buckets)
+
+    def forward(self, mb: int) -> None:
+        label, stage = f"F{mb}", self.stage
+        recv: list[object] = [] if self.first else [("pp", stage - 1, "F", mb)]
+        gathered = self.gather_ahead(label, mb, range(self.num_layers))
+        if self.first:
+            self.work(FORWARD, label, mb, self.extras.embedding_forward, recv + gathered(0))
+            recv = []
+        for index in range(self.num_layers):
+            self.block(FORWARD, label, mb, self.layer.attention_forward, recv + gathered(index))
+            self.block(FORWARD, label, mb, self.layer.mlp_forward)
+            self.b.name_last(self.lane, ("layer", stage, label, index))
+            recv = []
+        if self.last:
+            self.work(FORWARD, label, mb, self.extras.output_forward)
+        else:
+            self.send(label, mb, self.comm.send_next, ("pp", stage, "F", mb))
+
+    def backward(self, mb: int, last_microbatch: bool) -> list[tuple]:
+        label, stage, layer = f"B{mb}", self.stage, self.layer
+        recv: list[object] = [] if self.last else [("pp", stage + 1, "B", mb)]
+        order = list(reversed(range(self.num_layers)))
+        gathered = self.gather_ahead(label, mb, order)
+        if self.last:
+            self.work(BACKWARD, label, mb, self.extras.output_backward, recv + gathered(order[0]))
+            recv = []
+        buckets = []
+        for index in order:
+            recv = recv + gathered(index)
+            if self.recompute == "full":
+                self.block(RECOMPUTE, label, mb, layer.attention_forward, recv)
+                self.block(RECOMPUTE, label, mb, layer.mlp_forward)
+                recv = []
+            elif self.recompute == "selective":
+                self.work(RECOMPUTE, label, mb, layer.attention_core_forward, recv)
+                recv = []
+            self.block(BACKWARD, label, mb, layer.mlp_backward, recv)
+            self.block(BACKWARD, label, mb, layer.attention_backward)
+            self.b.name_last(self.lane, ("layer", stage, label, index))
+            recv = []
+            if self.side is not None:  # FSDP reduce-scatters every micro-batch's gradients
+                self.shard_op("reduce-scatter", label, mb, index, [("layer", stage, label, index)])
+            elif self.overlap and last_microbatch:
+                buckets.append(self.bucket(f"grads layer {index}", mb, self.layer_params))
+        if self.first:
+            self.work(BACKWARD, label, mb, self.extras.embedding_backward)
+        else:
+            self.send(label, mb, self.comm.send_prev, ("pp", stage, "B", mb))
+        return buckets
+
+    def gather_ahead(self, label: str, mb: int, indices) -> Callable[[int], list[object]]:
+        """Under FSDP, queue the all-gathers of this pass on the side lane, each waiting
+        until the layer two before it is done (one gather in flight ahead of compute),
+        and return the deps a layer's first op needs."""
+        if self.side is None:
+            return lambda index: []
+        indices = list(indices)
+        keys = {}
+        for n, index in enumerate(indices):
+            deps = [("layer", self.stage, label, indices[n - 2])] if n >= 2 else []
+            keys[index] = self.shard_op("all-gather", label, mb, index, deps)
+        return lambda index: [keys[index]]
+
+    def bucket(self, label: str, mb: int, num_params: float) -> tuple:
+        """An overlapped gradient bucket: all-reduced, or reduce-scattered under ZeRO-1."""
+        key = ("dp", self.stage, label)
+        kind = "reduce-scatter" if self.sharding == "optimizer" else "all-reduce"
+        self.b.add(
+            self.lane,
+            DP_SYNC,
+            label,
+            microbatch=mb,
+            blocking=False,
+            key=key,
+            transfer=self.comm.dp_collective(kind, num_params * GRADIENT_BYTES_PER_PARAM),
+        )
+        return key
+
+    def finish(self, buckets: list[tuple]) -> None:
+        """Gradient sync, optimizer step, and the parameter all-gather of ZeRO-1."""
+        params, data = self.params, self.layout.data
+        message = params * GRADIENT_BYTES_PER_PARAM
+        if self.sharding == "full":
+            self.b.add(
+                self.lane,
+                BARRIER,
+                "wait for gradient reduce-scatters",
+                deps=[self.b.last_key(self.side)],
+            )
+        elif self.overlap:
+            rest = params - self.num_layers * self.layer_params  # embedding, output, norms
+            buckets.append(self.bucket("grads embedding/output", -1, rest))
+            self.b.add(self.lane, BARRIER, "wait for gradient buckets", deps=buckets)
+        elif data > 1:
+            kind = "reduce-scatter" if self.sharding == "optimizer" else "all-reduce"
+            self.b.add(
+                self.lane, DP_SYNC, f"grads {kind}", transfer=self.comm.dp_collective(kind, message)
+            )
+        sharded = self.sharding in ("optimizer", "full")
+        self.work(
+            OPTIMIZER, "optimizer", -1, self.compute.optimizer(params / data if sharded else params)
+        )
+        if self.sharding == "optimizer":
+            self.b.add(
+                self.lane,
+                DP_SYNC,
+                "params all-gather",
+                transfer=self.comm.dp_collective("all-gather", message),
+            )
 
 
 def inflight_per_stage(scenario: Scenario) -> list[int]:

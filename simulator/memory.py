@@ -3,6 +3,9 @@
 Weights, gradients and optimizer states follow mixed-precision Adam as counted
 by Rajbhandari et al. 2020 (ZeRO, Sec 3.1): 2 bytes of fp16 weights, 2 of fp16
 gradients and 12 of fp32 master weights, momentum and variance per parameter.
+The distributed optimizer (ZeRO-1) divides the 12 by the data-parallel size;
+full sharding (ZeRO-3 / FSDP) divides all 16, plus a working set of gathered
+layers.
 Activations follow Korthikanti et al. 2022 (arXiv 2205.05198, Sec 4), bytes
 per layer and micro-batch, times the micro-batches the schedule keeps in flight.
 """
@@ -107,6 +110,19 @@ def stage_memory(scenario: Scenario, stage: int, inflight_microbatches: int) -> 
     m, p = scenario.model, scenario.parallel.pipeline_model_parallel_size
     t = scenario.parallel.tensor_model_parallel_size
     params = stage_params_per_rank(scenario, stage)
+    d = scenario.parallel.data_parallel_size
+    sharding = scenario.training.data_parallel_sharding if d > 1 else "none"
+    weights = params * WEIGHT_BYTES_PER_PARAM
+    gradients = params * GRADIENT_BYTES_PER_PARAM
+    optimizer = params * OPTIMIZER_BYTES_PER_PARAM
+    if sharding in ("optimizer", "full"):
+        optimizer /= d
+    if sharding == "full":
+        # sharded weights and gradients, plus FSDP's working set: the layer in use and
+        # the one being gathered ahead, and one layer's full gradients
+        layer = layer_params_per_rank(scenario)
+        weights = weights / d + 2 * layer * WEIGHT_BYTES_PER_PARAM
+        gradients = gradients / d + layer * GRADIENT_BYTES_PER_PARAM
     activations = activation_bytes_per_layer(scenario) * (m.num_layers // p)
     activations *= inflight_microbatches
     if scenario.training.recompute_granularity == "full":
@@ -118,9 +134,9 @@ def stage_memory(scenario: Scenario, stage: int, inflight_microbatches: int) -> 
     return StageMemory(
         stage=stage,
         params=params,
-        weights_bytes=params * WEIGHT_BYTES_PER_PARAM,
-        gradients_bytes=params * GRADIENT_BYTES_PER_PARAM,
-        optimizer_bytes=params * OPTIMIZER_BYTES_PER_PARAM,
+        weights_bytes=weights,
+        gradients_bytes=gradients,
+        optimizer_bytes=optimizer,
         activations_bytes=activations,
         inflight_microbatches=inflight_microbatches,
     )

@@ -16,12 +16,13 @@ step). ``bubble_fraction`` is the mean idle share over GPUs.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 
 from .engine import DP_WAIT, IDLE, PP_WAIT, TP_WAIT, Trace
 from .memory import StageMemory
 from .spec import Scenario
 from .units import bytes_to_gib
-from .workload import BACKWARD, DP_SYNC, FORWARD, OPTIMIZER, RECOMPUTE, TP_COMM, Workload
+from .workload import BACKWARD, DP_SYNC, FORWARD, OPTIMIZER, RECOMPUTE, TP_COMM, Lane, Workload
 
 BREAKDOWN_KEYS = ("compute", "tp_comm", "pp_p2p", "dp_sync", "optimizer", "idle")
 _CATEGORY = {
@@ -38,18 +39,24 @@ _CATEGORY = {
 }
 
 
+def compute_lanes(lanes: Sequence[Lane]) -> list[Lane]:
+    """One lane per simulated GPU: its compute stream (side lanes carry only transfers)."""
+    return [lane for lane in lanes if lane.stream == "compute"]
+
+
 def stage_breakdowns(trace: Trace) -> list[dict[str, float]]:
-    """Seconds per category on each simulated lane's stream, idle filling the rest."""
+    """Seconds per category on each simulated GPU's compute stream, idle filling the rest."""
     iteration_s = trace.end_s
+    lanes = compute_lanes(trace.lanes)
     by_lane: dict[tuple[int, str], dict[str, float]] = {
-        (lane.gpu, lane.stream): defaultdict(float) for lane in trace.lanes
+        (lane.gpu, lane.stream): defaultdict(float) for lane in lanes
     }
     for span in trace.spans:
         totals = by_lane.get((span.gpu, span.stream))
         if totals is not None:
             totals[_CATEGORY[span.kind]] += span.end_s - span.start_s
     out = []
-    for lane in trace.lanes:
+    for lane in lanes:
         totals = by_lane[(lane.gpu, lane.stream)]
         row = {key: totals.get(key, 0.0) for key in BREAKDOWN_KEYS if key != "idle"}
         row["idle"] = max(iteration_s - sum(row.values()), 0.0)
@@ -79,7 +86,8 @@ def summarize(
     hardware_tflops = hardware_flops * per_gpu
     model_tflops = model_flops * per_gpu
     breakdowns = stage_breakdowns(trace)
-    weights = [lane.stands_for for lane in workload.lanes]
+    lanes = compute_lanes(workload.lanes)
+    weights = [lane.stands_for for lane in lanes]
     total_weight = sum(weights)
     mean = {
         key: sum(w * row[key] for w, row in zip(weights, breakdowns, strict=True)) / total_weight
@@ -111,9 +119,7 @@ def summarize(
                 "memory_gib": mem,
                 "inflight_microbatches": stage_mem.inflight_microbatches,
             }
-            for lane, row, mem, stage_mem in zip(
-                workload.lanes, breakdowns, memory_gib, memory, strict=True
-            )
+            for lane, row, mem, stage_mem in zip(lanes, breakdowns, memory_gib, memory, strict=True)
         ],
         "simulated_transfers": trace.num_transfers,
         "simulated_spans": len(trace.spans),

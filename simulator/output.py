@@ -9,7 +9,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from .engine import DP_WAIT, IDLE, PP_WAIT, TP_WAIT, Trace
-from .metrics import BREAKDOWN_KEYS
+from .metrics import BREAKDOWN_KEYS, compute_lanes
 from .run import Result
 from .workload import BACKWARD, DP_SYNC, FORWARD, OPTIMIZER, PP_SEND, RECOMPUTE, TP_COMM
 
@@ -131,7 +131,7 @@ def timeline_figure(result: Result) -> Figure:
     """A Gantt chart: one row per simulated GPU (one per pipeline stage), its compute
     stream on top and its background transfers in a thin band below."""
     trace = result.trace
-    lanes = trace.lanes
+    lanes = compute_lanes(trace.lanes)
     row_of = {lane.gpu: i for i, lane in enumerate(lanes)}
     scale, unit = _time_unit(trace.end_s)
     height = min(max(2.0 + 0.45 * len(lanes), 3.0), 16.0)
@@ -272,7 +272,7 @@ def chrome_trace(result: Result) -> dict:
         {sp.stream for sp in result.trace.spans}, key=lambda s: _STREAM_ORDER.get(s, 9)
     )
     tids = {stream: i for i, stream in enumerate(streams)}
-    for lane in result.trace.lanes:
+    for lane in compute_lanes(result.trace.lanes):
         name = f"GPU {lane.gpu} (stage {lane.stage}"
         name += f", stands for {lane.stands_for} GPUs)" if lane.stands_for > 1 else ")"
         events.append(
@@ -424,6 +424,7 @@ MAX_DRAWN_GPUS = 128
 
 def topology_text(scenario, summary: dict) -> str:
     cl = scenario.cluster
+    three_levels = cl.fabric == "fat-tree" and cl.fabric_levels == 3
     lines = [
         f"stepsim topology · {scenario.name}",
         f"  {summary['num_nodes']} nodes x {cl.gpus_per_node} GPUs"
@@ -436,7 +437,7 @@ def topology_text(scenario, summary: dict) -> str:
             ""
             if cl.fabric == "switch"
             else f", {cl.nodes_per_leaf} nodes per leaf, {cl.spine_switches} switches above each "
-            f"leaf{' and pod' if cl.fabric_levels == 3 else ''}, oversubscription "
+            f"leaf{' and pod' if three_levels else ''}, oversubscription "
             f"{cl.oversubscription:g}:1"
             + (
                 f", 3 levels ({cl.leaves_per_pod} leaves per pod)"

@@ -16,6 +16,7 @@ NetworkModelName = Literal["fair-share", "analytical"]
 SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe")
 RECOMPUTE_GRANULARITIES: tuple[str, ...] = ("none", "selective", "full")
 NETWORK_MODELS: tuple[str, ...] = ("fair-share", "analytical")
+DATA_PARALLEL_SHARDING: tuple[str, ...] = ("none", "optimizer", "full")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,6 +89,7 @@ class TrainingConfig:
     schedule: ScheduleName = "1f1b"
     recompute_granularity: RecomputeGranularity = "none"
     overlap_grad_reduce: bool = False
+    data_parallel_sharding: str = "none"  # "none", "optimizer" (ZeRO-1), "full" (ZeRO-3/FSDP)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -100,6 +100,19 @@ class WorkloadBuilder:
             self._keys[key] = index
         return index
 
+    def name_last(self, lane: int, key: object) -> None:
+        """Let later ops depend on the last op added to ``lane`` by ``key``."""
+        if key in self._keys:
+            raise ValueError(f"two ops share the key {key!r}")
+        self._keys[key] = self._lanes[lane][4][-1]
+
+    def last_key(self, lane: int) -> object:
+        """A key for the last op added to ``lane`` (naming it if needed)."""
+        index = self._lanes[lane][4][-1]
+        key = ("op", index)
+        self._keys.setdefault(key, index)
+        return key
+
     def build(self) -> Workload:
         ops = []
         for fields in self._ops:

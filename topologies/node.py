@@ -90,6 +90,8 @@ def add_node(graph: nx.DiGraph, index: int, shape: NodeShape) -> None:
         for gpu in gpus:
             cable(graph, gpu, switch, "nvlink", bandwidth, latency)
     elif shape.nvlink_topology == "all-to-all":
+        if shape.gpus == 1:
+            return  # a lone GPU has no NVLink peers
         lanes = max(MESH_LANES_PER_GPU // (shape.gpus - 1), 1)
         for a in range(shape.gpus):
             for b in range(a + 1, shape.gpus):

@@ -1,0 +1,123 @@
+"""The BigScience question: what 135 vs 400 Gb/s between nodes does to a 175B model
+on 4 x V100 nodes, under three parallel layouts.
+
+    python benchmarks/bandwidth_study.py        # table to stdout, plot to docs/images/
+
+Each layout is the shipped scenario with a few keys changed, run at both
+bandwidths exactly as `stepsim sweep scenarios/bigscience-175b-v100.toml
+--set cluster.nic_gbps=135,400 --set ...` would. docs/bandwidth-study.md
+explains the result.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from matplotlib.figure import Figure  # noqa: E402
+
+from simulator.loader import load_scenario  # noqa: E402
+from simulator.run import run  # noqa: E402
+from simulator.sweep import run_sweep  # noqa: E402
+
+SCENARIO = ROOT / "scenarios" / "bigscience-175b-v100.toml"
+BANDWIDTHS = "cluster.nic_gbps=135,400"
+LAYOUTS = {
+    "A: PP across nodes (TP 4, PP 48, DP 2)": [],
+    "B: PP + distributed optimizer (TP 4, PP 12, DP 8, ZeRO-1)": [
+        "parallel.pipeline_model_parallel_size=12",
+        "parallel.data_parallel_size=8",
+        "training.data_parallel_sharding=optimizer",
+        "training.overlap_grad_reduce=true",
+    ],
+    "C: fully sharded DP between nodes (TP 4, DP 96, FSDP, micro-batch 2)": [
+        "parallel.pipeline_model_parallel_size=1",
+        "parallel.data_parallel_size=96",
+        "training.data_parallel_sharding=full",
+        "training.micro_batch_size=2",
+    ],
+}
+COLUMNS = ("compute", "tp_comm", "pp_p2p", "dp_sync", "optimizer", "idle")
+
+
+def study() -> dict[str, list[dict]]:
+    results = {}
+    for name, overrides in LAYOUTS.items():
+        _, rows = run_sweep(
+            lambda o: load_scenario(SCENARIO, o),
+            lambda s: run(s).metrics,
+            [*overrides, BANDWIDTHS],
+        )
+        results[name] = rows
+        print(f"done: {name}", file=sys.stderr)
+    return results
+
+
+def table(results: dict[str, list[dict]]) -> str:
+    head = (
+        "| layout | Gb/s | iteration s | TFLOP/s per GPU | MFU | memory GiB | "
+        + " | ".join(f"{c} s" for c in COLUMNS)
+        + " |"
+    )
+    lines = [head, "|---|---:|" + "---:|" * (4 + len(COLUMNS))]
+    for name, rows in results.items():
+        for row in rows:
+            cells = [
+                name.split(":")[0],
+                f"{row['cluster.nic_gbps']:g}",
+                f"{row['iteration_time_s']:.2f}",
+                f"{row['hardware_tflops_per_gpu']:.1f}",
+                f"{100 * row['mfu']:.1f} %",
+                f"{row['memory_per_gpu_gib']:.1f}",
+                *(f"{row['breakdown_s.' + c]:.2f}" for c in COLUMNS),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def figure(results: dict[str, list[dict]]) -> Figure:
+    fig = Figure(figsize=(13, 4.2), layout="constrained")
+    axes = fig.subplots(1, 3)
+    for name, rows in results.items():
+        x = [r["cluster.nic_gbps"] for r in rows]
+        short = name.split(":")[0]
+        axes[0].plot(x, [r["iteration_time_s"] for r in rows], marker="o", label=name)
+        axes[1].plot(x, [r["hardware_tflops_per_gpu"] for r in rows], marker="o", label=short)
+        axes[2].plot(x, [100 * r["exposed_comm_fraction"] for r in rows], marker="o", label=short)
+    for ax, label in zip(
+        axes,
+        (
+            "iteration time (s)",
+            "hardware TFLOP/s per GPU",
+            "exposed communication (% of iteration)",
+        ),
+        strict=True,
+    ):
+        ax.set_xlabel("bandwidth between nodes (Gb/s)")
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        ax.set_xticks([135, 400])
+        ax.grid(alpha=0.3)
+    fig.legend(
+        *axes[0].get_legend_handles_labels(),
+        loc="outside lower center",
+        ncol=3,
+        fontsize=8,
+        frameon=False,
+    )
+    fig.suptitle("GPT-3 175B on 96 nodes of 4 x V100 32 GB, global batch 768")
+    return fig
+
+
+def main() -> None:
+    results = study()
+    print(table(results))
+    figure(results).savefig(ROOT / "docs" / "images" / "bandwidth-study.png", dpi=110)
+    print("wrote docs/images/bandwidth-study.png", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
