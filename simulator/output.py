@@ -138,26 +138,10 @@ def timeline_figure(result: Result) -> Figure:
     fig = Figure(figsize=(14, height), layout="constrained")
     ax = fig.add_subplot()
     few = len(lanes) <= 16 and result.scenario.num_microbatches <= 32
-    for (gpu, stream, kind), spans in groupby(
-        sorted(
-            trace.spans,
-            key=lambda sp: (sp.gpu, _STREAM_ORDER.get(sp.stream, 9), sp.kind, sp.start_s),
-        ),
-        key=lambda sp: (sp.gpu, sp.stream, sp.kind),
-    ):
-        row = row_of[gpu]
-        bars = _merge([(sp.start_s * scale, sp.end_s * scale) for sp in spans])
-        if stream == "compute":
-            y, h = row - 0.38, 0.6
-        else:
-            y, h = row + 0.26, 0.14
-        ax.broken_barh(
-            [(a, b - a) for a, b in bars],
-            (y, h),
-            facecolors=COLORS.get(kind, "#999999"),
-            edgecolor="none",
-            hatch="///" if kind in (PP_WAIT, DP_WAIT, TP_WAIT) else None,
-        )
+    if len(trace.spans) > RASTER_ABOVE_SPANS:
+        _draw_raster(ax, trace, row_of, scale)
+    else:
+        _draw_bars(ax, trace, row_of, scale)
     if few:
         _label_microbatches(ax, trace, row_of, scale)
     ax.set_yticks(range(len(lanes)))
@@ -169,7 +153,7 @@ def timeline_figure(result: Result) -> Figure:
         ],
         fontsize=8 if len(lanes) > 20 else 9,
     )
-    ax.invert_yaxis()
+    ax.set_ylim(len(lanes) - 0.45, -0.55)  # first stage on top, after imshow set limits
     ax.set_xlim(0, trace.end_s * scale)
     ax.set_xlabel(f"time ({unit})")
     ax.set_title(
@@ -184,6 +168,72 @@ def timeline_figure(result: Result) -> Figure:
         frameon=False,
     )
     return fig
+
+
+# Above this many spans the timeline is drawn as an image, one pixel column per time
+# slice coloured by what took most of it: faster, and finer than the eye anyway.
+RASTER_ABOVE_SPANS = 20_000
+RASTER_COLUMNS = 1400
+
+
+def _sorted_groups(trace: Trace):
+    spans = sorted(
+        trace.spans, key=lambda sp: (sp.gpu, _STREAM_ORDER.get(sp.stream, 9), sp.kind, sp.start_s)
+    )
+    return groupby(spans, key=lambda sp: (sp.gpu, sp.stream, sp.kind))
+
+
+def _band(row: int, stream: str) -> tuple[float, float]:
+    """(top, height) of a GPU's compute row or its thin band of background transfers."""
+    return (row - 0.38, 0.6) if stream == "compute" else (row + 0.26, 0.14)
+
+
+def _draw_bars(ax, trace: Trace, row_of: dict[int, int], scale: float) -> None:
+    for (gpu, stream, kind), spans in _sorted_groups(trace):
+        bars = _merge([(sp.start_s * scale, sp.end_s * scale) for sp in spans])
+        ax.broken_barh(
+            [(a, b - a) for a, b in bars],
+            _band(row_of[gpu], stream),
+            facecolors=COLORS.get(kind, "#999999"),
+            edgecolor="none",
+            hatch="///" if kind in (PP_WAIT, DP_WAIT, TP_WAIT) else None,
+        )
+
+
+def _draw_raster(ax, trace: Trace, row_of: dict[int, int], scale: float) -> None:
+    import numpy as np
+    from matplotlib.colors import to_rgb
+
+    edges = np.linspace(0.0, trace.end_s, RASTER_COLUMNS + 1)
+    # time per (row band, kind, column); bands: 2 per GPU (compute, background)
+    kinds = list(COLORS)
+    time = np.zeros((2 * len(row_of), len(kinds), RASTER_COLUMNS))
+    for (gpu, stream, kind), spans in _sorted_groups(trace):
+        spans = list(spans)
+        band = 2 * row_of[gpu] + (stream != "compute")
+        times = np.array([sp.start_s for sp in spans] + [sp.end_s for sp in spans])
+        steps = np.repeat([1.0, -1.0], len(spans))
+        order = np.argsort(times, kind="stable")
+        times, level = times[order], np.cumsum(steps[order])
+        # time covered up to each event, then at each column edge (piecewise linear)
+        covered = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times))])
+        at_edges = np.interp(edges, times, covered)
+        time[band, kinds.index(kind)] += np.diff(at_edges)
+    busy = time.sum(axis=1)
+    dominant = time.argmax(axis=1)
+    image = np.ones((2 * len(row_of), RASTER_COLUMNS, 3))
+    palette = np.array([to_rgb(COLORS[k]) for k in kinds])
+    has = busy > 0.3 * np.diff(edges)[None, :]  # mostly empty columns stay white
+    image[has] = palette[dominant[has]]
+    for band in range(image.shape[0]):
+        row, background = divmod(band, 2)
+        top, height = _band(row, "pp" if background else "compute")
+        ax.imshow(
+            image[band : band + 1],
+            aspect="auto",
+            interpolation="nearest",
+            extent=(0, trace.end_s * scale, top + height, top),
+        )
 
 
 def breakdown_figure(result: Result) -> Figure:
