@@ -40,14 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="simulate a scenario file and print a summary",
         description="Simulate one iteration of SCENARIO (a TOML file; see scenarios/README.md).",
     )
-    run.add_argument("scenario", help="scenario file (TOML)")
-    run.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override a scenario key, e.g. --set cluster.nic_gbps=400 (repeatable)",
+    _scenario_arguments(
+        run, "SECTION.KEY=VALUE", "override a scenario key, e.g. --set cluster.nic_gbps=400"
     )
     run.add_argument(
         "--out",
@@ -64,15 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
         "comma-separated list (cluster.nic_gbps=135,400) is swept; several swept keys make a "
         "grid, the first varying slowest. A --set with one value applies to every point.",
     )
-    sweep.add_argument("scenario", help="scenario file (TOML)")
-    sweep.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=V1[,V2,...]",
-        help="a fixed or swept key (repeatable)",
-    )
+    _scenario_arguments(sweep, "SECTION.KEY=V1[,V2,...]", "a fixed or swept key")
     sweep.add_argument("--out", metavar="DIR", help="write sweep.csv and sweep.png to DIR")
 
     topo = sub.add_parser(
@@ -80,17 +66,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="describe a scenario's cluster: GPUs, links, switches, bisection bandwidth",
         description="Print what the cluster graph of SCENARIO holds; optionally draw it.",
     )
-    topo.add_argument("scenario", help="scenario file (TOML)")
-    topo.add_argument(
+    _scenario_arguments(topo, "SECTION.KEY=VALUE", "override a scenario key")
+    topo.add_argument("--png", metavar="FILE", help="draw the graph (clusters of up to 128 GPUs)")
+    return parser
+
+
+def _scenario_arguments(parser: argparse.ArgumentParser, metavar: str, help_text: str) -> None:
+    parser.add_argument("scenario", help="scenario file (TOML)")
+    parser.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override a scenario key (repeatable)",
+        metavar=metavar,
+        help=f"{help_text} (repeatable)",
     )
-    topo.add_argument("--png", metavar="FILE", help="draw the graph (clusters of up to 128 GPUs)")
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
