@@ -21,9 +21,10 @@ Algorithms, as NCCL runs them (message S bytes, n ranks):
 - ``ring``: 2(n-1)/n S bytes on every ring edge in 2(n-1) steps (all-reduce;
   reduce-scatter and all-gather are half of it). Like NCCL, a group spread
   over several nodes with k GPUs in each runs k rings (channels), each
-  entering and leaving a node through a different GPU, and so a different
-  NIC; each carries S/k. Inside a node with a NVLink mesh, the rings are the
-  edge-disjoint Hamiltonian cycles of the NVLink lanes, both directions.
+  leaving a node through a different GPU, and so a different NIC, and
+  arriving at the next node on the same rail; each carries S/k. Inside a node
+  with a NVLink mesh, the rings are the edge-disjoint Hamiltonian cycles of the
+  NVLink lanes, both directions.
 - ``tree``: reduce-scatter inside each node, then per local rank a double
   binary tree over the nodes (each tree carries half of the shard up and down;
   2 x depth steps), then all-gather inside each node. Needs two nodes or more.
@@ -40,6 +41,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
+
+from .spec import ScenarioError
 
 ALL_REDUCE_ALGORITHMS = ("ring", "tree", "hierarchical", "auto")
 
@@ -90,6 +93,7 @@ def _coupled(
     latency_s: float,
 ) -> Transfer:
     """``edge_sets[0]`` are the representative's edges, the rest congruent copies."""
+    _check_alike(edge_sets, fabric)
     own = Counter()
     for src, dst in edge_sets[0]:
         own.update(fabric.route(src, dst))
@@ -99,6 +103,25 @@ def _coupled(
             mults.update(link for link in fabric.route(src, dst) if link in own)
     links = tuple(sorted(own))
     return Transfer(links, tuple(mults[i] for i in links), bytes_per_flow, latency_s)
+
+
+def _check_alike(edge_sets: Sequence[Sequence[Edge]], fabric: Fabric) -> None:
+    """The copies must cross links like the representative's, or it cannot stand for them."""
+
+    def signature(edges: Sequence[Edge]) -> list:
+        capacities = fabric.capacities
+        return sorted(tuple(capacities[i] for i in fabric.route(a, b)) for a, b in edges)
+
+    mine = signature(edge_sets[0])
+    for edges in edge_sets[1:]:
+        if signature(edges) != mine:
+            (a, b), (c, d) = edge_sets[0][0], edges[0]
+            raise ScenarioError(
+                f"GPUs {c}->{d} are connected unlike GPUs {a}->{b}, which stepsim simulates "
+                "on their behalf; choose tensor x data parallel sizes that split the nodes "
+                "into alike groups (on a hybrid cube-mesh: 1, 4 or 8 GPUs, not pairs across "
+                "quads)"
+            )
 
 
 def _hop_latency_s(edges: Sequence[Edge], fabric: Fabric) -> float:
@@ -118,13 +141,24 @@ def _by_node(group: Sequence[int], fabric: Fabric) -> list[list[int]]:
 
 
 def ring_channels(group: Sequence[int], fabric: Fabric) -> list[list[int]]:
-    """The rings NCCL would build over a group: one per GPU in a node across nodes
-    (each leaving the node through a different GPU), the NVLink rings inside one."""
+    """The rings NCCL would build over a group: inside one node the NVLink rings;
+    across nodes one ring per GPU of a node, each leaving every node through a
+    different GPU (and so a different NIC). Every other node is walked backwards, so
+    that each hop between nodes joins GPUs of the same local index: on a
+    rail-optimized fabric it stays on one rail (with an odd number of nodes the hop
+    that closes the ring cannot)."""
     nodes = _by_node(group, fabric)
     if len(nodes) == 1:
         return fabric.intra_node_rings(group)
     k = min(len(members) for members in nodes)
-    return [[gpu for members in nodes for gpu in members[c:] + members[:c]] for c in range(k)]
+    channels = []
+    for c in range(k):
+        order: list[int] = []
+        for i, members in enumerate(nodes):
+            rotated = members[c:] + members[:c]  # in at member c, out at member c-1
+            order += rotated if i % 2 == 0 else rotated[::-1]
+        channels.append(order)
+    return channels
 
 
 def ring(

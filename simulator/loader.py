@@ -28,13 +28,9 @@ from .spec import (
     NetworkConfig,
     ParallelConfig,
     Scenario,
+    ScenarioError,
     TrainingConfig,
 )
-
-
-class ScenarioError(ValueError):
-    """A scenario a user wrote is not valid; the message says why in one line."""
-
 
 # Each key's expected type: int, float (ints accepted), bool or str.
 _KEYS: dict[str, dict[str, type]] = {
@@ -290,6 +286,11 @@ def _build_cluster(table: dict[str, Any]) -> ClusterSpec:
         _require("cluster", values, key, hint if key != "num_nodes" else "")
     gpu_name = values.pop("gpu")
     topology = values.get("nvlink_topology", "nvswitch")
+    if topology == "all-to-all" and values["gpus_per_node"] > 7:
+        raise ScenarioError(
+            f"cluster.gpus_per_node={values['gpus_per_node']} must be <= 7 for "
+            "cluster.nvlink_topology='all-to-all' (6 NVLink lanes per GPU)"
+        )
     if topology == "hybrid-cube-mesh" and values["gpus_per_node"] != 8:
         raise ScenarioError(
             f"cluster.gpus_per_node={values['gpus_per_node']} must be 8 for "

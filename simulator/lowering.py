@@ -29,7 +29,7 @@ that layer's last backward is done; then the optimizer step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from schedules import SCHEDULES, Step, peak_inflight
@@ -165,6 +165,7 @@ class _Stage:
         self.layer, self.extras, self.compute = compute.layer(), compute.extras(), compute
         self.layer_params = layer_params_per_rank(scenario)
         self.params = stage_params_per_rank(scenario, stage)
+        self.rest_params = self.params - self.num_layers * self.layer_params  # embedding, output
         gpu = layout.gpu(0, 0, stage)
         stands_for = layout.tensor * layout.data
         self.lane = builder.lane(gpu=gpu, stream="compute", stage=stage, stands_for=stands_for)
@@ -200,21 +201,17 @@ class _Stage:
             self.lane, PP_SEND, label, microbatch=mb, transfer=transfer, blocking=False, key=key
         )
 
-    def unit_params(self, index: int) -> float:
-        """FSDP gathers layer by layer; the embedding/output weights ride with layer 0."""
-        rest = self.params - self.num_layers * self.layer_params
-        return self.layer_params + (rest if index == 0 else 0.0)
-
-    def shard_op(self, kind: str, label: str, mb: int, index: int, deps) -> tuple:
-        """A parameter all-gather or gradient reduce-scatter of one unit on the side lane."""
+    def shard_op(self, kind: str, label: str, mb: int, index: int, deps, rest: bool) -> tuple:
+        """A parameter all-gather or gradient reduce-scatter of one layer on the side lane;
+        with ``rest`` it also carries the stage's embedding/output weights."""
         key = ("fsdp", self.stage, label, kind, index)
-        message = self.unit_params(index) * GRADIENT_BYTES_PER_PARAM
+        params = self.layer_params + (self.rest_params if rest else 0.0)
         self.b.add(
             self.side,
             DP_SYNC,
             f"{label} {kind} layer {index}",
             microbatch=mb,
-            transfer=self.comm.dp_collective(kind, message),
+            transfer=self.comm.dp_collective(kind, params * GRADIENT_BYTES_PER_PARAM),
             deps=deps,
             key=key,
         )
@@ -235,12 +232,14 @@ class _Stage:
     def forward(self, mb: int) -> None:
         label, stage = f"F{mb}", self.stage
         recv: list[object] = [] if self.first else [("pp", stage - 1, "F", mb)]
-        gathered = self.gather_ahead(label, mb, range(self.num_layers))
+        gathers = _Gathers(self, label, mb, list(range(self.num_layers)))
+        for n in range(self.num_layers):
+            gathers.queue(n)
         if self.first:
-            self.work(FORWARD, label, mb, self.extras.embedding_forward, recv + gathered(0))
+            self.work(FORWARD, label, mb, self.extras.embedding_forward, recv + gathers.deps(0))
             recv = []
         for index in range(self.num_layers):
-            self.block(FORWARD, label, mb, self.layer.attention_forward, recv + gathered(index))
+            self.block(FORWARD, label, mb, self.layer.attention_forward, recv + gathers.deps(index))
             self.block(FORWARD, label, mb, self.layer.mlp_forward)
             self.b.name_last(self.lane, ("layer", stage, label, index))
             recv = []
@@ -253,13 +252,17 @@ class _Stage:
         label, stage, layer = f"B{mb}", self.stage, self.layer
         recv: list[object] = [] if self.last else [("pp", stage + 1, "B", mb)]
         order = list(reversed(range(self.num_layers)))
-        gathered = self.gather_ahead(label, mb, order)
+        gathers = _Gathers(self, label, mb, order)
+        gathers.queue(0)
+        gathers.queue(1)
         if self.last:
-            self.work(BACKWARD, label, mb, self.extras.output_backward, recv + gathered(order[0]))
+            self.work(
+                BACKWARD, label, mb, self.extras.output_backward, recv + gathers.deps(order[0])
+            )
             recv = []
         buckets = []
-        for index in order:
-            recv = recv + gathered(index)
+        for n, index in enumerate(order):
+            recv = recv + gathers.deps(index)
             if self.recompute == "full":
                 self.block(RECOMPUTE, label, mb, layer.attention_forward, recv)
                 self.block(RECOMPUTE, label, mb, layer.mlp_forward)
@@ -271,28 +274,24 @@ class _Stage:
             self.block(BACKWARD, label, mb, layer.attention_backward)
             self.b.name_last(self.lane, ("layer", stage, label, index))
             recv = []
-            if self.side is not None:  # FSDP reduce-scatters every micro-batch's gradients
-                self.shard_op("reduce-scatter", label, mb, index, [("layer", stage, label, index)])
+            if self.side is not None and n < len(order) - 1:
+                # FSDP's order: this layer's reduce-scatter, then the gather two ahead
+                self.shard_op(
+                    "reduce-scatter", label, mb, index, [("layer", stage, label, index)], rest=False
+                )
+                gathers.queue(n + 2)
             elif self.overlap and last_microbatch:
                 buckets.append(self.bucket(f"grads layer {index}", mb, self.layer_params))
         if self.first:
             self.work(BACKWARD, label, mb, self.extras.embedding_backward)
-        else:
+        if self.side is not None:
+            # the last layer's gradients, with the embedding/output ones, once all are done
+            self.shard_op(
+                "reduce-scatter", label, mb, order[-1], [self.b.last_key(self.lane)], rest=True
+            )
+        if not self.first:
             self.send(label, mb, self.comm.send_prev, ("pp", stage, "B", mb))
         return buckets
-
-    def gather_ahead(self, label: str, mb: int, indices) -> Callable[[int], list[object]]:
-        """Under FSDP, queue the all-gathers of this pass on the side lane, each waiting
-        until the layer two before it is done (one gather in flight ahead of compute),
-        and return the deps a layer's first op needs."""
-        if self.side is None:
-            return lambda index: []
-        indices = list(indices)
-        keys = {}
-        for n, index in enumerate(indices):
-            deps = [("layer", self.stage, label, indices[n - 2])] if n >= 2 else []
-            keys[index] = self.shard_op("all-gather", label, mb, index, deps)
-        return lambda index: [keys[index]]
 
     def bucket(self, label: str, mb: int, num_params: float) -> tuple:
         """An overlapped gradient bucket: all-reduced, or reduce-scattered under ZeRO-1."""
@@ -321,8 +320,7 @@ class _Stage:
                 deps=[self.b.last_key(self.side)],
             )
         elif self.overlap:
-            rest = params - self.num_layers * self.layer_params  # embedding, output, norms
-            buckets.append(self.bucket("grads embedding/output", -1, rest))
+            buckets.append(self.bucket("grads embedding/output", -1, self.rest_params))
             self.b.add(self.lane, BARRIER, "wait for gradient buckets", deps=buckets)
         elif data > 1:
             kind = "reduce-scatter" if self.sharding == "optimizer" else "all-reduce"
@@ -340,6 +338,35 @@ class _Stage:
                 "params all-gather",
                 transfer=self.comm.dp_collective("all-gather", message),
             )
+
+
+class _Gathers:
+    """FSDP's parameter all-gathers for one pass over a stage's layers, in ``order``.
+
+    The n-th gather waits until the layer two before it in the pass is done, so one
+    gather runs ahead of compute; the first gather of a pass also brings the stage's
+    embedding/output weights, which the pass needs first (or, for the last stage's
+    forward, holds until its end)."""
+
+    def __init__(self, stage: _Stage, label: str, mb: int, order: list[int]) -> None:
+        self.stage, self.label, self.mb, self.order = stage, label, mb, order
+        self.keys: dict[int, tuple] = {}
+
+    def queue(self, n: int) -> None:
+        if self.stage.side is None or n >= len(self.order):
+            return
+        layer_done = ("layer", self.stage.stage, self.label, self.order[n - 2])
+        self.keys[self.order[n]] = self.stage.shard_op(
+            "all-gather",
+            self.label,
+            self.mb,
+            self.order[n],
+            [layer_done] if n >= 2 else [],
+            rest=n == 0,
+        )
+
+    def deps(self, index: int) -> list[object]:
+        return [self.keys[index]] if self.stage.side is not None else []
 
 
 def inflight_per_stage(scenario: Scenario) -> list[int]:

@@ -120,9 +120,11 @@ def stage_memory(scenario: Scenario, stage: int, inflight_microbatches: int) -> 
     if sharding == "full":
         # sharded weights and gradients, plus FSDP's working set: the layer in use and
         # the one being gathered ahead, and one layer's full gradients
+        # (the embedding/output weights are gathered with the first layer of each pass)
         layer = layer_params_per_rank(scenario)
-        weights = weights / d + 2 * layer * WEIGHT_BYTES_PER_PARAM
-        gradients = gradients / d + layer * GRADIENT_BYTES_PER_PARAM
+        rest = params - layer * (m.num_layers // p)
+        weights = weights / d + (2 * layer + rest) * WEIGHT_BYTES_PER_PARAM
+        gradients = gradients / d + (layer + rest) * GRADIENT_BYTES_PER_PARAM
     activations = activation_bytes_per_layer(scenario) * (m.num_layers // p)
     activations *= inflight_microbatches
     if scenario.training.recompute_granularity == "full":

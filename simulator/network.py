@@ -72,7 +72,12 @@ class AnalyticalNetwork:
         self.num_transfers += 1
         duration_s = transfer.latency_s
         if transfer.bytes_per_flow > 0 and transfer.links:
-            duration_s += transfer.bytes_per_flow / solo_rate_bytes_per_s(transfer, self.capacities)
+            rate = solo_rate_bytes_per_s(transfer, self.capacities)
+            start_s = self.env.now + duration_s
+            duration_s += transfer.bytes_per_flow / rate
+            self.intervals.append(
+                Interval(transfer.links, transfer.mults, rate, start_s, self.env.now + duration_s)
+            )
         return self.env.timeout(duration_s)
 
 

@@ -13,6 +13,11 @@ ScheduleName = Literal["1f1b", "gpipe"]
 RecomputeGranularity = Literal["none", "selective", "full"]
 NetworkModelName = Literal["fair-share", "analytical"]
 
+
+class ScenarioError(ValueError):
+    """A scenario a user wrote is not valid; the message says why in one line."""
+
+
 SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe")
 RECOMPUTE_GRANULARITIES: tuple[str, ...] = ("none", "selective", "full")
 NETWORK_MODELS: tuple[str, ...] = ("fair-share", "analytical")

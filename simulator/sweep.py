@@ -47,6 +47,11 @@ def split_axes(overrides: Sequence[str]) -> tuple[list[str], list[tuple[str, lis
             axes.append((key.strip(), values))
         else:
             fixed.append(item)
+    swept = {key for key, _ in axes}
+    for item in fixed:
+        key = item.partition("=")[0].strip()
+        if key in swept:
+            raise ScenarioError(f"--set {key} is both swept and fixed; give it once")
     return fixed, axes
 
 

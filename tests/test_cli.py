@@ -145,3 +145,18 @@ def test_same_output_in_separate_processes_with_different_hash_seeds():
         )
         outputs.append(proc.stdout)
     assert outputs[0] == outputs[1] and json.loads(outputs[0])["breakdown_s"]["dp_sync"] > 0
+
+
+def test_large_runs_draw_the_timeline_as_an_image(tmp_path, monkeypatch):
+    from simulator import output
+    from simulator.run import run
+
+    monkeypatch.setattr(output, "RASTER_ABOVE_SPANS", 10)
+    result = run(load_scenario(TINY))
+    figure = output.timeline_figure(result)
+    (axes,) = figure.axes
+    assert len(axes.images) == 4  # a compute band and a transfer band per GPU
+    image = axes.images[0].get_array()
+    assert image.shape == (1, output.RASTER_COLUMNS, 3)
+    figure.savefig(tmp_path / "t.png")
+    assert (tmp_path / "t.png").stat().st_size > 10_000

@@ -69,6 +69,27 @@ def test_a_group_with_eight_gpus_per_node_runs_eight_rings_one_per_nic():
     assert _busbw(cluster, ring, 16, 16 * GB) == pytest.approx(8 * 25 * GB, rel=1e-3)
 
 
+@pytest.mark.parametrize(
+    "fabric",
+    [
+        {"fabric": "rail-optimized", "nodes_per_leaf": 4},
+        {"fabric": "rail-optimized", "nodes_per_leaf": 2, "spine_switches": 8},
+    ],
+)
+def test_rings_across_nodes_stay_on_their_rail(fabric):
+    cluster, fab = _fabric(num_nodes=4, **fabric)
+    group = list(range(32))
+    for channel in collectives.ring_channels(group, fab):
+        hops = [
+            (a, b)
+            for a, b in zip(channel, channel[1:] + channel[:1], strict=True)
+            if a // 8 != b // 8
+        ]
+        assert len(hops) == 4 and all(a % 8 == b % 8 for a, b in hops)
+    ring = collectives.ring("all_reduce", [group], 16 * GB, fab)
+    assert _busbw(cluster, ring, 32, 16 * GB) == pytest.approx(8 * 25 * GB, rel=5e-3)
+
+
 def test_reduce_scatter_and_all_gather_are_each_half_an_all_reduce_of_bytes():
     _, fabric = _fabric(num_nodes=1)
     (ar,) = collectives.ring("all_reduce", [list(range(4))], GB, fabric)
@@ -102,6 +123,19 @@ def test_double_binary_tree_across_two_nodes():
     # each tree sends half up and half down; both trees cross each NIC once per direction
     assert inter.bytes_per_flow == pytest.approx(GB / 2)
     assert _time(cluster, inter) == pytest.approx(2 * IB_STEP_S + GB / 2 / (12.5 * GB))
+
+
+def test_the_second_tree_turns_the_first_trees_leaves_into_inner_nodes():
+    _, fabric = _fabric(num_nodes=7)
+    group = [8 * n for n in range(7)]
+    (inter,) = collectives.two_level_all_reduce("tree", [group], GB, fabric)
+    first, _ = collectives._binary_tree_edges(group)
+    second, _ = collectives._binary_tree_edges(group[::-1])
+    inner = lambda edges: {parent for _, parent in edges}  # noqa: E731
+    assert inner(first) == {0, 8, 16} and inner(second) == {48, 40, 32}
+    # no node is inner in both trees, so a NIC sends on at most 4 edges: up and two
+    # down in the tree where it is inner, up in the other
+    assert max(inter.mults) == 4
 
 
 def test_auto_picks_the_fastest_estimate_and_ring_inside_a_node():

@@ -6,7 +6,7 @@ import simpy
 
 from simulator.collectives import Transfer
 from simulator.linkstats import mean_utilization, utilization_over_time
-from simulator.network import FairShareNetwork, Interval
+from simulator.network import AnalyticalNetwork, FairShareNetwork, Interval
 from simulator.run import run
 from tests.helpers import load
 
@@ -22,9 +22,10 @@ def test_mean_and_binned_utilization_of_a_step():
     assert series[1] == pytest.approx([0, 0.5, 0.5, 0])
 
 
-def test_fair_share_intervals_account_for_every_byte():
+@pytest.mark.parametrize("network", [FairShareNetwork, AnalyticalNetwork])
+def test_intervals_account_for_every_byte(network):
     env = simpy.Environment()
-    net = FairShareNetwork(env, [10.0, 4.0])
+    net = network(env, [10.0, 4.0])
 
     def go(start, transfer):
         yield env.timeout(start)

@@ -93,6 +93,18 @@ def test_resolved_toml_loads_back_to_the_same_scenario(tmp_path):
         ("cluster.nics_per_node=16", "cluster.nics_per_node=16 must be <= cluster.gpus_per_node=8"),
         ("network.model=packet", "network.model='packet' must be one of"),
         ("oops.key=1", "unknown section 'oops'"),
+        ("cluster.fabric=torus", "cluster.fabric='torus' must be one of: switch, fat-tree"),
+        ("cluster.fabric_levels=4", "cluster.fabric_levels=4 must be between 2 and 3"),
+        ("cluster.oversubscription=0.5", "cluster.oversubscription=0.5 must be between 1"),
+        ("cluster.nvlink_topology=ring", "cluster.nvlink_topology='ring' must be one of"),
+        (
+            "training.data_parallel_sharding=zero3",
+            "training.data_parallel_sharding='zero3' must be one of: none, optimizer, full",
+        ),
+        (
+            "network.collective_algorithm=nvls",
+            "network.collective_algorithm='nvls' must be one of: ring, tree, hierarchical, auto",
+        ),
         ("cluster.nvlink_gbytes_per_s=1e-320", "must be between 0.001 and 1e+07"),
         ("cluster.num_nodes=10000000", "cluster.num_nodes=10000000 must be between 1 and 100000"),
         ("cluster.nics_per_node=3", "cluster.nics_per_node=3 must divide cluster.gpus_per_node=8"),
@@ -172,3 +184,12 @@ def test_non_utf8_file_is_a_clear_error(tmp_path):
     path.write_bytes(b'name = "\xff\xfe"\n')
     with pytest.raises(ScenarioError, match="is not UTF-8 text"):
         load_scenario(path)
+
+
+def test_nvlink_mesh_rules():
+    doc = scenario(cluster={"nvlink_topology": "all-to-all"})
+    with pytest.raises(ScenarioError, match="gpus_per_node=8 must be <= 7 for"):
+        scenario_from_dict(doc)
+    doc = scenario(cluster={"node": "dgx-1-v100", "gpus_per_node": 4, "nics_per_node": 4})
+    with pytest.raises(ScenarioError, match="gpus_per_node=4 must be 8 for"):
+        scenario_from_dict(doc)

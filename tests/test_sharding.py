@@ -29,9 +29,10 @@ def test_memory_per_gpu_by_sharding():
     assert zero1.optimizer_bytes == pytest.approx(12 * params / 4)
     assert zero1.weights_bytes == none.weights_bytes == 2 * params
     layer = (12 * 1024 * 1024 + 7 * 1024) / 8 + 6 * 1024  # one layer on one of 8 TP ranks
+    rest = params - 4 * layer  # embedding (and final norm), gathered with the first layer
     assert fsdp.optimizer_bytes == pytest.approx(12 * params / 4)
-    assert fsdp.weights_bytes == pytest.approx(2 * params / 4 + 2 * 2 * layer)
-    assert fsdp.gradients_bytes == pytest.approx(2 * params / 4 + 2 * layer)
+    assert fsdp.weights_bytes == pytest.approx(2 * params / 4 + 2 * (2 * layer + rest))
+    assert fsdp.gradients_bytes == pytest.approx(2 * params / 4 + 2 * (layer + rest))
 
 
 def test_distributed_optimizer_moves_the_same_bytes_as_an_all_reduce():
@@ -81,3 +82,43 @@ def test_fsdp_with_a_very_fast_network_hides_its_communication():
     slow = {"cluster": {"num_nodes": 4, "nic_gbps": 10}}
     slow_metrics = run(load(**{**BASE, **slow, "training": training})).metrics
     assert slow_metrics["breakdown_s"]["dp_sync"] > 0.5 * slow_metrics["iteration_time_s"]
+
+
+def test_fsdp_interleaves_reduce_scatters_with_the_gathers_ahead_like_fsdp():
+    result = _run("full")
+    side = next(lane for lane in result.workload.lanes if lane.stream == "dp")
+    labels = [result.workload.ops[i].label for i in side.ops]
+    backward = [label.split(" ", 1)[1] for label in labels if label.startswith("B0 ")]
+    assert backward == [
+        "all-gather layer 3",
+        "all-gather layer 2",
+        "reduce-scatter layer 3",
+        "all-gather layer 1",
+        "reduce-scatter layer 2",
+        "all-gather layer 0",
+        "reduce-scatter layer 1",
+        "reduce-scatter layer 0",
+    ]
+
+
+def test_fsdp_output_layer_waits_for_its_weights_on_the_last_stage():
+    two_stages = {
+        **BASE,
+        "parallel": {
+            **BASE["parallel"],
+            "pipeline_model_parallel_size": 2,
+            "data_parallel_size": 2,
+        },
+        "cluster": {"num_nodes": 4},
+    }
+    result = run(
+        load(**{**two_stages, "training": {**BASE["training"], "data_parallel_sharding": "full"}})
+    )
+    ops = result.workload.ops
+    last = next(
+        lane for lane in result.workload.lanes if lane.stream == "compute" and lane.stage == 1
+    )
+    output_backward = next(ops[i] for i in last.ops if ops[i].label == "B0")
+    assert [ops[d].label for d in output_backward.deps] == [
+        "B0 all-gather layer 1"
+    ]  # the last layer's gather, which carries the output weights

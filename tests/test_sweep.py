@@ -69,3 +69,5 @@ def test_a_bad_point_fails_before_anything_runs():
             ["parallel.pipeline_model_parallel_size=2,3"],
         )
     assert main(["sweep", TINY, "--set", "cluster.nic_gbps=100"]) == 2  # nothing swept
+    with pytest.raises(ScenarioError, match="both swept and fixed"):
+        split_axes(["cluster.nic_gbps=100,200", "cluster.nic_gbps=300"])

@@ -51,15 +51,20 @@ def test_rail_optimized_keeps_same_rail_traffic_on_one_leaf():
     assert [h[1] for h in cross if h[0] == "switch"] == [1, 2, 1]
 
 
-def test_ecmp_spreads_flows_over_spines_deterministically():
-    a = _cluster(num_nodes=8, fabric="fat-tree", nodes_per_leaf=4)
-    b = _cluster(num_nodes=8, fabric="fat-tree", nodes_per_leaf=4)
-    spines = set()
-    for g in range(8):
-        route = a.route(g, 32 + g)
-        assert route == b.route(g, 32 + g)
-        spines |= {a.links[i].dst for i in route if a.links[i].dst[:2] == ("switch", 2)}
-    assert len(spines) >= 3  # hashed like ECMP: spread, with the collisions ECMP has
+def test_destination_based_routing_spreads_destinations_over_spines():
+    cluster = _cluster(num_nodes=8, fabric="fat-tree", nodes_per_leaf=4)
+
+    def spine(src, dst):
+        (hop,) = [
+            cluster.links[i].dst
+            for i in cluster.route(src, dst)
+            if cluster.links[i].dst[:2] == ("switch", 2)
+        ]
+        return hop[2]
+
+    # destination NIC port mod 4 spines: GPUs 32..39 sit on ports 32..39
+    assert [spine(g, 32 + g) for g in range(8)] == [0, 1, 2, 3, 0, 1, 2, 3]
+    assert spine(0, 40) == spine(5, 40) == spine(17, 40)  # by destination only
 
 
 def test_mesh_routes_take_a_direct_link_or_two_hops():

@@ -48,8 +48,12 @@ class Cluster:
     Inside a node a route takes the NVLink graph (through the NVSwitch, or a
     direct link, or two hops through a GPU adjacent to both when a mesh has no
     direct link). Between nodes it goes GPU -> its NIC -> switches -> the other
-    GPU's NIC -> GPU. Among equally short switch paths one is picked by a
-    fixed hash of the two GPUs (deterministic ECMP).
+    GPU's NIC -> GPU. Among the equally short switch paths the one numbered
+    (destination NIC port mod number of paths) is taken: destination-based
+    routing as InfiniBand's fat-tree routing does (D-mod-K). It spreads
+    destinations evenly over the spines, and traffic shifted from one replica
+    to the next stays balanced, which lets one simulated group stand for its
+    replicas (docs/design.md).
     """
 
     def __init__(self, graph: nx.DiGraph, *, gpus_per_node: int) -> None:
@@ -77,6 +81,8 @@ class Cluster:
             n: next(s for s in graph.successors(n) if s[0] == SWITCH) for n in graph if n[0] == NIC
         }
         self._switches = nx.DiGraph(graph.subgraph(n for n in graph if n[0] == SWITCH))
+        # Destination port number of every NIC, for destination-based routing.
+        self._port = {nic: i for i, nic in enumerate(sorted(n for n in graph if n[0] == NIC))}
         self._routes: dict[tuple[int, int], tuple[int, ...]] = {}
         self._switch_paths: dict[tuple[tuple, tuple], list[list[tuple]]] = {}
         self._rings: dict[tuple[int, ...], list[list[int]]] = {}
@@ -104,7 +110,7 @@ class Cluster:
         else:
             nic_a, nic_b = self._gpu_nic[src_gpu], self._gpu_nic[dst_gpu]
             choices = self._switch_paths_between(self._nic_switch[nic_a], self._nic_switch[nic_b])
-            middle = choices[_flow_hash(src_gpu, dst_gpu) % len(choices)]
+            middle = choices[self._port[nic_b] % len(choices)]
             path = [src, nic_a, *middle, nic_b, dst]
         return tuple(self._index[(a, b)] for a, b in zip(path, path[1:], strict=False))
 
@@ -163,14 +169,6 @@ class Cluster:
             paths = sorted(nx.all_shortest_paths(self._switches, a, b))
             self._switch_paths[(a, b)] = paths
         return paths
-
-
-def _flow_hash(src: int, dst: int) -> int:
-    """A fixed 32-bit mix of a GPU pair (not Python's hash, which varies per process)."""
-    h = (src * 0x9E3779B1 + dst * 0x85EBCA77) & 0xFFFFFFFF
-    h ^= h >> 15
-    h = (h * 0xC2B2AE3D) & 0xFFFFFFFF
-    return h ^ (h >> 13)
 
 
 def _hamiltonian_cycles(members: list[int], lanes: dict[frozenset, int]) -> Iterator[list[int]]:

@@ -66,22 +66,23 @@ def add_fabric(graph: nx.DiGraph, num_nodes: int, node: NodeShape, fabric: Fabri
     if leaves == 1:
         return
     up_total = leaf_down_bw / fabric.oversubscription
+    # A leaf reaches a spine through at least one port: no more spines than uplink ports.
+    down_ports = fabric.nodes_per_leaf * node.nics // rails
+    spines = min(fabric.spines, max(int(down_ports / fabric.oversubscription), 1))
     if fabric.kind == "fat-tree" and fabric.levels == 3:
         pods = ceil(leaves / fabric.leaves_per_pod)
         for leaf in range(leaves):
             pod = leaf // fabric.leaves_per_pod
-            for s in range(fabric.spines):
-                agg = (SWITCH, 2, pod * fabric.spines + s)
-                cable(graph, (SWITCH, 1, leaf), agg, "ib", up_total / fabric.spines, lat)
+            for s in range(spines):
+                agg = (SWITCH, 2, pod * spines + s)
+                cable(graph, (SWITCH, 1, leaf), agg, "ib", up_total / spines, lat)
         if pods == 1:
             return
-        agg_up_total = fabric.leaves_per_pod * (up_total / fabric.spines) / fabric.oversubscription
-        for agg in range(pods * fabric.spines):
-            for c in range(fabric.spines):
-                cable(
-                    graph, (SWITCH, 2, agg), (SWITCH, 3, c), "ib", agg_up_total / fabric.spines, lat
-                )
+        agg_up_total = fabric.leaves_per_pod * (up_total / spines) / fabric.oversubscription
+        for agg in range(pods * spines):
+            for c in range(spines):
+                cable(graph, (SWITCH, 2, agg), (SWITCH, 3, c), "ib", agg_up_total / spines, lat)
         return
     for leaf in range(leaves):
-        for s in range(fabric.spines):
-            cable(graph, (SWITCH, 1, leaf), (SWITCH, 2, s), "ib", up_total / fabric.spines, lat)
+        for s in range(spines):
+            cable(graph, (SWITCH, 1, leaf), (SWITCH, 2, s), "ib", up_total / spines, lat)

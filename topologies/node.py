@@ -10,8 +10,8 @@ NVSwitch carrying its whole NVLink bandwidth::
      ...  ┘
 
 ``all-to-all`` (a 4 x V100 SXM2 node such as Jean Zay's) — a direct link
-between every pair, each with 1/(gpus-1) of a GPU's NVLink bandwidth, made of
-6 // (gpus-1) of the GPU's 6 NVLink 2 lanes (two per pair with 4 GPUs).
+between every pair, made of 6 // (gpus-1) of the GPU's 6 NVLink 2 lanes (two
+per pair with 4 GPUs, so 1/3 of the GPU's bandwidth each); at most 7 GPUs.
 
 ``hybrid-cube-mesh`` (DGX-1 with V100) — 8 GPUs, 6 NVLink lanes each, as in
 NVIDIA's DGX-1 V100 system architecture white paper (the cube with two
@@ -92,12 +92,13 @@ def add_node(graph: nx.DiGraph, index: int, shape: NodeShape) -> None:
     elif shape.nvlink_topology == "all-to-all":
         if shape.gpus == 1:
             return  # a lone GPU has no NVLink peers
-        lanes = max(MESH_LANES_PER_GPU // (shape.gpus - 1), 1)
+        if shape.gpus - 1 > MESH_LANES_PER_GPU:
+            raise ValueError(f"{shape.gpus} GPUs cannot all be joined by 6 NVLink lanes each")
+        lanes = MESH_LANES_PER_GPU // (shape.gpus - 1)
+        lane = bandwidth / MESH_LANES_PER_GPU
         for a in range(shape.gpus):
             for b in range(a + 1, shape.gpus):
-                cable(
-                    graph, gpus[a], gpus[b], "nvlink", bandwidth / (shape.gpus - 1), latency, lanes
-                )
+                cable(graph, gpus[a], gpus[b], "nvlink", lanes * lane, latency, lanes)
     elif shape.nvlink_topology == "hybrid-cube-mesh":
         if shape.gpus != 8:
             raise ValueError(f"a hybrid cube-mesh node has 8 GPUs, not {shape.gpus}")
