@@ -1,21 +1,27 @@
-"""GPipe and 1F1B as per-stage op orders; no simulation here.
+"""Pipeline schedules as per-rank op orders; no simulation here.
 
-A schedule function takes ``(num_stages, num_microbatches)`` and returns, for
-each stage, the list of `Step`s that stage runs strictly in order. ``F`` is a
-forward pass of one micro-batch through the stage, ``B`` its backward pass.
-When each stage waits for its inputs (activations from the previous stage for
-F, gradients from the next stage for B), uniform stages with free
-communication finish in (m + p - 1)(F + B) under both schedules.
+A schedule turns (ranks p, micro-batches m, chunks per rank v) into, for each
+rank, the list of `Step`s it runs strictly in order: ``F`` a forward pass of
+one micro-batch through one chunk, ``B`` its backward pass (input gradient
+only when the schedule splits the backward, otherwise the whole backward),
+``W`` the weight gradient of a split backward. Chunk k of rank r is pipeline
+stage k*p + r ("looped" placement), except for ZB-V, where rank r holds
+stages r and 2p-1-r ("v" placement).
+
+Every schedule below documents its rule, its bubble with uniform stages and
+free communication (F, B, W per micro-batch and rank), and its peak number of
+micro-batch activations in flight per rank.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 
 class Step(NamedTuple):
-    kind: str  # "F" or "B"
+    kind: str  # "F", "B" or "W"
     microbatch: int
     chunk: int = 0
 
@@ -26,59 +32,207 @@ def step_label(step: Step, num_chunks: int = 1) -> str:
     return f"{base}.{step.chunk}" if num_chunks > 1 else base
 
 
-def _check(num_stages: int, num_microbatches: int) -> None:
-    if num_stages < 1 or num_microbatches < 1:
-        raise ValueError(
-            f"need at least one stage and one micro-batch, got stages={num_stages}, "
-            f"microbatches={num_microbatches}"
-        )
+def parse_label(label: str) -> Step:
+    """``F3`` or ``B3.1`` back to a Step; ValueError if it is not one."""
+    kind, body = label[:1], label[1:]
+    mb, _, chunk = body.partition(".")
+    if kind not in ("F", "B", "W") or not mb.isdigit() or (chunk and not chunk.isdigit()):
+        raise ValueError(f"{label!r} is not an op label like F3, B3, W3 or F3.1")
+    return Step(kind, int(mb), int(chunk) if chunk else 0)
 
 
-def gpipe(num_stages: int, num_microbatches: int) -> list[list[Step]]:
-    """All forwards, then all backwards (Huang et al. 2019).
-
-    Bubble (p-1)/m of the ideal time; peak in-flight activations: m on every stage.
-    """
-    _check(num_stages, num_microbatches)
-    order = [Step("F", i) for i in range(num_microbatches)]
-    order += [Step("B", i) for i in range(num_microbatches)]
-    return [list(order) for _ in range(num_stages)]
-
-
-def one_f_one_b(num_stages: int, num_microbatches: int) -> list[list[Step]]:
-    """Megatron-LM's non-interleaved 1F1B (PipeDream-Flush, Narayanan et al. 2021).
-
-    Stage s warms up with min(p - s - 1, m) forwards, then alternates one
-    forward and one backward, then drains the remaining backwards. Same bubble
-    as GPipe, (p-1)/m, but at most min(p - s, m) micro-batches in flight.
-    """
-    _check(num_stages, num_microbatches)
-    orders = []
-    for stage in range(num_stages):
-        warmup = min(num_stages - stage - 1, num_microbatches)
-        order = [Step("F", i) for i in range(warmup)]
-        next_b = 0
-        for i in range(warmup, num_microbatches):
-            order.append(Step("F", i))
-            order.append(Step("B", next_b))
-            next_b += 1
-        order += [Step("B", i) for i in range(next_b, num_microbatches)]
-        orders.append(order)
-    return orders
-
-
-def peak_inflight(order: Sequence[Step]) -> int:
-    """Most micro-batches whose activations are held at once (+1 at F, -1 at B)."""
+def peak_inflight(order: Sequence[Step], release_at: str = "W") -> int:
+    """Most chunk activations held at once: +1 at F, -1 at B (``release_at="B"``) or
+    at W, or at a fused B when the order has no W (``release_at="W"``)."""
+    split = any(step.kind == "W" for step in order)
+    release = "W" if release_at == "W" and split else "B"
     alive = peak = 0
     for step in order:
-        alive += 1 if step.kind == "F" else -1
-        peak = max(peak, alive)
+        if step.kind == "F":
+            alive += 1
+            peak = max(peak, alive)
+        elif step.kind == release:
+            alive -= 1
     return peak
 
 
-ScheduleFn = Callable[[int, int], list[list[Step]]]
+# -- building blocks --------------------------------------------------------------------
 
-SCHEDULES: dict[str, ScheduleFn] = {
-    "gpipe": gpipe,
-    "1f1b": one_f_one_b,
+
+def _one_f_one_b(forwards: list[Step], backwards: list[Step], warmup: int) -> list[Step]:
+    """Warm-up forwards, then one forward and one backward in turn, then the rest."""
+    warmup = min(warmup, len(forwards))
+    order = forwards[:warmup]
+    rest = forwards[warmup:]
+    for i, backward in enumerate(backwards):
+        if i < len(rest):
+            order.append(rest[i])
+        order.append(backward)
+    return order
+
+
+def _zero_bubble(
+    forwards: list[Step], backwards: list[Step], warmup: int, delay: int
+) -> list[Step]:
+    """Warm-up forwards, then per backward: B, the W held back ``delay`` backwards,
+    and the next forward; the remaining W's at the end."""
+    warmup = min(warmup, len(forwards))
+    order = forwards[:warmup]
+    weights = [Step("W", b.microbatch, b.chunk) for b in backwards]
+    for j, backward in enumerate(backwards):
+        order.append(backward)
+        if j >= delay:
+            order.append(weights[j - delay])
+        if warmup + j < len(forwards):
+            order.append(forwards[warmup + j])
+    order += weights[max(len(backwards) - delay, 0) :]
+    return order
+
+
+def _plain(m: int) -> tuple[list[Step], list[Step]]:
+    return [Step("F", i) for i in range(m)], [Step("B", i) for i in range(m)]
+
+
+def _virtual(m: int, v: int, group: int, kind: str) -> list[Step]:
+    """Megatron's order of (micro-batch, chunk) pairs: groups of ``group`` micro-batches
+    go through chunk 0, then chunk 1, ...; backward passes take the chunks last first."""
+    steps = []
+    for k in range(m * v):
+        chunk = (k // group) % v
+        if kind == "B":
+            chunk = v - 1 - chunk
+        steps.append(Step(kind, (k // (group * v)) * group + k % group, chunk))
+    return steps
+
+
+# -- the schedules ----------------------------------------------------------------------
+
+
+def gpipe(p: int, m: int, v: int = 1, group_size: int | None = None) -> list[list[Step]]:
+    """All forwards, then all backwards (Huang et al. 2019).
+
+    Makespan (m + p - 1)(F + B); bubble (p - 1)/m of the ideal; m activations in flight.
+    """
+    forwards, backwards = _plain(m)
+    return [forwards + backwards for _ in range(p)]
+
+
+def one_f_one_b(p: int, m: int, v: int = 1, group_size: int | None = None) -> list[list[Step]]:
+    """Megatron-LM's non-interleaved 1F1B (PipeDream-Flush, Narayanan et al. 2021).
+
+    Rank r warms up with min(p - r - 1, m) forwards, then alternates one forward and one
+    backward, then drains. Same makespan as GPipe, (m + p - 1)(F + B), with at most
+    min(p - r, m) activations in flight.
+    """
+    forwards, backwards = _plain(m)
+    return [_one_f_one_b(forwards, backwards, p - r - 1) for r in range(p)]
+
+
+def interleaved(p: int, m: int, v: int = 2, group_size: int | None = None) -> list[list[Step]]:
+    """Megatron-LM's interleaved 1F1B (virtual pipeline, Narayanan et al. 2021).
+
+    Micro-batches go in groups of g (default p) through chunk 0, then chunk 1, ...
+    Rank r warms up with (p - r - 1) * 2 + (v - 1) * g forwards (all of them when
+    m == p), then 1F1B. Megatron requires m to be a multiple of g. Makespan
+    m(F + B) + (p - 1)(F + B)/v: the bubble shrinks v-fold; rank 0 holds up to
+    (p - 1) * 2 + (v - 1) * g + 1 chunk activations.
+    """
+    group = group_size or p
+    forwards, backwards = _virtual(m, v, group, "F"), _virtual(m, v, group, "B")
+    orders = []
+    for r in range(p):
+        warmup = m * v if m == p else (p - r - 1) * 2 + (v - 1) * group
+        orders.append(_one_f_one_b(forwards, backwards, warmup))
+    return orders
+
+
+def looped_bfs(p: int, m: int, v: int = 2, group_size: int | None = None) -> list[list[Step]]:
+    """Breadth-first looping (Lamy-Poirier 2023): every micro-batch through chunk 0,
+    then chunk 1, ...; backwards in reverse. GPipe over p*v stages folded onto p ranks:
+    all m*v chunk activations in flight."""
+    forwards = [Step("F", i, k) for k in range(v) for i in range(m)]
+    backwards = [Step("B", i, k) for k in reversed(range(v)) for i in reversed(range(m))]
+    return [forwards + backwards for _ in range(p)]
+
+
+def zbh1(p: int, m: int, v: int = 1, group_size: int | None = None) -> list[list[Step]]:
+    """ZB-H1 (Qi et al. 2023, zero bubble): backward split into B (input gradient) and
+    W (weight gradient). Rank r warms up with p - r forwards; then B, the W of r
+    backwards earlier, the next F. Makespan about m(F + B + W) + (p - 1)(F + B - W);
+    activations held until W: p per rank (1F1B's peak of rank 0)."""
+    forwards, backwards = _plain(m)
+    return [_zero_bubble(forwards, backwards, p - r, r) for r in range(p)]
+
+
+def zbh2(p: int, m: int, v: int = 1, group_size: int | None = None) -> list[list[Step]]:
+    """ZB-H2: as ZB-H1 with 2p - 1 - 2r warm-up forwards and W held back 2r backwards,
+    filling the bubble when F = B = W (makespan m(F + B + W) + (p - 1)(F + B - 2W) at
+    best); 2p - 1 activations held until W."""
+    forwards, backwards = _plain(m)
+    return [_zero_bubble(forwards, backwards, 2 * p - 1 - 2 * r, 2 * r) for r in range(p)]
+
+
+def interleaved_zb(p: int, m: int, v: int = 2, group_size: int | None = None) -> list[list[Step]]:
+    """Interleaved zero bubble: Megatron's interleaved order of (micro-batch, chunk) with
+    the backward split as in ZB-H1: rank r warms up with (v - 1) * g + p - r forwards,
+    then B, the W of r backwards earlier, the next F."""
+    group = group_size or p
+    forwards, backwards = _virtual(m, v, group, "F"), _virtual(m, v, group, "B")
+    return [_zero_bubble(forwards, backwards, (v - 1) * group + p - r, r) for r in range(p)]
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduleInfo:
+    build: Callable[..., list[list[Step]]]
+    split_backward: bool  # B and W are separate ops
+    chunked: bool  # runs v >= 2 chunks per rank
+    placement: str = "looped"  # "looped": chunk k of rank r is stage k*p + r
+    grouped: bool = False  # takes a micro-batch group size (Megatron's interleaving)
+
+
+SCHEDULES: dict[str, ScheduleInfo] = {
+    "gpipe": ScheduleInfo(gpipe, split_backward=False, chunked=False),
+    "1f1b": ScheduleInfo(one_f_one_b, split_backward=False, chunked=False),
+    "interleaved": ScheduleInfo(interleaved, split_backward=False, chunked=True, grouped=True),
+    "looped_bfs": ScheduleInfo(looped_bfs, split_backward=False, chunked=True),
+    "zbh1": ScheduleInfo(zbh1, split_backward=True, chunked=False),
+    "zbh2": ScheduleInfo(zbh2, split_backward=True, chunked=False),
+    "interleaved_zb": ScheduleInfo(interleaved_zb, split_backward=True, chunked=True, grouped=True),
 }
+
+
+def check(name: str, p: int, m: int, v: int = 1, group_size: int | None = None) -> str | None:
+    """Why these sizes do not suit the schedule (one line), or None if they do."""
+    if name not in SCHEDULES:
+        return f"schedule {name!r} is not one of: {', '.join(SCHEDULES)}"
+    info = SCHEDULES[name]
+    if p < 1 or m < 1 or v < 1:
+        return f"stages, micro-batches and chunks must be at least 1 (got {p}, {m}, {v})"
+    if info.chunked and v < 2:
+        return f"schedule {name!r} runs 2 or more chunks per rank, got {v}"
+    if not info.chunked and v != 1:
+        return f"schedule {name!r} runs one chunk per rank, got {v}"
+    if group_size is not None and not info.grouped:
+        return f"schedule {name!r} takes no micro-batch group size"
+    if info.grouped and m % (group_size or p):
+        return (
+            f"schedule {name!r} needs micro-batches ({m}) to be a multiple of the "
+            f"micro-batch group size ({group_size or p}), as Megatron-LM does"
+        )
+    return None
+
+
+def build(name: str, p: int, m: int, v: int = 1, group_size: int | None = None) -> list[list[Step]]:
+    """Each rank's op order for a named schedule; ValueError with the reason if the sizes
+    do not suit it."""
+    problem = check(name, p, m, v, group_size)
+    if problem:
+        raise ValueError(problem)
+    return SCHEDULES[name].build(p, m, v, group_size)
+
+
+def stage_of(rank: int, chunk: int, num_ranks: int, placement: str = "looped") -> int:
+    """The pipeline stage that chunk ``chunk`` of rank ``rank`` holds."""
+    if placement == "v":
+        return rank if chunk == 0 else 2 * num_ranks - 1 - rank
+    return chunk * num_ranks + rank

@@ -32,7 +32,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schedules import SCHEDULES, Step, peak_inflight
+from schedules import Step, peak_inflight
+from schedules import build as build_schedule
 
 from . import collectives
 from .collectives import Collective, Fabric, Transfer
@@ -78,8 +79,11 @@ def layout_of(scenario: Scenario) -> Layout:
 
 
 def stage_orders(scenario: Scenario) -> list[list[Step]]:
-    schedule = SCHEDULES[scenario.training.schedule]
-    return schedule(scenario.parallel.pipeline_model_parallel_size, scenario.num_microbatches)
+    return build_schedule(
+        scenario.training.schedule,
+        scenario.parallel.pipeline_model_parallel_size,
+        scenario.num_microbatches,
+    )
 
 
 class _StageComm:

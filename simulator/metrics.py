@@ -22,12 +22,23 @@ from .engine import DP_WAIT, IDLE, PP_WAIT, TP_WAIT, Trace
 from .memory import StageMemory
 from .spec import Scenario
 from .units import bytes_to_gib
-from .workload import BACKWARD, DP_SYNC, FORWARD, OPTIMIZER, RECOMPUTE, TP_COMM, Lane, Workload
+from .workload import (
+    BACKWARD,
+    DP_SYNC,
+    FORWARD,
+    OPTIMIZER,
+    RECOMPUTE,
+    TP_COMM,
+    WEIGHT,
+    Lane,
+    Workload,
+)
 
 BREAKDOWN_KEYS = ("compute", "tp_comm", "pp_p2p", "dp_sync", "optimizer", "idle")
 _CATEGORY = {
     FORWARD: "compute",
     BACKWARD: "compute",
+    WEIGHT: "compute",
     RECOMPUTE: "compute",
     TP_COMM: "tp_comm",
     TP_WAIT: "tp_comm",
@@ -78,7 +89,7 @@ def summarize(
         for index in lane.ops:
             op = workload.ops[index]
             lane_hw += op.flops
-            if op.kind in (FORWARD, BACKWARD):
+            if op.kind in (FORWARD, BACKWARD, WEIGHT):
                 lane_model += op.flops
         hardware_flops += lane_hw * lane.stands_for
         model_flops += lane_model * lane.stands_for

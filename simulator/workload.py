@@ -18,13 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from schedules import Step, step_label
+from schedules import Step, stage_of, step_label
 
 from .collectives import Transfer, delay
 
 # Op kinds. Compute kinds hold the GPU; comm kinds move bytes.
 FORWARD = "forward"
-BACKWARD = "backward"
+BACKWARD = "backward"  # the whole backward, or its input-gradient part when split
+WEIGHT = "weight"  # the weight-gradient part of a split backward
 RECOMPUTE = "recompute"
 OPTIMIZER = "optimizer"
 TP_COMM = "tp_comm"
@@ -32,7 +33,7 @@ PP_SEND = "pp_send"
 DP_SYNC = "dp_sync"
 BARRIER = "barrier"
 
-COMPUTE_KINDS = frozenset({FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER})
+COMPUTE_KINDS = frozenset({FORWARD, BACKWARD, WEIGHT, RECOMPUTE, OPTIMIZER})
 COMM_KINDS = frozenset({TP_COMM, PP_SEND, DP_SYNC})
 
 
@@ -135,40 +136,58 @@ def abstract_pipeline(
     *,
     forward_s: float,
     backward_s: float,
+    weight_s: float = 0.0,
     p2p_latency_s: float = 0.0,
+    num_chunks: int = 1,
+    placement: str = "looped",
 ) -> Workload:
-    """A pipeline with fixed op times and a fixed latency on every stage-to-stage hop.
+    """A pipeline with fixed op times and a fixed latency on every rank-to-rank hop.
 
-    This is the setting of the reference pipeline vectors: rank r runs its
-    order strictly; F of micro-batch i on rank r waits for F of i on rank r-1
-    plus the latency, B waits for B on rank r+1 plus the latency.
+    This is the setting of the reference pipeline vectors: rank r runs its order
+    strictly; F of a micro-batch on stage s waits for its F on stage s-1, B waits for
+    its B on stage s+1, plus the latency when the two stages sit on different ranks.
+    Durations are per op (one chunk's share).
     """
     builder = WorkloadBuilder()
-    num_stages = len(orders)
+    num_ranks = len(orders)
+    num_stages = num_ranks * num_chunks
+    rank_of = {}
+    for rank in range(num_ranks):
+        for chunk in range(num_chunks):
+            rank_of[stage_of(rank, chunk, num_ranks, placement)] = rank
     hop = delay(p2p_latency_s)
-    for stage, order in enumerate(orders):
-        lane = builder.lane(gpu=stage, stream="compute", stage=stage)
+    duration = {"F": forward_s, "B": backward_s, "W": weight_s}
+    kind_of = {"F": FORWARD, "B": BACKWARD, "W": WEIGHT}
+    for rank, order in enumerate(orders):
+        lane = builder.lane(gpu=rank, stream="compute", stage=rank)
         for step in order:
-            forward = step.kind == "F"
-            source = stage - 1 if forward else stage + 1
-            deps = [(source, step.kind, step.microbatch)] if 0 <= source < num_stages else []
+            stage = stage_of(rank, step.chunk, num_ranks, placement)
+            deps = []
+            if step.kind != "W":
+                source = stage - 1 if step.kind == "F" else stage + 1
+                if 0 <= source < num_stages:
+                    same = rank_of[source] == rank
+                    deps.append(("op" if same else "pp", source, step.kind, step.microbatch))
             builder.add(
                 lane,
-                FORWARD if forward else BACKWARD,
-                step_label(step),
+                kind_of[step.kind],
+                step_label(step, num_chunks),
                 microbatch=step.microbatch,
-                duration_s=forward_s if forward else backward_s,
+                duration_s=duration[step.kind],
                 deps=deps,
+                key=("op", stage, step.kind, step.microbatch),
             )
-            target = stage + 1 if forward else stage - 1
-            if 0 <= target < num_stages:
+            if step.kind == "W":
+                continue
+            target = stage + 1 if step.kind == "F" else stage - 1
+            if 0 <= target < num_stages and rank_of[target] != rank:
                 builder.add(
                     lane,
                     PP_SEND,
-                    step_label(step),
+                    step_label(step, num_chunks),
                     microbatch=step.microbatch,
                     transfer=hop,
                     blocking=False,
-                    key=(stage, step.kind, step.microbatch),
+                    key=("pp", stage, step.kind, step.microbatch),
                 )
     return builder.build()
