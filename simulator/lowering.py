@@ -134,20 +134,8 @@ def lower(scenario: Scenario, cluster) -> Workload:
     builder = WorkloadBuilder()
     orders = stage_orders(scenario)
     for stage, order in enumerate(orders):
-        _lower_stage(builder, scenario, fabric, layout, compute, stage, order)
+        _Stage(builder, scenario, fabric, layout, compute, stage).lower(order)
     return builder.build()
-
-
-def _lower_stage(
-    builder: WorkloadBuilder,
-    scenario: Scenario,
-    fabric: Fabric,
-    layout: Layout,
-    compute: ComputeModel,
-    stage: int,
-    order: Sequence[Step],
-) -> None:
-    _Stage(builder, scenario, fabric, layout, compute, stage).lower(order)
 
 
 class _Stage:

@@ -1,4 +1,4 @@
-"""Cluster graphs: what the builders build, routes, ECMP, bisection, the topology command."""
+"""Cluster graphs: what the builders build, routes, destination-based routing, bisection, the topology command."""
 
 import pytest
 
