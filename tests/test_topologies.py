@@ -1,4 +1,4 @@
-"""Cluster graphs: what the builders build, routes, destination-based routing, bisection, the topology command."""
+"""Cluster graphs: builders, routes and their routing rule, bisection, the topology command."""
 
 import pytest
 
