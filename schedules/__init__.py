@@ -17,6 +17,7 @@ from .pipeline import (
     step_label,
     zbh1,
     zbh2,
+    zbv,
 )
 
 __all__ = [
@@ -36,4 +37,5 @@ __all__ = [
     "step_label",
     "zbh1",
     "zbh2",
+    "zbv",
 ]

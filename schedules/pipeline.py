@@ -181,6 +181,106 @@ def interleaved_zb(p: int, m: int, v: int = 2, group_size: int | None = None) ->
     return [_zero_bubble(forwards, backwards, (v - 1) * group + p - r, r) for r in range(p)]
 
 
+def zbv(p: int, m: int, v: int = 2, group_size: int | None = None) -> list[list[Step]]:
+    """ZB-V (Qi et al. 2024, "Pipeline parallelism with controllable memory"): two chunks
+    per rank in a V, rank r holding stages r and 2p - 1 - r, so the first and last
+    stage share rank 0; backward split into B and W.
+
+    The order is that of a greedy list scheduler run in unit time steps (every op one
+    step, hops free), where "in flight" counts chunk forwards whose W has not run and
+    the cap is 2p. A free rank takes, among the ops whose input is ready:
+      1. at the cap, a W, else a B (else it waits);
+      2. while it still has forwards to run, right after a B, that B's W (the
+         "F B W" steady state);
+      3. a forward, chunk 1 first, then the lowest micro-batch;
+      4. a B, lowest micro-batch first, chunk 1 on a tie;
+      5. once all its forwards ran, after a B with no B ready, one W;
+      6. once all its B's ran, the remaining W's, chunk 1 first, in micro-batch order.
+    Warm-up: rank r runs 2(p - r) - 1 chunk-0 forwards, then alternates chunks up to
+    the cap. With F = B = W and no latency the makespan is m(F + B + W) + (p - 1)F/2
+    for m >= 2p - 1; min(2p, 2m) chunk activations in flight (1F1B's peak of rank 0,
+    in half-size chunks).
+    """
+    last_stage = 2 * p - 1
+    rank_of = {stage_of(r, k, p, "v"): r for r in range(p) for k in (0, 1)}
+    orders: list[list[Step]] = [[] for _ in range(p)]
+    finished: dict[tuple[int, Step], int] = {}  # (rank, step) -> end time step
+    next_mb = [{(kind, k): 0 for kind in "FB" for k in (0, 1)} for _ in range(p)]
+    waiting_w: list[list[Step]] = [[] for _ in range(p)]  # B run, W not yet
+    inflight = [0] * p
+    forwards_left = [2 * m] * p
+    backwards_left = [2 * m] * p
+
+    def source(rank: int, step: Step) -> tuple[int, Step] | None:
+        """The op (rank, step) that ``step`` on ``rank`` waits for."""
+        if step.kind == "W":
+            return rank, Step("B", step.microbatch, step.chunk)
+        stage = stage_of(rank, step.chunk, p, "v")
+        other = stage - 1 if step.kind == "F" else stage + 1
+        if step.kind == "B" and stage == last_stage:
+            return rank, Step("F", step.microbatch, step.chunk)
+        if not 0 <= other <= last_stage:
+            return None
+        chunk = 0 if other < p else 1
+        return rank_of[other], Step(step.kind, step.microbatch, chunk)
+
+    def ready(rank: int, step: Step, now: int) -> bool:
+        dep = source(rank, step)
+        return dep is None or finished.get(dep, now + 1) <= now
+
+    def by_microbatch(step: Step) -> tuple[int, int]:
+        return step.microbatch, -step.chunk
+
+    now, stalled = 0, 0
+    while any(forwards_left) or any(backwards_left) or any(waiting_w):
+        progressed = False
+        for r in range(p):
+            if orders[r] and finished[(r, orders[r][-1])] > now:
+                continue  # still busy
+            candidates = {"F": [], "B": []}
+            for kind in "FB":
+                for k in (1, 0):
+                    step = Step(kind, next_mb[r][(kind, k)], k)
+                    if step.microbatch < m and ready(r, step, now):
+                        candidates[kind].append(step)
+            forwards, backwards = candidates["F"], sorted(candidates["B"], key=by_microbatch)
+            weights = sorted((w for w in waiting_w[r] if ready(r, w, now)), key=by_microbatch)
+            after_b = bool(orders[r]) and orders[r][-1].kind == "B"
+            if inflight[r] >= 2 * p:
+                choice = (weights or backwards or [None])[0]
+            elif after_b and forwards_left[r] and weights:
+                choice = weights[0]
+            elif forwards or backwards:
+                choice = (forwards or backwards)[0]
+            elif weights and not backwards_left[r] and not after_b:
+                choice = min(weights, key=lambda w: (-w.chunk, w.microbatch))
+            elif weights and after_b:
+                choice = weights[0]
+            else:
+                choice = None
+            if choice is None:
+                continue
+            progressed = True
+            orders[r].append(choice)
+            finished[(r, choice)] = now + 1
+            if choice.kind == "W":
+                waiting_w[r].remove(choice)
+                inflight[r] -= 1
+                continue
+            next_mb[r][(choice.kind, choice.chunk)] += 1
+            if choice.kind == "F":
+                forwards_left[r] -= 1
+                inflight[r] += 1
+            else:
+                backwards_left[r] -= 1
+                waiting_w[r].append(Step("W", choice.microbatch, choice.chunk))
+        stalled = 0 if progressed else stalled + 1
+        if stalled > 2:
+            raise RuntimeError(f"zbv list scheduler stalled at step {now} (p={p}, m={m})")
+        now += 1
+    return orders
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduleInfo:
     build: Callable[..., list[list[Step]]]
@@ -198,6 +298,7 @@ SCHEDULES: dict[str, ScheduleInfo] = {
     "zbh1": ScheduleInfo(zbh1, split_backward=True, chunked=False),
     "zbh2": ScheduleInfo(zbh2, split_backward=True, chunked=False),
     "interleaved_zb": ScheduleInfo(interleaved_zb, split_backward=True, chunked=True, grouped=True),
+    "zbv": ScheduleInfo(zbv, split_backward=True, chunked=True, placement="v"),
 }
 
 
@@ -210,6 +311,8 @@ def check(name: str, p: int, m: int, v: int = 1, group_size: int | None = None) 
         return f"stages, micro-batches and chunks must be at least 1 (got {p}, {m}, {v})"
     if info.chunked and v < 2:
         return f"schedule {name!r} runs 2 or more chunks per rank, got {v}"
+    if info.placement == "v" and v != 2:
+        return f"schedule {name!r} runs exactly 2 chunks per rank (a V), got {v}"
     if not info.chunked and v != 1:
         return f"schedule {name!r} runs one chunk per rank, got {v}"
     if group_size is not None and not info.grouped:
@@ -218,6 +321,11 @@ def check(name: str, p: int, m: int, v: int = 1, group_size: int | None = None) 
         return (
             f"schedule {name!r} needs micro-batches ({m}) to be a multiple of the "
             f"micro-batch group size ({group_size or p}), as Megatron-LM does"
+        )
+    if info.grouped and group_size is not None and group_size < min(p, m):
+        return (
+            f"schedule {name!r} needs a micro-batch group size ({group_size}) of at least the "
+            f"number of ranks ({p}) or all micro-batches ({m}); smaller groups deadlock"
         )
     return None
 

@@ -13,6 +13,12 @@ bound: bytes moved / (HBM bandwidth x efficiency). Backward GEMMs do twice the
 forward FLOPs (input and weight gradients). The first stage adds the
 embedding, the last the output layer (logits) and cross-entropy.
 
+Zero-bubble schedules split each backward into B (input gradients) and W
+(weight gradients). W is one GEMM per weight GEMM of the forward, with the
+same FLOPs (QKV, output projection, both MLP GEMMs; the logits GEMM; the
+embedding's scatter-add); B is the rest: the input-gradient GEMMs, the
+attention core's backward and every element-wise kernel.
+
 The efficiencies are a first, deliberately simple model; see EFFICIENCY.
 """
 
@@ -52,6 +58,9 @@ class Work:
     def __add__(self, other: Work) -> Work:
         return Work(duration_s=self.duration_s + other.duration_s, flops=self.flops + other.flops)
 
+    def __sub__(self, other: Work) -> Work:
+        return Work(duration_s=self.duration_s - other.duration_s, flops=self.flops - other.flops)
+
     def scaled(self, factor: float) -> Work:
         return Work(duration_s=self.duration_s * factor, flops=self.flops * factor)
 
@@ -65,6 +74,8 @@ class LayerWork:
     attention_backward: Work
     mlp_backward: Work
     attention_core_forward: Work  # what selective recomputation repeats
+    attention_weight: Work  # the weight-gradient part of attention_backward
+    mlp_weight: Work  # the weight-gradient part of mlp_backward
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -73,6 +84,8 @@ class StageExtras:
     embedding_backward: Work
     output_forward: Work  # final layernorm, logits GEMM, cross-entropy
     output_backward: Work
+    embedding_weight: Work  # the weight-gradient parts of the backwards above
+    output_weight: Work
 
 
 class ComputeModel:
@@ -113,6 +126,7 @@ class ComputeModel:
             + self.memory_bound(e * scores * 4.5)  # softmax+mask r/w, dropout r/w + mask
             + self.gemm(2 * b * s * s * h / t)  # probabilities x V
         )
+        attention_weights = self.gemm(2 * bsh * 3 * h / t) + self.gemm(2 * bsh * h / t)
         attention = (
             self.memory_bound(e * 2 * bsh / sp)  # layernorm read + write
             + self.gemm(2 * bsh * 3 * h / t)  # QKV
@@ -120,6 +134,7 @@ class ComputeModel:
             + self.gemm(2 * bsh * h / t)  # output projection
             + self.memory_bound(e * 3.5 * bsh / sp)  # bias-dropout-add
         )
+        mlp_weights = self.gemm(2 * bsh * f / t) + self.gemm(2 * bsh * f / t)
         mlp = (
             self.memory_bound(e * 2 * bsh / sp)  # layernorm
             + self.gemm(2 * bsh * f / t)  # h -> ffn
@@ -135,6 +150,8 @@ class ComputeModel:
             attention_backward=attention.scaled(2.0),
             mlp_backward=mlp.scaled(2.0),
             attention_core_forward=attention_core,
+            attention_weight=attention_weights,
+            mlp_weight=mlp_weights,
         )
 
     def extras(self) -> StageExtras:
@@ -142,9 +159,10 @@ class ComputeModel:
         b, s, h, v = self.training.micro_batch_size, m.seq_length, m.hidden_size, m.vocab_size
         bsh = b * s * h
         embedding = self.memory_bound(EMBEDDING_BYTES_PER_ELEMENT * bsh)
+        logits = self.gemm(2 * bsh * v / t)
         output = (
             self.memory_bound(BYTES_PER_ELEMENT * 2 * bsh)  # final layernorm
-            + self.gemm(2 * bsh * v / t)  # logits
+            + logits
             + self.memory_bound(CROSS_ENTROPY_BYTES_PER_LOGIT * b * s * v / t)
         )
         return StageExtras(
@@ -152,6 +170,8 @@ class ComputeModel:
             embedding_backward=embedding.scaled(2.0),
             output_forward=output,
             output_backward=output.scaled(2.0),
+            embedding_weight=embedding.scaled(2.0),  # the token ids need no gradient
+            output_weight=logits,
         )
 
     def optimizer(self, num_params: float) -> Work:

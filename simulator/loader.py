@@ -14,6 +14,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from schedules import SCHEDULES as SCHEDULE_INFO
+from schedules import check as check_schedule
 from topologies import FABRICS, NVLINK_TOPOLOGIES
 
 from . import presets
@@ -75,6 +77,7 @@ _KEYS: dict[str, dict[str, type]] = {
         "micro_batch_size": int,
         "global_batch_size": int,
         "schedule": str,
+        "microbatch_group_size_per_vp_stage": int,
         "recompute_granularity": str,
         "overlap_grad_reduce": bool,
         "data_parallel_sharding": str,
@@ -200,7 +203,8 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
 
     model = _build_model(tables["model"])
     cluster = _build_cluster(tables["cluster"])
-    parallel = _build_parallel(tables["parallel"], model, cluster)
+    schedule = tables["training"].get("schedule", "1f1b")
+    parallel = _build_parallel(tables["parallel"], model, cluster, schedule)
     training = _build_training(tables["training"], parallel)
     _check_size(model, training, parallel)
     network = NetworkConfig(**tables["network"])
@@ -305,10 +309,12 @@ def _build_cluster(table: dict[str, Any]) -> ClusterSpec:
 
 
 def _build_parallel(
-    table: dict[str, Any], model: ModelSpec, cluster: ClusterSpec
+    table: dict[str, Any], model: ModelSpec, cluster: ClusterSpec, schedule: str
 ) -> ParallelConfig:
     tp = table.get("tensor_model_parallel_size", 1)
     pp = table.get("pipeline_model_parallel_size", 1)
+    # chunked schedules default to two chunks per rank (ZB-V runs exactly two)
+    vpp = table.get("virtual_pipeline_model_parallel_size", 2 if _chunked(schedule) else 1)
     if model.num_attention_heads % tp:
         raise ScenarioError(
             f"parallel.tensor_model_parallel_size={tp} must divide "
@@ -323,6 +329,12 @@ def _build_parallel(
         raise ScenarioError(
             f"parallel.pipeline_model_parallel_size={pp} must divide "
             f"model.num_layers={model.num_layers}"
+        )
+    if model.num_layers % (pp * vpp):
+        raise ScenarioError(
+            f"parallel.virtual_pipeline_model_parallel_size={vpp} x "
+            f"pipeline_model_parallel_size={pp} must divide model.num_layers={model.num_layers} "
+            "(every chunk holds the same number of layers)"
         )
     if "data_parallel_size" in table:
         dp = table["data_parallel_size"]
@@ -345,7 +357,7 @@ def _build_parallel(
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
         data_parallel_size=dp,
-        virtual_pipeline_model_parallel_size=table.get("virtual_pipeline_model_parallel_size", 1),
+        virtual_pipeline_model_parallel_size=vpp,
         sequence_parallel=table.get("sequence_parallel", False),
     )
 
@@ -408,20 +420,46 @@ def _build_training(table: dict[str, Any], parallel: ParallelConfig) -> Training
             f"data_parallel_size={mbs} x {dp}={mbs * dp}"
         )
     schedule = table.get("schedule", "1f1b")
-    vpp = parallel.virtual_pipeline_model_parallel_size
-    if vpp != 1:
+    group = table.get("microbatch_group_size_per_vp_stage")
+    p, v = parallel.pipeline_model_parallel_size, parallel.virtual_pipeline_model_parallel_size
+    m = gbs // (mbs * dp)
+    info = SCHEDULE_INFO[schedule]
+    chunked = [name for name, i in SCHEDULE_INFO.items() if i.chunked]
+    if not info.chunked and v != 1:
         raise ScenarioError(
-            f"parallel.virtual_pipeline_model_parallel_size={vpp} needs an interleaved schedule; "
-            f"training.schedule={schedule!r} runs one chunk per stage, so it must be 1"
+            f"parallel.virtual_pipeline_model_parallel_size={v} needs a schedule with chunks "
+            f"({', '.join(chunked)}); training.schedule={schedule!r} runs one per stage"
+        )
+    if info.chunked and v < 2:
+        raise ScenarioError(
+            f"parallel.virtual_pipeline_model_parallel_size={v} must be at least 2 for "
+            f"training.schedule={schedule!r}"
+        )
+    if group is not None and not info.grouped:
+        raise ScenarioError(
+            f"training.microbatch_group_size_per_vp_stage={group} applies to interleaved "
+            f"schedules only, not training.schedule={schedule!r}"
+        )
+    problem = check_schedule(schedule, p, m, v, group)
+    if problem:
+        raise ScenarioError(
+            f"training.schedule={schedule!r} with {m} micro-batches per pipeline "
+            f"(global_batch_size / (micro_batch_size x data_parallel_size)): {problem}"
         )
     return TrainingConfig(
         micro_batch_size=mbs,
         global_batch_size=gbs,
         schedule=schedule,
+        microbatch_group_size_per_vp_stage=group,
         recompute_granularity=table.get("recompute_granularity", "none"),
         overlap_grad_reduce=table.get("overlap_grad_reduce", False),
         data_parallel_sharding=table.get("data_parallel_sharding", "none"),
     )
+
+
+def _chunked(schedule: str) -> bool:
+    info = SCHEDULE_INFO.get(schedule)
+    return info is not None and info.chunked
 
 
 # --- back to TOML -----------------------------------------------------------------------

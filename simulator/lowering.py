@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schedules import Step, peak_inflight
+from schedules import SCHEDULES, Step, peak_inflight, stage_of, step_label
 from schedules import build as build_schedule
 
 from . import collectives
@@ -50,6 +50,7 @@ from .workload import (
     PP_SEND,
     RECOMPUTE,
     TP_COMM,
+    WEIGHT,
     Workload,
     WorkloadBuilder,
 )
@@ -79,10 +80,14 @@ def layout_of(scenario: Scenario) -> Layout:
 
 
 def stage_orders(scenario: Scenario) -> list[list[Step]]:
+    """Each pipeline rank's op order under the scenario's schedule."""
+    par, tr = scenario.parallel, scenario.training
     return build_schedule(
-        scenario.training.schedule,
-        scenario.parallel.pipeline_model_parallel_size,
+        tr.schedule,
+        par.pipeline_model_parallel_size,
         scenario.num_microbatches,
+        par.virtual_pipeline_model_parallel_size,
+        tr.microbatch_group_size_per_vp_stage,
     )
 
 
@@ -102,19 +107,19 @@ class _StageComm:
         self.tp["all_reduce"] = collectives.all_reduce(
             self.algorithm, tp_groups, activation_bytes, fabric
         )
-        shard_bytes = activation_bytes / layout.tensor
-        self.send_next = self._p2p(stage + 1, shard_bytes)
-        self.send_prev = self._p2p(stage - 1, shard_bytes)
+        self.shard_bytes = activation_bytes / layout.tensor
+        self._sends: dict[int, Transfer] = {}
 
-    def _p2p(self, other: int, message_bytes: float) -> Transfer | None:
-        if not 0 <= other < self.layout.pipeline:
-            return None
-        pairs = [
-            (self.layout.gpu(j, d, self.stage), self.layout.gpu(j, d, other))
-            for d in range(self.layout.data)
-            for j in range(self.layout.tensor)
-        ]
-        return collectives.point_to_point(pairs, message_bytes, self.fabric)
+    def send_to(self, other: int) -> Transfer:
+        """Activations or gradients of one micro-batch to pipeline rank ``other``."""
+        if other not in self._sends:
+            pairs = [
+                (self.layout.gpu(j, d, self.stage), self.layout.gpu(j, d, other))
+                for d in range(self.layout.data)
+                for j in range(self.layout.tensor)
+            ]
+            self._sends[other] = collectives.point_to_point(pairs, self.shard_bytes, self.fabric)
+        return self._sends[other]
 
     def dp_collective(self, kind: str, message_bytes: float) -> Collective | None:
         """``all-reduce``, ``reduce-scatter`` or ``all-gather`` over this stage's
@@ -139,15 +144,23 @@ def lower(scenario: Scenario, cluster) -> Workload:
 
 
 class _Stage:
-    """The ops of one pipeline stage: its compute lane and, under fully sharded data
-    parallelism, a second lane (stream "dp") for the parameter all-gathers and
-    gradient reduce-scatters, which FSDP runs one at a time on its own stream."""
+    """The ops of one pipeline stage (rank): its compute lane and, under fully sharded
+    data parallelism, a second lane (stream "dp") for the parameter all-gathers and
+    gradient reduce-scatters, which FSDP runs one at a time on its own stream.
+
+    With v chunks per rank, chunk k holds virtual stage ``stage_of(rank, k)`` and
+    L / (p v) layers; a chunk sends to the rank holding the next virtual stage, or,
+    when that is itself (the turn of ZB-V's V), hands over with no transfer."""
 
     def __init__(self, builder, scenario, fabric, layout, compute, stage) -> None:
         self.b, self.stage, self.layout = builder, stage, layout
-        p = layout.pipeline
-        self.first, self.last = stage == 0, stage == p - 1
-        self.num_layers = scenario.model.num_layers // p
+        p, v = layout.pipeline, scenario.parallel.virtual_pipeline_model_parallel_size
+        self.num_chunks, self.num_virtual = v, p * v
+        info = SCHEDULES[scenario.training.schedule]
+        self.split = info.split_backward
+        self.virtual = [stage_of(stage, k, p, info.placement) for k in range(v)]
+        self.rank_of = {stage_of(r, k, p, info.placement): r for r in range(p) for k in range(v)}
+        self.layers_per_chunk = scenario.model.num_layers // (p * v)
         self.sequence_parallel = scenario.parallel.sequence_parallel
         self.recompute = scenario.training.recompute_granularity
         sharded = layout.data > 1
@@ -157,7 +170,9 @@ class _Stage:
         self.layer, self.extras, self.compute = compute.layer(), compute.extras(), compute
         self.layer_params = layer_params_per_rank(scenario)
         self.params = stage_params_per_rank(scenario, stage)
-        self.rest_params = self.params - self.num_layers * self.layer_params  # embedding, output
+        self.rest_params = self.params - v * self.layers_per_chunk * self.layer_params
+        # the chunk whose passes carry the embedding/output weights (FSDP gathers them)
+        self.rest_chunk = 0 if stage == 0 else v - 1
         gpu = layout.gpu(0, 0, stage)
         stands_for = layout.tensor * layout.data
         self.lane = builder.lane(gpu=gpu, stream="compute", stage=stage, stands_for=stands_for)
@@ -168,6 +183,8 @@ class _Stage:
     # -- small builders -----------------------------------------------------------------
 
     def work(self, kind: str, label: str, mb: int, w: Work, deps: Sequence[object] = ()) -> None:
+        if w.duration_s == 0 and w.flops == 0 and not deps:
+            return
         self.b.add(
             self.lane, kind, label, microbatch=mb, duration_s=w.duration_s, flops=w.flops, deps=deps
         )
@@ -188,9 +205,22 @@ class _Stage:
         self.work(kind, label, mb, w, deps)
         self.tp(label, mb, "reduce_scatter" if self.sequence_parallel else "all_reduce", ())
 
-    def send(self, label: str, mb: int, transfer, key: tuple) -> None:
+    def hand_over(self, label: str, mb: int, kind: str, virtual: int, to: int) -> None:
+        """Make this pass's output available to virtual stage ``to``: a pipeline send, or
+        nothing but a name when this rank holds that stage too."""
+        key = ("pp", virtual, kind, mb)
+        other = self.rank_of[to]
+        if other == self.stage:
+            self.b.name_last(self.lane, key)
+            return
         self.b.add(
-            self.lane, PP_SEND, label, microbatch=mb, transfer=transfer, blocking=False, key=key
+            self.lane,
+            PP_SEND,
+            label,
+            microbatch=mb,
+            transfer=self.comm.send_to(other),
+            blocking=False,
+            key=key,
         )
 
     def shard_op(self, kind: str, label: str, mb: int, index: int, deps, rest: bool) -> tuple:
@@ -209,49 +239,68 @@ class _Stage:
         )
         return key
 
+    def layers(self, chunk: int) -> list[int]:
+        """The rank-local indices of a chunk's layers, in forward order."""
+        return list(range(chunk * self.layers_per_chunk, (chunk + 1) * self.layers_per_chunk))
+
     # -- the stage ----------------------------------------------------------------------
 
     def lower(self, order: Sequence[Step]) -> None:
-        last_backward = max(i for i, s in enumerate(order) if s.kind == "B")
+        grad = "W" if self.split else "B"
+        last_grad = {s.chunk: i for i, s in enumerate(order) if s.kind == grad}
         buckets: list[tuple] = []
         for position, step in enumerate(order):
+            last = last_grad[step.chunk] == position
             if step.kind == "F":
-                self.forward(step.microbatch)
+                self.forward(step)
+            elif step.kind == "B":
+                buckets += self.backward(step, last)
             else:
-                buckets += self.backward(step.microbatch, position == last_backward)
+                buckets += self.weight(step, last)
         self.finish(buckets)
 
-    def forward(self, mb: int) -> None:
-        label, stage = f"F{mb}", self.stage
-        recv: list[object] = [] if self.first else [("pp", stage - 1, "F", mb)]
-        gathers = _Gathers(self, label, mb, list(range(self.num_layers)))
-        for n in range(self.num_layers):
+    def forward(self, step: Step) -> None:
+        mb, virtual = step.microbatch, self.virtual[step.chunk]
+        label = step_label(step, self.num_chunks)
+        first, last = virtual == 0, virtual == self.num_virtual - 1
+        recv: list[object] = [] if first else [("pp", virtual - 1, "F", mb)]
+        rest = step.chunk == self.rest_chunk
+        gathers = _Gathers(self, label, mb, self.layers(step.chunk), rest)
+        for n in range(self.layers_per_chunk):
             gathers.queue(n)
-        if self.first:
-            self.work(FORWARD, label, mb, self.extras.embedding_forward, recv + gathers.deps(0))
+        if first:
+            self.work(FORWARD, label, mb, self.extras.embedding_forward, recv + gathers.first())
             recv = []
-        for index in range(self.num_layers):
+        for index in self.layers(step.chunk):
             self.block(FORWARD, label, mb, self.layer.attention_forward, recv + gathers.deps(index))
             self.block(FORWARD, label, mb, self.layer.mlp_forward)
-            self.b.name_last(self.lane, ("layer", stage, label, index))
+            self.b.name_last(self.lane, ("layer", self.stage, label, index))
             recv = []
-        if self.last:
+        if last:
             self.work(FORWARD, label, mb, self.extras.output_forward)
         else:
-            self.send(label, mb, self.comm.send_next, ("pp", stage, "F", mb))
+            self.hand_over(label, mb, "F", virtual, virtual + 1)
 
-    def backward(self, mb: int, last_microbatch: bool) -> list[tuple]:
-        label, stage, layer = f"B{mb}", self.stage, self.layer
-        recv: list[object] = [] if self.last else [("pp", stage + 1, "B", mb)]
-        order = list(reversed(range(self.num_layers)))
-        gathers = _Gathers(self, label, mb, order)
+    def backward(self, step: Step, last_microbatch: bool) -> list[tuple]:
+        """The backward pass, or under a split schedule its input-gradient part (B)."""
+        mb, virtual, layer = step.microbatch, self.virtual[step.chunk], self.layer
+        label = step_label(step, self.num_chunks)
+        first, last = virtual == 0, virtual == self.num_virtual - 1
+        recv: list[object] = [] if last else [("pp", virtual + 1, "B", mb)]
+        order = list(reversed(self.layers(step.chunk)))
+        gathers = _Gathers(self, label, mb, order, step.chunk == self.rest_chunk)
         gathers.queue(0)
         gathers.queue(1)
-        if self.last:
-            self.work(
-                BACKWARD, label, mb, self.extras.output_backward, recv + gathers.deps(order[0])
-            )
+        split = self.split
+        if last:
+            output = self.extras.output_backward
+            if split:
+                output = output - self.extras.output_weight
+            self.work(BACKWARD, label, mb, output, recv + gathers.first())
             recv = []
+        mlp, attention = layer.mlp_backward, layer.attention_backward
+        if split:
+            mlp, attention = mlp - layer.mlp_weight, attention - layer.attention_weight
         buckets = []
         for n, index in enumerate(order):
             recv = recv + gathers.deps(index)
@@ -262,27 +311,61 @@ class _Stage:
             elif self.recompute == "selective":
                 self.work(RECOMPUTE, label, mb, layer.attention_core_forward, recv)
                 recv = []
-            self.block(BACKWARD, label, mb, layer.mlp_backward, recv)
-            self.block(BACKWARD, label, mb, layer.attention_backward)
-            self.b.name_last(self.lane, ("layer", stage, label, index))
+            self.block(BACKWARD, label, mb, mlp, recv)
+            self.block(BACKWARD, label, mb, attention)
+            self.b.name_last(self.lane, ("layer", self.stage, label, index))
             recv = []
-            if self.side is not None and n < len(order) - 1:
+            if self.side is not None and not split and n < len(order) - 1:
                 # FSDP's order: this layer's reduce-scatter, then the gather two ahead
                 self.shard_op(
-                    "reduce-scatter", label, mb, index, [("layer", stage, label, index)], rest=False
+                    "reduce-scatter", label, mb, index, [("layer", self.stage, label, index)], False
                 )
-                gathers.queue(n + 2)
-            elif self.overlap and last_microbatch:
+            elif self.overlap and last_microbatch and not split:
                 buckets.append(self.bucket(f"grads layer {index}", mb, self.layer_params))
-        if self.first:
+            gathers.queue(n + 2)
+        if first and not split:
             self.work(BACKWARD, label, mb, self.extras.embedding_backward)
-        if self.side is not None:
+        if self.side is not None and not split:
             # the last layer's gradients, with the embedding/output ones, once all are done
             self.shard_op(
-                "reduce-scatter", label, mb, order[-1], [self.b.last_key(self.lane)], rest=True
+                "reduce-scatter",
+                label,
+                mb,
+                order[-1],
+                [self.b.last_key(self.lane)],
+                step.chunk == self.rest_chunk,
             )
-        if not self.first:
-            self.send(label, mb, self.comm.send_prev, ("pp", stage, "B", mb))
+        if not first:
+            self.hand_over(label, mb, "B", virtual, virtual - 1)
+        return buckets
+
+    def weight(self, step: Step, last_microbatch: bool) -> list[tuple]:
+        """The weight-gradient part (W) of a split backward: no communication but the
+        gradient reduce-scatters of FSDP and, after the last micro-batch, the buckets."""
+        mb, virtual = step.microbatch, self.virtual[step.chunk]
+        label = step_label(step, self.num_chunks)
+        rest = step.chunk == self.rest_chunk
+        if virtual == self.num_virtual - 1:
+            self.work(WEIGHT, label, mb, self.extras.output_weight)
+        order = list(reversed(self.layers(step.chunk)))
+        buckets = []
+        for n, index in enumerate(order):
+            self.work(WEIGHT, label, mb, self.layer.mlp_weight)
+            self.work(WEIGHT, label, mb, self.layer.attention_weight)
+            if virtual == 0 and n == len(order) - 1:
+                self.work(WEIGHT, label, mb, self.extras.embedding_weight)
+            if self.side is not None:
+                last_layer = n == len(order) - 1
+                self.shard_op(
+                    "reduce-scatter",
+                    label,
+                    mb,
+                    index,
+                    [self.b.last_key(self.lane)],
+                    rest and last_layer,
+                )
+            elif self.overlap and last_microbatch:
+                buckets.append(self.bucket(f"grads layer {index}", mb, self.layer_params))
         return buckets
 
     def bucket(self, label: str, mb: int, num_params: float) -> tuple:
@@ -333,15 +416,15 @@ class _Stage:
 
 
 class _Gathers:
-    """FSDP's parameter all-gathers for one pass over a stage's layers, in ``order``.
+    """FSDP's parameter all-gathers for one pass over a chunk's layers, in ``order``.
 
     The n-th gather waits until the layer two before it in the pass is done, so one
-    gather runs ahead of compute; the first gather of a pass also brings the stage's
-    embedding/output weights, which the pass needs first (or, for the last stage's
-    forward, holds until its end)."""
+    gather runs ahead of compute; with ``rest`` the first gather of a pass also brings
+    the stage's embedding/output weights, which the pass needs first (or, for the
+    last stage's forward, holds until its end)."""
 
-    def __init__(self, stage: _Stage, label: str, mb: int, order: list[int]) -> None:
-        self.stage, self.label, self.mb, self.order = stage, label, mb, order
+    def __init__(self, stage: _Stage, label: str, mb: int, order: list[int], rest: bool) -> None:
+        self.stage, self.label, self.mb, self.order, self.rest = stage, label, mb, order, rest
         self.keys: dict[int, tuple] = {}
 
     def queue(self, n: int) -> None:
@@ -354,13 +437,18 @@ class _Gathers:
             self.mb,
             self.order[n],
             [layer_done] if n >= 2 else [],
-            rest=n == 0,
+            rest=self.rest and n == 0,
         )
 
     def deps(self, index: int) -> list[object]:
         return [self.keys[index]] if self.stage.side is not None else []
 
+    def first(self) -> list[object]:
+        """What the pass's embedding or output work waits for: the first gather."""
+        return self.deps(self.order[0])
+
 
 def inflight_per_stage(scenario: Scenario) -> list[int]:
-    """Peak micro-batches whose activations each stage holds under the schedule."""
-    return [peak_inflight(order) for order in stage_orders(scenario)]
+    """Peak forwards whose activations each stage holds under the schedule: released
+    by the backward, or by the weight gradient when the schedule splits it."""
+    return [peak_inflight(order, "W") for order in stage_orders(scenario)]

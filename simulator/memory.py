@@ -7,12 +7,19 @@ The distributed optimizer (ZeRO-1) divides the 12 by the data-parallel size;
 full sharding (ZeRO-3 / FSDP) divides all 16, plus a working set of gathered
 layers.
 Activations follow Korthikanti et al. 2022 (arXiv 2205.05198, Sec 4), bytes
-per layer and micro-batch, times the micro-batches the schedule keeps in flight.
+per layer and micro-batch, times the activations the schedule keeps in flight:
+a chunk's worth of layers (all the rank's layers when it runs one chunk) for
+each forward whose backward (or, when split, weight gradient) has not yet run.
+
+"Stage" below is a pipeline rank: with v chunks per rank it holds v of the
+p x v virtual stages (schedules.stage_of).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from schedules import SCHEDULES, stage_of
 
 from .spec import Scenario
 from .units import bytes_to_gib
@@ -33,20 +40,30 @@ def layer_params_per_rank(scenario: Scenario) -> float:
     return sharded / t + replicated
 
 
-def stage_params_per_rank(scenario: Scenario, stage: int) -> float:
-    """Parameters on one GPU of a pipeline stage (embedding on the first, output on the last).
+def output_rank(scenario: Scenario) -> int:
+    """The pipeline rank that holds the last virtual stage (the output layer): the last
+    rank, or rank 0 under ZB-V's V-shaped placement."""
+    p = scenario.parallel.pipeline_model_parallel_size
+    v = scenario.parallel.virtual_pipeline_model_parallel_size
+    placement = SCHEDULES[scenario.training.schedule].placement
+    return next(r for r in range(p) if stage_of(r, v - 1, p, placement) == p * v - 1)
 
-    The output layer shares the word embedding; with more than one stage the
-    last stage keeps its own copy, as Megatron-LM does.
+
+def stage_params_per_rank(scenario: Scenario, stage: int) -> float:
+    """Parameters on one GPU of a pipeline stage (embedding on the first, output on the
+    one holding the last virtual stage).
+
+    The output layer shares the word embedding; when it sits on another stage that
+    stage keeps its own copy, as Megatron-LM does.
     """
     m, p = scenario.model, scenario.parallel.pipeline_model_parallel_size
     t = scenario.parallel.tensor_model_parallel_size
     params = layer_params_per_rank(scenario) * (m.num_layers // p)
     if stage == 0:
         params += m.vocab_size * m.hidden_size / t + m.seq_length * m.hidden_size
-    if stage == p - 1:
+    if stage == output_rank(scenario):
         params += 2 * m.hidden_size  # final layernorm
-        if p > 1:
+        if stage != 0:
             params += m.vocab_size * m.hidden_size / t
     return params
 
@@ -85,7 +102,7 @@ class StageMemory:
     gradients_bytes: float
     optimizer_bytes: float
     activations_bytes: float
-    inflight_microbatches: int
+    inflight_activations: int  # peak forwards held, one chunk's layers each
 
     @property
     def total_bytes(self) -> float:
@@ -106,7 +123,7 @@ class StageMemory:
         }
 
 
-def stage_memory(scenario: Scenario, stage: int, inflight_microbatches: int) -> StageMemory:
+def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> StageMemory:
     m, p = scenario.model, scenario.parallel.pipeline_model_parallel_size
     t = scenario.parallel.tensor_model_parallel_size
     params = stage_params_per_rank(scenario, stage)
@@ -125,12 +142,12 @@ def stage_memory(scenario: Scenario, stage: int, inflight_microbatches: int) -> 
         rest = params - layer * (m.num_layers // p)
         weights = weights / d + (2 * layer + rest) * WEIGHT_BYTES_PER_PARAM
         gradients = gradients / d + (layer + rest) * GRADIENT_BYTES_PER_PARAM
-    activations = activation_bytes_per_layer(scenario) * (m.num_layers // p)
-    activations *= inflight_microbatches
+    layers_per_chunk = m.num_layers // (p * scenario.parallel.virtual_pipeline_model_parallel_size)
+    activations = activation_bytes_per_layer(scenario) * layers_per_chunk * inflight_activations
     if scenario.training.recompute_granularity == "full":
         # the layer being recomputed holds all its activations during its backward
         activations += activation_bytes_per_layer(scenario, "none")
-    if stage == p - 1:
+    if stage == output_rank(scenario):
         # fp32 logits of the micro-batch whose loss is being computed (Korthikanti Sec 4.3).
         activations += 4 * m.seq_length * scenario.training.micro_batch_size * m.vocab_size / t
     return StageMemory(
@@ -140,5 +157,5 @@ def stage_memory(scenario: Scenario, stage: int, inflight_microbatches: int) -> 
         gradients_bytes=gradients,
         optimizer_bytes=optimizer,
         activations_bytes=activations,
-        inflight_microbatches=inflight_microbatches,
+        inflight_activations=inflight_activations,
     )

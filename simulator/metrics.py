@@ -128,7 +128,7 @@ def summarize(
                 "stands_for_gpus": lane.stands_for,
                 "breakdown_s": row,
                 "memory_gib": mem,
-                "inflight_microbatches": stage_mem.inflight_microbatches,
+                "inflight_activations": stage_mem.inflight_activations,
             }
             for lane, row, mem, stage_mem in zip(lanes, breakdowns, memory_gib, memory, strict=True)
         ],

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-ScheduleName = Literal["1f1b", "gpipe"]
+import schedules
+
 RecomputeGranularity = Literal["none", "selective", "full"]
 NetworkModelName = Literal["fair-share", "analytical"]
 
@@ -18,7 +19,7 @@ class ScenarioError(ValueError):
     """A scenario a user wrote is not valid; the message says why in one line."""
 
 
-SCHEDULES: tuple[str, ...] = ("1f1b", "gpipe")
+SCHEDULES: tuple[str, ...] = tuple(schedules.SCHEDULES)
 RECOMPUTE_GRANULARITIES: tuple[str, ...] = ("none", "selective", "full")
 NETWORK_MODELS: tuple[str, ...] = ("fair-share", "analytical")
 DATA_PARALLEL_SHARDING: tuple[str, ...] = ("none", "optimizer", "full")
@@ -91,7 +92,9 @@ class ParallelConfig:
 class TrainingConfig:
     micro_batch_size: int
     global_batch_size: int
-    schedule: ScheduleName = "1f1b"
+    schedule: str = "1f1b"  # a name in schedules.SCHEDULES
+    # Megatron-LM's micro-batch group for interleaved schedules (None: the pipeline size)
+    microbatch_group_size_per_vp_stage: int | None = None
     recompute_granularity: RecomputeGranularity = "none"
     overlap_grad_reduce: bool = False
     data_parallel_sharding: str = "none"  # "none", "optimizer" (ZeRO-1), "full" (ZeRO-3/FSDP)

@@ -75,7 +75,7 @@ def test_resolved_toml_loads_back_to_the_same_scenario(tmp_path):
             "parallel.data_parallel_size=16",
             "asks for tensor x pipeline x data = 16 GPUs but the cluster has 8",
         ),
-        ("training.schedule=zigzag", "training.schedule='zigzag' must be one of: 1f1b, gpipe"),
+        ("training.schedule=zigzag", "training.schedule='zigzag' must be one of: gpipe, 1f1b"),
         ("training.recompute=full", "unknown key 'training.recompute'"),
         ("model.hidden_size=big", "model.hidden_size='big' must be an integer"),
         (
@@ -88,7 +88,7 @@ def test_resolved_toml_loads_back_to_the_same_scenario(tmp_path):
         ("training.overlap_grad_reduce=1", "training.overlap_grad_reduce=1 must be true or false"),
         (
             "parallel.virtual_pipeline_model_parallel_size=2",
-            "virtual_pipeline_model_parallel_size=2 needs an interleaved schedule",
+            "virtual_pipeline_model_parallel_size=2 needs a schedule with chunks",
         ),
         ("cluster.nics_per_node=16", "cluster.nics_per_node=16 must be <= cluster.gpus_per_node=8"),
         ("network.model=packet", "network.model='packet' must be one of"),

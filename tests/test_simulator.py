@@ -87,7 +87,7 @@ def test_layer_params_and_memory_by_hand():
     # full recompute keeps each layer's input: 2 s b h bytes per layer per micro-batch
     assert activation_bytes_per_layer(s) == 2 * 1024 * 1 * h
     stage0 = run(s).memory[0]
-    assert stage0.inflight_microbatches == 2  # 1F1B: p - stage
+    assert stage0.inflight_activations == 2  # 1F1B: p - stage
     assert stage0.weights_bytes == 2 * first and stage0.optimizer_bytes == 12 * first
     working_set = 1024 * h * (10 + 24 / 2 + 5 * 16 * 1024 / (h * 2))  # one layer, no recompute
     assert stage0.activations_bytes == 2 * 2 * (2 * 1024 * h) + working_set
@@ -176,7 +176,7 @@ def test_no_stage_starts_a_microbatch_before_its_input_arrives(sp, recompute):
 def test_gpipe_keeps_every_microbatch_in_flight():
     doc = {**TWO_NODES, "training": {**TWO_NODES["training"], "schedule": "gpipe"}}
     memory = run(load(**doc)).memory
-    assert [m.inflight_microbatches for m in memory] == [8, 8]
+    assert [m.inflight_activations for m in memory] == [8, 8]
 
 
 def test_gpus_sharing_a_nic_are_charged_together_in_the_lowering():
