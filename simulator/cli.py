@@ -126,7 +126,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from .output import sweep_figure, sweep_table_text
+    from .figures import sweep_figure
+    from .output import sweep_table_text
     from .run import run
     from .sweep import run_sweep
 
@@ -152,7 +153,8 @@ def _sweep(args: argparse.Namespace) -> int:
 def _topology(args: argparse.Namespace) -> int:
     from topologies.describe import summarize
 
-    from .output import MAX_DRAWN_GPUS, topology_figure, topology_text
+    from .figures import topology_figure
+    from .output import MAX_DRAWN_GPUS, topology_text
     from .run import build_cluster
 
     scenario = load_scenario(args.scenario, args.overrides)
@@ -170,7 +172,8 @@ def _topology(args: argparse.Namespace) -> int:
 
 
 def _write_outputs(result, out: Path) -> None:
-    from .output import breakdown_figure, chrome_trace, timeline_figure
+    from .figures import breakdown_figure, timeline_figure
+    from .output import chrome_trace
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(result.metrics, indent=2) + "\n")

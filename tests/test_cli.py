@@ -148,15 +148,15 @@ def test_same_output_in_separate_processes_with_different_hash_seeds():
 
 
 def test_large_runs_draw_the_timeline_as_an_image(tmp_path, monkeypatch):
-    from simulator import output
+    from simulator import figures
     from simulator.run import run
 
-    monkeypatch.setattr(output, "RASTER_ABOVE_SPANS", 10)
+    monkeypatch.setattr(figures, "RASTER_ABOVE_SPANS", 10)
     result = run(load_scenario(TINY))
-    figure = output.timeline_figure(result)
+    figure = figures.timeline_figure(result)
     (axes,) = figure.axes
     assert len(axes.images) == 4  # a compute band and a transfer band per GPU
     image = axes.images[0].get_array()
-    assert image.shape == (1, output.RASTER_COLUMNS, 3)
+    assert image.shape == (1, figures.RASTER_COLUMNS, 3)
     figure.savefig(tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 10_000
