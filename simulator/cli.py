@@ -68,7 +68,51 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _scenario_arguments(topo, "SECTION.KEY=VALUE", "override a scenario key")
     topo.add_argument("--png", metavar="FILE", help="draw the graph (clusters of up to 128 GPUs)")
+
+    sched = sub.add_parser(
+        "schedule",
+        help="a pipeline schedule on abstract op times: makespan, bubble, memory, picture",
+        description="Run a pipeline schedule on abstract op times, no cluster: F, B, W per "
+        "micro-batch and stage (any unit; the outputs use the same), c per hop between stages. "
+        "Schedules that do not split the backward run one fused backward of B + W.",
+    )
+    which = sched.add_mutually_exclusive_group(required=True)
+    which.add_argument("--schedule", metavar="NAME", help=f"one of: {', '.join(_schedule_names())}")
+    which.add_argument(
+        "--compare", metavar="A,B,...", help="several schedules, stacked in one picture"
+    )
+    which.add_argument(
+        "--schedule-file",
+        metavar="FILE",
+        help="per-rank op orders: one line per rank of labels F3 B3 W3 (F3.1 = chunk 1)",
+    )
+    sched.add_argument("--stages", type=int, metavar="P", help="pipeline stages (ranks)")
+    sched.add_argument("--microbatches", type=int, metavar="M", help="micro-batches")
+    sched.add_argument(
+        "--chunks", type=int, metavar="V", help="chunks per rank (default 2 where chunked)"
+    )
+    sched.add_argument(
+        "--group-size", type=int, metavar="G", help="micro-batch group of interleaved schedules"
+    )
+    sched.add_argument(
+        "--placement",
+        choices=["looped", "v"],
+        default="looped",
+        help="--schedule-file only: chunk k of rank r is stage k*p+r (looped) or a V",
+    )
+    sched.add_argument("--forward", type=float, required=True, metavar="F")
+    sched.add_argument("--backward", type=float, required=True, metavar="B")
+    sched.add_argument("--weight", type=float, default=None, metavar="W")
+    sched.add_argument("--p2p-latency", type=float, default=0.0, metavar="C")
+    sched.add_argument("--json", action="store_true", help="print the results as JSON")
+    sched.add_argument("--out", metavar="DIR", help="write schedule.png and trace.json to DIR")
     return parser
+
+
+def _schedule_names() -> list[str]:
+    from schedules import SCHEDULES
+
+    return list(SCHEDULES)
 
 
 def _scenario_arguments(parser: argparse.ArgumentParser, metavar: str, help_text: str) -> None:
@@ -92,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             return _sweep(args)
         if args.command == "topology":
             return _topology(args)
+        if args.command == "schedule":
+            return _schedule(args)
     except ScenarioError as exc:
         print(f"stepsim: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -169,6 +215,114 @@ def _topology(args: argparse.Namespace) -> int:
         topology_figure(cluster.graph, scenario.name).savefig(args.png, dpi=110)
         print(f"\n  wrote {args.png}")
     return 0
+
+
+def _schedule(args: argparse.Namespace) -> int:
+    from schedules import SCHEDULES
+    from schedules.custom import check_orders, parse_orders, sizes_of
+
+    from .bubble import OpTimes, run_orders, run_schedule
+    from .output import study_text, study_trace
+
+    times = _op_times(args, OpTimes)
+    studies = []
+    if args.schedule_file:
+        path = Path(args.schedule_file)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            raise ScenarioError(f"--schedule-file {str(path)!r} is not UTF-8 text") from None
+        try:
+            orders = parse_orders(text)
+            check_orders(orders, args.placement)
+        except ValueError as exc:
+            raise ScenarioError(f"--schedule-file {str(path)!r}: {exc}") from None
+        p, m, v, split = sizes_of(orders)
+        for flag, given, found in (
+            ("--stages", args.stages, p),
+            ("--microbatches", args.microbatches, m),
+            ("--chunks", args.chunks, v),
+        ):
+            if given is not None and given != found:
+                raise ScenarioError(f"{flag}={given} but the schedule file has {found}")
+        if split and args.weight is None:
+            raise ScenarioError("--weight is required: the schedule file has W ops")
+        studies.append(
+            run_orders(
+                path.stem,
+                orders,
+                times,
+                num_chunks=v,
+                split_backward=split,
+                placement=args.placement,
+            )
+        )
+    else:
+        names = [args.schedule] if args.schedule else [n.strip() for n in args.compare.split(",")]
+        for flag in ("--stages", "--microbatches"):
+            if getattr(args, flag[2:]) is None:
+                raise ScenarioError(f"{flag} is required with --schedule or --compare")
+        for name in names:
+            if name not in SCHEDULES:
+                raise ScenarioError(f"schedule {name!r} is not one of: {', '.join(SCHEDULES)}")
+            info = SCHEDULES[name]
+            if info.split_backward and args.weight is None:
+                raise ScenarioError(
+                    f"--weight is required for {name!r}, which splits the backward: --backward "
+                    "is then the input-gradient time and --weight the weight-gradient time"
+                )
+            v = 1
+            if info.chunked:
+                v = 2 if info.placement == "v" or args.chunks is None else args.chunks
+            elif args.chunks not in (None, 1) and len(names) == 1:
+                raise ScenarioError(f"--chunks={args.chunks}: schedule {name!r} runs one chunk")
+            group = args.group_size if info.grouped else None
+            try:
+                studies.append(run_schedule(name, args.stages, args.microbatches, times, v, group))
+            except ValueError as exc:
+                raise ScenarioError(
+                    f"--schedule {name} --stages {args.stages} --microbatches "
+                    f"{args.microbatches}: {exc}"
+                ) from None
+    if args.json:
+        dicts = [s.as_dict() for s in studies]
+        print(json.dumps(dicts[0] if len(dicts) == 1 else dicts, indent=2))
+    else:
+        print(study_text(studies))
+    if args.out:
+        from .figures import pipeline_figure
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        pipeline_figure(studies).savefig(out / "schedule.png", dpi=110)
+        (out / "trace.json").write_text(json.dumps(study_trace(studies), separators=(",", ":")))
+        if not args.json:
+            print(f"\n  wrote {args.out}/: schedule.png trace.json")
+    return 0
+
+
+def _op_times(args: argparse.Namespace, op_times):
+    values = {
+        "--forward": args.forward,
+        "--backward": args.backward,
+        "--weight": args.weight or 0.0,
+        "--p2p-latency": args.p2p_latency,
+    }
+    for flag, value in values.items():
+        if not 0 <= value < float("inf"):
+            raise ScenarioError(f"{flag}={value} must be a finite number >= 0")
+    if args.forward + args.backward + (args.weight or 0.0) <= 0:
+        raise ScenarioError("--forward, --backward and --weight cannot all be 0")
+    for flag in ("--stages", "--microbatches", "--chunks", "--group-size"):
+        value = getattr(args, flag[2:].replace("-", "_"))
+        if value is not None and not 1 <= value <= 100_000:
+            raise ScenarioError(f"{flag}={value} must be between 1 and 100000")
+    return op_times(
+        forward=args.forward,
+        backward=args.backward,
+        weight=args.weight or 0.0,
+        p2p_latency=args.p2p_latency,
+    )
 
 
 def _write_outputs(result, out: Path) -> None:

@@ -338,3 +338,71 @@ def topology_figure(graph, title: str) -> Figure:
     ax.legend(loc="upper right", fontsize=8)
     ax.set_axis_off()
     return fig
+
+
+def pipeline_figure(studies: list) -> Figure:
+    """The papers' pipeline picture: one row per rank, one box per op with its
+    micro-batch number; later chunks in lighter shades; one panel per schedule."""
+    from matplotlib.colors import to_rgb
+
+    from schedules import parse_label
+
+    ranks = max(s.num_ranks for s in studies)
+    height = sum(0.32 * s.num_ranks + 0.9 for s in studies) + 0.6
+    fig = Figure(figsize=(12, min(max(height, 2.5), 40)), layout="constrained")
+    axes = fig.subplots(len(studies), 1, sharex=True, squeeze=False)[:, 0]
+    end = max(s.makespan for s in studies)
+    for ax, study in zip(axes, studies, strict=True):
+        boxes = [sp for sp in study.trace.spans if sp.kind in (FORWARD, BACKWARD, WEIGHT)]
+        width_px = 12 * 100 * 0.85
+        for sp in boxes:
+            chunk = parse_label(sp.label).chunk
+            base = to_rgb(COLORS[sp.kind])
+            fade = 0.5 * chunk / max(study.num_chunks - 1, 1)
+            color = tuple(c + (1 - c) * fade for c in base)
+            ax.barh(
+                sp.gpu,
+                sp.end_s - sp.start_s,
+                left=sp.start_s,
+                height=0.8,
+                color=color,
+                edgecolor="white",
+                linewidth=0.5,
+            )
+            if (sp.end_s - sp.start_s) / end * width_px >= 9:
+                ax.text(
+                    (sp.start_s + sp.end_s) / 2,
+                    sp.gpu,
+                    str(sp.microbatch),
+                    ha="center",
+                    va="center",
+                    fontsize=6 if study.num_microbatches >= 10 else 7,
+                    color="white" if sp.kind == FORWARD and chunk == 0 else "black",
+                )
+        d = study.as_dict()
+        chunks = f", {study.num_chunks} chunks" if study.num_chunks > 1 else ""
+        ax.set_title(
+            f"{study.name}{chunks}: makespan {d['makespan']:.4g}, bubble {d['bubble_ratio']:.1%} "
+            f"of ideal, peak {max(d['per_rank_peak_inflight_w'])} chunk activations",
+            fontsize=9,
+            loc="left",
+        )
+        ax.set_ylim(study.num_ranks - 0.5, -0.5)
+        ax.set_yticks(range(study.num_ranks))
+        ax.set_yticklabels(
+            [f"rank {r}" for r in range(study.num_ranks)], fontsize=7 if ranks > 16 else 8
+        )
+        ax.set_xlim(0, end)
+    axes[-1].set_xlabel("time (units of F, B, W)")
+    fig.legend(
+        handles=[
+            Patch(facecolor=COLORS[FORWARD], label="F forward"),
+            Patch(facecolor=COLORS[BACKWARD], label="B backward (input grad when split)"),
+            Patch(facecolor=COLORS[WEIGHT], label="W weight grad"),
+        ],
+        loc="outside lower center",
+        ncols=3,
+        fontsize=8,
+        frameon=False,
+    )
+    return fig

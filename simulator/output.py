@@ -266,3 +266,84 @@ def topology_text(scenario, summary: dict) -> str:
             f"{half}-{summary['num_nodes'] - 1}",
         ]
     return "\n".join(lines)
+
+
+# -- the bubble study (stepsim schedule) --------------------------------------------------
+
+
+def study_text(studies: list) -> str:
+    """One block per schedule: makespan, bubble, per-rank bubble and peak in-flight."""
+    first = studies[0]
+    t = first.times
+    weight = f" W {t.weight:g}" if t.weight else ""
+    lines = [
+        f"stepsim schedule · {first.num_ranks} stages x {first.num_microbatches} micro-batches "
+        f"· F {t.forward:g} B {t.backward:g}{weight} c {t.p2p_latency:g} (per micro-batch "
+        "and stage)",
+        "",
+        f"  {'schedule':<16}{'chunks':>7}{'makespan':>11}{'ideal':>9}{'bubble':>9}"
+        f"{'of span':>9}{'peak act.':>11}",
+    ]
+    for study in studies:
+        d = study.as_dict()
+        peak = max(d["per_rank_peak_inflight_w"]) / study.num_chunks
+        lines.append(
+            f"  {study.name:<16}{study.num_chunks:>7}{d['makespan']:>11.4g}{d['ideal']:>9.4g}"
+            f"{d['bubble_ratio']:>8.1%} {d['bubble_rate']:>8.1%}{peak:>11.3g}"
+        )
+    lines += [
+        "",
+        "  bubble: (makespan - ideal) / ideal, ideal = m(F + B + W); of span: the same over the "
+        "makespan;",
+        "  peak act.: most micro-batch activations a rank holds at once, in whole stages "
+        "(chunk activations / chunks)",
+    ]
+    for study in studies:
+        d = study.as_dict()
+        lines += ["", f"  {study.name}: per rank    busy  bubble  peak in-flight (chunks)"]
+        shown = list(range(study.num_ranks))
+        if len(shown) > 16:
+            shown = shown[:8] + [-1] + shown[-8:]
+        for r in shown:
+            if r < 0:
+                lines.append("      ...")
+                continue
+            lines.append(
+                f"    rank {r:<4}{d['per_rank_busy'][r]:>13.4g}{d['per_rank_bubble'][r]:>8.4g}"
+                f"{d['per_rank_peak_inflight_w'][r]:>8d}"
+            )
+    return "\n".join(lines)
+
+
+def study_trace(studies: list, time_unit_us: float = 1000.0) -> dict:
+    """A Chrome/Perfetto trace: a process per schedule, a thread per rank; abstract time
+    units are written as milliseconds."""
+    events: list[dict] = []
+    for pid, study in enumerate(studies):
+        events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": study.name}})
+        for rank in range(study.num_ranks):
+            events.append(
+                {
+                    "ph": "M",
+                    "pid": pid,
+                    "tid": rank,
+                    "name": "thread_name",
+                    "args": {"name": f"rank {rank}"},
+                }
+            )
+        for span in study.trace.spans:
+            if span.kind not in ("forward", "backward", "weight"):
+                continue  # the gaps are the bubble
+            events.append(
+                {
+                    "ph": "X",
+                    "pid": pid,
+                    "tid": span.gpu,
+                    "name": span.label,
+                    "cat": span.kind,
+                    "ts": span.start_s * time_unit_us,
+                    "dur": (span.end_s - span.start_s) * time_unit_us,
+                    "args": {"microbatch": span.microbatch},
+                }
+            )
+    return {"traceEvents": events, "displayTimeUnit": "ms"}

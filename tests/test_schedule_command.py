@@ -1,0 +1,124 @@
+"""`stepsim schedule`: the bubble study against the reference vectors, pictures,
+custom schedule files and their errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from schedules import build, step_label
+from schedules.custom import check_orders, parse_orders
+from simulator.cli import main
+
+VECTORS = json.loads((Path(__file__).parent / "data" / "pipeline_vectors.json").read_text())
+
+
+def _args(case):
+    args = ["schedule", "--schedule", case["schedule"], "--stages", str(case["p"])]
+    args += ["--microbatches", str(case["m"]), "--chunks", str(case["v"])]
+    args += ["--forward", str(case["F"]), "--backward", str(case["B"])]
+    args += ["--weight", str(case["W"]), "--p2p-latency", str(case["c"])]
+    group = case.get("group_size")
+    if group and case["schedule"].startswith("interleaved"):
+        args += ["--group-size", str(group)]
+    return args + ["--json"]
+
+
+@pytest.mark.parametrize("case", VECTORS["cases"], ids=[c["id"] for c in VECTORS["cases"]])
+def test_json_reproduces_every_reference_vector(case, capsys):
+    assert main(_args(case)) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["rank_order"] == case["rank_order"]
+    assert got["makespan"] == pytest.approx(case["makespan"], abs=1e-9)
+    assert got["per_rank_bubble"] == pytest.approx(case["per_rank_bubble"], abs=1e-9)
+    assert got["bubble_ratio"] == pytest.approx(case["bubble_ratio"], abs=1e-8)
+    assert got["per_rank_peak_inflight_w"] == case["per_rank_peak_inflight_w"]
+
+
+def test_compare_prints_a_table_and_draws_the_picture(tmp_path, capsys):
+    args = ["schedule", "--compare", "1f1b,interleaved,zbh1,zbv", "--stages", "4"]
+    args += ["--microbatches", "8", "--forward", "1", "--backward", "1", "--weight", "1"]
+    assert main(args + ["--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    for name in ("1f1b", "interleaved", "zbh1", "zbv"):
+        assert f"\n  {name} " in printed
+    assert (tmp_path / "schedule.png").stat().st_size > 20_000
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    ops = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    # 4 schedules x 4 ranks x 8 micro-batches x (F, B[, W]) x chunks
+    assert len(ops) == 4 * 8 * (2 + 2 * 2 + 3 + 3 * 2)
+    assert main(args + ["--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["schedule"] for r in rows] == ["1f1b", "interleaved", "zbh1", "zbv"]
+    assert rows[0]["makespan"] == pytest.approx((8 + 3) * 3.0)  # (m + p - 1)(F + B + W)
+
+
+def _write_orders(path, orders, v=1):
+    path.write_text("\n".join(" ".join(step_label(s, v) for s in o) for o in orders) + "\n")
+
+
+def test_a_schedule_file_runs_like_the_named_schedule(tmp_path, capsys):
+    path = tmp_path / "mine.txt"
+    _write_orders(path, build("interleaved", 4, 8, 2), v=2)
+    times = ["--forward", "1", "--backward", "2", "--json"]
+    assert main(["schedule", "--schedule-file", str(path), *times]) == 0
+    mine = json.loads(capsys.readouterr().out)
+    assert main(["schedule", "--schedule", "interleaved", "--stages", "4", "--microbatches", "8",
+                 *times]) == 0  # fmt: skip
+    named = json.loads(capsys.readouterr().out)
+    assert mine["makespan"] == named["makespan"] and mine["rank_order"] == named["rank_order"]
+    assert mine["schedule"] == "mine"
+
+
+def test_parse_accepts_commas_comments_and_rank_prefixes():
+    text = "# two ranks\nrank 0: F0, F1, B0, B1\n\nrank 1: F0 B0 F1 B1  # 1F1B\n"
+    orders = parse_orders(text)
+    assert [len(o) for o in orders] == [4, 4]
+    check_orders(orders)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("F0 F1 B0\nF0 B0 F1 B1", "rank 0: B1 is missing"),
+        ("F0 F1 B0 B1 B1\nF0 B0 F1 B1", "rank 0: B1 appears twice"),
+        ("F0 B1 F1 B0\nF0 B0 F1 B1", "rank 0: B1 comes before F1"),
+        ("F0 F1 B0 W0 B1 W1\nF0 B0 F1 W1 B1 W0", "rank 1: W1 comes before B1"),
+        ("F0 B0 F1 B1\nB0 F0 F1 B1", "rank 1: B0 comes before F0"),
+        ("F0 Q1", "line 1: 'Q1' is not an op label"),
+        ("# nothing\n", "no op orders found"),
+        # rank 0 waits for B0 before sending F1; rank 1 wants F1 before its B0
+        ("F0 B0 F1 B1\nF0 F1 B0 B1", "the orders deadlock: rank 0 at B0 waits for B0 on rank 1"),
+    ],
+)
+def test_bad_schedule_files_get_one_line(tmp_path, capsys, text, message):
+    path = tmp_path / "bad.txt"
+    path.write_text(text)
+    assert main(["schedule", "--schedule-file", str(path), "--forward", "1", "--backward", "1",
+                 "--weight", "1"]) == 2  # fmt: skip
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--schedule", "zbh1"], "--weight is required for 'zbh1'"),
+        (["--schedule", "zigzag", "--weight", "1"], "schedule 'zigzag' is not one of"),
+        (["--schedule", "interleaved", "--microbatches", "6"], "multiple of the micro-batch"),
+        (["--schedule", "1f1b", "--forward", "-1"], "--forward=-1.0 must be a finite number"),
+        (["--schedule", "1f1b", "--stages", "0"], "--stages=0 must be between 1 and 100000"),
+        (["--schedule", "zbv", "--weight", "1", "--chunks", "3", "--stages", "4"], None),
+    ],
+)
+def test_bad_arguments_exit_2_with_the_rule(capsys, args, message):
+    base = {"--stages": "4", "--microbatches": "8", "--forward": "1", "--backward": "2"}
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        base[flag] = value
+    argv = ["schedule"] + [x for pair in base.items() for x in pair]
+    if message is None:  # ZB-V always runs 2 chunks, whatever --chunks says
+        assert main(argv + ["--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["v"] == 2
+        return
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
