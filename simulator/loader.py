@@ -15,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from schedules import SCHEDULES as SCHEDULE_INFO
+from schedules import Step
 from schedules import check as check_schedule
+from schedules.custom import check_orders, parse_orders, sizes_of
 from topologies import FABRICS, NVLINK_TOPOLOGIES
 
 from . import presets
@@ -23,6 +25,7 @@ from .collectives import ALL_REDUCE_ALGORITHMS
 from .spec import (
     DATA_PARALLEL_SHARDING,
     NETWORK_MODELS,
+    PLACEMENTS,
     RECOMPUTE_GRANULARITIES,
     SCHEDULES,
     ClusterSpec,
@@ -78,6 +81,8 @@ _KEYS: dict[str, dict[str, type]] = {
         "global_batch_size": int,
         "schedule": str,
         "microbatch_group_size_per_vp_stage": int,
+        "schedule_file": str,
+        "schedule_placement": str,
         "recompute_granularity": str,
         "overlap_grad_reduce": bool,
         "data_parallel_sharding": str,
@@ -89,6 +94,7 @@ _KEYS: dict[str, dict[str, type]] = {
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
     "training.schedule": SCHEDULES,
+    "training.schedule_placement": PLACEMENTS,
     "training.recompute_granularity": RECOMPUTE_GRANULARITIES,
     "training.data_parallel_sharding": DATA_PARALLEL_SHARDING,
     "network.model": NETWORK_MODELS,
@@ -153,7 +159,7 @@ def load_scenario(path: str | Path, overrides: Iterable[str] = ()) -> Scenario:
         raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
     for item in overrides:
         apply_override(raw, item)
-    return scenario_from_dict(raw)
+    return scenario_from_dict(raw, base_dir=path.parent)
 
 
 def parse_override(item: str) -> tuple[str, str, Any]:
@@ -185,8 +191,9 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     table[key] = value
 
 
-def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
-    """Validate a parsed TOML document and build the frozen Scenario."""
+def scenario_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> Scenario:
+    """Validate a parsed TOML document and build the frozen Scenario. A relative
+    ``training.schedule_file`` is read from ``base_dir`` (the scenario's folder)."""
     allowed_top = {"name", *_KEYS}
     for key in raw:
         if key not in allowed_top:
@@ -204,8 +211,11 @@ def scenario_from_dict(raw: Mapping[str, Any]) -> Scenario:
     model = _build_model(tables["model"])
     cluster = _build_cluster(tables["cluster"])
     schedule = tables["training"].get("schedule", "1f1b")
+    custom = _read_custom_schedule(tables["training"], base_dir)
+    if custom is not None and "virtual_pipeline_model_parallel_size" not in tables["parallel"]:
+        tables["parallel"]["virtual_pipeline_model_parallel_size"] = sizes_of(custom[1])[2]
     parallel = _build_parallel(tables["parallel"], model, cluster, schedule)
-    training = _build_training(tables["training"], parallel)
+    training = _build_training(tables["training"], parallel, custom)
     _check_size(model, training, parallel)
     network = NetworkConfig(**tables["network"])
     return Scenario(
@@ -410,7 +420,46 @@ def _check_size(model: ModelSpec, training: TrainingConfig, parallel: ParallelCo
         )
 
 
-def _build_training(table: dict[str, Any], parallel: ParallelConfig) -> TrainingConfig:
+def _read_custom_schedule(
+    table: dict[str, Any], base_dir: Path | None
+) -> tuple[str, list[list[Step]]] | None:
+    """(resolved path, orders) of a custom schedule, checked; None for a named one."""
+    schedule, file = table.get("schedule", "1f1b"), table.get("schedule_file")
+    if schedule != "custom":
+        for key in ("schedule_file", "schedule_placement"):
+            if key in table:
+                raise ScenarioError(
+                    f"training.{key}={table[key]!r} applies to training.schedule='custom' only"
+                )
+        return None
+    if file is None:
+        raise ScenarioError(
+            "missing key training.schedule_file (per-rank op orders) for training.schedule='custom'"
+        )
+    path = Path(file)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ScenarioError(
+            f"training.schedule_file={file!r}: cannot read: {exc.strerror}"
+        ) from None
+    except UnicodeDecodeError:
+        raise ScenarioError(f"training.schedule_file={file!r} is not UTF-8 text") from None
+    try:
+        orders = parse_orders(text)
+        check_orders(orders, table.get("schedule_placement", "looped"))
+    except ValueError as exc:
+        raise ScenarioError(f"training.schedule_file={file!r}: {exc}") from None
+    return str(path.resolve()), orders
+
+
+def _build_training(
+    table: dict[str, Any],
+    parallel: ParallelConfig,
+    custom: tuple[str, list[list[Step]]] | None = None,
+) -> TrainingConfig:
     gbs = _require("training", table, "global_batch_size")
     mbs = table.get("micro_batch_size", 1)
     dp = parallel.data_parallel_size
@@ -423,6 +472,36 @@ def _build_training(table: dict[str, Any], parallel: ParallelConfig) -> Training
     group = table.get("microbatch_group_size_per_vp_stage")
     p, v = parallel.pipeline_model_parallel_size, parallel.virtual_pipeline_model_parallel_size
     m = gbs // (mbs * dp)
+    if custom is not None:
+        path, orders = custom
+        ranks, microbatches, chunks, _ = sizes_of(orders)
+        for what, wanted, found in (
+            ("pipeline_model_parallel_size", p, ranks),
+            ("virtual_pipeline_model_parallel_size", v, chunks),
+        ):
+            if wanted != found:
+                raise ScenarioError(
+                    f"training.schedule_file={table['schedule_file']!r} has {found} "
+                    f"{'ranks' if 'virtual' not in what else 'chunks per rank'} but "
+                    f"parallel.{what}={wanted}"
+                )
+        if microbatches != m:
+            raise ScenarioError(
+                f"training.schedule_file={table['schedule_file']!r} has {microbatches} "
+                f"micro-batches but the scenario runs {m} per pipeline (global_batch_size / "
+                "(micro_batch_size x data_parallel_size))"
+            )
+        return TrainingConfig(
+            micro_batch_size=mbs,
+            global_batch_size=gbs,
+            schedule=schedule,
+            schedule_file=path,
+            schedule_placement=table.get("schedule_placement"),
+            custom_orders=tuple(tuple(order) for order in orders),
+            recompute_granularity=table.get("recompute_granularity", "none"),
+            overlap_grad_reduce=table.get("overlap_grad_reduce", False),
+            data_parallel_sharding=table.get("data_parallel_sharding", "none"),
+        )
     info = SCHEDULE_INFO[schedule]
     chunked = [name for name, i in SCHEDULE_INFO.items() if i.chunked]
     if not info.chunked and v != 1:

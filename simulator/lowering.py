@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schedules import SCHEDULES, Step, peak_inflight, stage_of, step_label
+from schedules import Step, peak_inflight, stage_of, step_label
 from schedules import build as build_schedule
 
 from . import collectives
@@ -82,6 +82,8 @@ def layout_of(scenario: Scenario) -> Layout:
 def stage_orders(scenario: Scenario) -> list[list[Step]]:
     """Each pipeline rank's op order under the scenario's schedule."""
     par, tr = scenario.parallel, scenario.training
+    if tr.custom_orders is not None:
+        return [list(order) for order in tr.custom_orders]
     return build_schedule(
         tr.schedule,
         par.pipeline_model_parallel_size,
@@ -156,10 +158,10 @@ class _Stage:
         self.b, self.stage, self.layout = builder, stage, layout
         p, v = layout.pipeline, scenario.parallel.virtual_pipeline_model_parallel_size
         self.num_chunks, self.num_virtual = v, p * v
-        info = SCHEDULES[scenario.training.schedule]
-        self.split = info.split_backward
-        self.virtual = [stage_of(stage, k, p, info.placement) for k in range(v)]
-        self.rank_of = {stage_of(r, k, p, info.placement): r for r in range(p) for k in range(v)}
+        placement = scenario.training.placement
+        self.split = scenario.training.split_backward
+        self.virtual = [stage_of(stage, k, p, placement) for k in range(v)]
+        self.rank_of = {stage_of(r, k, p, placement): r for r in range(p) for k in range(v)}
         self.layers_per_chunk = scenario.model.num_layers // (p * v)
         self.sequence_parallel = scenario.parallel.sequence_parallel
         self.recompute = scenario.training.recompute_granularity

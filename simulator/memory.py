@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedules import SCHEDULES, stage_of
+from schedules import stage_of
 
 from .spec import Scenario
 from .units import bytes_to_gib
@@ -45,7 +45,7 @@ def output_rank(scenario: Scenario) -> int:
     rank, or rank 0 under ZB-V's V-shaped placement."""
     p = scenario.parallel.pipeline_model_parallel_size
     v = scenario.parallel.virtual_pipeline_model_parallel_size
-    placement = SCHEDULES[scenario.training.schedule].placement
+    placement = scenario.training.placement
     return next(r for r in range(p) if stage_of(r, v - 1, p, placement) == p * v - 1)
 
 

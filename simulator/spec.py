@@ -19,7 +19,8 @@ class ScenarioError(ValueError):
     """A scenario a user wrote is not valid; the message says why in one line."""
 
 
-SCHEDULES: tuple[str, ...] = tuple(schedules.SCHEDULES)
+SCHEDULES: tuple[str, ...] = (*schedules.SCHEDULES, "custom")  # custom: from a file
+PLACEMENTS: tuple[str, ...] = ("looped", "v")
 RECOMPUTE_GRANULARITIES: tuple[str, ...] = ("none", "selective", "full")
 NETWORK_MODELS: tuple[str, ...] = ("fair-share", "analytical")
 DATA_PARALLEL_SHARDING: tuple[str, ...] = ("none", "optimizer", "full")
@@ -92,12 +93,30 @@ class ParallelConfig:
 class TrainingConfig:
     micro_batch_size: int
     global_batch_size: int
-    schedule: str = "1f1b"  # a name in schedules.SCHEDULES
+    schedule: str = "1f1b"  # a name in schedules.SCHEDULES, or "custom"
     # Megatron-LM's micro-batch group for interleaved schedules (None: the pipeline size)
     microbatch_group_size_per_vp_stage: int | None = None
+    # a custom schedule: the file it came from, its chunk placement, and its orders
+    schedule_file: str | None = None
+    schedule_placement: str | None = None  # "looped" (default) or "v"; named ones fix theirs
+    custom_orders: tuple[tuple[schedules.Step, ...], ...] | None = None
     recompute_granularity: RecomputeGranularity = "none"
     overlap_grad_reduce: bool = False
     data_parallel_sharding: str = "none"  # "none", "optimizer" (ZeRO-1), "full" (ZeRO-3/FSDP)
+
+    @property
+    def split_backward(self) -> bool:
+        """Whether the schedule runs B (input gradient) and W (weight gradient) apart."""
+        if self.custom_orders is not None:
+            return any(step.kind == "W" for order in self.custom_orders for step in order)
+        return schedules.SCHEDULES[self.schedule].split_backward
+
+    @property
+    def placement(self) -> str:
+        """Which virtual stages a rank's chunks hold (schedules.stage_of)."""
+        if self.custom_orders is not None:
+            return self.schedule_placement or "looped"
+        return schedules.SCHEDULES[self.schedule].placement
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

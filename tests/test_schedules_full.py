@@ -3,9 +3,10 @@ the abstract pipeline of the same op times."""
 
 import pytest
 
-from schedules import SCHEDULES, build, parse_label, peak_inflight
+from schedules import SCHEDULES, build, parse_label, peak_inflight, step_label
 from simulator.compute import ComputeModel
 from simulator.engine import simulate
+from simulator.loader import dumps_toml, load_scenario, scenario_to_dict
 from simulator.run import run
 from simulator.spec import ScenarioError
 from simulator.workload import BACKWARD, FORWARD, PP_SEND, WEIGHT, abstract_pipeline
@@ -190,3 +191,60 @@ def test_group_size_key_reaches_the_schedule():
     r = run(_scenario("interleaved", microbatch_group_size_per_vp_stage=8))
     assert _passes(r, 0) == build("interleaved", P, M, 2, 8)[0]
     assert _passes(r, 0) != build("interleaved", P, M, 2)[0]
+
+
+def _custom(tmp_path, name, **training):
+    v = 2 if SCHEDULES[name].chunked else 1
+    path = tmp_path / f"{name}.txt"
+    orders = build(name, P, M, v)
+    path.write_text("\n".join(" ".join(step_label(s, v) for s in o) for o in orders) + "\n")
+    return load(
+        model={"num_layers": LAYERS, "vocab_size": 16, "seq_length": 512},
+        parallel={"pipeline_model_parallel_size": P},
+        training={"global_batch_size": M, "schedule": "custom", "schedule_file": str(path),
+                  **training},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "placement"), [("zbh1", "looped"), ("zbv", "v")])
+def test_a_custom_schedule_file_runs_like_the_named_schedule(results, tmp_path, name, placement):
+    custom = run(_custom(tmp_path, name, schedule_placement=placement))
+    assert custom.scenario.parallel.virtual_pipeline_model_parallel_size == (
+        2 if name == "zbv" else 1
+    )
+    assert custom.trace.spans == results[name].trace.spans
+    assert [m.total_bytes for m in custom.memory] == [m.total_bytes for m in results[name].memory]
+
+
+def test_a_custom_schedule_round_trips_through_the_resolved_toml(tmp_path):
+    scenario = _custom(tmp_path, "interleaved")
+    text = dumps_toml(scenario_to_dict(scenario))
+    (tmp_path / "resolved.toml").write_text(text)
+    assert load_scenario(tmp_path / "resolved.toml") == scenario
+
+
+@pytest.mark.parametrize(
+    ("training", "message"),
+    [
+        ({"schedule": "custom"}, "missing key training.schedule_file"),
+        ({"schedule": "1f1b", "schedule_file": "x.txt"}, "applies to training.schedule='custom'"),
+        ({"schedule": "custom", "schedule_file": "nowhere.txt"}, "'nowhere.txt': cannot read"),
+        ({"schedule": "custom", "schedule_file": "{two}"}, "has 2 ranks but parallel.pipeline"),
+        ({"schedule": "custom", "schedule_file": "{stuck}"}, "the orders deadlock: rank 0 at B0"),
+    ],
+)
+def test_bad_custom_schedules_name_key_value_and_rule(tmp_path, training, message):
+    (tmp_path / "two.txt").write_text("F0 F1 B0 B1\nF0 B0 F1 B1\n")
+    (tmp_path / "stuck.txt").write_text("F0 B0 F1 B1\nF0 F1 B0 B1\n")
+    if "schedule_file" in training:
+        name = training["schedule_file"].strip("{}")
+        if name in ("two", "stuck"):
+            training = {**training, "schedule_file": str(tmp_path / f"{name}.txt")}
+    p = 2 if "stuck" in str(training.get("schedule_file")) else P
+    with pytest.raises(ScenarioError) as info:
+        load(
+            model={"num_layers": LAYERS},
+            parallel={"pipeline_model_parallel_size": p},
+            training={"global_batch_size": 2 if p == 2 else M, **training},
+        )
+    assert message in str(info.value)

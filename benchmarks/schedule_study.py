@@ -1,0 +1,89 @@
+"""Every pipeline schedule on GPT-3 175B (128 DGX A100 nodes), in the full simulator.
+
+    python benchmarks/schedule_study.py        # markdown table to stdout, pictures to docs/images/
+
+The shipped scenario scenarios/gpt3-175b-128nodes.toml with selective recomputation
+and sequence parallelism, at pipeline size 8 (DP 16) and 16 (DP 8), and several
+micro-batch counts per pipeline (the global batch is set to m x DP). Each row is
+`stepsim run scenarios/gpt3-175b-128nodes.toml --set ...` with the keys printed in
+the table. docs/schedules.md explains the result.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from schedules import SCHEDULES  # noqa: E402
+from simulator.bubble import OpTimes, run_schedule  # noqa: E402
+from simulator.compute import ComputeModel  # noqa: E402
+from simulator.figures import pipeline_figure, timeline_figure  # noqa: E402
+from simulator.loader import load_scenario  # noqa: E402
+from simulator.run import run  # noqa: E402
+
+SCENARIO = ROOT / "scenarios" / "gpt3-175b-128nodes.toml"
+IMAGES = ROOT / "docs" / "images"
+COMMON = ["training.recompute_granularity=selective", "parallel.sequence_parallel=true"]
+LAYOUTS = {8: 16, 16: 8}  # pipeline size -> data-parallel size (TP 8, 1024 GPUs)
+MICROBATCHES = (16, 32, 64)
+PICTURED = ("1f1b", "interleaved", "zbh1", "zbv")
+
+
+def overrides(schedule: str, p: int, m: int) -> list[str]:
+    d = LAYOUTS[p]
+    return COMMON + [
+        f"training.schedule={schedule}",
+        f"parallel.pipeline_model_parallel_size={p}",
+        f"parallel.data_parallel_size={d}",
+        f"training.global_batch_size={m * d}",
+    ]
+
+
+def main() -> None:
+    print("| p | m | schedule | chunks | iteration (s) | bubble | MFU | peak memory (GiB) |")
+    print("|---|---|---|---|---|---|---|---|")
+    started = time.perf_counter()
+    for p in LAYOUTS:
+        for m in MICROBATCHES:
+            for name in SCHEDULES:
+                scenario = load_scenario(SCENARIO, overrides(name, p, m))
+                result = run(scenario)
+                r = result.metrics
+                v = scenario.parallel.virtual_pipeline_model_parallel_size
+                memory = max(stage.as_gib()["total"] for stage in result.memory)
+                print(
+                    f"| {p} | {m} | {name} | {v} | {r['iteration_time_s']:.2f} | "
+                    f"{r['bubble_fraction']:.1%} | {r['mfu']:.1%} | {memory:.1f} |",
+                    flush=True,
+                )
+                if p == 8 and m == 16 and name in PICTURED:
+                    figure = timeline_figure(result)
+                    figure.savefig(IMAGES / f"schedules-gpt3-p8-m16-{name}.png", dpi=90)
+    # the same setting on abstract times taken from the compute model, for the picture
+    scenario = load_scenario(SCENARIO, overrides("zbh1", 8, 16))
+    layer = ComputeModel(scenario).layer()
+    per_stage = scenario.model.num_layers // 8
+    weight = (layer.attention_weight + layer.mlp_weight).duration_s * per_stage * 1e3
+    forward = (layer.attention_forward + layer.mlp_forward).duration_s * per_stage * 1e3
+    backward = (layer.attention_backward + layer.mlp_backward).duration_s * per_stage * 1e3
+    times = OpTimes(forward=forward, backward=backward - weight, weight=weight)
+    studies = [
+        run_schedule(name, 8, 16, times, 2 if SCHEDULES[name].chunked else 1) for name in SCHEDULES
+    ]
+    pipeline_figure(studies).savefig(IMAGES / "schedules-abstract-p8-m16.png", dpi=90)
+    print(
+        f"\nabstract op times per micro-batch and stage (ms): F {forward:.1f}, "
+        f"B {backward - weight:.1f}, W {weight:.1f}"
+    )
+    for study in studies:
+        d = study.as_dict()
+        print(f"  {study.name:<15} makespan {d['makespan']:.0f} ms, bubble {d['bubble_ratio']:.1%}")
+    print(f"\n{time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
