@@ -237,6 +237,8 @@ def _label_microbatches(ax, trace: Trace, row_of: dict[int, int], scale: float) 
     for (gpu, _), group in groupby(compute, key=lambda sp: (sp.gpu, sp.label)):
         spans = list(group)
         start, end = spans[0].start_s, max(sp.end_s for sp in spans)
+        if end - start < trace.end_s / 160:
+            continue  # too narrow for a number at the figure's width
         ax.text(
             (start + end) / 2 * scale,
             row_of[gpu] - 0.08,
