@@ -16,6 +16,7 @@ from .engine import DeadlockError
 from .loader import ScenarioError, dumps_toml, load_scenario, scenario_to_dict
 
 EXIT_USAGE = 2
+MAX_SCHEDULE_OPS = 1_000_000  # `stepsim schedule`: under a minute of simulation
 
 
 class _Parser(argparse.ArgumentParser):
@@ -230,6 +231,8 @@ def _schedule(args: argparse.Namespace) -> int:
         path = Path(args.schedule_file)
         try:
             text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ScenarioError(f"--schedule-file {str(path)!r}: {exc.strerror}") from None
         except UnicodeDecodeError:
             raise ScenarioError(f"--schedule-file {str(path)!r} is not UTF-8 text") from None
         try:
@@ -262,6 +265,12 @@ def _schedule(args: argparse.Namespace) -> int:
         for flag in ("--stages", "--microbatches"):
             if getattr(args, flag[2:]) is None:
                 raise ScenarioError(f"{flag} is required with --schedule or --compare")
+        ops = args.stages * args.microbatches * 3 * max(args.chunks or 2, 2)
+        if ops > MAX_SCHEDULE_OPS:
+            raise ScenarioError(
+                f"--stages={args.stages} x --microbatches={args.microbatches} means about "
+                f"{ops:,} ops, over the limit of {MAX_SCHEDULE_OPS:,}; use fewer"
+            )
         for name in names:
             if name not in SCHEDULES:
                 raise ScenarioError(f"schedule {name!r} is not one of: {', '.join(SCHEDULES)}")

@@ -87,13 +87,15 @@ def test_parse_accepts_commas_comments_and_rank_prefixes():
         ("F0 B0 F1 B1\nB0 F0 F1 B1", "rank 1: B0 comes before F0"),
         ("F0 Q1", "line 1: 'Q1' is not an op label"),
         ("# nothing\n", "no op orders found"),
+        (None, "No such file or directory"),
         # rank 0 waits for B0 before sending F1; rank 1 wants F1 before its B0
         ("F0 B0 F1 B1\nF0 F1 B0 B1", "the orders deadlock: rank 0 at B0 waits for B0 on rank 1"),
     ],
 )
 def test_bad_schedule_files_get_one_line(tmp_path, capsys, text, message):
     path = tmp_path / "bad.txt"
-    path.write_text(text)
+    if text is not None:
+        path.write_text(text)
     assert main(["schedule", "--schedule-file", str(path), "--forward", "1", "--backward", "1",
                  "--weight", "1"]) == 2  # fmt: skip
     err = capsys.readouterr().err
@@ -108,6 +110,7 @@ def test_bad_schedule_files_get_one_line(tmp_path, capsys, text, message):
         (["--schedule", "interleaved", "--microbatches", "6"], "multiple of the micro-batch"),
         (["--schedule", "1f1b", "--forward", "-1"], "--forward=-1.0 must be a finite number"),
         (["--schedule", "1f1b", "--stages", "0"], "--stages=0 must be between 1 and 100000"),
+        (["--schedule", "1f1b", "--stages", "1000", "--microbatches", "10000"], "over the limit"),
         (["--schedule", "zbv", "--weight", "1", "--chunks", "3", "--stages", "4"], None),
     ],
 )
