@@ -17,14 +17,22 @@ from collections.abc import Sequence
 
 from .pipeline import Step, parse_label, stage_of, step_label
 
-_RANK_PREFIX = re.compile(r"^\s*rank\s*\d+\s*:", re.IGNORECASE)
+_RANK_PREFIX = re.compile(r"^\s*rank\s*(\d+)\s*:", re.IGNORECASE)
 
 
 def parse_orders(text: str) -> list[list[Step]]:
     """Per-rank orders from text; ValueError naming the line and label if one is not an op."""
     orders = []
     for number, raw in enumerate(text.splitlines(), start=1):
-        line = _RANK_PREFIX.sub("", raw.split("#", 1)[0])
+        line = raw.split("#", 1)[0]
+        prefix = _RANK_PREFIX.match(line)
+        if prefix:
+            if int(prefix.group(1)) != len(orders):
+                raise ValueError(
+                    f"line {number}: 'rank {prefix.group(1)}:' where rank {len(orders)} is next "
+                    "(write the ranks in order, one line each)"
+                )
+            line = line[prefix.end() :]
         labels = [label for label in re.split(r"[\s,;]+", line) if label]
         if not labels:
             continue
@@ -55,6 +63,8 @@ def check_orders(orders: Sequence[Sequence[Step]], placement: str = "looped") ->
     """Raise ValueError (one line) unless every rank runs every op once, each after the
     ops it needs on its own rank, and the ranks together cannot deadlock."""
     p, m, v, split = sizes_of(orders)
+    if placement == "v" and v != 2:
+        raise ValueError(f"a V placement holds exactly 2 chunks per rank; the orders have {v}")
     kinds = ("F", "B", "W") if split else ("F", "B")
     for rank, order in enumerate(orders):
         seen: dict[Step, int] = {}

@@ -241,6 +241,11 @@ def _schedule(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise ScenarioError(f"--schedule-file {str(path)!r}: {exc}") from None
         p, m, v, split = sizes_of(orders)
+        if p * m * v * 3 > MAX_SCHEDULE_OPS:
+            raise ScenarioError(
+                f"--schedule-file {str(path)!r}: {p} ranks x {m} micro-batches x {v} chunks is "
+                f"over the limit of {MAX_SCHEDULE_OPS:,} ops"
+            )
         for flag, given, found in (
             ("--stages", args.stages, p),
             ("--microbatches", args.microbatches, m),
@@ -283,8 +288,13 @@ def _schedule(args: argparse.Namespace) -> int:
             v = 1
             if info.chunked:
                 v = 2 if info.placement == "v" or args.chunks is None else args.chunks
-            elif args.chunks not in (None, 1) and len(names) == 1:
-                raise ScenarioError(f"--chunks={args.chunks}: schedule {name!r} runs one chunk")
+            single = len(names) == 1  # with --compare, --chunks/--group-size apply where they can
+            if single and args.chunks not in (None, v):
+                raise ScenarioError(f"--chunks={args.chunks}: schedule {name!r} runs {v} chunks")
+            if single and args.group_size is not None and not info.grouped:
+                raise ScenarioError(
+                    f"--group-size={args.group_size}: schedule {name!r} takes no micro-batch group"
+                )
             group = args.group_size if info.grouped else None
             try:
                 studies.append(run_schedule(name, args.stages, args.microbatches, times, v, group))
@@ -320,8 +330,11 @@ def _op_times(args: argparse.Namespace, op_times):
     for flag, value in values.items():
         if not 0 <= value < float("inf"):
             raise ScenarioError(f"{flag}={value} must be a finite number >= 0")
-    if args.forward + args.backward + (args.weight or 0.0) <= 0:
+    total = args.forward + args.backward + (args.weight or 0.0)
+    if total <= 0:
         raise ScenarioError("--forward, --backward and --weight cannot all be 0")
+    if total > 1e12 or args.p2p_latency > 1e12:
+        raise ScenarioError("--forward, --backward, --weight and --p2p-latency must be <= 1e12")
     for flag in ("--stages", "--microbatches", "--chunks", "--group-size"):
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None and not 1 <= value <= 100_000:

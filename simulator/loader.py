@@ -473,6 +473,11 @@ def _build_training(
     p, v = parallel.pipeline_model_parallel_size, parallel.virtual_pipeline_model_parallel_size
     m = gbs // (mbs * dp)
     if custom is not None:
+        if group is not None:
+            raise ScenarioError(
+                f"training.microbatch_group_size_per_vp_stage={group} does not apply to "
+                "training.schedule='custom' (the file fixes the order)"
+            )
         path, orders = custom
         ranks, microbatches, chunks, _ = sizes_of(orders)
         for what, wanted, found in (
@@ -508,6 +513,11 @@ def _build_training(
         raise ScenarioError(
             f"parallel.virtual_pipeline_model_parallel_size={v} needs a schedule with chunks "
             f"({', '.join(chunked)}); training.schedule={schedule!r} runs one per stage"
+        )
+    if info.placement == "v" and v != 2:
+        raise ScenarioError(
+            f"parallel.virtual_pipeline_model_parallel_size={v} must be 2 for "
+            f"training.schedule={schedule!r} (two chunks in a V)"
         )
     if info.chunked and v < 2:
         raise ScenarioError(

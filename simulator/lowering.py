@@ -432,13 +432,13 @@ class _Gathers:
     def queue(self, n: int) -> None:
         if self.stage.side is None or n >= len(self.order):
             return
-        layer_done = ("layer", self.stage.stage, self.label, self.order[n - 2])
+        deps = [("layer", self.stage.stage, self.label, self.order[n - 2])] if n >= 2 else []
         self.keys[self.order[n]] = self.stage.shard_op(
             "all-gather",
             self.label,
             self.mb,
             self.order[n],
-            [layer_done] if n >= 2 else [],
+            deps,
             rest=self.rest and n == 0,
         )
 

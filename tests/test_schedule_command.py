@@ -88,6 +88,7 @@ def test_parse_accepts_commas_comments_and_rank_prefixes():
         ("F0 Q1", "line 1: 'Q1' is not an op label"),
         ("# nothing\n", "no op orders found"),
         (None, "No such file or directory"),
+        ("rank 1: F0 B0\nrank 0: F0 B0", "line 1: 'rank 1:' where rank 0 is next"),
         # rank 0 waits for B0 before sending F1; rank 1 wants F1 before its B0
         ("F0 B0 F1 B1\nF0 F1 B0 B1", "the orders deadlock: rank 0 at B0 waits for B0 on rank 1"),
     ],
@@ -111,7 +112,9 @@ def test_bad_schedule_files_get_one_line(tmp_path, capsys, text, message):
         (["--schedule", "1f1b", "--forward", "-1"], "--forward=-1.0 must be a finite number"),
         (["--schedule", "1f1b", "--stages", "0"], "--stages=0 must be between 1 and 100000"),
         (["--schedule", "1f1b", "--stages", "1000", "--microbatches", "10000"], "over the limit"),
-        (["--schedule", "zbv", "--weight", "1", "--chunks", "3", "--stages", "4"], None),
+        (["--schedule", "zbv", "--weight", "1", "--chunks", "3"], "schedule 'zbv' runs 2 chunks"),
+        (["--schedule", "zbh1", "--weight", "1", "--group-size", "4"], "takes no micro-batch"),
+        (["--schedule", "1f1b", "--forward", "1e308", "--backward", "1e308"], "must be <= 1e12"),
     ],
 )
 def test_bad_arguments_exit_2_with_the_rule(capsys, args, message):
@@ -119,9 +122,15 @@ def test_bad_arguments_exit_2_with_the_rule(capsys, args, message):
     for flag, value in zip(args[::2], args[1::2], strict=True):
         base[flag] = value
     argv = ["schedule"] + [x for pair in base.items() for x in pair]
-    if message is None:  # ZB-V always runs 2 chunks, whatever --chunks says
-        assert main(argv + ["--json"]) == 0
-        assert json.loads(capsys.readouterr().out)["v"] == 2
-        return
     assert main(argv) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_v_placement_needs_two_chunks(tmp_path, capsys):
+    path = tmp_path / "v3.txt"
+    path.write_text("F0.0 F0.1 F0.2 B0.2 B0.1 B0.0\nF0.0 F0.1 F0.2 B0.2 B0.1 B0.0\n")
+    args = ["schedule", "--schedule-file", str(path), "--placement", "v"]
+    assert main(args + ["--forward", "1", "--backward", "1"]) == 2
+    assert "a V placement holds exactly 2 chunks per rank; the orders have 3" in (
+        capsys.readouterr().err
+    )

@@ -187,6 +187,28 @@ def test_bad_schedule_settings_name_key_value_and_rule(training, parallel, messa
     assert message in str(info.value)
 
 
+@pytest.mark.parametrize("name", ["interleaved", "zbv"])
+def test_fsdp_with_one_layer_per_chunk(name):
+    s = load(
+        model={"num_layers": 4},
+        cluster={"gpus_per_node": 4, "nics_per_node": 4},
+        parallel={"pipeline_model_parallel_size": 2, "data_parallel_size": 2},
+        training={"global_batch_size": 8, "schedule": name, "data_parallel_sharding": "full"},
+    )
+    r = run(s).metrics
+    for stage in r["stages"]:
+        assert sum(stage["breakdown_s"].values()) == pytest.approx(r["iteration_time_s"])
+
+
+def test_zbv_needs_two_chunks_in_a_scenario():
+    with pytest.raises(ScenarioError, match="virtual_pipeline_model_parallel_size=4 must be 2"):
+        load(
+            model={"num_layers": 16},
+            parallel={"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 4},
+            training={"schedule": "zbv"},
+        )
+
+
 def test_group_size_key_reaches_the_schedule():
     r = run(_scenario("interleaved", microbatch_group_size_per_vp_stage=8))
     assert _passes(r, 0) == build("interleaved", P, M, 2, 8)[0]
