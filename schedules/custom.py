@@ -3,7 +3,8 @@
 The text has one line per pipeline rank, rank 0 first, each a list of op labels
 in the reference format (``F3``, ``B3``, ``W3``, ``F3.1`` for chunk 1),
 separated by spaces or commas; blank lines and ``#`` comments are skipped, and
-a leading ``rank N:`` is allowed. A CSV with one row per rank is the same text.
+a leading ``rank N:`` is allowed when N is the line's rank. A CSV with one row per
+rank is the same text.
 
 `check_orders` refuses orders that cannot run: an op missing or repeated, a
 backward before its forward, a weight gradient before its backward, or a
