@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from .pipeline import Step, parse_label, stage_of, step_label
+from .pipeline import Step, parse_label, step_label, upstream
 
 _RANK_PREFIX = re.compile(r"^\s*rank\s*(\d+)\s*:", re.IGNORECASE)
 
@@ -94,20 +94,8 @@ def _check_no_deadlock(orders: Sequence[Sequence[Step]], p: int, v: int, placeme
     """Run the orders with no times at all: each rank takes its next op once the op it
     waits for on another stage is done. Stuck with ops left means deadlock, whatever
     the op times."""
-    rank_of = {stage_of(r, k, p, placement): (r, k) for r in range(p) for k in range(v)}
-    last = p * v - 1
     done: set[tuple[int, Step]] = set()
     position = [0] * p
-
-    def waits_for(rank: int, step: Step) -> tuple[int, Step] | None:
-        if step.kind == "W":
-            return None
-        stage = stage_of(rank, step.chunk, p, placement)
-        other = stage - 1 if step.kind == "F" else stage + 1
-        if not 0 <= other <= last:
-            return None
-        other_rank, other_chunk = rank_of[other]
-        return other_rank, Step(step.kind, step.microbatch, other_chunk)
 
     progressed = True
     while progressed:
@@ -115,7 +103,7 @@ def _check_no_deadlock(orders: Sequence[Sequence[Step]], p: int, v: int, placeme
         for rank, order in enumerate(orders):
             while position[rank] < len(order):
                 step = order[position[rank]]
-                need = waits_for(rank, step)
+                need = upstream(rank, step, p, v, placement)
                 if need is not None and need not in done:
                     break
                 done.add((rank, step))
@@ -131,7 +119,7 @@ def _check_no_deadlock(orders: Sequence[Sequence[Step]], p: int, v: int, placeme
             f"rank {rank} at {step_label(step, v)} waits for "
             f"{step_label(need[1], v)} on rank {need[0]}"
             for rank, step in stuck[:4]
-            for need in [waits_for(rank, step)]
+            for need in [upstream(rank, step, p, v, placement)]
         )
         more = f" (and {len(stuck) - 4} more ranks)" if len(stuck) > 4 else ""
         raise ValueError(f"the orders deadlock: {shown}{more}")

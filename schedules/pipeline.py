@@ -202,7 +202,6 @@ def zbv(p: int, m: int, v: int = 2, group_size: int | None = None) -> list[list[
     in half-size chunks).
     """
     last_stage = 2 * p - 1
-    rank_of = {stage_of(r, k, p, "v"): r for r in range(p) for k in (0, 1)}
     orders: list[list[Step]] = [[] for _ in range(p)]
     finished: dict[tuple[int, Step], int] = {}  # (rank, step) -> end time step
     next_mb = [{(kind, k): 0 for kind in "FB" for k in (0, 1)} for _ in range(p)]
@@ -215,14 +214,9 @@ def zbv(p: int, m: int, v: int = 2, group_size: int | None = None) -> list[list[
         """The op (rank, step) that ``step`` on ``rank`` waits for."""
         if step.kind == "W":
             return rank, Step("B", step.microbatch, step.chunk)
-        stage = stage_of(rank, step.chunk, p, "v")
-        other = stage - 1 if step.kind == "F" else stage + 1
-        if step.kind == "B" and stage == last_stage:
+        if step.kind == "B" and stage_of(rank, step.chunk, p, "v") == last_stage:
             return rank, Step("F", step.microbatch, step.chunk)
-        if not 0 <= other <= last_stage:
-            return None
-        chunk = 0 if other < p else 1
-        return rank_of[other], Step(step.kind, step.microbatch, chunk)
+        return upstream(rank, step, p, 2, "v")
 
     def ready(rank: int, step: Step, now: int) -> bool:
         dep = source(rank, step)
@@ -337,6 +331,29 @@ def build(name: str, p: int, m: int, v: int = 1, group_size: int | None = None) 
     if problem:
         raise ValueError(problem)
     return SCHEDULES[name].build(p, m, v, group_size)
+
+
+def upstream(
+    rank: int, step: Step, num_ranks: int, num_chunks: int, placement: str = "looped"
+) -> tuple[int, Step] | None:
+    """The op on a neighbouring stage that ``step`` needs, as (rank, step): a forward
+    waits for the forward on the stage before, a backward for the backward on the
+    stage after. None for W and at the pipeline's ends."""
+    if step.kind == "W":
+        return None
+    stage = stage_of(rank, step.chunk, num_ranks, placement)
+    other = stage - 1 if step.kind == "F" else stage + 1
+    if not 0 <= other < num_ranks * num_chunks:
+        return None
+    other_rank, other_chunk = holder_of(other, num_ranks, placement)
+    return other_rank, Step(step.kind, step.microbatch, other_chunk)
+
+
+def holder_of(stage: int, num_ranks: int, placement: str = "looped") -> tuple[int, int]:
+    """(rank, chunk) holding a virtual stage: the inverse of `stage_of`."""
+    if placement == "v":
+        return (stage, 0) if stage < num_ranks else (2 * num_ranks - 1 - stage, 1)
+    return stage % num_ranks, stage // num_ranks
 
 
 def stage_of(rank: int, chunk: int, num_ranks: int, placement: str = "looped") -> int:

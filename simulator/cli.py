@@ -13,7 +13,13 @@ from pathlib import Path
 
 from . import __version__
 from .engine import DeadlockError
-from .loader import ScenarioError, dumps_toml, load_scenario, scenario_to_dict
+from .loader import (
+    ScenarioError,
+    dumps_toml,
+    load_scenario,
+    read_schedule_file,
+    scenario_to_dict,
+)
 
 EXIT_USAGE = 2
 MAX_SCHEDULE_OPS = 1_000_000  # `stepsim schedule`: under a minute of simulation
@@ -220,26 +226,16 @@ def _topology(args: argparse.Namespace) -> int:
 
 def _schedule(args: argparse.Namespace) -> int:
     from schedules import SCHEDULES
-    from schedules.custom import check_orders, parse_orders, sizes_of
+    from schedules.custom import sizes_of
 
-    from .bubble import OpTimes, run_orders, run_schedule
+    from .bubble import run_orders, run_schedule
     from .output import study_text, study_trace
 
-    times = _op_times(args, OpTimes)
+    times = _op_times(args)
     studies = []
     if args.schedule_file:
         path = Path(args.schedule_file)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise ScenarioError(f"--schedule-file {str(path)!r}: {exc.strerror}") from None
-        except UnicodeDecodeError:
-            raise ScenarioError(f"--schedule-file {str(path)!r} is not UTF-8 text") from None
-        try:
-            orders = parse_orders(text)
-            check_orders(orders, args.placement)
-        except ValueError as exc:
-            raise ScenarioError(f"--schedule-file {str(path)!r}: {exc}") from None
+        orders = read_schedule_file(path, f"--schedule-file {str(path)!r}", args.placement)
         p, m, v, split = sizes_of(orders)
         if p * m * v * 3 > MAX_SCHEDULE_OPS:
             raise ScenarioError(
@@ -320,7 +316,9 @@ def _schedule(args: argparse.Namespace) -> int:
     return 0
 
 
-def _op_times(args: argparse.Namespace, op_times):
+def _op_times(args: argparse.Namespace):
+    from .bubble import OpTimes
+
     values = {
         "--forward": args.forward,
         "--backward": args.backward,
@@ -339,7 +337,7 @@ def _op_times(args: argparse.Namespace, op_times):
         value = getattr(args, flag[2:].replace("-", "_"))
         if value is not None and not 1 <= value <= 100_000:
             raise ScenarioError(f"{flag}={value} must be between 1 and 100000")
-    return op_times(
+    return OpTimes(
         forward=args.forward,
         backward=args.backward,
         weight=args.weight or 0.0,

@@ -439,20 +439,26 @@ def _read_custom_schedule(
     path = Path(file)
     if not path.is_absolute() and base_dir is not None:
         path = base_dir / path
+    placement = table.get("schedule_placement", "looped")
+    orders = read_schedule_file(path, f"training.schedule_file={file!r}", placement)
+    return str(path.resolve()), orders
+
+
+def read_schedule_file(path: Path, name: str, placement: str) -> list[list[Step]]:
+    """Per-rank op orders from a file, checked (schedules.custom); ``name`` is how the
+    one-line ScenarioError refers to the file (the key or the CLI flag)."""
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ScenarioError(
-            f"training.schedule_file={file!r}: cannot read: {exc.strerror}"
-        ) from None
+        raise ScenarioError(f"{name}: cannot read: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise ScenarioError(f"training.schedule_file={file!r} is not UTF-8 text") from None
+        raise ScenarioError(f"{name} is not UTF-8 text") from None
     try:
         orders = parse_orders(text)
-        check_orders(orders, table.get("schedule_placement", "looped"))
+        check_orders(orders, placement)
     except ValueError as exc:
-        raise ScenarioError(f"training.schedule_file={file!r}: {exc}") from None
-    return str(path.resolve()), orders
+        raise ScenarioError(f"{name}: {exc}") from None
+    return orders
 
 
 def _build_training(

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schedules import Step, peak_inflight, stage_of, step_label
+from schedules import Step, holder_of, peak_inflight, stage_of, step_label
 from schedules import build as build_schedule
 
 from . import collectives
@@ -161,7 +161,7 @@ class _Stage:
         placement = scenario.training.placement
         self.split = scenario.training.split_backward
         self.virtual = [stage_of(stage, k, p, placement) for k in range(v)]
-        self.rank_of = {stage_of(r, k, p, placement): r for r in range(p) for k in range(v)}
+        self.placement = placement
         self.layers_per_chunk = scenario.model.num_layers // (p * v)
         self.sequence_parallel = scenario.parallel.sequence_parallel
         self.recompute = scenario.training.recompute_granularity
@@ -211,7 +211,7 @@ class _Stage:
         """Make this pass's output available to virtual stage ``to``: a pipeline send, or
         nothing but a name when this rank holds that stage too."""
         key = ("pp", virtual, kind, mb)
-        other = self.rank_of[to]
+        other = holder_of(to, self.layout.pipeline, self.placement)[0]
         if other == self.stage:
             self.b.name_last(self.lane, key)
             return

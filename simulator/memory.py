@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedules import stage_of
+from schedules import holder_of
 
 from .spec import Scenario
 from .units import bytes_to_gib
@@ -46,7 +46,7 @@ def output_rank(scenario: Scenario) -> int:
     p = scenario.parallel.pipeline_model_parallel_size
     v = scenario.parallel.virtual_pipeline_model_parallel_size
     placement = scenario.training.placement
-    return next(r for r in range(p) if stage_of(r, v - 1, p, placement) == p * v - 1)
+    return holder_of(p * v - 1, p, placement)[0]
 
 
 def stage_params_per_rank(scenario: Scenario, stage: int) -> float:

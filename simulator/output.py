@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .metrics import BREAKDOWN_KEYS, compute_lanes
 from .run import Result
+from .workload import BACKWARD, FORWARD, WEIGHT
 
 STREAM_ORDER = {"compute": 0, "pp": 1, "dp": 2, "tp": 3}
 
@@ -332,7 +333,7 @@ def study_trace(studies: list, time_unit_us: float = 1000.0) -> dict:
                 }
             )
         for span in study.trace.spans:
-            if span.kind not in ("forward", "backward", "weight"):
+            if span.kind not in (FORWARD, BACKWARD, WEIGHT):
                 continue  # the gaps are the bubble
             events.append(
                 {

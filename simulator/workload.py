@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from schedules import Step, stage_of, step_label
+from schedules import Step, holder_of, stage_of, step_label
 
 from .collectives import Transfer, delay
 
@@ -151,10 +151,10 @@ def abstract_pipeline(
     builder = WorkloadBuilder()
     num_ranks = len(orders)
     num_stages = num_ranks * num_chunks
-    rank_of = {}
-    for rank in range(num_ranks):
-        for chunk in range(num_chunks):
-            rank_of[stage_of(rank, chunk, num_ranks, placement)] = rank
+
+    def rank_of(stage: int) -> int:
+        return holder_of(stage, num_ranks, placement)[0]
+
     hop = delay(p2p_latency_s)
     duration = {"F": forward_s, "B": backward_s, "W": weight_s}
     kind_of = {"F": FORWARD, "B": BACKWARD, "W": WEIGHT}
@@ -166,7 +166,7 @@ def abstract_pipeline(
             if step.kind != "W":
                 source = stage - 1 if step.kind == "F" else stage + 1
                 if 0 <= source < num_stages:
-                    same = rank_of[source] == rank
+                    same = rank_of(source) == rank
                     deps.append(("op" if same else "pp", source, step.kind, step.microbatch))
             builder.add(
                 lane,
@@ -180,7 +180,7 @@ def abstract_pipeline(
             if step.kind == "W":
                 continue
             target = stage + 1 if step.kind == "F" else stage - 1
-            if 0 <= target < num_stages and rank_of[target] != rank:
+            if 0 <= target < num_stages and rank_of(target) != rank:
                 builder.add(
                     lane,
                     PP_SEND,

@@ -183,6 +183,16 @@ def test_bad_sizes_are_refused_with_the_rule():
         build("zigzag", 4, 8)
 
 
+@pytest.mark.parametrize("placement", ["looped", "v"])
+def test_holder_of_inverts_stage_of(placement):
+    from schedules import holder_of
+
+    p, v = 5, 2
+    for rank in range(p):
+        for chunk in range(v):
+            assert holder_of(stage_of(rank, chunk, p, placement), p, placement) == (rank, chunk)
+
+
 def test_labels_round_trip():
     from schedules import parse_label
 
