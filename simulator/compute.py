@@ -1,51 +1,95 @@
 """How long a GPT block's kernels take on one GPU, and how many FLOPs they do.
 
 One transformer layer is two blocks, each ending in a tensor-parallel
-all-reduce (Megatron-LM's f/g operators):
+all-reduce (Megatron-LM's f/g operators), and each block is its kernels, as
+Megatron-LM runs them (fused softmax, fused bias-GeLU, fused
+bias-dropout-add; no flash attention):
 
-- attention block: layernorm, QKV GEMM, scores (Q K^T), softmax + mask +
-  dropout, probabilities x V, output projection, bias-dropout-add;
-- MLP block: layernorm, h -> ffn GEMM, bias-GeLU, ffn -> h GEMM,
-  bias-dropout-add.
+- attention: layernorm, QKV GEMM, scores Q K^T (batched GEMM), scale + mask +
+  softmax, attention dropout, probabilities x V (batched GEMM), output
+  projection GEMM, bias-dropout-add;
+- MLP: layernorm, h -> ffn GEMM, bias-GeLU, ffn -> h GEMM, bias-dropout-add.
 
-GEMM time is FLOPs / (peak x efficiency); element-wise kernels are memory
-bound: bytes moved / (HBM bandwidth x efficiency). Backward GEMMs do twice the
-forward FLOPs (input and weight gradients). The first stage adds the
-embedding, the last the output layer (logits) and cross-entropy.
+Tensor parallelism shards the GEMMs by heads / ffn columns; layernorm, dropout
+and the residual are sharded only under sequence parallelism.
 
-Zero-bubble schedules split each backward into B (input gradients) and W
-(weight gradients). W is one GEMM per weight GEMM of the forward, with the
-same FLOPs (QKV, output projection, both MLP GEMMs; the logits GEMM; the
-embedding's scatter-add); B is the rest: the input-gradient GEMMs, the
-attention core's backward and every element-wise kernel.
+A GEMM's time is a roofline: FLOPs / (peak x efficiency) or, if longer, its
+operands' bytes / HBM bandwidth. The efficiency depends on the shape (see
+``KernelConstants``): output tiles that overhang the matrix (tile
+quantization), a last wave of tiles that leaves SMs idle (wave quantization),
+and a short inner dimension that cannot hide each tile's fixed prologue and
+epilogue. Element-wise kernels are memory bound: bytes / (HBM bandwidth x
+efficiency).
 
-The efficiencies are a first, deliberately simple model; see EFFICIENCY.
+The backward of a GEMM Y = X W is two GEMMs, dX = dY W^T (B, the input
+gradient) and dW = X^T dY (W, the weight gradient), each with its own shape.
+Zero-bubble schedules run them apart; everything else in a backward (the
+attention core's gradients and every element-wise backward) belongs to B.
+
+The first stage adds the embedding, the one holding the last virtual stage the
+final layernorm, logits GEMM and cross-entropy; the optimizer step (mixed
+precision Adam) is memory bound.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from .spec import ModelSpec, ParallelConfig, Scenario, TrainingConfig
+from .spec import KernelConstants, ModelSpec, ParallelConfig, Scenario, TrainingConfig
 from .units import gbytes_per_s_to_bytes_per_s, tflops_to_flops_per_s
 
 BYTES_PER_ELEMENT = 2  # fp16 / bf16 activations and weights
-
-# Fraction of peak reached, one value for every GPU for now.
-# gemm: large transformer GEMMs on A100 reach ~70-80 % of the tensor peak; 0.72 puts
-#   the forward pass of one 22B layer (8 x A100, TP 8, Korthikanti et al. 2022
-#   Table 4, row D13 of the calibration set) at 7.6 ms against 7.7 ms measured.
-# memory: element-wise kernels stream at ~80 % of the HBM datasheet bandwidth.
-# A later calibration replaces these with per-GPU, shape-dependent values.
-EFFICIENCY = {"gemm": 0.72, "memory": 0.80}
+MASK_BYTES = 1  # a dropout mask element (Megatron-LM keeps it as bytes)
 
 # Adam with fp32 master weights reads and writes params, m, v (3 x 8 bytes), reads
 # the fp32 gradient (4) and writes the fp16 weights (2): ~30 bytes, 32 with zeroing.
 OPTIMIZER_BYTES_PER_PARAM = 32.0
-# Embedding lookup + position add + dropout, per output element (read, write, mask).
-EMBEDDING_BYTES_PER_ELEMENT = 8.0
-# Cross-entropy over fp32 logits: read logits, write softmax, read again for the loss.
+# Embedding lookup + position add + dropout, per output element: read the word and
+# position rows, write the sum, write the mask and the dropped-out result.
+EMBEDDING_BYTES_PER_ELEMENT = 9.0
+# Cross-entropy over fp32 logits: the logits read once for the max, once for the
+# sum of exponentials (the softmax is written in place, 4 + 4 + 4); its backward
+# reads the softmax and writes the fp16 gradient (4 + 2).
 CROSS_ENTROPY_BYTES_PER_LOGIT = 12.0
+CROSS_ENTROPY_BACKWARD_BYTES_PER_LOGIT = 6.0
+
+# Per-GPU kernel constants: the only numbers of the compute model that are not
+# shapes or datasheet values. One entry per GPU preset.
+#
+# num_sms: the datasheets (V100 80, A100 108, H100 SXM5 132, H200 132).
+# tile_m x tile_n: the output tile of the fp16 tensor-core GEMM kernels cuBLAS
+#   picks for large transformer shapes on Volta..Hopper (256 x 128; CUTLASS's
+#   largest default threadblock tile).
+# gemm_efficiency, gemm_k_half, memory_efficiency: fitted once for the A100 on
+#   the calibration set (Narayanan et al. 2021 Table 1 and Korthikanti et al.
+#   2022 Table 4, both measured on DGX A100 80 GB), by benchmarks/calibrate.py,
+#   one set for all rows; docs/validation.md shows the fit and what remains.
+#   The other GPUs carry the A100's fractions over: uncalibrated until someone
+#   measures them (benchmarks/measure_kernels.py writes a file for --calibration).
+_A100_FIT = {"gemm_efficiency": 0.80, "gemm_k_half": 24.0, "memory_efficiency": 0.80}
+_SOURCE_FIT = "fit on the A100 calibration set (benchmarks/calibrate.py)"
+_SOURCE_CARRIED = (
+    "A100 fractions carried over, uncalibrated (measure: benchmarks/measure_kernels.py)"
+)
+KERNEL_CONSTANTS: dict[str, KernelConstants] = {
+    name: KernelConstants(
+        gpu=name,
+        num_sms=sms,
+        tile_m=256,
+        tile_n=128,
+        source=_SOURCE_FIT if name.startswith("a100") else _SOURCE_CARRIED,
+        **_A100_FIT,
+    )
+    for name, sms in (
+        ("v100-sxm2-32gb", 80),
+        ("a100-sxm4-40gb", 108),
+        ("a100-sxm4-80gb", 108),
+        ("h100-sxm5-80gb", 132),
+        ("h200-sxm-141gb", 132),
+    )
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,13 +109,30 @@ class Work:
         return Work(duration_s=self.duration_s * factor, flops=self.flops * factor)
 
 
+ZERO = Work(duration_s=0.0, flops=0.0)
+
+
+class Kernel(NamedTuple):
+    """One kernel of a layer: which block and pass it belongs to, and its work.
+
+    ``part`` is "forward", "input" (backward, input gradient: B) or "weight"
+    (backward, weight gradient: W); ``core`` marks the attention core, which
+    selective recomputation repeats."""
+
+    block: str  # "attention" or "mlp"
+    part: str
+    name: str
+    work: Work
+    core: bool = False
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayerWork:
     """One layer on one tensor-parallel rank, for one micro-batch."""
 
     attention_forward: Work
     mlp_forward: Work
-    attention_backward: Work
+    attention_backward: Work  # input and weight gradients together
     mlp_backward: Work
     attention_core_forward: Work  # what selective recomputation repeats
     attention_weight: Work  # the weight-gradient part of attention_backward
@@ -88,6 +149,32 @@ class StageExtras:
     output_weight: Work
 
 
+def constants_for(scenario: Scenario) -> KernelConstants:
+    """The scenario's own calibration, or the table's entry for its GPU."""
+    if scenario.calibration is not None:
+        return scenario.calibration
+    return KERNEL_CONSTANTS[scenario.cluster.gpu.name]
+
+
+def gemm_efficiency(c: KernelConstants, m: float, n: float, k: float, batch: int = 1) -> float:
+    """Fraction of the tensor peak a (batched) m x n x k GEMM reaches.
+
+    Tiles that overhang the matrix compute padding; the last wave of tiles may leave
+    SMs idle; each tile pays a fixed cost worth ``gemm_k_half`` of inner dimension.
+    When there are too few tiles to fill the GPU the inner dimension is split across
+    SMs (cuBLAS's split-K) as far as that helps: more tiles, each with a shorter k."""
+    tiles_m, tiles_n = math.ceil(m / c.tile_m), math.ceil(n / c.tile_n)
+    tile = (m * n) / (tiles_m * c.tile_m * tiles_n * c.tile_n)
+    tiles = batch * tiles_m * tiles_n
+    best = 0.0
+    for splits in range(1, max(1, min(c.num_sms // tiles, int(k) // 16)) + 1):
+        total = tiles * splits
+        wave = total / (math.ceil(total / c.num_sms) * c.num_sms)
+        depth = k / splits
+        best = max(best, wave * depth / (depth + c.gemm_k_half))
+    return c.gemm_efficiency * tile * best
+
+
 class ComputeModel:
     """Kernel times for one scenario's shapes on its GPU."""
 
@@ -96,16 +183,29 @@ class ComputeModel:
         self.model: ModelSpec = scenario.model
         self.parallel: ParallelConfig = scenario.parallel
         self.training: TrainingConfig = scenario.training
-        self._flops_per_s = tflops_to_flops_per_s(gpu.peak_tflops) * EFFICIENCY["gemm"]
-        self._bytes_per_s = gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s) * EFFICIENCY["memory"]
+        self.constants = constants_for(scenario)
+        self._peak_flops_per_s = tflops_to_flops_per_s(gpu.peak_tflops)
+        self._hbm_bytes_per_s = gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s)
+        self._stream_bytes_per_s = self._hbm_bytes_per_s * self.constants.memory_efficiency
 
-    def gemm(self, flops: float) -> Work:
-        return Work(duration_s=flops / self._flops_per_s, flops=flops)
+    # -- kernels ------------------------------------------------------------------------
+
+    def gemm(self, m: float, n: float, k: float, batch: int = 1) -> Work:
+        """An m x k by k x n GEMM (``batch`` of them): the slower of its FLOPs at the
+        shape's efficiency and its operands' bytes at the HBM streaming rate."""
+        flops = 2.0 * batch * m * n * k
+        compute_s = flops / (
+            self._peak_flops_per_s * gemm_efficiency(self.constants, m, n, k, batch)
+        )
+        memory_s = BYTES_PER_ELEMENT * batch * (m * k + k * n + m * n) / self._stream_bytes_per_s
+        return Work(duration_s=max(compute_s, memory_s), flops=flops)
 
     def memory_bound(self, num_bytes: float) -> Work:
-        return Work(duration_s=num_bytes / self._bytes_per_s, flops=0.0)
+        return Work(duration_s=num_bytes / self._stream_bytes_per_s, flops=0.0)
 
-    def layer(self) -> LayerWork:
+    def kernels(self) -> list[Kernel]:
+        """One layer's kernels on one tensor-parallel rank, forward then backward
+        (backward in execution order: MLP first)."""
         m, t = self.model, self.parallel.tensor_model_parallel_size
         b, s, h, f, a = (
             self.training.micro_batch_size,
@@ -114,64 +214,117 @@ class ComputeModel:
             m.ffn_hidden_size,
             m.num_attention_heads,
         )
-        # Layernorm, dropout and residual work is split across TP ranks only
-        # under sequence parallelism; the rest is sharded by heads / ffn columns.
-        sp = t if self.parallel.sequence_parallel else 1
-        e = BYTES_PER_ELEMENT
-        bsh = b * s * h
-        scores = b * a * s * s / t  # elements of the attention score matrix per rank
+        e, mask = BYTES_PER_ELEMENT, MASK_BYTES
+        tokens = b * s
+        head = h // a
+        heads = b * a // t  # batched attention GEMMs per rank
+        # layernorm, dropout and residual elements per rank (sharded only under SP)
+        hidden = tokens * h / (t if self.parallel.sequence_parallel else 1)
+        scores = heads * s * s  # attention score elements per rank
+        ffn = tokens * f / t
+        g, mem = self.gemm, self.memory_bound
 
-        attention_core = (
-            self.gemm(2 * b * s * s * h / t)  # Q K^T
-            + self.memory_bound(e * scores * 4.5)  # softmax+mask r/w, dropout r/w + mask
-            + self.gemm(2 * b * s * s * h / t)  # probabilities x V
-        )
-        attention_weights = self.gemm(2 * bsh * 3 * h / t) + self.gemm(2 * bsh * h / t)
-        attention = (
-            self.memory_bound(e * 2 * bsh / sp)  # layernorm read + write
-            + self.gemm(2 * bsh * 3 * h / t)  # QKV
-            + attention_core
-            + self.gemm(2 * bsh * h / t)  # output projection
-            + self.memory_bound(e * 3.5 * bsh / sp)  # bias-dropout-add
-        )
-        mlp_weights = self.gemm(2 * bsh * f / t) + self.gemm(2 * bsh * f / t)
-        mlp = (
-            self.memory_bound(e * 2 * bsh / sp)  # layernorm
-            + self.gemm(2 * bsh * f / t)  # h -> ffn
-            + self.memory_bound(e * 2 * b * s * f / t)  # bias-GeLU read + write
-            + self.gemm(2 * bsh * f / t)  # ffn -> h
-            + self.memory_bound(e * 3.5 * bsh / sp)  # bias-dropout-add
-        )
-        # Backward: two GEMMs per forward GEMM, and element-wise kernels read the
-        # saved input and the incoming gradient and write a gradient (~2x bytes).
+        def linear(block: str, name: str, k_in: int, n_out: int) -> list[Kernel]:
+            """Y[tokens, n_out] = X[tokens, k_in] W: forward, input and weight gradients."""
+            return [
+                Kernel(block, "forward", name, g(tokens, n_out, k_in)),
+                Kernel(block, "input", name + " dX", g(tokens, k_in, n_out)),
+                Kernel(block, "weight", name + " dW", g(k_in, n_out, tokens)),
+            ]
+
+        qkv = linear("attention", "QKV", h, 3 * h // t)
+        proj = linear("attention", "projection", h // t, h)
+        fc1 = linear("mlp", "fc1", h, f // t)
+        fc2 = linear("mlp", "fc2", f // t, h)
+        forward = [
+            Kernel("attention", "forward", "layernorm", mem(2 * e * hidden)),
+            qkv[0],
+            Kernel("attention", "forward", "scores", g(s, s, head, heads), core=True),
+            Kernel("attention", "forward", "softmax", mem(2 * e * scores), core=True),
+            Kernel("attention", "forward", "dropout", mem((2 * e + mask) * scores), core=True),
+            Kernel("attention", "forward", "context", g(s, head, s, heads), core=True),
+            proj[0],
+            Kernel("attention", "forward", "bias-dropout-add", mem((3 * e + mask) * hidden)),
+            Kernel("mlp", "forward", "layernorm", mem(2 * e * hidden)),
+            fc1[0],
+            Kernel("mlp", "forward", "bias-gelu", mem(2 * e * ffn)),
+            fc2[0],
+            Kernel("mlp", "forward", "bias-dropout-add", mem((3 * e + mask) * hidden)),
+        ]
+        # Backward element-wise kernels read what they saved and the incoming gradient
+        # and write a gradient; a layernorm's backward also adds the residual branch.
+        backward = [
+            Kernel("mlp", "input", "bias-dropout-add", mem((2 * e + mask) * hidden)),
+            fc2[1],
+            fc2[2],
+            Kernel("mlp", "input", "bias-gelu", mem(3 * e * ffn)),
+            fc1[1],
+            fc1[2],
+            Kernel("mlp", "input", "layernorm", mem(4 * e * hidden)),
+            Kernel("attention", "input", "bias-dropout-add", mem((2 * e + mask) * hidden)),
+            proj[1],
+            proj[2],
+            Kernel("attention", "input", "context dP", g(s, s, head, heads)),
+            Kernel("attention", "input", "context dV", g(s, head, s, heads)),
+            Kernel("attention", "input", "dropout", mem((2 * e + mask) * scores)),
+            Kernel("attention", "input", "softmax", mem(3 * e * scores)),
+            Kernel("attention", "input", "scores dQ", g(s, head, s, heads)),
+            Kernel("attention", "input", "scores dK", g(s, head, s, heads)),
+            qkv[1],
+            qkv[2],
+            Kernel("attention", "input", "layernorm", mem(4 * e * hidden)),
+        ]
+        return forward + backward
+
+    # -- what the lowering uses ---------------------------------------------------------
+
+    def layer(self) -> LayerWork:
+        kernels = self.kernels()
+
+        def total(block: str, parts: tuple[str, ...], core_only: bool = False) -> Work:
+            work = ZERO
+            for kernel in kernels:
+                if (
+                    kernel.block == block
+                    and kernel.part in parts
+                    and (kernel.core or not core_only)
+                ):
+                    work = work + kernel.work
+            return work
+
         return LayerWork(
-            attention_forward=attention,
-            mlp_forward=mlp,
-            attention_backward=attention.scaled(2.0),
-            mlp_backward=mlp.scaled(2.0),
-            attention_core_forward=attention_core,
-            attention_weight=attention_weights,
-            mlp_weight=mlp_weights,
+            attention_forward=total("attention", ("forward",)),
+            mlp_forward=total("mlp", ("forward",)),
+            attention_backward=total("attention", ("input", "weight")),
+            mlp_backward=total("mlp", ("input", "weight")),
+            attention_core_forward=total("attention", ("forward",), core_only=True),
+            attention_weight=total("attention", ("weight",)),
+            mlp_weight=total("mlp", ("weight",)),
         )
 
     def extras(self) -> StageExtras:
         m, t = self.model, self.parallel.tensor_model_parallel_size
         b, s, h, v = self.training.micro_batch_size, m.seq_length, m.hidden_size, m.vocab_size
-        bsh = b * s * h
-        embedding = self.memory_bound(EMBEDDING_BYTES_PER_ELEMENT * bsh)
-        logits = self.gemm(2 * bsh * v / t)
-        output = (
-            self.memory_bound(BYTES_PER_ELEMENT * 2 * bsh)  # final layernorm
-            + logits
-            + self.memory_bound(CROSS_ENTROPY_BYTES_PER_LOGIT * b * s * v / t)
-        )
+        tokens, e = b * s, BYTES_PER_ELEMENT
+        logits = tokens * v / t  # vocabulary-parallel: each rank its slice
+        embedding = self.memory_bound(EMBEDDING_BYTES_PER_ELEMENT * tokens * h)
+        # the embedding's gradient is a scatter-add of the incoming gradient into the
+        # table's rows: read it (2) and read-modify-write the fp32 rows (8)
+        embedding_weight = self.memory_bound(10.0 * tokens * h)
+        output_weight = self.gemm(h, v / t, tokens)  # dW of the logits GEMM
         return StageExtras(
             embedding_forward=embedding,
-            embedding_backward=embedding.scaled(2.0),
-            output_forward=output,
-            output_backward=output.scaled(2.0),
-            embedding_weight=embedding.scaled(2.0),  # the token ids need no gradient
-            output_weight=logits,
+            embedding_backward=embedding_weight
+            + self.memory_bound((2 * e + MASK_BYTES) * tokens * h),  # dropout backward
+            output_forward=self.memory_bound(2 * e * tokens * h)  # final layernorm
+            + self.gemm(tokens, v / t, h)
+            + self.memory_bound(CROSS_ENTROPY_BYTES_PER_LOGIT * logits),
+            output_backward=self.memory_bound(CROSS_ENTROPY_BACKWARD_BYTES_PER_LOGIT * logits)
+            + self.gemm(tokens, h, v / t)
+            + output_weight
+            + self.memory_bound(4 * e * tokens * h),  # final layernorm backward
+            embedding_weight=embedding_weight,
+            output_weight=output_weight,
         )
 
     def optimizer(self, num_params: float) -> Work:

@@ -229,6 +229,8 @@ def topology_text(scenario, summary: dict) -> str:
         + f" = {summary['num_gpus']} GPUs, {summary['num_nics']} NICs of {cl.nic_gbps:g} Gb/s",
         f"  inside a node: {cl.nvlink_topology}, {cl.nvlink_gbytes_per_s:g} GB/s NVLink per GPU "
         f"per direction; GPU-NIC over PCIe at {cl.pcie_gbytes_per_s:g} GB/s",
+        f"  links run at what NCCL reaches of the line rate: NVLink "
+        f"{cl.nvlink_efficiency:.0%}, NICs {cl.nic_efficiency:.0%} (the figures below)",
         f"  fabric: {cl.fabric}"
         + (
             ""

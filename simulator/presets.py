@@ -43,6 +43,18 @@ _LATENCIES = {
     "collective_base_latency_us": 6.0,
 }
 
+# What NCCL reaches of the line rate: measured all-reduce bus bandwidth (which a
+# ring over the links would make equal to the per-direction link rate) divided by
+# that rate; NVIDIA GTC24 talk S62129, copied in docs/reference.md:
+# DGX A100 232 GB/s in a node over 300, 192 GB/s between nodes over 8 x 25;
+# DGX H100 370 over 450, 380 over 8 x 50; V100 NVLink 2 node 122 over 150;
+# one 200/400 Gb/s NIC 24/48 GB/s over 25/50 (used for the V100 nodes' NICs).
+_EFFICIENCY = {
+    "a100": {"nvlink_efficiency": 232 / 300, "nic_efficiency": 192 / 200},
+    "h100": {"nvlink_efficiency": 370 / 450, "nic_efficiency": 380 / 400},
+    "v100": {"nvlink_efficiency": 122 / 150, "nic_efficiency": 24 / 25},
+}
+
 # NVLink figures are per GPU and per direction (the datasheets quote both
 # directions together: 300 / 600 / 900 GB/s). PCIe: Gen3 x16 ~16 GB/s,
 # Gen4 x16 ~32 GB/s, Gen5 x16 ~64 GB/s per direction (nominal).
@@ -55,6 +67,7 @@ NODES: dict[str, dict[str, object]] = {
         "nic_gbps": 200.0,
         "nvlink_gbytes_per_s": 300.0,
         "pcie_gbytes_per_s": 32.0,
+        **_EFFICIENCY["a100"],
         **_LATENCIES,
     },
     # DGX H100: 8 x H100 SXM5, NVLink 4, 8 x ConnectX-7 NDR 400 Gb/s.
@@ -65,6 +78,7 @@ NODES: dict[str, dict[str, object]] = {
         "nic_gbps": 400.0,
         "nvlink_gbytes_per_s": 450.0,
         "pcie_gbytes_per_s": 64.0,
+        **_EFFICIENCY["h100"],
         **_LATENCIES,
     },
     # DGX H200: as DGX H100 with H200 GPUs.
@@ -75,6 +89,7 @@ NODES: dict[str, dict[str, object]] = {
         "nic_gbps": 400.0,
         "nvlink_gbytes_per_s": 450.0,
         "pcie_gbytes_per_s": 64.0,
+        **_EFFICIENCY["h100"],
         **_LATENCIES,
     },
     # Jean Zay V100 node (BigScience): 4 x V100 SXM2 32 GB, 400 Gb/s theoretical
@@ -90,6 +105,7 @@ NODES: dict[str, dict[str, object]] = {
         "nvlink_gbytes_per_s": 150.0,
         "nvlink_topology": "all-to-all",
         "pcie_gbytes_per_s": 16.0,
+        **_EFFICIENCY["v100"],
         **_LATENCIES,
     },
     # DGX-1 with V100: 8 x V100 SXM2 in the NVLink hybrid cube-mesh (6 lanes of
@@ -103,6 +119,7 @@ NODES: dict[str, dict[str, object]] = {
         "nvlink_gbytes_per_s": 150.0,
         "nvlink_topology": "hybrid-cube-mesh",
         "pcie_gbytes_per_s": 16.0,
+        **_EFFICIENCY["v100"],
         **_LATENCIES,
     },
 }

@@ -31,11 +31,12 @@ def build_cluster(spec: ClusterSpec) -> Cluster:
         gpus=spec.gpus_per_node,
         nics=spec.nics_per_node,
         nvlink_topology=spec.nvlink_topology,
-        nvlink_bytes_per_s=gbytes_per_s_to_bytes_per_s(spec.nvlink_gbytes_per_s),
+        nvlink_bytes_per_s=gbytes_per_s_to_bytes_per_s(spec.nvlink_gbytes_per_s)
+        * spec.nvlink_efficiency,
         nvlink_latency_s=us_to_s(spec.nvlink_latency_us),
         pcie_bytes_per_s=gbytes_per_s_to_bytes_per_s(spec.pcie_gbytes_per_s),
         pcie_latency_s=us_to_s(spec.pcie_latency_us),
-        nic_bytes_per_s=gbps_to_bytes_per_s(spec.nic_gbps),
+        nic_bytes_per_s=gbps_to_bytes_per_s(spec.nic_gbps) * spec.nic_efficiency,
     )
     fabric = FabricShape(
         kind=spec.fabric,

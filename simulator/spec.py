@@ -35,6 +35,21 @@ class GpuSpec:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class KernelConstants:
+    """What the compute model needs to know about a GPU beyond its datasheet
+    (simulator.compute explains each; KERNEL_CONSTANTS holds the built-in ones)."""
+
+    gpu: str
+    num_sms: int
+    tile_m: int  # output tile of the GEMM kernels, rows x columns
+    tile_n: int
+    gemm_efficiency: float  # fraction of the tensor peak a large, well-shaped GEMM reaches
+    gemm_k_half: float  # inner dimension at which a GEMM reaches half of that
+    memory_efficiency: float  # fraction of the HBM bandwidth element-wise kernels stream at
+    source: str  # where the numbers came from
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
     num_layers: int
     hidden_size: int
@@ -59,6 +74,10 @@ class ClusterSpec:
     pcie_latency_us: float  # one hop GPU <-> NIC
     ib_latency_us: float  # one hop NIC <-> switch
     collective_base_latency_us: float  # fixed software cost of launching one collective
+    # the fraction of the line rate NCCL's transfers reach (measured bus bandwidth /
+    # datasheet rate); the links are built at line rate x efficiency
+    nvlink_efficiency: float = 1.0
+    nic_efficiency: float = 1.0
     nvlink_topology: str = "nvswitch"  # "nvswitch", "all-to-all", "hybrid-cube-mesh"
     fabric: str = "switch"  # "switch", "fat-tree", "rail-optimized"
     fabric_levels: int = 2  # fat-tree: 2 or 3
@@ -133,6 +152,7 @@ class Scenario:
     parallel: ParallelConfig
     training: TrainingConfig
     network: NetworkConfig
+    calibration: KernelConstants | None = None  # None: the built-in constants for the GPU
 
     @property
     def num_microbatches(self) -> int:

@@ -15,6 +15,8 @@ IB_STEP_S = 0.5e-6 + 2e-6 + 2e-6 + 0.5e-6  # PCIe, IB, IB, PCIe through one swit
 
 
 def _fabric(base_latency_s=0.0, **cluster):
+    """A cluster at line rate (the closed forms below), unless the test says otherwise."""
+    cluster = {"nvlink_efficiency": 1.0, "nic_efficiency": 1.0, **cluster}
     c = build_cluster(load(cluster=cluster).cluster)
     return c, Fabric.of(c, base_latency_s)
 
