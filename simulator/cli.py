@@ -22,6 +22,8 @@ from .loader import (
 )
 
 EXIT_USAGE = 2
+# the calibration set, shipped with the project (an editable install finds it here)
+DEFAULT_VALIDATION_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "validation"
 MAX_SCHEDULE_OPS = 1_000_000  # `stepsim schedule`: under a minute of simulation
 
 
@@ -57,6 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
         "scenario.resolved.toml to DIR",
     )
     run.add_argument("--json", action="store_true", help="print only the metrics JSON")
+    run.add_argument(
+        "--allow-oom",
+        action="store_true",
+        help="simulate a layout that does not fit in GPU memory (a warning, not an error)",
+    )
 
     sweep = sub.add_parser(
         "sweep",
@@ -67,6 +74,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _scenario_arguments(sweep, "SECTION.KEY=V1[,V2,...]", "a fixed or swept key")
     sweep.add_argument("--out", metavar="DIR", help="write sweep.csv and sweep.png to DIR")
+
+    validate = sub.add_parser(
+        "validate",
+        help="simulate the calibration set and compare with the published measurements",
+        description="Simulate every row of the calibration set (Narayanan et al. 2021 Table 1: "
+        "iteration times; Korthikanti et al. 2022 Table 4: one layer's forward and backward) "
+        "and print measured, simulated and error; write validation.md and a plot.",
+    )
+    validate.add_argument(
+        "--data",
+        metavar="DIR",
+        default=str(DEFAULT_VALIDATION_DIR),
+        help="folder with the two CSV tables (default: the project's scenarios/validation)",
+    )
+    validate.add_argument(
+        "--calibration", metavar="FILE", help="kernel constants for the A100 from FILE"
+    )
+    validate.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write DIR/validation.md and DIR/images/validation.png (the project's is docs)",
+    )
+    validate.add_argument("--quick", action="store_true", help="skip the rows over 1,000 GPUs")
 
     topo = sub.add_parser(
         "topology",
@@ -125,6 +155,11 @@ def _schedule_names() -> list[str]:
 def _scenario_arguments(parser: argparse.ArgumentParser, metavar: str, help_text: str) -> None:
     parser.add_argument("scenario", help="scenario file (TOML)")
     parser.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="kernel constants for the scenario's GPU (benchmarks/measure_kernels.py writes it)",
+    )
+    parser.add_argument(
         "--set",
         dest="overrides",
         action="append",
@@ -145,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
             return _topology(args)
         if args.command == "schedule":
             return _schedule(args)
+        if args.command == "validate":
+            return _validate(args)
     except ScenarioError as exc:
         print(f"stepsim: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -158,9 +195,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .run import run  # imported here so that `stepsim --help` stays instant
+    from .memory import out_of_memory
+    from .run import memory_per_stage, run  # imported here so `stepsim --help` stays instant
 
-    scenario = load_scenario(args.scenario, args.overrides)
+    scenario = load_scenario(args.scenario, args.overrides, calibration=args.calibration)
+    problem = out_of_memory(scenario, memory_per_stage(scenario))
+    if problem and not args.allow_oom:
+        raise ScenarioError(problem)
+    if problem:
+        print(f"warning: {problem}", file=sys.stderr)
     result = run(scenario)
     if args.out:
         _write_outputs(result, Path(args.out))
@@ -185,7 +228,7 @@ def _sweep(args: argparse.Namespace) -> int:
     from .sweep import run_sweep
 
     keys, rows = run_sweep(
-        lambda overrides: load_scenario(args.scenario, overrides),
+        lambda overrides: load_scenario(args.scenario, overrides, calibration=args.calibration),
         lambda scenario: run(scenario).metrics,
         args.overrides,
     )
@@ -203,6 +246,46 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _validate(args: argparse.Namespace) -> int:
+    from .loader import read_calibration, read_validation_set
+    from .output import validation_markdown, validation_text
+    from .run import run
+    from .validation import compare, summary
+
+    rows = read_validation_set(args.data)
+    if args.quick:
+        rows["megatron"] = [r for r in rows["megatron"] if int(r["num_gpus"]) <= 1000]
+    calibration = read_calibration(args.calibration) if args.calibration else None
+    if calibration is not None and not calibration.gpu.startswith("a100"):
+        raise ScenarioError(
+            f"--calibration {args.calibration!r} is for gpu={calibration.gpu!r}; the "
+            "calibration set ran on A100s"
+        )
+    progress = sys.stderr.isatty()
+
+    def tell(name: str) -> None:
+        if progress:
+            print(f"\r  simulating {name:<40}", end="", file=sys.stderr, flush=True)
+
+    comparisons = compare(
+        rows["megatron"], rows["layers"], lambda s: run(s).trace, calibration, tell
+    )
+    if progress:
+        print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+    print(validation_text(comparisons, summary(comparisons)))
+    if args.out:
+        from .figures import validation_figure
+
+        out = Path(args.out)
+        (out / "images").mkdir(parents=True, exist_ok=True)
+        validation_figure(comparisons).savefig(out / "images" / "validation.png", dpi=110)
+        (out / "validation.md").write_text(
+            validation_markdown(comparisons, summary(comparisons), calibration), encoding="utf-8"
+        )
+        print(f"\n  wrote {args.out}/validation.md and {args.out}/images/validation.png")
+    return 0
+
+
 def _topology(args: argparse.Namespace) -> int:
     from topologies.describe import summarize
 
@@ -210,7 +293,7 @@ def _topology(args: argparse.Namespace) -> int:
     from .output import MAX_DRAWN_GPUS, topology_text
     from .run import build_cluster
 
-    scenario = load_scenario(args.scenario, args.overrides)
+    scenario = load_scenario(args.scenario, args.overrides, calibration=args.calibration)
     cluster = build_cluster(scenario.cluster)
     if args.png and cluster.num_gpus > MAX_DRAWN_GPUS:
         raise ScenarioError(

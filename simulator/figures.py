@@ -411,3 +411,63 @@ def pipeline_figure(studies: list) -> Figure:
         frameon=False,
     )
     return fig
+
+
+def validation_figure(comparisons):
+    """Simulated against measured, one panel per table, on log axes, with the ±8 % band."""
+    scored = [c for c in comparisons if c.what in ("iteration", "layer forward", "layer backward")]
+    groups = (
+        ("Narayanan et al. 2021 Table 1: iteration", ("iteration",), 1.0, "s"),
+        (
+            "Korthikanti et al. 2022 Table 4: one layer",
+            ("layer forward", "layer backward"),
+            1e3,
+            "ms",
+        ),
+    )
+    fig = Figure(figsize=(11, 4.8), layout="constrained")
+    axes = fig.subplots(1, 2)
+    for ax, (title, kinds, scale, unit) in zip(axes, groups, strict=True):
+        rows = [c for c in scored if c.what in kinds]
+        if not rows:
+            ax.set_axis_off()
+            continue
+        values = [scale * v for c in rows for v in (c.measured_s, c.simulated_s)]
+        low, high = min(values) / 1.3, max(values) * 1.3
+        ax.plot([low, high], [low, high], color="black", linewidth=0.8)
+        for factor in (0.92, 1.08):
+            ax.plot(
+                [low, high],
+                [low * factor, high * factor],
+                color="grey",
+                linewidth=0.6,
+                linestyle="--",
+            )
+        for kind, marker in zip(kinds, ("o", "s"), strict=False):
+            pts = [c for c in rows if c.what == kind]
+            ax.scatter(
+                [scale * c.measured_s for c in pts],
+                [scale * c.simulated_s for c in pts],
+                marker=marker,
+                label=kind,
+                color=COLORS[FORWARD] if marker == "o" else COLORS[BACKWARD],
+                zorder=3,
+            )
+            for c in pts:
+                ax.annotate(
+                    c.id,
+                    (scale * c.measured_s, scale * c.simulated_s),
+                    fontsize=7,
+                    xytext=(4, -8),
+                    textcoords="offset points",
+                )
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlim(low, high)
+        ax.set_ylim(low, high)
+        ax.set_xlabel(f"measured ({unit})")
+        ax.set_ylabel(f"simulated ({unit})")
+        ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=8, loc="upper left")
+    fig.suptitle("stepsim vs published measurements (dashed: ±8 %)")
+    return fig

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import tomllib
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,7 @@ from .spec import (
     RECOMPUTE_GRANULARITIES,
     SCHEDULES,
     ClusterSpec,
+    KernelConstants,
     ModelSpec,
     NetworkConfig,
     ParallelConfig,
@@ -148,22 +150,97 @@ _MAY_BE_ZERO = {
 }
 
 
-def load_scenario(path: str | Path, overrides: Iterable[str] = ()) -> Scenario:
-    """Read a scenario file, apply ``section.key=value`` overrides, validate."""
+def load_scenario(
+    path: str | Path, overrides: Iterable[str] = (), calibration: str | Path | None = None
+) -> Scenario:
+    """Read a scenario file, apply ``section.key=value`` overrides, validate; with
+    ``calibration``, use that file's kernel constants for the scenario's GPU."""
     path = Path(path)
+    raw = _read_toml(path, "scenario file")
+    for item in overrides:
+        apply_override(raw, item)
+    scenario = scenario_from_dict(raw, base_dir=path.parent)
+    if calibration is None:
+        return scenario
+    constants = read_calibration(calibration)
+    if constants.gpu != scenario.cluster.gpu.name:
+        raise ScenarioError(
+            f"calibration file {str(calibration)!r} has gpu={constants.gpu!r} but the scenario "
+            f"runs on cluster.gpu={scenario.cluster.gpu.name!r}"
+        )
+    return replace(scenario, calibration=constants)
+
+
+def _read_toml(path: Path, what: str) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ScenarioError(f"cannot read scenario file {str(path)!r}: {exc.strerror}") from None
+        raise ScenarioError(f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise ScenarioError(f"scenario file {str(path)!r} is not UTF-8 text") from None
+        raise ScenarioError(f"{what} {str(path)!r} is not UTF-8 text") from None
     try:
-        raw = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
-    for item in overrides:
-        apply_override(raw, item)
-    return scenario_from_dict(raw, base_dir=path.parent)
+
+
+# Calibration files (benchmarks/measure_kernels.py writes them): a [constants] table
+# with KernelConstants' fields; [[gemm]] and [[memory]] rows keep the measurements.
+_CALIBRATION_KEYS: dict[str, type] = {
+    "gpu": str,
+    "num_sms": int,
+    "tile_m": int,
+    "tile_n": int,
+    "gemm_efficiency": float,
+    "gemm_k_half": float,
+    "memory_efficiency": float,
+    "source": str,
+}
+_CALIBRATION_RANGES: dict[str, tuple[float, float]] = {
+    "num_sms": (1, 10_000),
+    "tile_m": (1, 4096),
+    "tile_n": (1, 4096),
+    "gemm_efficiency": (0.01, 1.0),
+    "gemm_k_half": (0.0, 1e6),
+    "memory_efficiency": (0.01, 1.0),
+}
+
+
+def read_calibration(path: str | Path) -> KernelConstants:
+    """A calibration file's kernel constants, checked key by key."""
+    path = Path(path)
+    raw = _read_toml(path, "calibration file")
+    table = raw.get("constants")
+    if not isinstance(table, Mapping):
+        raise ScenarioError(f"calibration file {str(path)!r} needs a [constants] table")
+    values: dict[str, Any] = {}
+    for key, wanted in _CALIBRATION_KEYS.items():
+        if key not in table:
+            raise ScenarioError(f"calibration file {str(path)!r}: constants.{key} is missing")
+        value = table[key]
+        ok = isinstance(value, wanted) or (wanted is float and type(value) is int)
+        if not ok or isinstance(value, bool):
+            raise ScenarioError(
+                f"constants.{key}={value!r} must be {wanted.__name__} (in {str(path)!r})"
+            )
+        low, high = _CALIBRATION_RANGES.get(key, (None, None))
+        if low is not None and not low <= value <= high:
+            raise ScenarioError(
+                f"constants.{key}={value!r} must be between {low:g} and {high:g} (in {str(path)!r})"
+            )
+        values[key] = float(value) if wanted is float else value
+    unknown = sorted(set(table) - set(_CALIBRATION_KEYS))
+    if unknown:
+        raise ScenarioError(
+            f"unknown key constants.{unknown[0]} in {str(path)!r}; "
+            f"known: {_known(_CALIBRATION_KEYS)}"
+        )
+    if values["gpu"] not in presets.GPUS:
+        raise ScenarioError(
+            f"constants.gpu={values['gpu']!r} must be one of {_known(presets.GPUS)} "
+            f"(in {str(path)!r})"
+        )
+    return KernelConstants(**values)
 
 
 def parse_override(item: str) -> tuple[str, str, Any]:
@@ -608,3 +685,29 @@ def _toml_value(value: Any) -> str:
         # JSON string escapes are valid TOML; TOML also forbids a raw DEL character.
         return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+# --- the validation set -----------------------------------------------------------------
+
+VALIDATION_FILES = {
+    "megatron": "megatron_2021_table1.csv",
+    "layers": "korthikanti_2022_table4_layer.csv",
+}
+
+
+def read_validation_set(folder: str | Path) -> dict[str, list[dict[str, str]]]:
+    """The calibration tables (scenarios/validation/) as rows of strings, by table."""
+    import csv
+
+    folder = Path(folder)
+    out = {}
+    for table, name in VALIDATION_FILES.items():
+        path = folder / name
+        try:
+            with path.open(newline="", encoding="utf-8") as f:
+                out[table] = list(csv.DictReader(f))
+        except OSError as exc:
+            raise ScenarioError(
+                f"validation table {str(path)!r} cannot be read: {exc.strerror}"
+            ) from None
+    return out

@@ -24,6 +24,11 @@ from schedules import holder_of
 from .spec import Scenario
 from .units import bytes_to_gib
 
+# What a training process holds besides the model state and activations: the CUDA
+# context and kernels (~0.5 GiB on A100/H100), cuBLAS's workspace, NCCL's channel
+# buffers (a few MiB per peer and channel) and the caching allocator's
+# fragmentation. One round figure for every GPU; it is a budget, not a measurement.
+WORKSPACE_BYTES = 2.0 * 2**30
 WEIGHT_BYTES_PER_PARAM = 2.0
 GRADIENT_BYTES_PER_PARAM = 2.0
 OPTIMIZER_BYTES_PER_PARAM = 12.0
@@ -103,6 +108,7 @@ class StageMemory:
     optimizer_bytes: float
     activations_bytes: float
     inflight_activations: int  # peak forwards held, one chunk's layers each
+    workspace_bytes: float = WORKSPACE_BYTES
 
     @property
     def total_bytes(self) -> float:
@@ -111,6 +117,7 @@ class StageMemory:
             + self.gradients_bytes
             + self.optimizer_bytes
             + self.activations_bytes
+            + self.workspace_bytes
         )
 
     def as_gib(self) -> dict[str, float]:
@@ -119,6 +126,7 @@ class StageMemory:
             "gradients": bytes_to_gib(self.gradients_bytes),
             "optimizer": bytes_to_gib(self.optimizer_bytes),
             "activations": bytes_to_gib(self.activations_bytes),
+            "workspace": bytes_to_gib(self.workspace_bytes),
             "total": bytes_to_gib(self.total_bytes),
         }
 
@@ -158,4 +166,24 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
         optimizer_bytes=optimizer,
         activations_bytes=activations,
         inflight_activations=inflight_activations,
+    )
+
+
+def out_of_memory(scenario: Scenario, memory: list[StageMemory]) -> str | None:
+    """None when every stage fits its GPU, else one line: which stage, by how much, what
+    fills it, and what to change."""
+    capacity_gib = scenario.cluster.gpu.memory_gib
+    worst = max(memory, key=lambda m: (m.total_bytes, -m.stage))
+    parts = worst.as_gib()
+    if parts["total"] <= capacity_gib:
+        return None
+    over = [stage.stage for stage in memory if stage.as_gib()["total"] > capacity_gib]
+    return (
+        f"out of memory: pipeline stage {worst.stage} needs {parts['total']:.1f} GiB of the "
+        f"{scenario.cluster.gpu.name}'s {capacity_gib:g} GiB ({parts['total'] - capacity_gib:.1f} "
+        f"GiB over; "
+        + ", ".join(f"{k} {parts[k]:.1f}" for k in parts if k != "total")
+        + f"); {len(over)} of {len(memory)} stages do not fit. More pipeline or tensor "
+        "parallelism, recomputation, a smaller micro-batch or a sharded optimizer would "
+        "help; --allow-oom simulates it anyway"
     )

@@ -48,8 +48,8 @@ def summary_text(result: Result) -> str:
         f"  memory per GPU            {m['memory_per_gpu_gib']:.1f} GiB of "
         f"{m['gpu_memory_gib']:g} GiB (peak on stage {m['memory_peak_stage']})",
     ]
-    if m["memory_per_gpu_gib"] > m["gpu_memory_gib"]:
-        lines.append("  WARNING: this layout does not fit in GPU memory")
+    if m.get("out_of_memory"):
+        lines.append(f"  WARNING: {m['out_of_memory']}")
     iteration = m["iteration_time_s"]
     lines += ["", "  where the time goes, mean per GPU      seconds       %"]
     for key in BREAKDOWN_KEYS:
@@ -202,7 +202,7 @@ def sweep_table_text(keys: list[str], rows: list[dict]) -> str:
             f"{100 * row['mfu']:.1f}",
             f"{100 * row['bubble_fraction']:.1f}",
             f"{100 * row['exposed_comm_fraction']:.1f}",
-            f"{row['memory_per_gpu_gib']:.1f}",
+            f"{row['memory_per_gpu_gib']:.1f}" + ("" if row["fits_in_memory"] else " OOM"),
         ]
         for row in rows
     ]
@@ -210,6 +210,8 @@ def sweep_table_text(keys: list[str], rows: list[dict]) -> str:
     lines = [
         "  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in [head, *body]
     ]
+    if not all(row["fits_in_memory"] for row in rows):
+        lines.append("  OOM: does not fit in GPU memory (simulated all the same)")
     return "\n".join(lines)
 
 
@@ -350,3 +352,89 @@ def study_trace(studies: list, time_unit_us: float = 1000.0) -> dict:
                 }
             )
     return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+# -- validation ------------------------------------------------------------------------
+
+
+def _validation_rows(comparisons) -> list[list[str]]:
+    return [
+        [
+            c.id,
+            c.what,
+            c.model,
+            c.setting,
+            _seconds(c.measured_s),
+            _seconds(c.simulated_s),
+            f"{100 * c.error:+.1f} %",
+        ]
+        for c in comparisons
+    ]
+
+
+def _seconds(value_s: float) -> str:
+    return f"{value_s:.3f} s" if value_s >= 1 else f"{1e3 * value_s:.2f} ms"
+
+
+_VALIDATION_HEAD = ["id", "what", "model", "layout", "measured", "simulated", "error"]
+
+
+def validation_text(comparisons, totals: dict) -> str:
+    body = _validation_rows(comparisons)
+    widths = [max(len(r[i]) for r in [_VALIDATION_HEAD, *body]) for i in range(7)]
+    lines = ["stepsim validate · the calibration set", ""]
+    for r in [_VALIDATION_HEAD, *body]:
+        lines.append(
+            "  "
+            + "  ".join(
+                cell.ljust(w) if i < 4 else cell.rjust(w)
+                for i, (cell, w) in enumerate(zip(r, widths, strict=True))
+            )
+        )
+    lines += [
+        "",
+        f"  over {totals['rows']} scored rows (iterations and layer totals): mean |error| "
+        f"{100 * totals['mean_abs_error']:.1f} %, worst {100 * totals['worst_abs_error']:.1f} %",
+    ]
+    return "\n".join(lines)
+
+
+def validation_markdown(comparisons, totals: dict, calibration=None) -> str:
+    """docs/validation.md: the table and the plot; how the constants were chosen is in
+    docs/calibration.md (written by hand)."""
+    from .compute import KERNEL_CONSTANTS
+
+    c = calibration or KERNEL_CONSTANTS["a100-sxm4-80gb"]
+    rows = _validation_rows(comparisons)
+    table = ["| " + " | ".join(_VALIDATION_HEAD) + " |", "|" + "---|" * 7]
+    table += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(
+        [
+            "# Validation: stepsim against the calibration set",
+            "",
+            "Written by `stepsim validate --out docs` (do not edit by hand). How the "
+            "constants were chosen, what the rows assume and why the worst rows are off: "
+            "[calibration.md](calibration.md).",
+            "",
+            f"Kernel constants ({c.gpu}): gemm_efficiency {c.gemm_efficiency:g}, "
+            f"gemm_k_half {c.gemm_k_half:g}, memory_efficiency {c.memory_efficiency:g}, "
+            f"tile {c.tile_m} x {c.tile_n}, {c.num_sms} SMs ({c.source}).",
+            "",
+            f"**Over {totals['rows']} scored rows (Table 1 iterations and Table 4 layer "
+            f"totals): mean absolute error {100 * totals['mean_abs_error']:.1f} %, worst "
+            f"{100 * totals['worst_abs_error']:.1f} %.** Target: every row within 8 %, mean "
+            "at most 4 %.",
+            "",
+            "- Table 1 rows (Narayanan et al. 2021, arXiv 2104.04473): measured time = "
+            "96 B s l h² (1 + s/6h + V/16lh) / (GPUs × measured TFLOP/s); full "
+            "recomputation; interleaved schedule on pipelined rows with the chunks shown "
+            "as v (the paper does not give them; see calibration.md).",
+            "- Table 4 rows (Korthikanti et al. 2022, arXiv 2205.05198): one 22B layer, "
+            "TP 8 on one DGX A100; forward and backward shown, their total scored.",
+            "",
+            *table,
+            "",
+            "![simulated vs measured](images/validation.png)",
+            "",
+        ]
+    )

@@ -10,7 +10,7 @@ from topologies.describe import link_name
 from .engine import Trace, simulate
 from .linkstats import mean_utilization
 from .lowering import inflight_per_stage, lower
-from .memory import StageMemory, stage_memory
+from .memory import StageMemory, out_of_memory, stage_memory
 from .metrics import summarize
 from .spec import ClusterSpec, Scenario
 from .units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
@@ -50,8 +50,17 @@ def build_cluster(spec: ClusterSpec) -> Cluster:
     return Cluster(build_graph(spec.num_nodes, node, fabric), gpus_per_node=spec.gpus_per_node)
 
 
+def memory_per_stage(scenario: Scenario) -> list[StageMemory]:
+    """Memory on one GPU of each pipeline stage (no simulation needed)."""
+    return [
+        stage_memory(scenario, stage, inflight)
+        for stage, inflight in enumerate(inflight_per_stage(scenario))
+    ]
+
+
 def run(scenario: Scenario) -> Result:
-    """Simulate one training iteration of the scenario."""
+    """Simulate one training iteration of the scenario. A layout that does not fit in
+    GPU memory is simulated all the same; ``metrics["out_of_memory"]`` says so."""
     cluster = build_cluster(scenario.cluster)
     workload = lower(scenario, cluster)
     trace = simulate(
@@ -59,11 +68,9 @@ def run(scenario: Scenario) -> Result:
         network=scenario.network.model,
         capacities_bytes_per_s=[link.bandwidth_bytes_per_s for link in cluster.links],
     )
-    memory = [
-        stage_memory(scenario, stage, inflight)
-        for stage, inflight in enumerate(inflight_per_stage(scenario))
-    ]
+    memory = memory_per_stage(scenario)
     metrics = summarize(scenario, workload, trace, memory)
+    metrics["out_of_memory"] = out_of_memory(scenario, memory)
     metrics["busiest_links"] = busiest_links(cluster, trace)
     return Result(scenario, cluster, workload, trace, memory, metrics)
 

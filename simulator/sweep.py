@@ -92,5 +92,6 @@ def run_sweep(
         iteration = metrics["iteration_time_s"]
         exposed = sum(metrics["breakdown_s"][k] for k in ("tp_comm", "pp_p2p", "dp_sync"))
         row["exposed_comm_fraction"] = exposed / iteration if iteration > 0 else 0.0
+        row["fits_in_memory"] = metrics.get("out_of_memory") is None
         rows.append(row)
     return [key for key, _ in axes], rows
