@@ -89,6 +89,7 @@ _KEYS: dict[str, dict[str, type]] = {
         "schedule_placement": str,
         "recompute_granularity": str,
         "overlap_grad_reduce": bool,
+        "async_tensor_model_parallel_allreduce": bool,
         "data_parallel_sharding": str,
     },
     "network": {
@@ -592,6 +593,9 @@ def _build_training(
             custom_orders=tuple(tuple(order) for order in orders),
             recompute_granularity=table.get("recompute_granularity", "none"),
             overlap_grad_reduce=table.get("overlap_grad_reduce", False),
+            async_tensor_model_parallel_allreduce=table.get(
+                "async_tensor_model_parallel_allreduce", False
+            ),
             data_parallel_sharding=table.get("data_parallel_sharding", "none"),
         )
     info = SCHEDULE_INFO[schedule]
@@ -629,6 +633,9 @@ def _build_training(
         microbatch_group_size_per_vp_stage=group,
         recompute_granularity=table.get("recompute_granularity", "none"),
         overlap_grad_reduce=table.get("overlap_grad_reduce", False),
+        async_tensor_model_parallel_allreduce=table.get(
+            "async_tensor_model_parallel_allreduce", False
+        ),
         data_parallel_sharding=table.get("data_parallel_sharding", "none"),
     )
 

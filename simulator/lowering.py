@@ -168,6 +168,9 @@ class _Stage:
         sharded = layout.data > 1
         self.sharding = scenario.training.data_parallel_sharding if sharded else "none"
         self.overlap = scenario.training.overlap_grad_reduce and sharded
+        # the async TP all-reduce needs the weight gradient right after the input's
+        self.async_tp = scenario.training.async_tensor_model_parallel_allreduce and not self.split
+        self.async_count = 0
         self.comm = _StageComm(scenario, fabric, layout, stage)
         self.layer, self.extras, self.compute = compute.layer(), compute.extras(), compute
         self.layer_params = layer_params_per_rank(scenario)
@@ -206,6 +209,31 @@ class _Stage:
             deps = self.tp(label, mb, "all_gather", deps)
         self.work(kind, label, mb, w, deps)
         self.tp(label, mb, "reduce_scatter" if self.sequence_parallel else "all_reduce", ())
+
+    def backward_block(self, label: str, mb: int, w: Work, last_weight: Work, deps) -> None:
+        """A block's backward. With the async TP all-reduce, the input gradient's
+        collective runs while the weight gradient of the block's first GEMM computes,
+        and what follows waits for it (an all-gather under SP stays in front)."""
+        kind = "reduce_scatter" if self.sequence_parallel else "all_reduce"
+        if not self.async_tp or self.comm.tp[kind] is None:
+            self.block(BACKWARD, label, mb, w, deps)
+            return
+        if self.sequence_parallel:
+            deps = self.tp(label, mb, "all_gather", deps)
+        self.work(BACKWARD, label, mb, w - last_weight, deps)
+        self.async_count += 1
+        key = ("tp async", self.stage, self.async_count)
+        self.b.add(
+            self.lane,
+            TP_COMM,
+            label,
+            microbatch=mb,
+            transfer=self.comm.tp[kind],
+            blocking=False,
+            key=key,
+        )
+        self.work(BACKWARD, label, mb, last_weight)
+        self.b.add(self.lane, BARRIER, label, microbatch=mb, deps=[key])
 
     def hand_over(self, label: str, mb: int, kind: str, virtual: int, to: int) -> None:
         """Make this pass's output available to virtual stage ``to``: a pipeline send, or
@@ -313,8 +341,8 @@ class _Stage:
             elif self.recompute == "selective":
                 self.work(RECOMPUTE, label, mb, layer.attention_core_forward, recv)
                 recv = []
-            self.block(BACKWARD, label, mb, mlp, recv)
-            self.block(BACKWARD, label, mb, attention)
+            self.backward_block(label, mb, mlp, layer.mlp_last_weight, recv)
+            self.backward_block(label, mb, attention, layer.attention_last_weight, ())
             self.b.name_last(self.lane, ("layer", self.stage, label, index))
             recv = []
             if self.side is not None and not split and n < len(order) - 1:

@@ -121,6 +121,10 @@ class TrainingConfig:
     custom_orders: tuple[tuple[schedules.Step, ...], ...] | None = None
     recompute_granularity: RecomputeGranularity = "none"
     overlap_grad_reduce: bool = False
+    # Megatron-LM's --async-tensor-model-parallel-allreduce: in a block's backward the
+    # input gradient's all-reduce (reduce-scatter under SP) runs during the weight
+    # gradient of the block's first GEMM instead of before it
+    async_tensor_model_parallel_allreduce: bool = False
     data_parallel_sharding: str = "none"  # "none", "optimizer" (ZeRO-1), "full" (ZeRO-3/FSDP)
 
     @property

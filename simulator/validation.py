@@ -148,6 +148,7 @@ def layer_scenario(row: Row, calibration: KernelConstants | None = None) -> Scen
             "micro_batch_size": int(row["micro_batch_size"]),
             "global_batch_size": int(row["micro_batch_size"]) * (8 // t),
             "recompute_granularity": row["recompute"],
+            "async_tensor_model_parallel_allreduce": True,
         },
         "network": {"model": "fair-share"},
     }

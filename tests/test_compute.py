@@ -131,7 +131,11 @@ def test_calibration_file_from_the_script_drives_run(tmp_path, capsys):
         KERNEL_CONSTANTS["a100-sxm4-80gb"], source="synthetic: the built-in model's own times"
     )
     slow = tmp_path / "slow.toml"
-    slow.write_text(path.read_text().replace("gemm_efficiency = 0.8", "gemm_efficiency = 0.4"))
+    text = path.read_text()
+    efficiency = KERNEL_CONSTANTS["a100-sxm4-80gb"].gemm_efficiency
+    slow.write_text(
+        text.replace(f"gemm_efficiency = {efficiency!r}", f"gemm_efficiency = {efficiency / 2!r}")
+    )
     times = []
     for f in (path, slow):
         assert main(["run", "scenarios/tiny-2gpu.toml", "--calibration", str(f), "--json"]) == 0
@@ -143,7 +147,10 @@ def test_calibration_file_from_the_script_drives_run(tmp_path, capsys):
     "edit, message",
     [
         (
-            ("gemm_efficiency = 0.8", "gemm_efficiency = 1.5"),
+            (
+                f"gemm_efficiency = {KERNEL_CONSTANTS['a100-sxm4-80gb'].gemm_efficiency!r}",
+                "gemm_efficiency = 1.5",
+            ),
             "constants.gemm_efficiency=1.5 must be between",
         ),
         (("num_sms = 108", "num_sms = 1.5"), "constants.num_sms=1.5 must be int"),
