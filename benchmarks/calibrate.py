@@ -1,6 +1,7 @@
 """Fit the A100's kernel constants on the calibration set, and show how.
 
-    python benchmarks/calibrate.py            # ~5 minutes on 2 cores
+    python benchmarks/calibrate.py                # ~5 minutes on 2 cores
+    python benchmarks/calibrate.py --sensitivity  # what the unpublished choices do
 
 Three constants are fitted (simulator.compute.KERNEL_CONSTANTS): gemm_efficiency,
 gemm_k_half and memory_efficiency; tile size and SM count are hardware facts.
@@ -144,5 +145,37 @@ def main() -> None:
         print(f"  {name:22} measured {measured:9.4f} s  simulated {simulated:9.4f} s  {error:+.1%}")
 
 
+def sensitivity() -> None:
+    """The assumptions the calibration set does not fix, varied at the fitted constants:
+    Table 1's chunks per stage (none, or one layer per chunk) and Table 4 without
+    the async TP all-reduce."""
+    rows = read_validation_set(ROOT / "scenarios" / "validation")
+    for row in rows["megatron"]:
+        layers, p = int(row["num_layers"]), int(row["pipeline_parallel"])
+        if p == 1:
+            continue
+        cells = []
+        for chunks in (1, None, layers // p):
+            if chunks is not None and chunks > 1 and (layers // p) % chunks:
+                continue
+            scenario = megatron_scenario(row, chunks=chunks)
+            v = scenario.parallel.virtual_pipeline_model_parallel_size
+            error = run(scenario).metrics["iteration_time_s"] / megatron_measured_s(row) - 1
+            cells.append(f"v={v}: {error:+.1%}")
+        print(f"  {row['id']:4} " + "   ".join(cells), flush=True)
+    for row in rows["layers"]:
+        cells = []
+        for on in (True, False):
+            forward_s, backward_s = layer_times(run(layer_scenario(row, async_allreduce=on)).trace)
+            measured = float(row["total_ms"]) / 1e3
+            cells.append(
+                f"async {'on' if on else 'off'}: {(forward_s + backward_s) / measured - 1:+.1%}"
+            )
+        print(f"  {row['id']:4} " + "   ".join(cells), flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--sensitivity"]:
+        sensitivity()
+    else:
+        main()

@@ -78,12 +78,16 @@ def _gpu_preset(name: str) -> str:
     return presets[name]
 
 
-def megatron_scenario(row: Row, calibration: KernelConstants | None = None) -> Scenario:
+def megatron_scenario(
+    row: Row, calibration: KernelConstants | None = None, chunks: int | None = None
+) -> Scenario:
     """A Table 1 row on DGX A100 nodes: the model, layout and batch of the row, full
-    recomputation, the interleaved schedule when pipelined (``chunks_for``), gradients
-    all-reduced after the last backward (not overlapped), fair-share network."""
+    recomputation, the interleaved schedule when pipelined (``chunks_for``, unless
+    ``chunks`` says otherwise), gradients all-reduced after the last backward (not
+    overlapped), fair-share network."""
     layers, p = int(row["num_layers"]), int(row["pipeline_parallel"])
-    chunks = chunks_for(layers // p) if p > 1 else 1
+    if chunks is None:
+        chunks = chunks_for(layers // p) if p > 1 else 1
     gpus, per_node = int(row["num_gpus"]), int(row["gpus_per_node"])
     parallel = {
         "tensor_model_parallel_size": int(row["tensor_parallel"]),
@@ -122,10 +126,13 @@ def megatron_scenario(row: Row, calibration: KernelConstants | None = None) -> S
     return _with_calibration(scenario_from_dict(raw), calibration)
 
 
-def layer_scenario(row: Row, calibration: KernelConstants | None = None) -> Scenario:
+def layer_scenario(
+    row: Row, calibration: KernelConstants | None = None, async_allreduce: bool = True
+) -> Scenario:
     """A Table 4 row: one layer of the row's shape on one DGX A100 node, TP over the
     row's GPUs, one micro-batch. The vocabulary is GPT's 51,200 (the row gives none;
-    the embedding and output layer are cut out of the measured span)."""
+    the embedding and output layer are cut out of the measured span). The async TP
+    all-reduce is on: the Megatron-LM of 2022 overlapped it (``async_allreduce``)."""
     t = int(row["tensor_parallel"])
     raw = {
         "name": f"{row['id']} {row['model']}",
@@ -148,7 +155,7 @@ def layer_scenario(row: Row, calibration: KernelConstants | None = None) -> Scen
             "micro_batch_size": int(row["micro_batch_size"]),
             "global_batch_size": int(row["micro_batch_size"]) * (8 // t),
             "recompute_granularity": row["recompute"],
-            "async_tensor_model_parallel_allreduce": True,
+            "async_tensor_model_parallel_allreduce": async_allreduce,
         },
         "network": {"model": "fair-share"},
     }
