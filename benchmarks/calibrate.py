@@ -38,6 +38,7 @@ from simulator.compute import KERNEL_CONSTANTS, ComputeModel  # noqa: E402
 from simulator.loader import read_validation_set  # noqa: E402
 from simulator.run import run  # noqa: E402
 from simulator.validation import (  # noqa: E402
+    chunks_for,
     layer_scenario,
     layer_times,
     megatron_measured_s,
@@ -155,9 +156,7 @@ def sensitivity() -> None:
         if p == 1:
             continue
         cells = []
-        for chunks in (1, None, layers // p):
-            if chunks is not None and chunks > 1 and (layers // p) % chunks:
-                continue
+        for chunks in dict.fromkeys((1, chunks_for(layers // p), layers // p)):
             scenario = megatron_scenario(row, chunks=chunks)
             v = scenario.parallel.virtual_pipeline_model_parallel_size
             error = run(scenario).metrics["iteration_time_s"] / megatron_measured_s(row) - 1
