@@ -33,9 +33,8 @@ from simulator.calibration import (  # noqa: E402
     calibration_toml,
     fit_constants,
     gemm_shapes,
-    model_seconds,
 )
-from simulator.compute import KERNEL_CONSTANTS  # noqa: E402
+from simulator.compute import KERNEL_CONSTANTS, gemm_seconds  # noqa: E402
 from simulator.presets import GPUS  # noqa: E402
 
 ELEMENTWISE_BYTES = [2**28, 2**29, 2**30, 2**31]  # one operand; an add reads two, writes one
@@ -90,7 +89,7 @@ def measure() -> tuple[list[GemmTiming], list[MemoryTiming], str, int]:
 def synthetic(gpu_name: str) -> tuple[list[GemmTiming], list[MemoryTiming], str, int]:
     """The built-in model's times for the same kernels (no GPU)."""
     gpu, c = GPUS[gpu_name], KERNEL_CONSTANTS[gpu_name]
-    gemms = [GemmTiming(*s, model_seconds(gpu, c, *s)) for s in gemm_shapes()]
+    gemms = [GemmTiming(*s, gemm_seconds(gpu, c, *s)) for s in gemm_shapes()]
     stream = gpu.hbm_gbytes_per_s * 1e9 * c.memory_efficiency
     memory = [MemoryTiming(3.0 * size, 3.0 * size / stream) for size in ELEMENTWISE_BYTES]
     return gemms, memory, "synthetic: the built-in model's own times", c.num_sms

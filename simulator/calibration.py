@@ -3,7 +3,7 @@
 The measurement script times GEMMs of transformer shapes and large element-wise
 kernels, then calls ``fit_constants``: the memory efficiency is the median of
 bytes / (time x HBM bandwidth); gemm_efficiency and gemm_k_half are the pair,
-on a grid, whose GEMM model (compute.gemm_efficiency, with the GPU's SM count
+on a grid, whose GEMM model (compute.gemm_seconds, with the GPU's SM count
 and the tile size) has the least mean squared relative error over the timed
 GEMMs. ``calibration_toml`` writes what the loader's ``read_calibration`` reads.
 """
@@ -14,9 +14,9 @@ import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from .compute import BYTES_PER_ELEMENT, gemm_efficiency
+from .compute import gemm_seconds
 from .spec import GpuSpec, KernelConstants
-from .units import gbytes_per_s_to_bytes_per_s, tflops_to_flops_per_s
+from .units import gbytes_per_s_to_bytes_per_s
 
 
 class GemmTiming(NamedTuple):
@@ -49,17 +49,6 @@ def gemm_shapes(hidden_sizes: Sequence[int] = (2048, 4096, 8192, 12288)) -> list
     return sorted(set(shapes))
 
 
-def model_seconds(gpu: GpuSpec, c: KernelConstants, m: int, n: int, k: int, batch: int) -> float:
-    """What the compute model says a GEMM takes (compute.ComputeModel.gemm)."""
-    flops = 2.0 * batch * m * n * k
-    compute_s = flops / (
-        tflops_to_flops_per_s(gpu.peak_tflops) * gemm_efficiency(c, m, n, k, batch)
-    )
-    stream = gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s) * c.memory_efficiency
-    memory_s = BYTES_PER_ELEMENT * batch * (m * k + k * n + m * n) / stream
-    return max(compute_s, memory_s)
-
-
 def fit_constants(
     gpu: GpuSpec,
     num_sms: int,
@@ -89,7 +78,7 @@ def fit_constants(
 
     def loss(c: KernelConstants) -> float:
         return sum(
-            (model_seconds(gpu, c, g.m, g.n, g.k, g.batch) / g.seconds - 1) ** 2 for g in gemms
+            (gemm_seconds(gpu, c, g.m, g.n, g.k, g.batch) / g.seconds - 1) ** 2 for g in gemms
         )
 
     grid = itertools.product(

@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .spec import KernelConstants, ModelSpec, ParallelConfig, Scenario, TrainingConfig
+from .spec import GpuSpec, KernelConstants, ModelSpec, ParallelConfig, Scenario, TrainingConfig
 from .units import gbytes_per_s_to_bytes_per_s, tflops_to_flops_per_s
 
 BYTES_PER_ELEMENT = 2  # fp16 / bf16 activations and weights
@@ -179,6 +179,20 @@ def gemm_efficiency(c: KernelConstants, m: float, n: float, k: float, batch: int
     return c.gemm_efficiency * tile * best
 
 
+def gemm_seconds(
+    gpu: GpuSpec, c: KernelConstants, m: float, n: float, k: float, batch: int = 1
+) -> float:
+    """An m x k by k x n GEMM (``batch`` of them): the slower of its FLOPs at the
+    shape's efficiency and its operands' bytes at the HBM streaming rate."""
+    flops = 2.0 * batch * m * n * k
+    compute_s = flops / (
+        tflops_to_flops_per_s(gpu.peak_tflops) * gemm_efficiency(c, m, n, k, batch)
+    )
+    stream_bytes_per_s = gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s) * c.memory_efficiency
+    memory_s = BYTES_PER_ELEMENT * batch * (m * k + k * n + m * n) / stream_bytes_per_s
+    return max(compute_s, memory_s)
+
+
 class ComputeModel:
     """Kernel times for one scenario's shapes on its GPU."""
 
@@ -187,22 +201,19 @@ class ComputeModel:
         self.model: ModelSpec = scenario.model
         self.parallel: ParallelConfig = scenario.parallel
         self.training: TrainingConfig = scenario.training
+        self.gpu: GpuSpec = gpu
         self.constants = constants_for(scenario)
-        self._peak_flops_per_s = tflops_to_flops_per_s(gpu.peak_tflops)
-        self._hbm_bytes_per_s = gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s)
-        self._stream_bytes_per_s = self._hbm_bytes_per_s * self.constants.memory_efficiency
+        self._stream_bytes_per_s = (
+            gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s) * self.constants.memory_efficiency
+        )
 
     # -- kernels ------------------------------------------------------------------------
 
     def gemm(self, m: float, n: float, k: float, batch: int = 1) -> Work:
-        """An m x k by k x n GEMM (``batch`` of them): the slower of its FLOPs at the
-        shape's efficiency and its operands' bytes at the HBM streaming rate."""
-        flops = 2.0 * batch * m * n * k
-        compute_s = flops / (
-            self._peak_flops_per_s * gemm_efficiency(self.constants, m, n, k, batch)
+        return Work(
+            duration_s=gemm_seconds(self.gpu, self.constants, m, n, k, batch),
+            flops=2.0 * batch * m * n * k,
         )
-        memory_s = BYTES_PER_ELEMENT * batch * (m * k + k * n + m * n) / self._stream_bytes_per_s
-        return Work(duration_s=max(compute_s, memory_s), flops=flops)
 
     def memory_bound(self, num_bytes: float) -> Work:
         return Work(duration_s=num_bytes / self._stream_bytes_per_s, flops=0.0)

@@ -8,6 +8,7 @@ model.num_attention_heads=128``.
 
 from __future__ import annotations
 
+import csv
 import json
 import tomllib
 from collections.abc import Iterable, Mapping
@@ -704,8 +705,6 @@ VALIDATION_FILES = {
 
 def read_validation_set(folder: str | Path) -> dict[str, list[dict[str, str]]]:
     """The calibration tables (scenarios/validation/) as rows of strings, by table."""
-    import csv
-
     folder = Path(folder)
     out = {}
     for table, name in VALIDATION_FILES.items():

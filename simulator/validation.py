@@ -21,6 +21,7 @@ This module reads no files: the loader turns the CSVs into rows.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
 from .engine import Trace
@@ -165,8 +166,6 @@ def layer_scenario(
 def _with_calibration(scenario: Scenario, calibration: KernelConstants | None) -> Scenario:
     if calibration is None:
         return scenario
-    from dataclasses import replace
-
     return replace(scenario, calibration=calibration)
 
 

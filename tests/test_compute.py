@@ -1,16 +1,17 @@
 """The kernel-level compute model against closed forms, and calibration files."""
 
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from simulator.calibration import GemmTiming, MemoryTiming, fit_constants, model_seconds
+from simulator.calibration import GemmTiming, MemoryTiming, fit_constants
 from simulator.cli import main
-from simulator.compute import KERNEL_CONSTANTS, ComputeModel, gemm_efficiency
-from simulator.loader import read_calibration
+from simulator.compute import KERNEL_CONSTANTS, ComputeModel, gemm_efficiency, gemm_seconds
+from simulator.loader import load_scenario, read_calibration
 from simulator.presets import GPUS
 from simulator.spec import KernelConstants, ScenarioError
 from tests.helpers import load
@@ -112,34 +113,47 @@ def test_fit_recovers_the_constants_that_made_the_timings():
         memory_efficiency=0.9,
     )
     shapes = [(4096, 4096, k, 1) for k in (64, 128, 512, 4096)] + [(2048, 2048, 128, 32)]
-    gemms = [GemmTiming(*s, model_seconds(gpu, truth, *s)) for s in shapes]
+    gemms = [GemmTiming(*s, gemm_seconds(gpu, truth, *s)) for s in shapes]
     memory = [MemoryTiming(3e9, 3e9 / (gpu.hbm_gbytes_per_s * 1e9 * 0.9))]
     fitted = fit_constants(gpu, truth.num_sms, gemms, memory, "test")
     assert (fitted.gemm_efficiency, fitted.gemm_k_half) == (0.66, 40.0)
     assert fitted.memory_efficiency == pytest.approx(0.9)
 
 
-def test_calibration_file_from_the_script_drives_run(tmp_path, capsys):
-    path = tmp_path / "a100.toml"
-    script = ROOT / "benchmarks" / "measure_kernels.py"
+@pytest.fixture(scope="module")
+def synthetic_file(tmp_path_factory):
+    """The calibration file measure_kernels.py writes without a GPU."""
+    path = tmp_path_factory.mktemp("calibration") / "a100.toml"
     subprocess.run(
-        [sys.executable, str(script), "--synthetic", "a100-sxm4-80gb", "--out", str(path)],
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "measure_kernels.py"),
+            "--synthetic",
+            "a100-sxm4-80gb",
+            "--out",
+            str(path),
+        ],
         check=True,
         capture_output=True,
     )
-    assert read_calibration(path) == dataclasses.replace(
+    return path
+
+
+def test_calibration_file_from_the_script_drives_run(synthetic_file, tmp_path, capsys):
+    assert read_calibration(synthetic_file) == dataclasses.replace(
         KERNEL_CONSTANTS["a100-sxm4-80gb"], source="synthetic: the built-in model's own times"
     )
-    slow = tmp_path / "slow.toml"
-    text = path.read_text()
     efficiency = KERNEL_CONSTANTS["a100-sxm4-80gb"].gemm_efficiency
+    slow = tmp_path / "slow.toml"
     slow.write_text(
-        text.replace(f"gemm_efficiency = {efficiency!r}", f"gemm_efficiency = {efficiency / 2!r}")
+        synthetic_file.read_text().replace(
+            f"gemm_efficiency = {efficiency!r}", f"gemm_efficiency = {efficiency / 2!r}"
+        )
     )
     times = []
-    for f in (path, slow):
+    for f in (synthetic_file, slow):
         assert main(["run", "scenarios/tiny-2gpu.toml", "--calibration", str(f), "--json"]) == 0
-        times.append(float(capsys.readouterr().out.split('"iteration_time_s": ')[1].split(",")[0]))
+        times.append(json.loads(capsys.readouterr().out)["iteration_time_s"])
     assert times[1] > 1.3 * times[0]
 
 
@@ -159,26 +173,11 @@ def test_calibration_file_from_the_script_drives_run(tmp_path, capsys):
         (("[constants]", "[constant]"), "needs a [constants] table"),
     ],
 )
-def test_bad_calibration_files_are_one_line_errors(tmp_path, capsys, edit, message):
-    good = tmp_path / "good.toml"
-    subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "measure_kernels.py"),
-            "--synthetic",
-            "a100-sxm4-80gb",
-            "--out",
-            str(good),
-        ],
-        check=True,
-        capture_output=True,
-    )
+def test_bad_calibration_files_are_one_line_errors(synthetic_file, tmp_path, capsys, edit, message):
     bad = tmp_path / "bad.toml"
-    bad.write_text(good.read_text().replace(*edit, 1))
+    bad.write_text(synthetic_file.read_text().replace(*edit, 1))
     assert main(["run", "scenarios/tiny-2gpu.toml", "--calibration", str(bad)]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
     with pytest.raises(ScenarioError):
-        from simulator.loader import load_scenario
-
         load_scenario("scenarios/tiny-2gpu.toml", calibration=bad)
