@@ -52,11 +52,11 @@ def run_phases(env: simpy.Environment, start, phases: Collective) -> simpy.Event
     return done
 
 
-def solo_rate_bytes_per_s(transfer: Transfer, capacities: Sequence[float]) -> float:
-    """Rate of a transfer alone on the network: its tightest link divided among its flows."""
-    return min(
-        capacities[link] / mult for link, mult in zip(transfer.links, transfer.mults, strict=True)
-    )
+def solo_rate_bytes_per_s(
+    links: Sequence[int], mults: Sequence[int], capacities: Sequence[float]
+) -> float:
+    """Rate of a coupled flow alone on the network: its tightest link divided among its flows."""
+    return min(capacities[link] / mult for link, mult in zip(links, mults, strict=True))
 
 
 class AnalyticalNetwork:
@@ -72,7 +72,7 @@ class AnalyticalNetwork:
         self.num_transfers += 1
         duration_s = transfer.latency_s
         if transfer.bytes_per_flow > 0 and transfer.links:
-            rate = solo_rate_bytes_per_s(transfer, self.capacities)
+            rate = solo_rate_bytes_per_s(transfer.links, transfer.mults, self.capacities)
             start_s = self.env.now + duration_s
             duration_s += transfer.bytes_per_flow / rate
             self.intervals.append(
@@ -135,26 +135,47 @@ class FairShareNetwork:
 
     def _start(self, flow: _Flow) -> None:
         flow.updated_s = self.env.now
+        alone = True
         for link in flow.links:
-            self._on_link[link][flow] = None
-        self._mark_dirty(flow.links)
+            on_link = self._on_link[link]
+            alone = alone and not on_link
+            on_link[flow] = None
+        if alone:
+            # Nothing else on its links: max-min gives the solo rate, no recompute needed.
+            # A flow joining later (even at this instant) marks the links and re-rates it.
+            self._set_rate(flow, solo_rate_bytes_per_s(flow.links, flow.mults, self.capacities))
+        else:
+            self._mark_dirty(flow.links)
 
     def _finish(self, flow: _Flow, version: int) -> None:
         if version != flow.version:
             return  # its rate changed after this wake-up was scheduled
+        shared = []
         for link in flow.links:
-            del self._on_link[link][flow]
+            on_link = self._on_link[link]
+            del on_link[flow]
+            if on_link:
+                shared.append(link)
         self._close_interval(flow, self.env.now)
         flow.bytes_left = 0.0
         flow.rate = 0.0
-        self._mark_dirty(flow.links)
+        if shared:  # only flows on these links can speed up
+            self._mark_dirty(shared)
         flow.done.succeed()
+
+    def _set_rate(self, flow: _Flow, rate: float) -> None:
+        """Give the flow a new rate and schedule its end at that rate."""
+        flow.rate = rate
+        flow.version += 1
+        version = flow.version
+        wake = self.env.timeout(max(flow.bytes_left, 0.0) / rate)
+        wake.callbacks.append(lambda _: self._finish(flow, version))
 
     def _close_interval(self, flow: _Flow, now: float) -> None:
         if flow.rate > 0 and now > flow.updated_s:
             self.intervals.append(Interval(flow.links, flow.mults, flow.rate, flow.updated_s, now))
 
-    def _mark_dirty(self, links: tuple[int, ...]) -> None:
+    def _mark_dirty(self, links: Sequence[int]) -> None:
         self._dirty.update(links)
         if not self._recompute_pending:
             self._recompute_pending = True
@@ -177,10 +198,7 @@ class FairShareNetwork:
             flow.updated_s = now
         for flow, rate in zip(flows, self._max_min(flows), strict=True):
             if rate != flow.rate:
-                flow.rate = rate
-                flow.version += 1
-                wake = self.env.timeout(max(flow.bytes_left, 0.0) / rate)
-                wake.callbacks.append(lambda _, f=flow, v=flow.version: self._finish(f, v))
+                self._set_rate(flow, rate)
 
     def _component(self, links: list[int]) -> list[_Flow]:
         """Every active flow connected to these links through shared links, in start order."""
