@@ -61,6 +61,12 @@ def simulate(
 
 
 class _Engine:
+    """Each lane is a small state machine driven by simpy callbacks: it runs its ops
+    until one must wait (a compute op's timeout, a blocking transfer, an op another lane
+    has not finished) and resumes from the callback. That is one simpy event per compute
+    op and none per dependency, where a generator process per lane costs a resume per
+    yield; the walk itself is the same."""
+
     def __init__(self, workload: Workload, network: str, capacities: Sequence[float]) -> None:
         self.workload = workload
         self.env = simpy.Environment()
@@ -68,16 +74,22 @@ class _Engine:
         n = len(workload.ops)
         self.start_s: list[float | None] = [None] * n
         self.end_s: list[float | None] = [None] * n
-        self.events: dict[int, simpy.Event] = {}
+        self.waiters: dict[int, list[int]] = {}  # op -> lanes waiting for it
         self.spans: list[Span] = []
         # The last op's end, not env.now: stale network wake-ups (simpy cannot cancel a
         # timeout) may still be queued after the last op and would run the clock on.
         self.last_end_s = 0.0
-        self.position = [0] * len(workload.lanes)  # next op per lane, for deadlock reports
+        num_lanes = len(workload.lanes)
+        self.position = [0] * num_lanes  # next op per lane (also for deadlock reports)
+        self.next_dep = [0] * num_lanes  # within that op, the first dep not yet checked
+        self.waited_from = [0.0] * num_lanes
+        self.ready: list[int] = []  # lanes to advance now, in order
+        self.draining = False
+        # one callback per lane for "the op it is running has ended"
+        self.op_ended = [self._op_ended_callback(i) for i in range(num_lanes)]
 
     def run(self) -> Trace:
-        for lane in self.workload.lanes:
-            self.env.process(self._walk(lane))
+        self._wake(range(len(self.workload.lanes)))
         self.env.run()
         self._check_finished()
         return Trace(
@@ -88,58 +100,109 @@ class _Engine:
             self.network.intervals,
         )
 
+    def _op_ended_callback(self, lane: int):
+        def ended(_event=None) -> None:
+            self._end_running_op(lane)
+            self._wake((lane,))
+
+        return ended
+
+    def _wake(self, lanes) -> None:
+        """Advance these lanes, and any they release, one after another (no recursion)."""
+        self.ready.extend(lanes)
+        if self.draining:
+            return
+        self.draining = True
+        ready = self.ready
+        while ready:
+            self._advance(ready.pop(0) if len(ready) > 1 else ready.pop())
+        self.draining = False
+
     def _done(self, index: int) -> None:
         self.end_s[index] = now = self.env.now
         if now > self.last_end_s:
             self.last_end_s = now
-        event = self.events.pop(index, None)
-        if event is not None:
-            event.succeed()
+        lanes = self.waiters.pop(index, None)
+        if lanes is not None:
+            for lane in lanes:
+                self._record_wait(lane, index)
+            self.ready.extend(lanes)
 
-    def _walk(self, lane: Lane):
-        env, ops, spans = self.env, self.workload.ops, self.spans
-        gpu, stream = lane.gpu, lane.stream
-        for position, index in enumerate(lane.ops):
-            self.position[lane.index] = position
-            op = ops[index]
-            for dep in op.deps:
-                if self.end_s[dep] is None:
-                    waited_from = env.now
-                    event = self.events.get(dep)
-                    if event is None:
-                        event = self.events[dep] = env.event()
-                    yield event
-                    self._record_wait(gpu, stream, op, dep, waited_from)
-            start = env.now
-            self.start_s[index] = start
-            kind = op.kind
-            if kind in COMPUTE_KINDS:
-                if op.duration_s > 0:
-                    yield env.timeout(op.duration_s)
-                    spans.append(Span(gpu, stream, kind, op.label, op.microbatch, start, env.now))
-            elif kind != BARRIER:
-                done = self.network.transfer(op.transfer)
-                if not op.blocking:
-                    done.callbacks.append(lambda _, i=index, g=gpu: self._transfer_done(i, g))
-                    continue
-                yield done
-                if env.now > start:
-                    spans.append(Span(gpu, stream, kind, op.label, op.microbatch, start, env.now))
-            self._done(index)
-        self.position[lane.index] = len(lane.ops)
-
-    def _transfer_done(self, index: int, gpu: int) -> None:
+    def _end_running_op(self, lane_index: int) -> None:
+        """The compute op or blocking transfer the lane was running has finished."""
+        lane = self.workload.lanes[lane_index]
+        index = lane.ops[self.position[lane_index]]
         op = self.workload.ops[index]
         start = self.start_s[index]
         if self.env.now > start:
-            stream = _STREAM_OF_COMM[op.kind]
             self.spans.append(
-                Span(gpu, stream, op.kind, op.label, op.microbatch, start, self.env.now)
+                Span(lane.gpu, lane.stream, op.kind, op.label, op.microbatch, start, self.env.now)
             )
         self._done(index)
+        self.position[lane_index] += 1
+        self.next_dep[lane_index] = 0
 
-    def _record_wait(self, gpu: int, stream: str, op, dep: int, waited_from: float) -> None:
-        now = self.env.now
+    def _advance(self, lane_index: int) -> None:
+        """Run the lane's ops until one has to wait."""
+        env, ops, end_s = self.env, self.workload.ops, self.end_s
+        lane = self.workload.lanes[lane_index]
+        lane_ops = lane.ops
+        position = self.position[lane_index]
+        while position < len(lane_ops):
+            index = lane_ops[position]
+            op = ops[index]
+            deps = op.deps
+            d = self.next_dep[lane_index]
+            while d < len(deps):
+                dep = deps[d]
+                d += 1
+                if end_s[dep] is None:
+                    self.next_dep[lane_index] = d
+                    self.position[lane_index] = position
+                    self.waited_from[lane_index] = env.now
+                    self.waiters.setdefault(dep, []).append(lane_index)
+                    return
+            self.start_s[index] = env.now
+            kind = op.kind
+            if kind in COMPUTE_KINDS:
+                if op.duration_s > 0:
+                    self.position[lane_index] = position
+                    env.timeout(op.duration_s).callbacks.append(self.op_ended[lane_index])
+                    return
+            elif kind != BARRIER:
+                if op.blocking:
+                    self.position[lane_index] = position
+                    self.network.start(op.transfer, self.op_ended[lane_index])
+                    return
+                self.network.start(op.transfer, self._transfer_done_callback(index, lane.gpu))
+                self.next_dep[lane_index] = 0
+                position += 1
+                continue
+            self._done(index)
+            self.next_dep[lane_index] = 0
+            position += 1
+        self.position[lane_index] = position
+
+    def _transfer_done_callback(self, index: int, gpu: int):
+        def done() -> None:
+            op = self.workload.ops[index]
+            start = self.start_s[index]
+            if self.env.now > start:
+                stream = _STREAM_OF_COMM[op.kind]
+                self.spans.append(
+                    Span(gpu, stream, op.kind, op.label, op.microbatch, start, self.env.now)
+                )
+            self._done(index)
+            self._wake(())
+
+        return done
+
+    def _record_wait(self, lane_index: int, dep: int) -> None:
+        """The lane waited for ``dep`` from ``waited_from`` until now: idle or exposed comm."""
+        now, waited_from = self.env.now, self.waited_from[lane_index]
+        lane = self.workload.lanes[lane_index]
+        op = self.workload.ops[lane.ops[self.position[lane_index]]]
+        gpu, stream = lane.gpu, lane.stream
         dep_op = self.workload.ops[dep]
         wait_kind = _WAIT_KIND.get(dep_op.kind)
         if wait_kind is None:

@@ -41,8 +41,16 @@ def mean_utilization(
     capacity = np.asarray(capacities, dtype=np.float64)
     if not intervals or end_s <= 0:
         return np.zeros_like(capacity)
-    links, loads, starts, ends = _rows(intervals)
-    carried = np.bincount(links, weights=loads * (ends - starts), minlength=len(capacity))
+    # Bytes per real flow, summed per coupled-flow shape first: a large run has few
+    # shapes (one per collective and send of a stage) and many intervals of each.
+    per_shape: dict[tuple, float] = {}
+    for iv in intervals:
+        key = (iv.links, iv.mults)
+        per_shape[key] = per_shape.get(key, 0.0) + iv.rate_bytes_per_s * (iv.end_s - iv.start_s)
+    carried = np.zeros_like(capacity)
+    for (links, mults), moved_bytes in per_shape.items():
+        # a shape lists each link once, so fancy-index addition is exact
+        carried[list(links)] += np.asarray(mults, dtype=np.float64) * moved_bytes
     return carried / (capacity * end_s)
 
 

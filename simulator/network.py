@@ -1,6 +1,7 @@
 """How long bytes take: transfers become flows on directed links.
 
-Two models share one method, ``transfer(Transfer) -> simpy.Event``:
+Two models share one method, ``start(transfer, on_done)``, which calls
+``on_done()`` when the transfer (or every phase of a collective) has finished:
 
 - `AnalyticalNetwork`: every transfer runs as if alone on the cluster:
   latency + bytes / bottleneck, where the bottleneck counts only the
@@ -17,7 +18,7 @@ Two models share one method, ``transfer(Transfer) -> simpy.Event``:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import simpy
@@ -38,18 +39,47 @@ class Interval(NamedTuple):
     end_s: float
 
 
-def run_phases(env: simpy.Environment, start, phases: Collective) -> simpy.Event:
-    """Start each phase when the previous one ends; one event for the whole collective."""
-    done = env.event()
+def start_phases(start, phases: Collective, on_done: Callable[[], None]) -> None:
+    """Start each phase when the previous one ends; ``on_done`` after the last."""
+    if len(phases) == 1:
+        start(phases[0], on_done)
+        return
 
     def next_phase(index: int) -> None:
         if index == len(phases):
-            done.succeed()
-            return
-        start(phases[index]).callbacks.append(lambda _: next_phase(index + 1))
+            on_done()
+        else:
+            start(phases[index], lambda: next_phase(index + 1))
 
     next_phase(0)
-    return done
+
+
+class _Network:
+    """What both models share: a transfer or collective started now calls ``on_done``
+    when it has finished (a callback rather than a simpy event: one event less per
+    transfer, and the engine's lanes are driven by callbacks too)."""
+
+    def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
+        self.env = env
+        self.capacities = list(capacities)
+        self.num_transfers = 0
+        self.intervals: list[Interval] = []  # every stretch of constant rate, for link stats
+
+    def start(self, transfer: Transfer | Collective, on_done: Callable[[], None]) -> None:
+        if isinstance(transfer, Transfer):
+            self.num_transfers += 1
+            self._start_transfer(transfer, on_done)
+        else:
+            start_phases(self.start, transfer, on_done)
+
+    def transfer(self, transfer: Transfer | Collective) -> simpy.Event:
+        """The same as an event, for simpy processes (tests, scripts)."""
+        done = self.env.event()
+        self.start(transfer, done.succeed)
+        return done
+
+    def _start_transfer(self, transfer: Transfer, on_done: Callable[[], None]) -> None:
+        raise NotImplementedError
 
 
 def solo_rate_bytes_per_s(
@@ -59,17 +89,8 @@ def solo_rate_bytes_per_s(
     return min(capacities[link] / mult for link, mult in zip(links, mults, strict=True))
 
 
-class AnalyticalNetwork:
-    def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
-        self.env = env
-        self.capacities = list(capacities)
-        self.num_transfers = 0
-        self.intervals: list[Interval] = []
-
-    def transfer(self, transfer: Transfer | Collective) -> simpy.Event:
-        if not isinstance(transfer, Transfer):
-            return run_phases(self.env, self.transfer, transfer)
-        self.num_transfers += 1
+class AnalyticalNetwork(_Network):
+    def _start_transfer(self, transfer: Transfer, on_done: Callable[[], None]) -> None:
         duration_s = transfer.latency_s
         if transfer.bytes_per_flow > 0 and transfer.links:
             rate = solo_rate_bytes_per_s(transfer.links, transfer.mults, self.capacities)
@@ -78,50 +99,64 @@ class AnalyticalNetwork:
             self.intervals.append(
                 Interval(transfer.links, transfer.mults, rate, start_s, self.env.now + duration_s)
             )
-        return self.env.timeout(duration_s)
+        self.env.timeout(duration_s).callbacks.append(lambda _: on_done())
 
 
 class _Flow:
-    __slots__ = ("seq", "links", "mults", "bytes_left", "rate", "updated_s", "version", "done")
+    __slots__ = (
+        "seq",
+        "links",
+        "mults",
+        "bytes_left",
+        "rate",
+        "solo_rate",
+        "updated_s",
+        "version",
+        "on_done",
+    )
 
-    def __init__(self, seq: int, transfer: Transfer, done: simpy.Event) -> None:
+    def __init__(self, seq: int, transfer: Transfer, on_done: Callable[[], None]) -> None:
         self.seq = seq
         self.links = transfer.links
         self.mults = transfer.mults
         self.bytes_left = transfer.bytes_per_flow
         self.rate = 0.0
+        self.solo_rate = 0.0
         self.updated_s = 0.0
         self.version = 0
-        self.done = done
+        self.on_done = on_done
 
 
-class FairShareNetwork:
+class FairShareNetwork(_Network):
     def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
-        self.env = env
-        self.capacities = list(capacities)
+        super().__init__(env, capacities)
         assert all(0 < c < float("inf") for c in self.capacities), "link capacities must be finite"
         # Active flows per link, in start order (dicts keep insertion order: deterministic).
         self._on_link: list[dict[_Flow, None]] = [{} for _ in self.capacities]
         self._dirty: set[int] = set()
         self._recompute_pending = False
         self._seq = 0
-        self.num_transfers = 0
         self.num_recomputes = 0
-        self.intervals: list[Interval] = []  # every stretch of constant rate, for link stats
+        # solo rate per transfer, by identity (a workload reuses one Transfer for every
+        # collective of a kind on a stage); the transfer is kept so its id stays unique
+        self._solo: dict[int, tuple[Transfer, float]] = {}
 
-    def transfer(self, transfer: Transfer | Collective) -> simpy.Event:
-        if not isinstance(transfer, Transfer):
-            return run_phases(self.env, self.transfer, transfer)
-        self.num_transfers += 1
-        done = self.env.event()
+    def _start_transfer(self, transfer: Transfer, on_done: Callable[[], None]) -> None:
         latency = self.env.timeout(transfer.latency_s)
         if transfer.bytes_per_flow <= 0 or not transfer.links:
-            latency.callbacks.append(lambda _: done.succeed())
-            return done
+            latency.callbacks.append(lambda _: on_done())
+            return
         self._seq += 1
-        flow = _Flow(self._seq, transfer, done)
+        flow = _Flow(self._seq, transfer, on_done)
+        flow.solo_rate = self._solo_rate(transfer)
         latency.callbacks.append(lambda _: self._start(flow))
-        return done
+
+    def _solo_rate(self, transfer: Transfer) -> float:
+        cached = self._solo.get(id(transfer))
+        if cached is None:
+            rate = solo_rate_bytes_per_s(transfer.links, transfer.mults, self.capacities)
+            cached = self._solo[id(transfer)] = (transfer, rate)
+        return cached[1]
 
     def link_load_bytes_per_s(self) -> list[float]:
         """Bytes/s each link carries right now (multiplicities included)."""
@@ -143,7 +178,7 @@ class FairShareNetwork:
         if alone:
             # Nothing else on its links: max-min gives the solo rate, no recompute needed.
             # A flow joining later (even at this instant) marks the links and re-rates it.
-            self._set_rate(flow, solo_rate_bytes_per_s(flow.links, flow.mults, self.capacities))
+            self._set_rate(flow, flow.solo_rate)
         else:
             self._mark_dirty(flow.links)
 
@@ -161,7 +196,7 @@ class FairShareNetwork:
         flow.rate = 0.0
         if shared:  # only flows on these links can speed up
             self._mark_dirty(shared)
-        flow.done.succeed()
+        flow.on_done()
 
     def _set_rate(self, flow: _Flow, rate: float) -> None:
         """Give the flow a new rate and schedule its end at that rate."""

@@ -117,6 +117,10 @@ class WorkloadBuilder:
     def build(self) -> Workload:
         ops = []
         for fields in self._ops:
+            if not fields[8]:
+                fields[8] = ()
+                ops.append(Op(*fields))
+                continue
             try:
                 fields[8] = tuple(d if isinstance(d, int) else self._keys[d] for d in fields[8])
             except KeyError as exc:
