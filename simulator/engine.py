@@ -87,6 +87,12 @@ class _Engine:
         self.draining = False
         # one callback per lane for "the op it is running has ended"
         self.op_ended = [self._op_ended_callback(i) for i in range(num_lanes)]
+        # exact mode: a collective's member ops by its first member, and how many arrived
+        self.members: dict[int, list[int]] = {}
+        for op in workload.ops:
+            if op.rendezvous >= 0:
+                self.members.setdefault(op.rendezvous, []).append(op.index)
+        self.arrived: dict[int, int] = {}
 
     def run(self) -> Trace:
         self._wake(range(len(self.workload.lanes)))
@@ -169,6 +175,14 @@ class _Engine:
                     self.position[lane_index] = position
                     env.timeout(op.duration_s).callbacks.append(self.op_ended[lane_index])
                     return
+            elif kind != BARRIER and op.rendezvous >= 0:
+                self._arrive(op)
+                if op.blocking:
+                    self.position[lane_index] = position
+                    return
+                self.next_dep[lane_index] = 0
+                position += 1
+                continue
             elif kind != BARRIER:
                 if op.blocking:
                     self.position[lane_index] = position
@@ -183,15 +197,40 @@ class _Engine:
             position += 1
         self.position[lane_index] = position
 
+    def _arrive(self, op) -> None:
+        """A member GPU reached a collective; the last one to arrive starts it."""
+        first = op.rendezvous
+        count = self.arrived.get(first, 0) + 1
+        self.arrived[first] = count
+        if count == len(self.members[first]):
+            self.network.start(op.transfer, lambda: self._collective_done(first))
+
+    def _collective_done(self, first: int) -> None:
+        """Every member's op ends: the lanes blocked on it go on."""
+        ops, lanes = self.workload.ops, self.workload.lanes
+        for index in self.members[first]:
+            op = ops[index]
+            if op.blocking:
+                self._end_running_op(op.lane)
+                self.ready.append(op.lane)
+            else:
+                self._comm_span(index, lanes[op.lane].gpu)
+                self._done(index)
+        self._wake(())
+
+    def _comm_span(self, index: int, gpu: int) -> None:
+        """The span of a non-blocking transfer, on its own stream of the GPU."""
+        op = self.workload.ops[index]
+        start = self.start_s[index]
+        if self.env.now > start:
+            stream = _STREAM_OF_COMM[op.kind]
+            self.spans.append(
+                Span(gpu, stream, op.kind, op.label, op.microbatch, start, self.env.now)
+            )
+
     def _transfer_done_callback(self, index: int, gpu: int):
         def done() -> None:
-            op = self.workload.ops[index]
-            start = self.start_s[index]
-            if self.env.now > start:
-                stream = _STREAM_OF_COMM[op.kind]
-                self.spans.append(
-                    Span(gpu, stream, op.kind, op.label, op.microbatch, start, self.env.now)
-                )
+            self._comm_span(index, gpu)
             self._done(index)
             self._wake(())
 

@@ -96,6 +96,7 @@ _KEYS: dict[str, dict[str, type]] = {
     "network": {
         "model": str,
         "collective_algorithm": str,
+        "symmetry": bool,
     },
 }
 _CHOICES: dict[str, tuple[str, ...]] = {

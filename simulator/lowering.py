@@ -94,68 +94,109 @@ def stage_orders(scenario: Scenario) -> list[list[Step]]:
 
 
 class _StageComm:
-    """The transfers one stage uses, built once per stage."""
+    """The transfers one stage uses, built once per stage and shape.
+
+    Symmetric mode: each transfer is the representative GPU's (tensor rank 0 of replica
+    0) and carries the flows of every congruent group of the stage. Exact mode: the
+    transfer of the group of GPU (tensor rank ``j``, replica ``d``) alone."""
 
     def __init__(self, scenario: Scenario, fabric: Fabric, layout: Layout, stage: int) -> None:
         self.fabric, self.layout, self.stage = fabric, layout, stage
+        self.exact = not scenario.network.symmetry
         self.algorithm = scenario.network.collective_algorithm
         m, b = scenario.model, scenario.training.micro_batch_size
-        activation_bytes = b * m.seq_length * m.hidden_size * BYTES_PER_ELEMENT
-        tp_groups = [layout.tp_group(d, stage) for d in range(layout.data)]
-        self.tp = {
-            kind: collectives.ring(kind, tp_groups, activation_bytes, fabric)
-            for kind in ("reduce_scatter", "all_gather")
-        }
-        self.tp["all_reduce"] = collectives.all_reduce(
-            self.algorithm, tp_groups, activation_bytes, fabric
-        )
-        self.shard_bytes = activation_bytes / layout.tensor
-        self._sends: dict[int, Transfer] = {}
+        self.activation_bytes = b * m.seq_length * m.hidden_size * BYTES_PER_ELEMENT
+        self.shard_bytes = self.activation_bytes / layout.tensor
+        self._cache: dict[tuple, Transfer | Collective | None] = {}
 
-    def send_to(self, other: int) -> Transfer:
+    def _cached(self, key: tuple, make):
+        if key not in self._cache:
+            self._cache[key] = make()
+        return self._cache[key]
+
+    def tp(self, kind: str, d: int) -> Transfer | Collective | None:
+        """A tensor-parallel ``all_reduce``, ``reduce_scatter`` or ``all_gather`` of one
+        micro-batch's activations in replica ``d``; None for one tensor rank."""
+        layout = self.layout
+        replicas = [d] if self.exact else range(layout.data)
+        groups = [layout.tp_group(r, self.stage) for r in replicas]
+
+        def make():
+            if kind == "all_reduce":
+                return collectives.all_reduce(
+                    self.algorithm, groups, self.activation_bytes, self.fabric
+                )
+            return collectives.ring(kind, groups, self.activation_bytes, self.fabric)
+
+        return self._cached(("tp", kind, d if self.exact else 0), make)
+
+    def send_to(self, other: int, j: int, d: int) -> Transfer:
         """Activations or gradients of one micro-batch to pipeline rank ``other``."""
-        if other not in self._sends:
-            pairs = [
-                (self.layout.gpu(j, d, self.stage), self.layout.gpu(j, d, other))
-                for d in range(self.layout.data)
-                for j in range(self.layout.tensor)
-            ]
-            self._sends[other] = collectives.point_to_point(pairs, self.shard_bytes, self.fabric)
-        return self._sends[other]
+        layout = self.layout
+        if self.exact:
+            ranks = [(j, d)]
+        else:
+            ranks = [(t, r) for r in range(layout.data) for t in range(layout.tensor)]
+        pairs = [(layout.gpu(t, r, self.stage), layout.gpu(t, r, other)) for t, r in ranks]
+        key = ("send", other, *ranks[0])
+        return self._cached(
+            key, lambda: collectives.point_to_point(pairs, self.shard_bytes, self.fabric)
+        )
 
-    def dp_collective(self, kind: str, message_bytes: float) -> Collective | None:
-        """``all-reduce``, ``reduce-scatter`` or ``all-gather`` over this stage's
-        data-parallel groups (one per tensor rank)."""
-        groups = [self.layout.dp_group(j, self.stage) for j in range(self.layout.tensor)]
-        if kind == "all-reduce":
-            return collectives.all_reduce(self.algorithm, groups, message_bytes, self.fabric)
-        ring_kind = {"reduce-scatter": "reduce_scatter", "all-gather": "all_gather"}[kind]
-        return collectives.ring(ring_kind, groups, message_bytes, self.fabric)
+    def dp_collective(self, kind: str, message_bytes: float, j: int) -> Collective | None:
+        """``all-reduce``, ``reduce-scatter`` or ``all-gather`` over the data-parallel
+        group of tensor rank ``j`` (and, symmetric, the congruent groups of the others)."""
+        layout = self.layout
+        ranks = [j] if self.exact else range(layout.tensor)
+        groups = [layout.dp_group(t, self.stage) for t in ranks]
+
+        def make():
+            if kind == "all-reduce":
+                return collectives.all_reduce(self.algorithm, groups, message_bytes, self.fabric)
+            ring_kind = {"reduce-scatter": "reduce_scatter", "all-gather": "all_gather"}[kind]
+            return collectives.ring(ring_kind, groups, message_bytes, self.fabric)
+
+        return self._cached(("dp", kind, message_bytes, groups[0][0]), make)
 
 
 def lower(scenario: Scenario, cluster) -> Workload:
-    """Build the ops of one training iteration, one compute lane per pipeline stage."""
+    """Build the ops of one training iteration: one compute lane per pipeline stage
+    (symmetric mode) or per GPU (exact mode, ``network.symmetry = false``)."""
     layout = layout_of(scenario)
     fabric = Fabric.of(cluster, us_to_s(scenario.cluster.collective_base_latency_us))
     compute = ComputeModel(scenario)
     builder = WorkloadBuilder()
     orders = stage_orders(scenario)
+    if scenario.network.symmetry:
+        ranks = [(0, 0)]
+    else:
+        ranks = [(j, d) for d in range(layout.data) for j in range(layout.tensor)]
     for stage, order in enumerate(orders):
-        _Stage(builder, scenario, fabric, layout, compute, stage).lower(order)
+        comm = _StageComm(scenario, fabric, layout, stage)
+        for j, d in ranks:
+            _Stage(builder, scenario, comm, compute, stage, j, d).lower(order)
     return builder.build()
 
 
 class _Stage:
-    """The ops of one pipeline stage (rank): its compute lane and, under fully sharded
-    data parallelism, a second lane (stream "dp") for the parameter all-gathers and
-    gradient reduce-scatters, which FSDP runs one at a time on its own stream.
+    """The ops of one GPU of a pipeline stage (tensor rank ``j`` of replica ``d``): its
+    compute lane and, under fully sharded data parallelism, a second lane (stream "dp")
+    for the parameter all-gathers and gradient reduce-scatters, which FSDP runs one at
+    a time on its own stream. Symmetric mode lowers only (0, 0), standing for the
+    stage's T x D GPUs; exact mode lowers every GPU, and its collectives are
+    rendezvous named by the group and a running count (every member lowers the same
+    ops in the same order, so the counts agree).
 
     With v chunks per rank, chunk k holds virtual stage ``stage_of(rank, k)`` and
     L / (p v) layers; a chunk sends to the rank holding the next virtual stage, or,
     when that is itself (the turn of ZB-V's V), hands over with no transfer."""
 
-    def __init__(self, builder, scenario, fabric, layout, compute, stage) -> None:
+    def __init__(self, builder, scenario, comm: _StageComm, compute, stage, j, d) -> None:
+        layout = comm.layout
         self.b, self.stage, self.layout = builder, stage, layout
+        self.j, self.d, self.who = j, d, (j, d)
+        self.exact = comm.exact
+        self.num_collectives = {"tp": 0, "dp": 0}
         p, v = layout.pipeline, scenario.parallel.virtual_pipeline_model_parallel_size
         self.num_chunks, self.num_virtual = v, p * v
         placement = scenario.training.placement
@@ -171,15 +212,15 @@ class _Stage:
         # the async TP all-reduce needs the weight gradient right after the input's
         self.async_tp = scenario.training.async_tensor_model_parallel_allreduce and not self.split
         self.async_count = 0
-        self.comm = _StageComm(scenario, fabric, layout, stage)
+        self.comm = comm
         self.layer, self.extras, self.compute = compute.layer(), compute.extras(), compute
         self.layer_params = layer_params_per_rank(scenario)
         self.params = stage_params_per_rank(scenario, stage)
         self.rest_params = self.params - v * self.layers_per_chunk * self.layer_params
         # the chunk whose passes carry the embedding/output weights (FSDP gathers them)
         self.rest_chunk = 0 if stage == 0 else v - 1
-        gpu = layout.gpu(0, 0, stage)
-        stands_for = layout.tensor * layout.data
+        gpu = layout.gpu(j, d, stage)
+        stands_for = 1 if self.exact else layout.tensor * layout.data
         self.lane = builder.lane(gpu=gpu, stream="compute", stage=stage, stands_for=stands_for)
         self.side = None
         if self.sharding == "full":
@@ -194,12 +235,22 @@ class _Stage:
             self.lane, kind, label, microbatch=mb, duration_s=w.duration_s, flops=w.flops, deps=deps
         )
 
+    def collective(self, lane: int, kind: str, label: str, transfer, **fields) -> None:
+        """A collective op (TP_COMM or DP_SYNC); in exact mode a rendezvous of the group."""
+        group = "tp" if kind == TP_COMM else "dp"
+        rendezvous = None
+        if self.exact:
+            n = self.num_collectives[group] = self.num_collectives[group] + 1
+            # a TP group is the replica's tensor ranks, a DP group the tensor rank's replicas
+            rendezvous = (group, self.stage, self.d if group == "tp" else self.j, n)
+        self.b.add(lane, kind, label, transfer=transfer, rendezvous=rendezvous, **fields)
+
     def tp(self, label: str, mb: int, kind: str, deps: Sequence[object]) -> Sequence[object]:
         """A TP collective if the group has more than one GPU; returns deps not yet used."""
-        transfer = self.comm.tp[kind]
+        transfer = self.comm.tp(kind, self.d)
         if transfer is None:
             return deps
-        self.b.add(self.lane, TP_COMM, label, microbatch=mb, transfer=transfer, deps=deps)
+        self.collective(self.lane, TP_COMM, label, transfer, microbatch=mb, deps=deps)
         return ()
 
     def block(self, kind: str, label: str, mb: int, w: Work, deps: Sequence[object] = ()) -> None:
@@ -215,30 +266,23 @@ class _Stage:
         collective runs while the weight gradient of the block's first GEMM computes,
         and what follows waits for it (an all-gather under SP stays in front)."""
         kind = "reduce_scatter" if self.sequence_parallel else "all_reduce"
-        if not self.async_tp or self.comm.tp[kind] is None:
+        transfer = self.comm.tp(kind, self.d)
+        if not self.async_tp or transfer is None:
             self.block(BACKWARD, label, mb, w, deps)
             return
         if self.sequence_parallel:
             deps = self.tp(label, mb, "all_gather", deps)
         self.work(BACKWARD, label, mb, w - last_weight, deps)
         self.async_count += 1
-        key = ("tp async", self.stage, self.async_count)
-        self.b.add(
-            self.lane,
-            TP_COMM,
-            label,
-            microbatch=mb,
-            transfer=self.comm.tp[kind],
-            blocking=False,
-            key=key,
-        )
+        key = ("tp async", self.who, self.stage, self.async_count)
+        self.collective(self.lane, TP_COMM, label, transfer, microbatch=mb, blocking=False, key=key)
         self.work(BACKWARD, label, mb, last_weight)
         self.b.add(self.lane, BARRIER, label, microbatch=mb, deps=[key])
 
     def hand_over(self, label: str, mb: int, kind: str, virtual: int, to: int) -> None:
         """Make this pass's output available to virtual stage ``to``: a pipeline send, or
         nothing but a name when this rank holds that stage too."""
-        key = ("pp", virtual, kind, mb)
+        key = ("pp", self.who, virtual, kind, mb)
         other = holder_of(to, self.layout.pipeline, self.placement)[0]
         if other == self.stage:
             self.b.name_last(self.lane, key)
@@ -248,7 +292,7 @@ class _Stage:
             PP_SEND,
             label,
             microbatch=mb,
-            transfer=self.comm.send_to(other),
+            transfer=self.comm.send_to(other, self.j, self.d),
             blocking=False,
             key=key,
         )
@@ -256,14 +300,14 @@ class _Stage:
     def shard_op(self, kind: str, label: str, mb: int, index: int, deps, rest: bool) -> tuple:
         """A parameter all-gather or gradient reduce-scatter of one layer on the side lane;
         with ``rest`` it also carries the stage's embedding/output weights."""
-        key = ("fsdp", self.stage, label, kind, index)
+        key = ("fsdp", self.who, self.stage, label, kind, index)
         params = self.layer_params + (self.rest_params if rest else 0.0)
-        self.b.add(
+        self.collective(
             self.side,
             DP_SYNC,
             f"{label} {kind} layer {index}",
+            self.comm.dp_collective(kind, params * GRADIENT_BYTES_PER_PARAM, self.j),
             microbatch=mb,
-            transfer=self.comm.dp_collective(kind, params * GRADIENT_BYTES_PER_PARAM),
             deps=deps,
             key=key,
         )
@@ -293,7 +337,7 @@ class _Stage:
         mb, virtual = step.microbatch, self.virtual[step.chunk]
         label = step_label(step, self.num_chunks)
         first, last = virtual == 0, virtual == self.num_virtual - 1
-        recv: list[object] = [] if first else [("pp", virtual - 1, "F", mb)]
+        recv: list[object] = [] if first else [("pp", self.who, virtual - 1, "F", mb)]
         rest = step.chunk == self.rest_chunk
         gathers = _Gathers(self, label, mb, self.layers(step.chunk), rest)
         for n in range(self.layers_per_chunk):
@@ -304,7 +348,7 @@ class _Stage:
         for index in self.layers(step.chunk):
             self.block(FORWARD, label, mb, self.layer.attention_forward, recv + gathers.deps(index))
             self.block(FORWARD, label, mb, self.layer.mlp_forward)
-            self.b.name_last(self.lane, ("layer", self.stage, label, index))
+            self.b.name_last(self.lane, ("layer", self.who, self.stage, label, index))
             recv = []
         if last:
             self.work(FORWARD, label, mb, self.extras.output_forward)
@@ -316,7 +360,7 @@ class _Stage:
         mb, virtual, layer = step.microbatch, self.virtual[step.chunk], self.layer
         label = step_label(step, self.num_chunks)
         first, last = virtual == 0, virtual == self.num_virtual - 1
-        recv: list[object] = [] if last else [("pp", virtual + 1, "B", mb)]
+        recv: list[object] = [] if last else [("pp", self.who, virtual + 1, "B", mb)]
         order = list(reversed(self.layers(step.chunk)))
         gathers = _Gathers(self, label, mb, order, step.chunk == self.rest_chunk)
         gathers.queue(0)
@@ -343,12 +387,17 @@ class _Stage:
                 recv = []
             self.backward_block(label, mb, mlp, layer.mlp_last_weight, recv)
             self.backward_block(label, mb, attention, layer.attention_last_weight, ())
-            self.b.name_last(self.lane, ("layer", self.stage, label, index))
+            self.b.name_last(self.lane, ("layer", self.who, self.stage, label, index))
             recv = []
             if self.side is not None and not split and n < len(order) - 1:
                 # FSDP's order: this layer's reduce-scatter, then the gather two ahead
                 self.shard_op(
-                    "reduce-scatter", label, mb, index, [("layer", self.stage, label, index)], False
+                    "reduce-scatter",
+                    label,
+                    mb,
+                    index,
+                    [("layer", self.who, self.stage, label, index)],
+                    False,
                 )
             elif self.overlap and last_microbatch and not split:
                 buckets.append(self.bucket(f"grads layer {index}", mb, self.layer_params))
@@ -400,16 +449,16 @@ class _Stage:
 
     def bucket(self, label: str, mb: int, num_params: float) -> tuple:
         """An overlapped gradient bucket: all-reduced, or reduce-scattered under ZeRO-1."""
-        key = ("dp", self.stage, label)
+        key = ("dp", self.who, self.stage, label)
         kind = "reduce-scatter" if self.sharding == "optimizer" else "all-reduce"
-        self.b.add(
+        self.collective(
             self.lane,
             DP_SYNC,
             label,
+            self.comm.dp_collective(kind, num_params * GRADIENT_BYTES_PER_PARAM, self.j),
             microbatch=mb,
             blocking=False,
             key=key,
-            transfer=self.comm.dp_collective(kind, num_params * GRADIENT_BYTES_PER_PARAM),
         )
         return key
 
@@ -429,19 +478,19 @@ class _Stage:
             self.b.add(self.lane, BARRIER, "wait for gradient buckets", deps=buckets)
         elif data > 1:
             kind = "reduce-scatter" if self.sharding == "optimizer" else "all-reduce"
-            self.b.add(
-                self.lane, DP_SYNC, f"grads {kind}", transfer=self.comm.dp_collective(kind, message)
+            self.collective(
+                self.lane, DP_SYNC, f"grads {kind}", self.comm.dp_collective(kind, message, self.j)
             )
         sharded = self.sharding in ("optimizer", "full")
         self.work(
             OPTIMIZER, "optimizer", -1, self.compute.optimizer(params / data if sharded else params)
         )
         if self.sharding == "optimizer":
-            self.b.add(
+            self.collective(
                 self.lane,
                 DP_SYNC,
                 "params all-gather",
-                transfer=self.comm.dp_collective("all-gather", message),
+                self.comm.dp_collective("all-gather", message, self.j),
             )
 
 
@@ -460,7 +509,11 @@ class _Gathers:
     def queue(self, n: int) -> None:
         if self.stage.side is None or n >= len(self.order):
             return
-        deps = [("layer", self.stage.stage, self.label, self.order[n - 2])] if n >= 2 else []
+        deps = (
+            [("layer", self.stage.who, self.stage.stage, self.label, self.order[n - 2])]
+            if n >= 2
+            else []
+        )
         self.keys[self.order[n]] = self.stage.shard_op(
             "all-gather",
             self.label,

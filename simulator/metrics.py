@@ -10,7 +10,9 @@ iteration time: compute; exposed tensor-parallel communication; exposed
 pipeline point-to-point (waiting while an activation or gradient is on the
 wire); exposed data-parallel gradient sync; optimizer; idle (waiting for
 another stage to produce work, and the tail after the GPU's own optimizer
-step). ``bubble_fraction`` is the mean idle share over GPUs.
+step). ``bubble_fraction`` is the mean idle share over GPUs. Per stage, the
+breakdown is the mean over the stage's GPUs (one lane standing for all of them
+in symmetric mode, every GPU in exact mode).
 """
 
 from __future__ import annotations
@@ -75,6 +77,16 @@ def stage_breakdowns(trace: Trace) -> list[dict[str, float]]:
     return out
 
 
+def _mean_breakdown(lanes: Sequence[Lane], breakdowns: Sequence[dict]) -> dict[str, float]:
+    """Mean over GPUs: each lane's breakdown weighted by the GPUs it stands for."""
+    weights = [lane.stands_for for lane in lanes]
+    total = sum(weights)
+    return {
+        key: sum(w * row[key] for w, row in zip(weights, breakdowns, strict=True)) / total
+        for key in BREAKDOWN_KEYS
+    }
+
+
 def summarize(
     scenario: Scenario,
     workload: Workload,
@@ -98,12 +110,10 @@ def summarize(
     model_tflops = model_flops * per_gpu
     breakdowns = stage_breakdowns(trace)
     lanes = compute_lanes(workload.lanes)
-    weights = [lane.stands_for for lane in lanes]
-    total_weight = sum(weights)
-    mean = {
-        key: sum(w * row[key] for w, row in zip(weights, breakdowns, strict=True)) / total_weight
-        for key in BREAKDOWN_KEYS
-    }
+    mean = _mean_breakdown(lanes, breakdowns)
+    per_stage: dict[int, list[int]] = {}
+    for i, lane in enumerate(lanes):
+        per_stage.setdefault(lane.stage, []).append(i)
     tokens = scenario.training.global_batch_size * scenario.model.seq_length
     memory_gib = [stage.as_gib() for stage in memory]
     peak = max(memory, key=lambda m: m.total_bytes)
@@ -123,14 +133,18 @@ def summarize(
         "breakdown_s": mean,
         "stages": [
             {
-                "stage": lane.stage,
-                "gpu": lane.gpu,
-                "stands_for_gpus": lane.stands_for,
-                "breakdown_s": row,
+                "stage": stage,
+                "gpu": lanes[members[0]].gpu,
+                "stands_for_gpus": sum(lanes[i].stands_for for i in members),
+                "breakdown_s": _mean_breakdown(
+                    [lanes[i] for i in members], [breakdowns[i] for i in members]
+                ),
                 "memory_gib": mem,
                 "inflight_activations": stage_mem.inflight_activations,
             }
-            for lane, row, mem, stage_mem in zip(lanes, breakdowns, memory_gib, memory, strict=True)
+            for (stage, members), mem, stage_mem in zip(
+                sorted(per_stage.items()), memory_gib, memory, strict=True
+            )
         ],
         "simulated_transfers": trace.num_transfers,
         "simulated_spans": len(trace.spans),

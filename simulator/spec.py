@@ -146,6 +146,9 @@ class TrainingConfig:
 class NetworkConfig:
     model: NetworkModelName = "fair-share"
     collective_algorithm: str = "auto"  # all-reduce: "ring", "tree", "hierarchical", "auto"
+    # True: one lane per pipeline stage stands for its TP x DP GPUs (flows weighted);
+    # False: exact mode, every GPU its own lanes and flows
+    symmetry: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -11,6 +11,10 @@ list of ops. An op waits for its ``deps`` (ops anywhere), then:
   gradient bucket) is launched and the lane moves on; whoever needs it lists
   it in ``deps``;
 - a ``barrier`` only waits for its deps.
+
+In exact mode a collective is one op on each member GPU's lane, all naming the
+first of them in ``rendezvous``: the transfer starts when the last member
+reaches its op, and every member's op ends with it.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ class Op(NamedTuple):
     blocking: bool
     deps: tuple[int, ...]
     flops: float  # FLOPs executed on the lane's GPU (recomputation included)
+    rendezvous: int  # a collective's first member op, or -1: no other lane takes part
 
 
 class Lane(NamedTuple):
@@ -68,9 +73,11 @@ class WorkloadBuilder:
     """Collects ops lane by lane; deps may name ops by key before they exist."""
 
     def __init__(self) -> None:
-        self._ops: list[list] = []
+        self._ops: list[Op] = []
         self._lanes: list[list] = []
         self._keys: dict[object, int] = {}
+        self._rendezvous: dict[object, int] = {}
+        self._unresolved: list[int] = []  # ops with deps, resolved in build()
 
     def lane(self, *, gpu: int, stream: str, stage: int, stands_for: int = 1) -> int:
         self._lanes.append([gpu, stream, stage, stands_for, []])
@@ -89,10 +96,31 @@ class WorkloadBuilder:
         deps: Sequence[object] = (),
         flops: float = 0.0,
         key: object = None,
+        rendezvous: object = None,
     ) -> int:
+        """Add an op; ``rendezvous`` names a collective that the ops of several lanes
+        share (every member passes the same name)."""
         index = len(self._ops)
+        first = -1 if rendezvous is None else self._rendezvous.setdefault(rendezvous, index)
+        if deps:
+            deps = tuple(deps)
+            self._unresolved.append(index)
+        else:
+            deps = ()
         self._ops.append(
-            [index, lane, kind, label, microbatch, duration_s, transfer, blocking, deps, flops]
+            Op(
+                index,
+                lane,
+                kind,
+                label,
+                microbatch,
+                duration_s,
+                transfer,
+                blocking,
+                deps,
+                flops,
+                first,
+            )
         )
         self._lanes[lane][4].append(index)
         if key is not None:
@@ -115,19 +143,14 @@ class WorkloadBuilder:
         return key
 
     def build(self) -> Workload:
-        ops = []
-        for fields in self._ops:
-            if not fields[8]:
-                fields[8] = ()
-                ops.append(Op(*fields))
-                continue
+        ops, keys = self._ops, self._keys
+        for index in self._unresolved:
+            op = ops[index]
             try:
-                fields[8] = tuple(d if isinstance(d, int) else self._keys[d] for d in fields[8])
+                deps = tuple(d if isinstance(d, int) else keys[d] for d in op.deps)
             except KeyError as exc:
-                raise ValueError(
-                    f"op {fields[3]!r} depends on unknown op {exc.args[0]!r}"
-                ) from None
-            ops.append(Op(*fields))
+                raise ValueError(f"op {op.label!r} depends on unknown op {exc.args[0]!r}") from None
+            ops[index] = op._replace(deps=deps)
         lanes = tuple(
             Lane(i, gpu, stream, stage, stands_for, tuple(op_ids))
             for i, (gpu, stream, stage, stands_for, op_ids) in enumerate(self._lanes)
