@@ -10,6 +10,7 @@ spans of their own on the lane's GPU, on a stream named after their kind.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -83,7 +84,7 @@ class _Engine:
         self.position = [0] * num_lanes  # next op per lane (also for deadlock reports)
         self.next_dep = [0] * num_lanes  # within that op, the first dep not yet checked
         self.waited_from = [0.0] * num_lanes
-        self.ready: list[int] = []  # lanes to advance now, in order
+        self.ready: deque[int] = deque()  # lanes to advance now, in order
         self.draining = False
         # one callback per lane for "the op it is running has ended"
         self.op_ended = [self._op_ended_callback(i) for i in range(num_lanes)]
@@ -109,19 +110,23 @@ class _Engine:
     def _op_ended_callback(self, lane: int):
         def ended(_event=None) -> None:
             self._end_running_op(lane)
-            self._wake((lane,))
+            if self.draining:
+                self.ready.append(lane)
+            else:
+                self._wake((lane,))
 
         return ended
 
     def _wake(self, lanes) -> None:
         """Advance these lanes, and any they release, one after another (no recursion)."""
-        self.ready.extend(lanes)
+        ready = self.ready
+        ready.extend(lanes)
         if self.draining:
             return
         self.draining = True
-        ready = self.ready
+        advance = self._advance
         while ready:
-            self._advance(ready.pop(0) if len(ready) > 1 else ready.pop())
+            advance(ready.popleft())
         self.draining = False
 
     def _done(self, index: int) -> None:
@@ -137,65 +142,64 @@ class _Engine:
     def _end_running_op(self, lane_index: int) -> None:
         """The compute op or blocking transfer the lane was running has finished."""
         lane = self.workload.lanes[lane_index]
-        index = lane.ops[self.position[lane_index]]
+        position = self.position[lane_index]
+        index = lane.ops[position]
         op = self.workload.ops[index]
-        start = self.start_s[index]
-        if self.env.now > start:
+        start, now = self.start_s[index], self.env.now
+        if now > start:
             self.spans.append(
-                Span(lane.gpu, lane.stream, op.kind, op.label, op.microbatch, start, self.env.now)
+                Span(lane.gpu, lane.stream, op.kind, op.label, op.microbatch, start, now)
             )
         self._done(index)
-        self.position[lane_index] += 1
-        self.next_dep[lane_index] = 0
+        self.position[lane_index] = position + 1
 
     def _advance(self, lane_index: int) -> None:
         """Run the lane's ops until one has to wait."""
-        env, ops, end_s = self.env, self.workload.ops, self.end_s
-        lane = self.workload.lanes[lane_index]
-        lane_ops = lane.ops
+        env, ops, end_s, start_s = self.env, self.workload.ops, self.end_s, self.start_s
+        now = env.now  # the clock does not move while a lane advances
+        lane_ops = self.workload.lanes[lane_index].ops
         position = self.position[lane_index]
+        d = self.next_dep[lane_index]
         while position < len(lane_ops):
             index = lane_ops[position]
             op = ops[index]
             deps = op.deps
-            d = self.next_dep[lane_index]
             while d < len(deps):
                 dep = deps[d]
                 d += 1
                 if end_s[dep] is None:
                     self.next_dep[lane_index] = d
                     self.position[lane_index] = position
-                    self.waited_from[lane_index] = env.now
+                    self.waited_from[lane_index] = now
                     self.waiters.setdefault(dep, []).append(lane_index)
                     return
-            self.start_s[index] = env.now
+            start_s[index] = now
+            d = 0
             kind = op.kind
             if kind in COMPUTE_KINDS:
                 if op.duration_s > 0:
                     self.position[lane_index] = position
+                    self.next_dep[lane_index] = 0
                     env.timeout(op.duration_s).callbacks.append(self.op_ended[lane_index])
                     return
-            elif kind != BARRIER and op.rendezvous >= 0:
-                self._arrive(op)
-                if op.blocking:
-                    self.position[lane_index] = position
-                    return
-                self.next_dep[lane_index] = 0
-                position += 1
-                continue
             elif kind != BARRIER:
+                if op.rendezvous >= 0:
+                    self._arrive(op)
+                elif op.blocking:
+                    self.network.start(op.transfer, self.op_ended[lane_index])
+                else:
+                    gpu = self.workload.lanes[lane_index].gpu
+                    self.network.start(op.transfer, self._transfer_done_callback(index, gpu))
                 if op.blocking:
                     self.position[lane_index] = position
-                    self.network.start(op.transfer, self.op_ended[lane_index])
+                    self.next_dep[lane_index] = 0
                     return
-                self.network.start(op.transfer, self._transfer_done_callback(index, lane.gpu))
-                self.next_dep[lane_index] = 0
                 position += 1
                 continue
             self._done(index)
-            self.next_dep[lane_index] = 0
             position += 1
         self.position[lane_index] = position
+        self.next_dep[lane_index] = 0
 
     def _arrive(self, op) -> None:
         """A member GPU reached a collective; the last one to arrive starts it."""

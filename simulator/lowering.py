@@ -109,54 +109,51 @@ class _StageComm:
         self.shard_bytes = self.activation_bytes / layout.tensor
         self._cache: dict[tuple, Transfer | Collective | None] = {}
 
-    def _cached(self, key: tuple, make):
-        if key not in self._cache:
-            self._cache[key] = make()
-        return self._cache[key]
-
     def tp(self, kind: str, d: int) -> Transfer | Collective | None:
         """A tensor-parallel ``all_reduce``, ``reduce_scatter`` or ``all_gather`` of one
         micro-batch's activations in replica ``d``; None for one tensor rank."""
-        layout = self.layout
-        replicas = [d] if self.exact else range(layout.data)
-        groups = [layout.tp_group(r, self.stage) for r in replicas]
-
-        def make():
+        key = ("tp", kind, d if self.exact else 0)
+        if key not in self._cache:
+            layout = self.layout
+            replicas = [d] if self.exact else range(layout.data)
+            groups = [layout.tp_group(r, self.stage) for r in replicas]
             if kind == "all_reduce":
-                return collectives.all_reduce(
+                made = collectives.all_reduce(
                     self.algorithm, groups, self.activation_bytes, self.fabric
                 )
-            return collectives.ring(kind, groups, self.activation_bytes, self.fabric)
-
-        return self._cached(("tp", kind, d if self.exact else 0), make)
+            else:
+                made = collectives.ring(kind, groups, self.activation_bytes, self.fabric)
+            self._cache[key] = made
+        return self._cache[key]
 
     def send_to(self, other: int, j: int, d: int) -> Transfer:
         """Activations or gradients of one micro-batch to pipeline rank ``other``."""
-        layout = self.layout
-        if self.exact:
-            ranks = [(j, d)]
-        else:
-            ranks = [(t, r) for r in range(layout.data) for t in range(layout.tensor)]
-        pairs = [(layout.gpu(t, r, self.stage), layout.gpu(t, r, other)) for t, r in ranks]
-        key = ("send", other, *ranks[0])
-        return self._cached(
-            key, lambda: collectives.point_to_point(pairs, self.shard_bytes, self.fabric)
-        )
+        key = ("send", other, *((j, d) if self.exact else (0, 0)))
+        if key not in self._cache:
+            layout = self.layout
+            if self.exact:
+                ranks = [(j, d)]
+            else:
+                ranks = [(t, r) for r in range(layout.data) for t in range(layout.tensor)]
+            pairs = [(layout.gpu(t, r, self.stage), layout.gpu(t, r, other)) for t, r in ranks]
+            self._cache[key] = collectives.point_to_point(pairs, self.shard_bytes, self.fabric)
+        return self._cache[key]
 
     def dp_collective(self, kind: str, message_bytes: float, j: int) -> Collective | None:
         """``all-reduce``, ``reduce-scatter`` or ``all-gather`` over the data-parallel
         group of tensor rank ``j`` (and, symmetric, the congruent groups of the others)."""
-        layout = self.layout
-        ranks = [j] if self.exact else range(layout.tensor)
-        groups = [layout.dp_group(t, self.stage) for t in ranks]
-
-        def make():
+        key = ("dp", kind, message_bytes, j if self.exact else 0)
+        if key not in self._cache:
+            layout = self.layout
+            ranks = [j] if self.exact else range(layout.tensor)
+            groups = [layout.dp_group(t, self.stage) for t in ranks]
             if kind == "all-reduce":
-                return collectives.all_reduce(self.algorithm, groups, message_bytes, self.fabric)
-            ring_kind = {"reduce-scatter": "reduce_scatter", "all-gather": "all_gather"}[kind]
-            return collectives.ring(ring_kind, groups, message_bytes, self.fabric)
-
-        return self._cached(("dp", kind, message_bytes, groups[0][0]), make)
+                made = collectives.all_reduce(self.algorithm, groups, message_bytes, self.fabric)
+            else:
+                ring_kind = {"reduce-scatter": "reduce_scatter", "all-gather": "all_gather"}[kind]
+                made = collectives.ring(ring_kind, groups, message_bytes, self.fabric)
+            self._cache[key] = made
+        return self._cache[key]
 
 
 def lower(scenario: Scenario, cluster) -> Workload:

@@ -66,11 +66,13 @@ class _Network:
         self.intervals: list[Interval] = []  # every stretch of constant rate, for link stats
 
     def start(self, transfer: Transfer | Collective, on_done: Callable[[], None]) -> None:
-        if isinstance(transfer, Transfer):
-            self.num_transfers += 1
-            self._start_transfer(transfer, on_done)
-        else:
-            start_phases(self.start, transfer, on_done)
+        if not isinstance(transfer, Transfer):
+            if len(transfer) > 1:
+                start_phases(self.start, transfer, on_done)
+                return
+            transfer = transfer[0]  # most collectives are one ring: skip the phase chain
+        self.num_transfers += 1
+        self._start_transfer(transfer, on_done)
 
     def transfer(self, transfer: Transfer | Collective) -> simpy.Event:
         """The same as an event, for simpy processes (tests, scripts)."""
@@ -110,6 +112,8 @@ class _Flow:
         "bytes_left",
         "rate",
         "solo_rate",
+        "start_s",
+        "claimed",
         "updated_s",
         "version",
         "on_done",
@@ -122,6 +126,8 @@ class _Flow:
         self.bytes_left = transfer.bytes_per_flow
         self.rate = 0.0
         self.solo_rate = 0.0
+        self.start_s = 0.0  # when its latency is over and bytes start to move
+        self.claimed = False  # running alone on claimed links, see FairShareNetwork
         self.updated_s = 0.0
         self.version = 0
         self.on_done = on_done
@@ -133,6 +139,13 @@ class FairShareNetwork(_Network):
         assert all(0 < c < float("inf") for c in self.capacities), "link capacities must be finite"
         # Active flows per link, in start order (dicts keep insertion order: deterministic).
         self._on_link: list[dict[_Flow, None]] = [{} for _ in self.capacities]
+        # A transfer launched onto idle, unclaimed links claims them: it is scheduled
+        # to end at latency + bytes / solo rate with a single event. The first flow to
+        # start on a claimed link turns the claimant into an ordinary flow (from its
+        # start if it has started, else with a start event of its own), after which
+        # the usual max-min sharing applies. Most transfers of a large run never meet
+        # another one, and this saves their start event and bookkeeping.
+        self._claim: dict[int, _Flow] = {}
         self._dirty: set[int] = set()
         self._recompute_pending = False
         self._seq = 0
@@ -142,14 +155,52 @@ class FairShareNetwork(_Network):
         self._solo: dict[int, tuple[Transfer, float]] = {}
 
     def _start_transfer(self, transfer: Transfer, on_done: Callable[[], None]) -> None:
-        latency = self.env.timeout(transfer.latency_s)
         if transfer.bytes_per_flow <= 0 or not transfer.links:
-            latency.callbacks.append(lambda _: on_done())
+            self.env.timeout(transfer.latency_s).callbacks.append(lambda _: on_done())
             return
         self._seq += 1
         flow = _Flow(self._seq, transfer, on_done)
-        flow.solo_rate = self._solo_rate(transfer)
-        latency.callbacks.append(lambda _: self._start(flow))
+        flow.solo_rate = rate = self._solo_rate(transfer)
+        flow.start_s = self.env.now + transfer.latency_s
+        on_link, claim = self._on_link, self._claim
+        for link in flow.links:
+            if on_link[link] or link in claim:
+                self._start_later(flow)
+                return
+        flow.claimed = True
+        for link in flow.links:
+            claim[link] = flow
+        flow.rate = rate
+        flow.updated_s = flow.start_s
+        flow.version += 1
+        version = flow.version
+        duration_s = transfer.latency_s + transfer.bytes_per_flow / rate
+        self.env.timeout(duration_s).callbacks.append(lambda _: self._finish(flow, version))
+
+    def _start_later(self, flow: _Flow) -> None:
+        """An ordinary flow: it starts sharing links when its latency is over."""
+        delay_s = max(flow.start_s - self.env.now, 0.0)
+        self.env.timeout(delay_s).callbacks.append(lambda _: self._start(flow))
+
+    def _release_claims(self, links: Sequence[int]) -> None:
+        """Turn the claimants of these links into ordinary flows."""
+        now = self.env.now
+        for link in links:
+            flow = self._claim.get(link)
+            if flow is None:
+                continue
+            for own in flow.links:
+                del self._claim[own]
+            flow.claimed = False
+            if flow.start_s <= now:
+                # streaming at its solo rate since start_s; its end event stays valid
+                # until a recompute re-rates it
+                for own in flow.links:
+                    self._on_link[own][flow] = None
+            else:
+                flow.version += 1  # its end event is void
+                flow.rate = 0.0
+                self._start_later(flow)
 
     def _solo_rate(self, transfer: Transfer) -> float:
         cached = self._solo.get(id(transfer))
@@ -164,11 +215,15 @@ class FairShareNetwork(_Network):
         for link, flows in enumerate(self._on_link):
             for flow in flows:
                 load[link] += flow.rate * flow.mults[flow.links.index(link)]
+        for link, flow in self._claim.items():
+            if flow.start_s <= self.env.now:
+                load[link] += flow.rate * flow.mults[flow.links.index(link)]
         return load
 
     # -- flow lifecycle ----------------------------------------------------------------
 
     def _start(self, flow: _Flow) -> None:
+        self._release_claims(flow.links)
         flow.updated_s = self.env.now
         alone = True
         for link in flow.links:
@@ -185,6 +240,12 @@ class FairShareNetwork(_Network):
     def _finish(self, flow: _Flow, version: int) -> None:
         if version != flow.version:
             return  # its rate changed after this wake-up was scheduled
+        if flow.claimed:  # alone from start to end
+            for link in flow.links:
+                del self._claim[link]
+            self._close_interval(flow, self.env.now)
+            flow.on_done()
+            return
         shared = []
         for link in flow.links:
             on_link = self._on_link[link]

@@ -116,3 +116,24 @@ def test_no_link_is_ever_over_capacity_and_every_flow_finishes():
 def test_zero_byte_transfer_takes_its_latency():
     (t,) = _finish_times(FairShareNetwork, [1.0], [(1.0, flow([0], 0.0, 0.25))])
     assert t == pytest.approx(1.25)
+
+
+def test_flow_starting_during_anothers_latency_shares_only_from_its_start():
+    # A (latency 1 s) is launched alone, B (no latency) at 0.5 s on the same 10 B/s
+    # link: B runs alone until A's bytes start at 1 s (5 B moved), then both get 5 B/s;
+    # B's last 95 B take 19 s (ends at 20 s), A has 5 B left and ends 0.5 s later.
+    t_a, t_b = _finish_times(
+        FairShareNetwork, [10.0], [(0.0, flow([0], 100.0, 1.0)), (0.5, flow([0], 100.0))]
+    )
+    assert t_b == pytest.approx(20.0)
+    assert t_a == pytest.approx(20.5)
+
+
+def test_flow_joining_a_running_one_takes_its_share_from_then_on():
+    # A alone from 0 on links 0 and 1; B joins on link 1 only at 4 s
+    t_a, t_b = _finish_times(
+        FairShareNetwork, [10.0, 10.0], [(0.0, flow([0, 1], 100.0)), (4.0, flow([1], 30.0))]
+    )
+    # A: 40 B by 4 s, then 5 B/s; B: 30 B at 5 B/s ends at 10 s; A has 30 B left at 10 B/s
+    assert t_b == pytest.approx(10.0)
+    assert t_a == pytest.approx(13.0)
