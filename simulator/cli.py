@@ -9,7 +9,9 @@ import argparse
 import csv
 import json
 import sys
+import time
 from pathlib import Path
+from typing import TextIO
 
 from . import __version__
 from .engine import DeadlockError
@@ -34,6 +36,46 @@ class _Parser(argparse.ArgumentParser):
     def _sub(self) -> str:
         parts = self.prog.split()[1:]
         return " ".join(parts) + " " if parts else ""
+
+
+class Progress:
+    """One self-overwriting line on stderr while a long simulation or sweep runs.
+    Silent unless ``enabled`` (stderr is a terminal and no --quiet); redrawn at most
+    ten times a second, so it costs nothing measurable."""
+
+    def __init__(self, enabled: bool, stream: TextIO | None = None) -> None:
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.task = ""
+        self.started = time.monotonic()
+        self.drawn_at = -1.0
+        self.shown = False
+
+    def begin(self, task: str) -> None:
+        self.task = task
+        self.update(0.0, force=True)
+
+    def update(self, fraction: float, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self.drawn_at < 0.1:
+            return
+        self.drawn_at = now
+        line = f"  {self.task} {fraction:4.0%}  {now - self.started:5.1f} s"
+        self.stream.write("\r\x1b[K" + line)
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.shown = False
+
+
+def _progress(args: argparse.Namespace) -> Progress:
+    return Progress(sys.stderr.isatty() and not args.quiet)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,6 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="write DIR/validation.md and DIR/images/validation.png (the project's is docs)",
     )
     validate.add_argument("--quick", action="store_true", help="skip the rows over 1,000 GPUs")
+    for command in (run, sweep, validate):
+        command.add_argument(
+            "--quiet", action="store_true", help="no progress line on the terminal while it runs"
+        )
 
     topo = sub.add_parser(
         "topology",
@@ -204,7 +250,12 @@ def _run(args: argparse.Namespace) -> int:
         raise ScenarioError(problem)
     if problem:
         print(f"warning: {problem}", file=sys.stderr)
-    result = run(scenario)
+    progress = _progress(args)
+    progress.begin("simulating")
+    try:
+        result = run(scenario, progress.update)
+    finally:
+        progress.clear()
     if args.out:
         _write_outputs(result, Path(args.out))
     if args.json:
@@ -227,11 +278,20 @@ def _sweep(args: argparse.Namespace) -> int:
     from .run import run
     from .sweep import run_sweep
 
-    keys, rows = run_sweep(
-        lambda overrides: load_scenario(args.scenario, overrides, calibration=args.calibration),
-        lambda scenario: run(scenario).metrics,
-        args.overrides,
-    )
+    progress = _progress(args)
+
+    def on_point(i: int, n: int, where: str) -> None:
+        progress.begin(f"point {i + 1}/{n} ({where})")
+
+    try:
+        keys, rows = run_sweep(
+            lambda overrides: load_scenario(args.scenario, overrides, calibration=args.calibration),
+            lambda scenario: run(scenario, progress.update).metrics,
+            args.overrides,
+            on_point,
+        )
+    finally:
+        progress.clear()
     print(sweep_table_text(keys, rows))
     if args.out:
         out = Path(args.out)
@@ -261,17 +321,21 @@ def _validate(args: argparse.Namespace) -> int:
             f"--calibration {args.calibration!r} is for gpu={calibration.gpu!r}; the "
             "calibration set ran on A100s"
         )
-    progress = sys.stderr.isatty()
+    progress = _progress(args)
 
     def tell(name: str) -> None:
-        if progress:
-            print(f"\r  simulating {name:<40}", end="", file=sys.stderr, flush=True)
+        progress.begin(f"simulating {name}")
 
-    comparisons = compare(
-        rows["megatron"], rows["layers"], lambda s: run(s).trace, calibration, tell
-    )
-    if progress:
-        print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+    try:
+        comparisons = compare(
+            rows["megatron"],
+            rows["layers"],
+            lambda s: run(s, progress.update).trace,
+            calibration,
+            tell,
+        )
+    finally:
+        progress.clear()
     print(validation_text(comparisons, summary(comparisons)))
     if args.out:
         from .figures import validation_figure

@@ -11,7 +11,7 @@ spans of their own on the lane's GPU, on a stream named after their kind.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import simpy
@@ -56,9 +56,11 @@ def simulate(
     *,
     network: str = "fair-share",
     capacities_bytes_per_s: Sequence[float] = (),
+    progress: Callable[[float], None] | None = None,
 ) -> Trace:
-    """Run every lane to its end and return what happened, span by span."""
-    return _Engine(workload, network, capacities_bytes_per_s).run()
+    """Run every lane to its end and return what happened, span by span. ``progress``,
+    if given, is called with the fraction of ops done, about every 1 % of them."""
+    return _Engine(workload, network, capacities_bytes_per_s, progress).run()
 
 
 class _Engine:
@@ -68,8 +70,18 @@ class _Engine:
     op and none per dependency, where a generator process per lane costs a resume per
     yield; the walk itself is the same."""
 
-    def __init__(self, workload: Workload, network: str, capacities: Sequence[float]) -> None:
+    def __init__(
+        self,
+        workload: Workload,
+        network: str,
+        capacities: Sequence[float],
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
         self.workload = workload
+        self.progress = progress
+        self.num_done = 0
+        self.report_every = max(len(workload.ops) // 100, 1)
+        self.next_report = self.report_every if progress is not None else -1
         self.env = simpy.Environment()
         self.network = NETWORKS[network](self.env, capacities)
         n = len(workload.ops)
@@ -130,6 +142,10 @@ class _Engine:
         self.draining = False
 
     def _done(self, index: int) -> None:
+        self.num_done += 1
+        if self.num_done == self.next_report:
+            self.next_report += self.report_every
+            self.progress(self.num_done / len(self.workload.ops))
         self.end_s[index] = now = self.env.now
         if now > self.last_end_s:
             self.last_end_s = now

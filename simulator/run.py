@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -78,9 +78,10 @@ def memory_per_stage(scenario: Scenario) -> list[StageMemory]:
     ]
 
 
-def run(scenario: Scenario) -> Result:
+def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> Result:
     """Simulate one training iteration of the scenario. A layout that does not fit in
-    GPU memory is simulated all the same; ``metrics["out_of_memory"]`` says so."""
+    GPU memory is simulated all the same; ``metrics["out_of_memory"]`` says so.
+    ``progress`` is called with the fraction of ops simulated (see engine.simulate)."""
     cluster = build_cluster(scenario.cluster)
     with gc_paused():
         workload = lower(scenario, cluster)
@@ -88,6 +89,7 @@ def run(scenario: Scenario) -> Result:
             workload,
             network=scenario.network.model,
             capacities_bytes_per_s=[link.bandwidth_bytes_per_s for link in cluster.links],
+            progress=progress,
         )
     memory = memory_per_stage(scenario)
     metrics = summarize(scenario, workload, trace, memory)

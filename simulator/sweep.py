@@ -68,8 +68,10 @@ def run_sweep(
     load: Callable[[Sequence[str]], Scenario],
     simulate: Callable[[Scenario], dict],
     overrides: Sequence[str],
+    on_point: Callable[[int, int, str], None] | None = None,
 ) -> tuple[list[str], list[dict[str, Any]]]:
-    """Load every point, then simulate each; returns (swept keys, one row per point)."""
+    """Load every point, then simulate each; returns (swept keys, one row per point).
+    ``on_point(i, n, description)`` is told before point i of n is simulated."""
     fixed, axes = split_axes(overrides)
     if not axes:
         raise ScenarioError(
@@ -84,7 +86,9 @@ def run_sweep(
             where = ", ".join(f"{k}={v}" for k, v in point)
             raise ScenarioError(f"sweep point {where}: {exc}") from None
     rows = []
-    for point, scenario in zip(points, scenarios, strict=True):
+    for i, (point, scenario) in enumerate(zip(points, scenarios, strict=True)):
+        if on_point is not None:
+            on_point(i, len(points), " ".join(f"{k}={v}" for k, v in point))
         metrics = simulate(scenario)
         row: dict[str, Any] = {k: parse_override(f"{k}={v}")[2] for k, v in point}
         row.update({key: metrics[key] for key in ROW_METRICS})

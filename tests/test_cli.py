@@ -112,8 +112,11 @@ def test_missing_file_and_bad_flags_exit_2(capsys):
 @pytest.mark.parametrize("path", SCENARIOS, ids=[p.stem for p in SCENARIOS])
 def test_every_shipped_scenario_loads_and_runs(path, capsys):
     scenario = load_scenario(path)
-    # two micro-batches per pipeline keep the suite fast; the layout stays as shipped
-    small = scenario.training.micro_batch_size * scenario.parallel.data_parallel_size * 2
+    # few micro-batches per pipeline keep the suite fast; the layout stays as shipped
+    # (Megatron's interleaving needs a multiple of the pipeline size)
+    interleaved = scenario.training.schedule == "interleaved"
+    per_pipeline = scenario.parallel.pipeline_model_parallel_size if interleaved else 2
+    small = scenario.training.micro_batch_size * scenario.parallel.data_parallel_size * per_pipeline
     assert main(["run", str(path), "--json", "--set", f"training.global_batch_size={small}"]) == 0
     metrics = json.loads(capsys.readouterr().out)
     assert metrics["num_gpus"] == scenario.parallel.num_gpus
@@ -160,3 +163,34 @@ def test_large_runs_draw_the_timeline_as_an_image(tmp_path, monkeypatch):
     assert image.shape == (1, figures.RASTER_COLUMNS, 3)
     figure.savefig(tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 10_000
+
+
+def test_progress_reaches_the_whole_run_in_order():
+    from simulator.run import run
+
+    seen = []
+    run(load_scenario(TINY), seen.append)
+    assert seen and seen == sorted(seen) and seen[-1] == 1.0
+
+
+def test_progress_line_only_on_a_terminal_and_cleared_after(capsys):
+    import io
+
+    from simulator.cli import Progress
+
+    stream = io.StringIO()
+    shown = Progress(True, stream)
+    shown.begin("simulating")
+    shown.update(0.5, force=True)
+    shown.clear()
+    assert "simulating  50%" in stream.getvalue() and stream.getvalue().endswith("\r\x1b[K")
+    silent = io.StringIO()
+    hidden = Progress(False, silent)
+    hidden.begin("simulating")
+    hidden.update(1.0, force=True)
+    hidden.clear()
+    assert silent.getvalue() == ""
+    # under pytest stderr is not a terminal: a run prints no progress at all
+    assert main(["run", TINY]) == 0
+    assert capsys.readouterr().err == ""
+    assert main(["run", TINY, "--quiet", "--json"]) == 0
