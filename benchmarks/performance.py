@@ -1,0 +1,345 @@
+"""How fast stepsim is at scale: the speed targets, and how wall time grows.
+
+    python benchmarks/performance.py                 # the target cases, median of 3
+    python benchmarks/performance.py --exact         # also MT-NLG in exact mode (minutes)
+    python benchmarks/performance.py --scaling       # growth with micro-batches x stages, DP
+    python benchmarks/performance.py --scaling --write   # and update docs/performance.md
+
+`--write` merges what this run measured into docs/performance.json (the last
+figure of every case, with the machine and date) and regenerates the marked block of
+docs/performance.md and docs/images/performance-scaling.png from it; the prose
+around the block (profiles, what bounds a missed target) is written by hand.
+
+Every measurement is a whole process, as a user waits for it: the runner starts
+`python benchmarks/performance.py --case NAME` (which for a scenario runs exactly what
+`stepsim run FILE --quiet` runs) and times it from outside; the child reports its own
+peak resident memory. Speed is measured here and written down, never asserted in
+tests (CI stays fast and free of timing flakiness).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+MT_NLG = "scenarios/mt-nlg-530b-420nodes.toml"
+DENSE_16K = "scenarios/dense-16k-h100.toml"
+GPT3 = "scenarios/gpt3-175b-128nodes.toml"
+
+# name: (what, stepsim run arguments or None for the all-reduce, target s, target GiB)
+TARGETS = {
+    "mt-nlg-3360": (
+        "MT-NLG 530B, 3,360 GPUs (TP 8, PP 35, DP 12, 160 micro-batches), fair share",
+        [MT_NLG],
+        3.0,
+        1.0,
+    ),
+    "dense-16384": (
+        "dense 412B, 16,384 H100s (TP 8, PP 16, DP 128, 8 x 400 Gb/s per node)",
+        [DENSE_16K],
+        10.0,
+        1.0,
+    ),
+    "allreduce-1024": (
+        "one ring all-reduce of 64 MiB over 1,024 A100s on one switch",
+        None,
+        1.0,
+        1.0,
+    ),
+}
+EXACT = {
+    "mt-nlg-3360-exact": (
+        "the MT-NLG run in exact mode (every GPU simulated)",
+        [MT_NLG, "--set", "network.symmetry=false"],
+        120.0,
+        4.0,
+    ),
+}
+
+
+def _case_arguments(name: str) -> list[str] | None:
+    if name in TARGETS:
+        return TARGETS[name][1]
+    if name in EXACT:
+        return EXACT[name][1]
+    return json.loads(name)  # a scaling point: the run arguments themselves
+
+
+def run_case(name: str) -> None:
+    """In the child: run one case, print one JSON line (simulated figure, peak memory)."""
+    arguments = _case_arguments(name)
+    if arguments is None:
+        result = {"simulated_s": _allreduce_1024()}
+    else:
+        from simulator.cli import main
+
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = main(["run", *arguments, "--json", "--quiet"])
+        if code != 0:
+            raise SystemExit(code)
+        metrics = json.loads(out.getvalue())
+        result = {"simulated_s": metrics["iteration_time_s"]}
+    # ru_maxrss is KiB on Linux
+    result["peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(json.dumps(result))
+
+
+def _allreduce_1024() -> float:
+    """Cluster of 128 DGX A100 on one switch, one ring all-reduce over its 1,024 GPUs."""
+    from simulator import collectives
+    from simulator.collectives import Fabric
+    from simulator.engine import simulate
+    from simulator.loader import scenario_from_dict
+    from simulator.run import build_cluster
+    from simulator.units import us_to_s
+    from simulator.workload import TP_COMM, WorkloadBuilder
+
+    spec = scenario_from_dict(
+        {
+            "name": "allreduce-1024",
+            "model": {"preset": "gpt3-175b"},
+            "cluster": {"node": "dgx-a100", "num_nodes": 128, "fabric": "switch"},
+            "parallel": {
+                "tensor_model_parallel_size": 8,
+                "pipeline_model_parallel_size": 1,
+                "data_parallel_size": 128,
+            },
+            "training": {"micro_batch_size": 1, "global_batch_size": 128},
+        }
+    ).cluster
+    cluster = build_cluster(spec)
+    fabric = Fabric.of(cluster, us_to_s(spec.collective_base_latency_us))
+    group = list(range(cluster.num_gpus))
+    builder = WorkloadBuilder()
+    lane = builder.lane(gpu=0, stream="compute", stage=0)
+    transfer = collectives.all_reduce("ring", [group], 64 * 2**20, fabric)
+    builder.add(lane, TP_COMM, "all-reduce 64 MiB", transfer=transfer)
+    capacities = [link.bandwidth_bytes_per_s for link in cluster.links]
+    return simulate(builder.build(), capacities_bytes_per_s=capacities).end_s
+
+
+def measure(name: str, repeat: int, timeout_s: float) -> dict:
+    """Run the case ``repeat`` times in fresh processes: median, min, max wall time."""
+    walls, last = [], {}
+    for _ in range(repeat):
+        start = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, __file__, "--case", name],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            cwd=ROOT,
+            check=False,
+        )
+        walls.append(time.perf_counter() - start)
+        if proc.returncode != 0:
+            raise RuntimeError(f"case {name} failed: {proc.stderr.strip()[-400:]}")
+        last = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {
+        "median_s": statistics.median(walls),
+        "min_s": min(walls),
+        "max_s": max(walls),
+        "peak_gib": last["peak_gib"],
+        "simulated_s": last["simulated_s"],
+        "runs": repeat,
+    }
+
+
+def scaling_points() -> dict[str, list[tuple[int, list[str]]]]:
+    """GPT-3 175B's layout (TP 8, PP 16, DP 8 on 128 DGX A100) varied along one axis."""
+    points: dict[str, list[tuple[int, list[str]]]] = {"microbatches": [], "stages": [], "dp": []}
+    for m in (24, 48, 96, 192, 384, 768):  # micro-batches per pipeline, p = 16
+        points["microbatches"].append(
+            (m * 16, [GPT3, "--set", f"training.global_batch_size={m * 8}"])
+        )
+    for p in (4, 8, 16, 32):  # stages, m = 96, DP 8: 8 p nodes
+        args = [GPT3, "--set", f"parallel.pipeline_model_parallel_size={p}"]
+        args += ["--set", f"cluster.num_nodes={8 * p}", "--set", "training.global_batch_size=768"]
+        points["stages"].append((96 * p, args))
+    for dp in (1, 4, 16, 64, 256):  # DP replicas, p = 16, m = 96: 16 dp nodes
+        args = [GPT3, "--set", f"parallel.data_parallel_size={dp}"]
+        args += ["--set", f"cluster.num_nodes={16 * dp}"]
+        args += ["--set", f"training.global_batch_size={96 * dp}"]
+        points["dp"].append((dp, args))
+    return points
+
+
+def run_scaling(repeat: int) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for axis, points in scaling_points().items():
+        out[axis] = []
+        for x, args in points:
+            row = measure(json.dumps(args), repeat, 600)
+            row["x"] = x
+            out[axis].append(row)
+            print(f"  {axis:<13} {x:>7}  {row['median_s']:6.2f} s  {row['peak_gib']:5.2f} GiB")
+    return out
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (
+        f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {platform.system()}"
+    )
+
+
+def table(results: dict[str, dict], cases: dict) -> str:
+    lines = [
+        "| case | target | wall time (median) | min - max | peak memory | met |",
+        "|---|---:|---:|---:|---:|:---:|",
+    ]
+    for name, row in results.items():
+        what, _, target_s, target_gib = cases[name]
+        met = row["median_s"] <= target_s and row["peak_gib"] <= target_gib
+        lines.append(
+            f"| {what} | <= {target_s:g} s, <= {target_gib:g} GiB | {row['median_s']:.2f} s | "
+            f"{row['min_s']:.2f} - {row['max_s']:.2f} s | {row['peak_gib']:.2f} GiB | "
+            f"{'yes' if met else '**no**'} |"
+        )
+    return "\n".join(lines)
+
+
+def scaling_figure(scaling: dict[str, list[dict]], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(11, 3.6))
+    axes = fig.subplots(1, 2)
+    ax = axes[0]
+    for axis, label in (("microbatches", "m x p, p = 16"), ("stages", "m x p, m = 96")):
+        rows = scaling[axis]
+        ax.plot([r["x"] for r in rows], [r["median_s"] for r in rows], "o-", label=label)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("micro-batches x stages")
+    ax.set_ylabel("wall time of stepsim run (s)")
+    ax.set_title("grows linearly with m x p")
+    ax.legend()
+    ax.grid(True, which="both", alpha=0.3)
+    ax = axes[1]
+    rows = scaling["dp"]
+    ax.plot([r["x"] for r in rows], [r["median_s"] for r in rows], "o-", label="wall time")
+    ax.set_xscale("log")
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("data-parallel size (GPUs = 128 x DP)")
+    ax.set_ylabel("wall time (s)")
+    ax.set_title("symmetric mode: flat in DP")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--exact", action="store_true", help="also time exact mode (minutes)")
+    parser.add_argument("--scaling", action="store_true", help="time the growth sweeps")
+    parser.add_argument("--write", action="store_true", help="update docs/performance.md")
+    args = parser.parse_args()
+    if args.case:
+        run_case(args.case)
+        return
+    cases = dict(TARGETS)
+    if args.exact:
+        cases.update(EXACT)
+    results = {}
+    for name in cases:
+        repeat = 1 if name in EXACT else args.repeat
+        results[name] = measure(name, repeat, 3600)
+        print(
+            f"  {name:<20} {results[name]['median_s']:7.2f} s  {results[name]['peak_gib']:5.2f} GiB"
+        )
+    print()
+    print(table(results, cases))
+    scaling = run_scaling(1) if args.scaling else None
+    if args.write:
+        write_docs(results, scaling)
+
+
+def write_docs(results: dict[str, dict], scaling: dict | None) -> None:
+    json_path = ROOT / "docs" / "performance.json"
+    data = json.loads(json_path.read_text()) if json_path.exists() else {"targets": {}}
+    stamp = {"machine": machine(), "date": time.strftime("%Y-%m-%d")}
+    for name, row in results.items():
+        data["targets"][name] = {**row, **stamp}
+    if scaling is not None:
+        data["scaling"] = {"rows": scaling, **stamp}
+    json_path.write_text(json.dumps(data, indent=1) + "\n")
+    cases = {**TARGETS, **EXACT}
+    measured = {name: data["targets"][name] for name in cases if name in data["targets"]}
+    machines = sorted({row["machine"] for row in measured.values()})
+    block = [
+        BEGIN,
+        "",
+        table(measured, cases),
+        "",
+        "Measured on: "
+        + "; ".join(machines)
+        + ", "
+        + ", ".join(sorted({row["date"] for row in measured.values()}))
+        + ".",
+    ]
+    if "scaling" in data:
+        block += ["", scaling_table(data["scaling"]["rows"]), ""]
+        block += ["![wall time against m x p and DP](images/performance-scaling.png)"]
+        scaling_figure(
+            data["scaling"]["rows"], ROOT / "docs" / "images" / "performance-scaling.png"
+        )
+    block += ["", END]
+    md_path = ROOT / "docs" / "performance.md"
+    text = md_path.read_text() if md_path.exists() else f"# Performance\n\n{BEGIN}\n{END}\n"
+    head, rest = text.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    md_path.write_text(head + "\n".join(block) + tail)
+    print(
+        "\n  wrote docs/performance.md, docs/performance.json, docs/images/performance-scaling.png"
+    )
+
+
+BEGIN = "<!-- begin: generated by benchmarks/performance.py --write -->"
+END = "<!-- end: generated -->"
+
+
+def scaling_table(scaling: dict[str, list[dict]]) -> str:
+    what = {
+        "microbatches": "micro-batches x stages (p = 16, m varies)",
+        "stages": "micro-batches x stages (m = 96, p varies)",
+        "dp": "data-parallel size (p = 16, m = 96)",
+    }
+    lines = [
+        "| axis | value | wall time | per 1,000 of m x p | peak memory |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for axis, rows in scaling.items():
+        for row in rows:
+            per = f"{1000 * row['median_s'] / row['x']:.3f} s" if axis != "dp" else ""
+            lines.append(
+                f"| {what[axis]} | {row['x']:,} | {row['median_s']:.2f} s | {per} | "
+                f"{row['peak_gib']:.2f} GiB |"
+            )
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
