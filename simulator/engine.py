@@ -1,11 +1,16 @@
-"""When things run: a simpy process per lane walks its ops in order.
+"""When things run: each lane walks its ops in order on a simpy clock.
 
-The engine records a `Span` for everything a lane does or waits for. A wait
-is split by what it waited on: waiting for another GPU's transfer to start is
+A lane is a small state machine driven by simpy callbacks (see `_Engine`). In
+exact mode, ops that share a ``rendezvous`` are one collective: it starts when
+the last member lane reaches it and ends every member's op.
+
+The engine records a `Span` for everything a lane does or waits for. A wait is
+split by what it waited on: waiting for another GPU's transfer to start is
 ``idle`` (the pipeline bubble), the time while it is in flight is exposed
 communication (``pp_wait``, ``dp_wait``); waiting for one of the GPU's own
-transfers, queued or in flight, is exposed communication throughout. Non-blocking transfers get
-spans of their own on the lane's GPU, on a stream named after their kind.
+transfers, queued or in flight, is exposed communication throughout.
+Non-blocking transfers get spans of their own on the lane's GPU, on a stream
+named after their kind.
 """
 
 from __future__ import annotations

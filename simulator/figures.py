@@ -68,6 +68,16 @@ def timeline_figure(result: Result) -> Figure:
     stream on top and its background transfers in a thin band below."""
     trace = result.trace
     lanes = compute_lanes(trace.lanes)
+    rows_note = "one GPU per pipeline stage"
+    if len({lane.stage for lane in lanes}) < len(lanes):
+        # exact mode: every GPU was simulated; draw the first GPU of each stage
+        first: dict[int, object] = {}
+        for lane in lanes:
+            first.setdefault(lane.stage, lane)
+        lanes = list(first.values())
+        rows_note = "the first GPU of each stage, all simulated"
+        shown = {lane.gpu for lane in lanes}
+        trace = trace._replace(spans=[sp for sp in trace.spans if sp.gpu in shown])
     row_of = {lane.gpu: i for i, lane in enumerate(lanes)}
     scale, unit = _time_unit(trace.end_s)
     height = min(max(2.0 + 0.45 * len(lanes), 3.0), 16.0)
@@ -94,7 +104,7 @@ def timeline_figure(result: Result) -> Figure:
     ax.set_xlabel(f"time ({unit})")
     ax.set_title(
         f"{result.scenario.name}: one iteration, {trace.end_s * scale:.4g} {unit}"
-        " (rows: one GPU per pipeline stage; thin band: background transfers)"
+        f" (rows: {rows_note}; thin band: background transfers)"
     )
     fig.legend(
         handles=[Patch(facecolor=COLORS[k], label=name) for k, name in LEGEND],

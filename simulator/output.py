@@ -37,7 +37,8 @@ def summary_text(result: Result) -> str:
         )
         + f" · recompute {tr.recompute_granularity}"
         + (" · overlapped grad reduce" if tr.overlap_grad_reduce else "")
-        + f" · {s.network.model} network",
+        + f" · {s.network.model} network"
+        + ("" if s.network.symmetry else " · exact mode (every GPU simulated)"),
         "",
         f"  iteration time            {m['iteration_time_s']:.4g} s",
         f"  throughput                {m['tokens_per_s']:,.0f} tokens/s",
