@@ -145,7 +145,11 @@ class FairShareNetwork(_Network):
         # start if it has started, else with a start event of its own), after which
         # the usual max-min sharing applies. Most transfers of a large run never meet
         # another one, and this saves their start event and bookkeeping.
-        self._claim: dict[int, _Flow] = {}
+        # links with an active or a claimed flow (set operations run in C: the common
+        # case, a transfer onto idle links, costs no Python loop over its links)
+        self._busy: set[int] = set()
+        # the last flow to claim each link; stale once that flow is no longer claimed
+        self._claimant: dict[int, _Flow] = {}
         self._dirty: set[int] = set()
         self._recompute_pending = False
         self._seq = 0
@@ -162,14 +166,12 @@ class FairShareNetwork(_Network):
         flow = _Flow(self._seq, transfer, on_done)
         flow.solo_rate = rate = self._solo_rate(transfer)
         flow.start_s = self.env.now + transfer.latency_s
-        on_link, claim = self._on_link, self._claim
-        for link in flow.links:
-            if on_link[link] or link in claim:
-                self._start_later(flow)
-                return
+        if not self._busy.isdisjoint(flow.links):
+            self._start_later(flow)
+            return
         flow.claimed = True
-        for link in flow.links:
-            claim[link] = flow
+        self._busy.update(flow.links)
+        self._claimant.update(dict.fromkeys(flow.links, flow))
         flow.rate = rate
         flow.updated_s = flow.start_s
         flow.version += 1
@@ -186,11 +188,9 @@ class FairShareNetwork(_Network):
         """Turn the claimants of these links into ordinary flows."""
         now = self.env.now
         for link in links:
-            flow = self._claim.get(link)
-            if flow is None:
+            flow = self._claimant.get(link)
+            if flow is None or not flow.claimed:
                 continue
-            for own in flow.links:
-                del self._claim[own]
             flow.claimed = False
             if flow.start_s <= now:
                 # streaming at its solo rate since start_s; its end event stays valid
@@ -198,6 +198,7 @@ class FairShareNetwork(_Network):
                 for own in flow.links:
                     self._on_link[own][flow] = None
             else:
+                self._busy.difference_update(own for own in flow.links if not self._on_link[own])
                 flow.version += 1  # its end event is void
                 flow.rate = 0.0
                 self._start_later(flow)
@@ -215,8 +216,8 @@ class FairShareNetwork(_Network):
         for link, flows in enumerate(self._on_link):
             for flow in flows:
                 load[link] += flow.rate * flow.mults[flow.links.index(link)]
-        for link, flow in self._claim.items():
-            if flow.start_s <= self.env.now:
+        for link, flow in self._claimant.items():
+            if flow.claimed and flow.start_s <= self.env.now:
                 load[link] += flow.rate * flow.mults[flow.links.index(link)]
         return load
 
@@ -224,6 +225,7 @@ class FairShareNetwork(_Network):
 
     def _start(self, flow: _Flow) -> None:
         self._release_claims(flow.links)
+        self._busy.update(flow.links)
         flow.updated_s = self.env.now
         alone = True
         for link in flow.links:
@@ -241,8 +243,8 @@ class FairShareNetwork(_Network):
         if version != flow.version:
             return  # its rate changed after this wake-up was scheduled
         if flow.claimed:  # alone from start to end
-            for link in flow.links:
-                del self._claim[link]
+            flow.claimed = False
+            self._busy.difference_update(flow.links)
             self._close_interval(flow, self.env.now)
             flow.on_done()
             return
@@ -252,6 +254,8 @@ class FairShareNetwork(_Network):
             del on_link[flow]
             if on_link:
                 shared.append(link)
+            else:
+                self._busy.discard(link)
         self._close_interval(flow, self.env.now)
         flow.bytes_left = 0.0
         flow.rate = 0.0
