@@ -235,7 +235,7 @@ def scaling_figure(scaling: dict[str, list[dict]], path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("micro-batches x stages")
     ax.set_ylabel("wall time of stepsim run (s)")
-    ax.set_title("grows linearly with m x p")
+    ax.set_title("no faster than linear in m x p")
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)
     ax = axes[1]
@@ -245,7 +245,7 @@ def scaling_figure(scaling: dict[str, list[dict]], path: Path) -> None:
     ax.set_ylim(bottom=0)
     ax.set_xlabel("data-parallel size (GPUs = 128 x DP)")
     ax.set_ylabel("wall time (s)")
-    ax.set_title("symmetric mode: flat in DP")
+    ax.set_title("DP: simulation flat, cluster and collective setup grow")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
