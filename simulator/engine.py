@@ -228,6 +228,7 @@ class _Engine:
         count = self.arrived.get(first, 0) + 1
         self.arrived[first] = count
         if count == len(self.members[first]):
+            del self.arrived[first]
             self.network.start(op.transfer, lambda: self._collective_done(first))
 
     def _collective_done(self, first: int) -> None:
