@@ -75,8 +75,8 @@ def _case_arguments(name: str) -> list[str] | None:
         return TARGETS[name][1]
     if name in EXACT:
         return EXACT[name][1]
-    # a scaling point: the run arguments themselves (some layouts of the sweep would not
-    # fit in memory; the speed of simulating them is what is measured)
+    # the run arguments themselves (scaling points, time_scenarios.py); some layouts of
+    # the sweep would not fit in memory, and the speed of simulating them is what counts
     return [*json.loads(name), "--allow-oom"]
 
 
