@@ -144,6 +144,98 @@ def build_parser() -> argparse.ArgumentParser:
             "--quiet", action="store_true", help="no progress line on the terminal while it runs"
         )
 
+    search = sub.add_parser(
+        "search",
+        help="find the fastest layout (TP/PP/DP, micro-batch, schedule, ...) by simulation",
+        description="Enumerate layouts of SCENARIO's model on its cluster (its global batch "
+        "and network kept), drop those that do not fit in memory, and rank the rest by "
+        "simulated throughput. Layouts whose compute alone is slower than the k-th best "
+        "simulated are pruned unsimulated (--no-prune simulates all). With --out, results "
+        "are kept as they finish and an interrupted search resumes where it stopped.",
+    )
+    _scenario_arguments(search, "SECTION.KEY=VALUE", "override a key of the base scenario")
+    _space_arguments(search)
+    search.add_argument("--top", type=int, default=10, metavar="K", help="show K (default 10)")
+    search.add_argument("--no-prune", action="store_true", help="simulate every layout that fits")
+    search.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write search.csv (and search.parquet with pyarrow) of every layout to DIR, and "
+        "keep finished results in DIR/search.jsonl to resume from",
+    )
+    _worker_arguments(search)
+
+    plan = sub.add_parser(
+        "plan",
+        help="planning questions: fit, throughput, time-to-train, scale",
+        description="Questions asked before renting a cluster, each answered from SCENARIO's "
+        "model, cluster and training settings.",
+    )
+    questions = plan.add_subparsers(dest="question", required=True, parser_class=_Parser)
+    fit = questions.add_parser(
+        "fit",
+        help="the largest model of a family that fits on N nodes, or the fewest nodes a "
+        "model needs",
+        description="With --nodes N: which models of --family fit on N of SCENARIO's nodes "
+        "(memory only), and the fastest layout of the largest (simulated). With --min-nodes: "
+        "the fewest nodes on which SCENARIO's model fits, and its fastest layout there.",
+    )
+    _scenario_arguments(fit, "SECTION.KEY=VALUE", "override a key of the base scenario")
+    goal = fit.add_mutually_exclusive_group(required=True)
+    goal.add_argument("--nodes", type=int, metavar="N", help="nodes available")
+    goal.add_argument(
+        "--min-nodes", action="store_true", help="the fewest nodes for the scenario's model"
+    )
+    fit.add_argument(
+        "--family",
+        default="gpt3",
+        metavar="NAME",
+        help="model family for --nodes: gpt3 (Brown et al. 2020) or megatron "
+        "(Narayanan et al. 2021, 1.7B to 1T); default gpt3",
+    )
+    fit.add_argument(
+        "--max-nodes", type=int, default=1024, metavar="N", help="--min-nodes: look up to N"
+    )
+    fit.add_argument(
+        "--no-simulate", action="store_true", help="memory only: skip finding the fastest layout"
+    )
+    _space_arguments(fit)
+    _worker_arguments(fit)
+    for name, text in (
+        ("throughput", "tokens/s, TFLOP/s per GPU and MFU of SCENARIO; with --tokens, days"),
+        ("time-to-train", "days and GPU-hours to train SCENARIO on --tokens tokens"),
+    ):
+        q = questions.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        _scenario_arguments(q, "SECTION.KEY=VALUE", "override a scenario key")
+        q.add_argument(
+            "--tokens",
+            type=float,
+            required=name == "time-to-train",
+            metavar="T",
+            help="training tokens, e.g. 300e9",
+        )
+        q.add_argument("--quiet", action="store_true", help="no progress line")
+    scale = questions.add_parser(
+        "scale",
+        help="iteration time and throughput against node count (data parallelism)",
+        description="Run SCENARIO's layout on each node count of --nodes, data parallelism "
+        "taking up the change, and tabulate throughput, speedup and scaling efficiency.",
+    )
+    _scenario_arguments(scale, "SECTION.KEY=VALUE", "override a scenario key")
+    scale.add_argument(
+        "--nodes", required=True, metavar="N1,N2,...", help="node counts, e.g. 16,32,64,128"
+    )
+    scale.add_argument(
+        "--keep",
+        choices=["global-batch", "microbatches"],
+        default="global-batch",
+        help="strong scaling: the same global batch (default); weak: the same micro-batches "
+        "per pipeline, the global batch growing with DP",
+    )
+    scale.add_argument("--tokens", type=float, metavar="T", help="add days and GPU-hours")
+    scale.add_argument("--out", metavar="DIR", help="write scale.csv and scale.png to DIR")
+    _worker_arguments(scale)
+
     topo = sub.add_parser(
         "topology",
         help="describe a scenario's cluster: GPUs, links, switches, bisection bandwidth",
@@ -215,6 +307,122 @@ def _scenario_arguments(parser: argparse.ArgumentParser, metavar: str, help_text
     )
 
 
+def _space_arguments(parser: argparse.ArgumentParser) -> None:
+    space = parser.add_argument_group("search space (comma-separated values)")
+    space.add_argument("--tp", metavar="LIST", help="tensor parallel (default: divisors of a node)")
+    space.add_argument("--pp", metavar="LIST", help="pipeline parallel (default: layer divisors)")
+    space.add_argument("--micro-batch", metavar="LIST", default="1,2,4,8", help="default 1,2,4,8")
+    space.add_argument(
+        "--schedules", metavar="LIST", default="1f1b,interleaved", help="default 1f1b,interleaved"
+    )
+    space.add_argument(
+        "--chunks", metavar="LIST", default="2", help="chunks per rank of chunked schedules (2)"
+    )
+    space.add_argument(
+        "--recompute", metavar="LIST", default="none,selective,full", help="default all three"
+    )
+    space.add_argument(
+        "--sharding",
+        metavar="LIST",
+        default="none,optimizer",
+        help="data-parallel sharding: none, optimizer (ZeRO-1), full (FSDP); default the first two",
+    )
+    space.add_argument(
+        "--sequence-parallel",
+        choices=["both", "on", "off"],
+        default="both",
+        help="with TP > 1 (default both)",
+    )
+
+
+def _worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--jobs", type=int, metavar="N", help="local worker processes (default: the CPUs)"
+    )
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="simulate on a Ray cluster at ADDRESS, or on Ray started here when no address "
+        "is given (pip install 'stepsim[ray]')",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress line")
+
+
+def _int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    values = []
+    for item in text.split(","):
+        try:
+            value = int(item.strip())
+        except ValueError:
+            raise ScenarioError(f"{flag}={text!r}: {item.strip()!r} is not an integer") from None
+        if value < 1:
+            raise ScenarioError(f"{flag}={text!r}: every value must be >= 1")
+        values.append(value)
+    return tuple(values)
+
+
+def _name_list(text: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in text.split(",") if item.strip())
+
+
+def _space(args: argparse.Namespace):
+    from .planning import SearchSpace
+
+    space = SearchSpace(
+        tp=_int_list("--tp", args.tp),
+        pp=_int_list("--pp", args.pp),
+        micro_batch=_int_list("--micro-batch", args.micro_batch),
+        schedules=_name_list(args.schedules),
+        chunks=_int_list("--chunks", args.chunks),
+        recompute=_name_list(args.recompute),
+        sharding=_name_list(args.sharding),
+        sequence_parallel={"both": (False, True), "on": (True,), "off": (False,)}[
+            args.sequence_parallel
+        ],
+    )
+    flags = {
+        "schedules": "--schedules",
+        "recompute": "--recompute",
+        "sharding": "--sharding",
+        "micro_batch": "--micro-batch",
+        "chunks": "--chunks",
+    }
+    try:
+        space.check()
+    except ScenarioError as exc:
+        message = str(exc).removeprefix("search ")
+        name = message.split("=", 1)[0].split(" ", 1)[0]
+        raise ScenarioError(message.replace(name, flags.get(name, "--" + name), 1)) from None
+    return space
+
+
+class _Workers:
+    """The executor the command's flags ask for, closed when done."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from .executors import LocalPool, RayPool, default_jobs
+
+        jobs = args.jobs if args.jobs is not None else default_jobs()
+        if jobs < 1:
+            raise ScenarioError(f"--jobs={jobs} must be >= 1")
+        if args.ray is not None:
+            self.executor = RayPool(args.ray or None, jobs)
+            self.where = f"on Ray at {args.ray}" if args.ray else f"on Ray here, {jobs} CPUs"
+        else:
+            self.executor = LocalPool(jobs)
+            self.where = f"{jobs} local process" + ("es" if jobs > 1 else "")
+
+    def __enter__(self) -> _Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.executor.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -228,6 +436,10 @@ def main(argv: list[str] | None = None) -> int:
             return _schedule(args)
         if args.command == "validate":
             return _validate(args)
+        if args.command == "search":
+            return _search(args)
+        if args.command == "plan":
+            return _plan(args)
     except ScenarioError as exc:
         print(f"stepsim: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -347,6 +559,284 @@ def _validate(args: argparse.Namespace) -> int:
             validation_markdown(comparisons, summary(comparisons), calibration), encoding="utf-8"
         )
         print(f"\n  wrote {args.out}/validation.md and {args.out}/images/validation.png")
+    return 0
+
+
+def _journal_header(base) -> dict:
+    """What a search's results depend on besides the layout: the base scenario (layout
+    keys aside), its kernel constants and stepsim's version."""
+    from dataclasses import asdict
+
+    raw = scenario_to_dict(base)
+    raw.pop("parallel")
+    for key in (
+        "micro_batch_size",
+        "schedule",
+        "recompute_granularity",
+        "data_parallel_sharding",
+        "schedule_file",
+        "schedule_placement",
+        "microbatch_group_size_per_vp_stage",
+    ):
+        raw["training"].pop(key, None)
+    raw.pop("name")
+    calibration = asdict(base.calibration) if base.calibration is not None else None
+    return {"version": __version__, "scenario": raw, "calibration": calibration}
+
+
+def _search(args: argparse.Namespace) -> int:
+    from .loader import read_search_journal
+    from .planning import SIMULATED, apply_layout, model_params, result_rows, rule_of_thumb, search
+    from .planning import simulate_row as simulate_one
+    from .planning_output import search_text
+
+    base = load_scenario(args.scenario, args.overrides, calibration=args.calibration)
+    space = _space(args)
+    if args.top < 1:
+        raise ScenarioError(f"--top={args.top} must be >= 1")
+    known: dict[str, dict] = {}
+    journal = None
+    header = json.loads(json.dumps(_journal_header(base)))  # as it reads back
+    if args.out:
+        out = Path(args.out)
+        path = out / "search.jsonl"
+        found, known = read_search_journal(path)
+        if found is not None and found != header:
+            raise ScenarioError(
+                f"{path} holds another search's results (different scenario, calibration or "
+                "stepsim version); use another --out or delete the file"
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        journal = path.open("a", encoding="utf-8")
+        if found is None:
+            journal.write(json.dumps({"search": header}) + "\n")
+            journal.flush()
+    progress = _progress(args)
+    progress.begin("searching")
+
+    def on_result(candidate, i: int, n: int) -> None:
+        if journal is not None:
+            entry = {"layout": candidate.layout.key, "row": candidate.row}
+            journal.write(json.dumps(entry) + "\n")
+            journal.flush()
+        progress.task = f"simulated {i} (of at most {n})"
+        progress.update(i / n)
+
+    try:
+        with _Workers(args) as workers:
+            result = search(
+                base,
+                space,
+                top=args.top,
+                executor=workers.executor,
+                prune=not args.no_prune,
+                known=known,
+                on_result=on_result,
+            )
+            rule = rule_of_thumb(base)
+            rule_entry = None
+            if rule is not None:
+                by_key = {c.layout.key: c for c in result.candidates}
+                ranks = {c.layout.key: i + 1 for i, c in enumerate(result.ranked)}
+                done = by_key.get(rule.key)
+                if done is not None and done.status == SIMULATED:
+                    row = done.row
+                else:
+                    row = known.get(rule.key) or simulate_one(apply_layout(base, rule))
+                rule_entry = (rule, row, ranks.get(rule.key))
+    except KeyboardInterrupt:
+        progress.clear()
+        kept = f"; finished results are in {args.out}/search.jsonl: run the same command to "
+        print(
+            "stepsim: interrupted"
+            + (kept + "resume" if journal is not None else " (use --out DIR to keep results)"),
+            file=sys.stderr,
+        )
+        return 130
+    finally:
+        progress.clear()
+        if journal is not None:
+            journal.close()
+    text = search_text(
+        base, model_params(base), result, args.top, rule_entry, workers.where, _run_command(args)
+    )
+    print(text)
+    if args.out:
+        written = _write_rows(Path(args.out), "search", result_rows(result))
+        print(f"\n  wrote {args.out}/: {' '.join(written)} search.jsonl")
+    return 0
+
+
+def _write_rows(out: Path, stem: str, rows: list[dict]) -> list[str]:
+    """rows as STEM.csv, and STEM.parquet when pyarrow is installed; the names written."""
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / f"{stem}.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["layout"])
+        writer.writeheader()
+        writer.writerows(rows)
+    written = [f"{stem}.csv"]
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError:
+        return written
+    pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), out / f"{stem}.parquet")
+    return [*written, f"{stem}.parquet"]
+
+
+def _run_command(args: argparse.Namespace) -> str:
+    """`stepsim run` of the same base scenario, as the user gave it."""
+    import shlex
+
+    parts = ["stepsim", "run", args.scenario]
+    if args.calibration:
+        parts += ["--calibration", args.calibration]
+    for item in args.overrides:
+        parts += ["--set", item]
+    return shlex.join(parts)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    if args.question == "fit":
+        return _plan_fit(args)
+    if args.question in ("throughput", "time-to-train"):
+        return _plan_throughput(args)
+    return _plan_scale(args)
+
+
+def _fastest(scenario, space, args: argparse.Namespace):
+    """The fastest layout of the space for the scenario (a search for the top one)."""
+    from .planning import search
+
+    progress = _progress(args)
+    progress.begin(f"searching {scenario.name}")
+
+    def on_result(candidate, i: int, n: int) -> None:
+        progress.task = f"searching {scenario.name}: simulated {i} (of at most {n})"
+        progress.update(i / n)
+
+    try:
+        with _Workers(args) as workers:
+            result = search(scenario, space, top=1, executor=workers.executor, on_result=on_result)
+    finally:
+        progress.clear()
+    return result.ranked[0] if result.ranked else None
+
+
+def _plan_fit(args: argparse.Namespace) -> int:
+    from .planning import fit_family, min_nodes, model_params, with_nodes
+    from .planning_output import fit_text, min_nodes_text
+    from .presets import MODEL_FAMILIES
+
+    base = load_scenario(args.scenario, args.overrides, calibration=args.calibration)
+    space = _space(args)
+    if args.min_nodes:
+        nodes, fitting = min_nodes(base, space, args.max_nodes)
+        best = None
+        if nodes and not args.no_simulate:
+            best = _fastest(with_nodes(base, nodes), space, args)
+        print(min_nodes_text(base, model_params(base), nodes, fitting, best, args.max_nodes))
+        return 0
+    if args.family not in MODEL_FAMILIES:
+        raise ScenarioError(f"--family={args.family!r} is not one of: {', '.join(MODEL_FAMILIES)}")
+    if args.nodes < 1:
+        raise ScenarioError(f"--nodes={args.nodes} must be >= 1")
+    cluster_base = with_nodes(base, args.nodes)
+    rows = fit_family(cluster_base, args.family, space)
+    largest = next((r for r in reversed(rows) if r.leanest is not None), None)
+    best = None
+    if largest is not None and not args.no_simulate:
+        best = _fastest(largest.scenario, space, args)
+    print(fit_text(cluster_base, rows, args.nodes, best))
+    return 0
+
+
+def _plan_throughput(args: argparse.Namespace) -> int:
+    from .planning import model_params, narayanan_days, simulate_row, training_time
+    from .planning_output import throughput_text
+
+    scenario = load_scenario(args.scenario, args.overrides, calibration=args.calibration)
+    if args.tokens is not None and not 0 < args.tokens < float("inf"):
+        raise ScenarioError(f"--tokens={args.tokens} must be a positive number")
+    _check_fits(scenario)
+    progress = _progress(args)
+    progress.begin("simulating")
+    try:
+        row = simulate_row(scenario)
+    finally:
+        progress.clear()
+    params = model_params(scenario)
+    times = estimate = None
+    factor = 8 if scenario.training.recompute_granularity == "full" else 6
+    if args.tokens is not None:
+        times = training_time(row, args.tokens)
+        estimate = narayanan_days(
+            params, args.tokens, row["num_gpus"], row["hardware_tflops_per_gpu"], factor
+        )
+    print(throughput_text(scenario, params, row, args.tokens, times, estimate, factor))
+    return 0
+
+
+def _check_fits(scenario) -> None:
+    from .memory import out_of_memory
+    from .run import memory_per_stage
+
+    problem = out_of_memory(scenario, memory_per_stage(scenario))
+    if problem:
+        raise ScenarioError(problem.split(" --allow-oom")[0].rstrip(";").rstrip())
+
+
+def _plan_scale(args: argparse.Namespace) -> int:
+    from .planning import scale_points, scale_scenarios
+    from .planning_output import scale_text
+
+    base = load_scenario(args.scenario, args.overrides, calibration=args.calibration)
+    nodes = _int_list("--nodes", args.nodes)
+    if args.tokens is not None and not 0 < args.tokens < float("inf"):
+        raise ScenarioError(f"--tokens={args.tokens} must be a positive number")
+    entries = scale_scenarios(base, sorted(set(nodes)), args.keep)
+    runnable = [(i, sc) for i, (_, sc, _) in enumerate(entries) if sc is not None]
+    rows: list[dict | None] = [None] * len(entries)
+    progress = _progress(args)
+    progress.begin(f"simulating {len(runnable)} node counts")
+    for _, sc in runnable:
+        _check_fits(sc)
+
+    def done(j: int, row: dict) -> None:
+        rows[runnable[j][0]] = row
+        progress.update(sum(r is not None for r in rows) / len(runnable))
+
+    try:
+        with _Workers(args) as workers:
+            workers.executor([sc for _, sc in runnable], done)
+    finally:
+        progress.clear()
+    points = scale_points(entries, rows, args.tokens)
+    print(scale_text(base, points, args.keep, args.tokens))
+    if args.out:
+        from .figures import scale_figure
+
+        out = Path(args.out)
+        flat = []
+        for p in points:
+            if p["row"] is None:
+                continue
+            flat.append(
+                {
+                    "nodes": p["nodes"],
+                    "data_parallel_size": p["dp"],
+                    "global_batch_size": p["global_batch"],
+                    **p["row"],
+                    "speedup": p["speedup"],
+                    "scaling_efficiency": p["efficiency"],
+                    **({"days": p["days"], "gpu_hours": p["gpu_hours"]} if args.tokens else {}),
+                }
+            )
+        written = _write_rows(out, "scale", flat)
+        scale_figure(points, f"{base.name}: scaling with data parallelism").savefig(
+            out / "scale.png", dpi=110
+        )
+        print(f"\n  wrote {args.out}/: {' '.join(written)} scale.png")
     return 0
 
 

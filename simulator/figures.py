@@ -481,3 +481,30 @@ def validation_figure(comparisons):
         ax.legend(fontsize=8, loc="upper left")
     fig.suptitle("stepsim vs published measurements (dashed: ±8 %)")
     return fig
+
+
+def scale_figure(points: list[dict], title: str) -> Figure:
+    """Throughput against nodes with the ideal line through the first point, and the
+    scaling efficiency."""
+    done = [p for p in points if p["row"] is not None]
+    fig = Figure(figsize=(10, 4), layout="constrained")
+    left, right = fig.subplots(1, 2)
+    nodes = [p["nodes"] for p in done]
+    tokens = [p["row"]["tokens_per_s"] for p in done]
+    if done:
+        ideal = [tokens[0] * n / nodes[0] for n in nodes]
+        left.plot(nodes, ideal, color="0.6", linestyle="--", label="linear")
+        left.plot(nodes, tokens, marker="o", label="simulated")
+        right.plot(nodes, [100 * p["efficiency"] for p in done], marker="o")
+    left.set_xlabel("nodes")
+    left.set_ylabel("tokens/s")
+    left.legend()
+    right.set_xlabel("nodes")
+    right.set_ylabel("scaling efficiency (%)")
+    right.set_ylim(0, 105)
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+        ax.set_ylim(bottom=0)
+    fig.suptitle(title)
+    return fig

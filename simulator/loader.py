@@ -718,3 +718,25 @@ def read_validation_set(folder: str | Path) -> dict[str, list[dict[str, str]]]:
                 f"validation table {str(path)!r} cannot be read: {exc.strerror}"
             ) from None
     return out
+
+
+def read_search_journal(path: str | Path) -> tuple[dict[str, Any] | None, dict[str, dict]]:
+    """(header, {layout key: row}) of a search's results file (stepsim search --out);
+    (None, {}) when there is none. A line cut short by an interrupted write is skipped."""
+    path = Path(path)
+    if not path.exists():
+        return None, {}
+    header, rows = None, {}
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f):
+            try:
+                entry = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if n == 0:
+                header = entry.get("search") if isinstance(entry, dict) else None
+                if header is None:
+                    raise ScenarioError(f"{str(path)!r} is not a stepsim search journal")
+            elif isinstance(entry, dict) and "layout" in entry and "row" in entry:
+                rows[entry["layout"]] = entry["row"]
+    return header, rows

@@ -142,3 +142,37 @@ MODELS: dict[str, dict[str, int]] = {
         "vocab_size": 50272,
     },
 }
+
+# Model families for `stepsim plan fit`: (name, layers, hidden, heads), smallest first;
+# the feed-forward width is 4 x hidden, sequence 2048 and vocabulary 51200 in both.
+# "gpt3": Brown et al. 2020 (arXiv 2005.14165) Table 2.1. Two rows do not multiply
+# out: XL (1.3B) prints 24 heads of 128 for d_model 2048, and 13B prints d_model 5140
+# for 40 heads of 128. Kept here: the head size 128 (16 heads for XL) and d_model 5120.
+# "megatron": Narayanan et al. 2021 (arXiv 2104.04473) Table 1, the weak-scaling
+# models 1.7B to 1T (the same rows as scenarios/validation/megatron_2021_table1.csv).
+MODEL_FAMILIES: dict[str, tuple[tuple[str, int, int, int], ...]] = {
+    "gpt3": (
+        ("gpt3-125m", 12, 768, 12),
+        ("gpt3-350m", 24, 1024, 16),
+        ("gpt3-760m", 24, 1536, 16),
+        ("gpt3-1.3b", 24, 2048, 16),
+        ("gpt3-2.7b", 32, 2560, 32),
+        ("gpt3-6.7b", 32, 4096, 32),
+        ("gpt3-13b", 40, 5120, 40),
+        ("gpt3-175b", 96, 12288, 96),
+    ),
+    "megatron": (
+        ("gpt-1.7b", 24, 2304, 24),
+        ("gpt-3.6b", 30, 3072, 32),
+        ("gpt-7.5b", 36, 4096, 32),
+        ("gpt-18.4b", 40, 6144, 48),
+        ("gpt-39.1b", 48, 8192, 64),
+        ("gpt-76.1b", 60, 10240, 80),
+        ("gpt-145.6b", 80, 12288, 96),
+        ("gpt-310.1b", 96, 16384, 128),
+        ("gpt-529.6b", 105, 20480, 128),
+        ("gpt-1008b", 128, 25600, 160),
+    ),
+}
+FAMILY_SEQ_LENGTH = 2048
+FAMILY_VOCAB_SIZE = 51200

@@ -89,13 +89,18 @@ def run_sweep(
     for i, (point, scenario) in enumerate(zip(points, scenarios, strict=True)):
         if on_point is not None:
             on_point(i, len(points), " ".join(f"{k}={v}" for k, v in point))
-        metrics = simulate(scenario)
         row: dict[str, Any] = {k: parse_override(f"{k}={v}")[2] for k, v in point}
-        row.update({key: metrics[key] for key in ROW_METRICS})
-        row.update({f"breakdown_s.{k}": v for k, v in metrics["breakdown_s"].items()})
-        iteration = metrics["iteration_time_s"]
-        exposed = sum(metrics["breakdown_s"][k] for k in ("tp_comm", "pp_p2p", "dp_sync"))
-        row["exposed_comm_fraction"] = exposed / iteration if iteration > 0 else 0.0
-        row["fits_in_memory"] = metrics.get("out_of_memory") is None
+        row.update(result_row(simulate(scenario)))
         rows.append(row)
     return [key for key, _ in axes], rows
+
+
+def result_row(metrics: dict[str, Any]) -> dict[str, Any]:
+    """The scalar metrics of one simulated point, its breakdown flattened."""
+    row = {key: metrics[key] for key in ROW_METRICS}
+    row.update({f"breakdown_s.{k}": v for k, v in metrics["breakdown_s"].items()})
+    iteration = metrics["iteration_time_s"]
+    exposed = sum(metrics["breakdown_s"][k] for k in ("tp_comm", "pp_p2p", "dp_sync"))
+    row["exposed_comm_fraction"] = exposed / iteration if iteration > 0 else 0.0
+    row["fits_in_memory"] = metrics.get("out_of_memory") is None
+    return row

@@ -1,0 +1,105 @@
+"""Where a batch of simulations runs: this process, a pool of local processes, or Ray.
+
+Each executor is called with a batch of scenarios and a ``done(index, row)``
+callback, which it calls once per scenario as results come back, in any order.
+Every executor runs the same function (planning.simulate_row) on the same frozen
+scenarios, so the rows are the same bit for bit whichever runs them.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from typing import Any
+
+from .planning import serial_executor, simulate_row
+from .spec import Scenario, ScenarioError
+
+Done = Callable[[int, dict[str, Any]], None]
+
+
+def default_jobs() -> int:
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+
+
+class LocalPool:
+    """Worker processes on this machine (spawned, so nothing of the parent's state
+    leaks into them), kept for the whole search."""
+
+    def __init__(self, jobs: int) -> None:
+        self.jobs = jobs
+        self.pool: ProcessPoolExecutor | None = None
+
+    def __call__(self, batch: Sequence[Scenario], done: Done) -> None:
+        if self.jobs == 1:
+            serial_executor(batch, done)
+            return
+        if self.pool is None:
+            self.pool = ProcessPoolExecutor(
+                self.jobs, mp_context=multiprocessing.get_context("spawn")
+            )
+        futures = {self.pool.submit(simulate_row, s): i for i, s in enumerate(batch)}
+        pending = set(futures)
+        while pending:
+            finished, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in sorted(finished, key=futures.__getitem__):
+                done(futures[future], future.result())
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+
+
+class RayPool:
+    """Tasks on a Ray cluster: ``address`` of a running cluster, or None to start Ray on
+    this machine (``ray.init()``) with ``jobs`` CPUs. On a cluster the project's
+    packages travel with the tasks (runtime_env py_modules), so its nodes need Ray and
+    stepsim's dependencies but not stepsim itself."""
+
+    def __init__(self, address: str | None, jobs: int) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise ScenarioError(
+                "--ray needs Ray, an optional extra: pip install 'stepsim[ray]'"
+            ) from None
+        self.ray = ray
+        self.started = False
+        if not ray.is_initialized():
+            options: dict[str, Any] = {
+                "include_dashboard": False,
+                "log_to_driver": False,
+                "configure_logging": False,
+            }
+            if address:
+                import schedules
+                import simulator
+                import topologies
+
+                options["address"] = address
+                options["runtime_env"] = {"py_modules": [simulator, topologies, schedules]}
+            else:
+                options["num_cpus"] = jobs
+            try:
+                ray.init(**options)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise ScenarioError(f"--ray {address or ''}: {exc}".strip()) from None
+            self.started = True
+        self.task = ray.remote(num_cpus=1)(simulate_row)
+
+    def __call__(self, batch: Sequence[Scenario], done: Done) -> None:
+        refs = [self.task.remote(s) for s in batch]
+        index = {ref: i for i, ref in enumerate(refs)}
+        pending = refs
+        while pending:
+            ready, pending = self.ray.wait(pending, num_returns=1)
+            for ref in ready:
+                done(index[ref], self.ray.get(ref))
+
+    def close(self) -> None:
+        if self.started:
+            self.ray.shutdown()
+            self.started = False

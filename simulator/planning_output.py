@@ -1,0 +1,311 @@
+"""Text for `stepsim search` and `stepsim plan`: tables a person reads in a terminal."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .planning import OUT_OF_MEMORY, PRUNED, SIMULATED, Candidate, Layout, SearchResult
+from .spec import Scenario
+
+SHARDING_NAMES = {"none": "-", "optimizer": "ZeRO-1", "full": "FSDP"}
+_BREAKDOWN = ("compute", "tp_comm", "pp_p2p", "dp_sync", "optimizer", "idle")
+
+
+def table(head: Sequence[str], body: Sequence[Sequence[str]], indent: str = "  ") -> str:
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    return "\n".join(
+        indent + "  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)).rstrip()
+        for r in [head, *body]
+    )
+
+
+def params_text(params: float) -> str:
+    return f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.0f}M"
+
+
+def describe_base(base: Scenario, params: float) -> list[str]:
+    m, c = base.model, base.cluster
+    return [
+        f"  model: {m.num_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads, "
+        f"{params_text(params)} parameters; global batch {base.training.global_batch_size} x "
+        f"{m.seq_length} tokens",
+        f"  cluster: {c.num_nodes} x {c.node or 'custom node'} = {c.num_gpus} GPUs "
+        f"({c.gpu.name}, {c.gpu.memory_gib:g} GiB), {c.nics_per_node} x {c.nic_gbps:g} Gb/s "
+        "per node",
+    ]
+
+
+def layout_cells(layout: Layout) -> list[str]:
+    return [
+        str(layout.tp),
+        str(layout.pp),
+        str(layout.dp),
+        str(layout.micro_batch),
+        layout.schedule,
+        str(layout.chunks),
+        layout.recompute,
+        SHARDING_NAMES[layout.sharding],
+        "yes" if layout.sequence_parallel else "-",
+    ]
+
+
+LAYOUT_HEAD = ["TP", "PP", "DP", "mb", "schedule", "v", "recompute", "shard", "SP"]
+
+
+def metric_cells(row: dict[str, Any], memory_gib: float) -> list[str]:
+    return [
+        f"{row['iteration_time_s']:.3f}",
+        f"{row['tokens_per_s']:,.0f}",
+        f"{row['hardware_tflops_per_gpu']:.1f}",
+        f"{100 * row['mfu']:.1f}",
+        f"{memory_gib:.1f}",
+        *(f"{100 * row[f'breakdown_s.{k}'] / row['iteration_time_s']:.1f}" for k in _BREAKDOWN),
+    ]
+
+
+METRIC_HEAD = [
+    "iter s",
+    "tokens/s",
+    "TFLOP/s",
+    "MFU %",
+    "mem GiB",
+    "compute%",
+    "tp%",
+    "pp%",
+    "dp%",
+    "optim%",
+    "idle%",
+]
+
+
+def search_text(
+    base: Scenario,
+    params: float,
+    result: SearchResult,
+    show: int,
+    rule: tuple[Layout, dict[str, Any], int | None] | None,
+    where: str,
+    command: str,
+) -> str:
+    ranked = result.ranked
+    fitting = len(result.candidates) - result.count(OUT_OF_MEMORY)
+    resumed = sum(1 for c in result.candidates if c.resumed)
+    invalid = ", ".join(f"{k} {n}" for k, n in result.invalid.items())
+    lines = [f"stepsim search · {base.name}", *describe_base(base, params)]
+    lines.append(
+        f"  layouts: {result.enumerated:,} enumerated; {result.num_invalid:,} break a rule"
+        + (f" ({invalid})" if invalid else "")
+        + f"; {result.count(OUT_OF_MEMORY):,} do not fit in memory; {fitting:,} fit"
+    )
+    lines.append(
+        f"  simulated {result.count(SIMULATED):,} ("
+        + (f"{resumed:,} of them by the earlier run; the rest " if resumed else "")
+        + f"{where}), pruned {result.count(PRUNED):,}: their compute alone (a lower bound) "
+        f"is slower than the {result.top}th best simulated"
+    )
+    if not ranked:
+        lines.append("  no layout fits in GPU memory: more nodes, or widen the search")
+        return "\n".join(lines)
+    lines.append("")
+    lines.append(
+        f"  top {min(show, len(ranked))} by simulated throughput; compute% .. idle%: where a "
+        "GPU's iteration goes (mean over GPUs; tp, pp, dp: exposed communication)"
+    )
+    body = [
+        [str(i + 1), *layout_cells(c.layout), *metric_cells(c.row, c.memory_gib)]
+        for i, c in enumerate(ranked[:show])
+    ]
+    lines.append(table(["#", *LAYOUT_HEAD, *METRIC_HEAD], body))
+    best = ranked[0]
+    if rule is not None:
+        layout, row, rank = rule
+        ratio = row["iteration_time_s"] / best.row["iteration_time_s"]
+        where_rule = (
+            f"rank {rank} of {len(ranked)}" if rank else "pruned by the search, simulated here"
+        )
+        lines += [
+            "",
+            "  Megatron-LM's rule of thumb (TP across a node, the smallest PP that fits, DP for "
+            "the rest; 1F1B, micro-batch 1, full recomputation):",
+            f"    {layout.key}: {row['iteration_time_s']:.3f} s, "
+            f"{row['hardware_tflops_per_gpu']:.1f} TFLOP/s, MFU {100 * row['mfu']:.1f} % "
+            f"({where_rule}); the best found is "
+            + (
+                f"{(ratio - 1) * 100:.1f} % faster"
+                if ratio > 1
+                else "the rule's own layout"
+                if ratio == 1
+                else "slower (the rule lies outside the searched space)"
+            ),
+        ]
+    elif result.candidates:
+        lines += ["", "  Megatron-LM's rule of thumb: no layout it allows fits in memory"]
+    lines += [
+        "",
+        "  run the best: "
+        + command
+        + " "
+        + " ".join(f"--set {o}" for o in best.layout.overrides()),
+    ]
+    return "\n".join(lines)
+
+
+def fit_text(base: Scenario, rows: Sequence, nodes: int, best: Candidate | None) -> str:
+    c = base.cluster
+    lines = [
+        f"stepsim plan fit · {nodes} x {c.node or 'custom node'} = {c.num_gpus} GPUs "
+        f"({c.gpu.name}, {c.gpu.memory_gib:g} GiB each)",
+        "  a model fits when some layout of the search space fits every GPU's memory "
+        "(weights, gradients, optimizer, activations, workspace)",
+        "",
+    ]
+    body = []
+    for row in rows:
+        lean = row.leanest
+        body.append(
+            [
+                row.name,
+                params_text(row.params),
+                "yes" if lean else "no",
+                str(row.num_fitting),
+                lean.layout.key if lean else "-",
+                f"{lean.memory_gib:.1f}" if lean else "-",
+            ]
+        )
+    lines.append(
+        table(["model", "params", "fits", "layouts", "leanest layout", "its mem GiB"], body)
+    )
+    largest = next((r for r in reversed(rows) if r.leanest is not None), None)
+    lines.append("")
+    if largest is None:
+        lines.append(f"  none of the family fits on {nodes} nodes")
+        return "\n".join(lines)
+    lines.append(f"  largest that fits: {largest.name} ({params_text(largest.params)} parameters)")
+    if best is not None:
+        lines.append(
+            f"  its fastest layout (simulated): {best.layout.key}: "
+            f"{best.row['iteration_time_s']:.3f} s per iteration, "
+            f"{best.row['tokens_per_s']:,.0f} tokens/s, MFU {100 * best.row['mfu']:.1f} %, "
+            f"{best.memory_gib:.1f} GiB"
+        )
+    return "\n".join(lines)
+
+
+def min_nodes_text(
+    base: Scenario, params: float, nodes: int, fitting: Sequence, best, max_nodes: int
+) -> str:
+    lines = [f"stepsim plan fit · {base.name}", describe_base(base, params)[0]]
+    if nodes == 0:
+        lines.append(
+            f"  does not fit on up to {max_nodes} nodes of {base.cluster.node or 'this node'} "
+            "with any layout of the search space (raise --max-nodes or widen the space)"
+        )
+        return "\n".join(lines)
+    gpus = nodes * base.cluster.gpus_per_node
+    lean = min(fitting, key=lambda c: (c.memory_gib, c.layout.key))
+    lines += [
+        f"  fewest nodes: {nodes} x {base.cluster.node or 'node'} = {gpus} GPUs; "
+        f"{len(fitting)} layouts fit there",
+        f"  leanest layout: {lean.layout.key}, {lean.memory_gib:.1f} of "
+        f"{base.cluster.gpu.memory_gib:g} GiB",
+    ]
+    if best is not None:
+        lines.append(
+            f"  fastest layout (simulated): {best.layout.key}: "
+            f"{best.row['iteration_time_s']:.3f} s per iteration, "
+            f"{best.row['tokens_per_s']:,.0f} tokens/s, MFU {100 * best.row['mfu']:.1f} %, "
+            f"{best.memory_gib:.1f} GiB"
+        )
+    lines.append(
+        "  fewer nodes fail on memory, or on the global batch: data parallel x micro-batch "
+        "must divide it"
+    )
+    return "\n".join(lines)
+
+
+def throughput_text(
+    scenario: Scenario,
+    params: float,
+    row: dict[str, Any],
+    tokens: float | None,
+    times: dict[str, float] | None,
+    estimate_days: float | None,
+    factor: int,
+) -> str:
+    lines = [f"stepsim plan throughput · {scenario.name}", *describe_base(scenario, params)]
+    par, tr = scenario.parallel, scenario.training
+    lines += [
+        f"  layout: TP {par.tensor_model_parallel_size}, PP {par.pipeline_model_parallel_size}, "
+        f"DP {par.data_parallel_size}, micro-batch {tr.micro_batch_size}, {tr.schedule}, "
+        f"recompute {tr.recompute_granularity}",
+        "",
+        f"  iteration        {row['iteration_time_s']:.3f} s",
+        f"  throughput       {row['tokens_per_s']:,.0f} tokens/s "
+        f"({scenario.training.global_batch_size * scenario.model.seq_length:,} tokens per "
+        "iteration)",
+        f"  per GPU          {row['hardware_tflops_per_gpu']:.1f} TFLOP/s (hardware), "
+        f"{row['model_tflops_per_gpu']:.1f} TFLOP/s (model)",
+        f"  MFU              {100 * row['mfu']:.1f} %",
+    ]
+    if tokens is not None and times is not None:
+        lines += [
+            "",
+            f"  {tokens:.4g} tokens: {times['days']:.1f} days on {row['num_gpus']:,} GPUs, "
+            f"{times['gpu_hours']:,.0f} GPU-hours",
+            f"  (tokens / simulated tokens per second; Narayanan et al. 2021's estimate "
+            f"{factor} T P / (n X) with the simulated hardware TFLOP/s gives "
+            f"{estimate_days:.1f} days)",
+        ]
+    return "\n".join(lines)
+
+
+def scale_text(base: Scenario, points: Sequence[tuple], keep: str, tokens: float | None) -> str:
+    par = base.parallel
+    lines = [
+        f"stepsim plan scale · {base.name}",
+        f"  TP {par.tensor_model_parallel_size} x PP {par.pipeline_model_parallel_size} fixed; "
+        "data parallelism grows with the nodes; "
+        + (
+            f"global batch {base.training.global_batch_size} kept (strong scaling)"
+            if keep == "global-batch"
+            else f"{base.num_microbatches} micro-batches per pipeline kept (weak scaling)"
+        ),
+        "",
+    ]
+    head = ["nodes", "GPUs", "DP", "batch", "m", "iter s", "tokens/s", "TFLOP/s", "MFU %"]
+    head += ["speedup", "efficiency %"]
+    if tokens is not None:
+        head += ["days", "GPU-hours"]
+    body = []
+    notes = []
+    for point in points:
+        nodes, row, why = point["nodes"], point.get("row"), point.get("why", "")
+        if row is None:
+            notes.append(f"  {nodes} nodes: {why}")
+            continue
+        cells = [
+            str(nodes),
+            f"{row['num_gpus']:,}",
+            str(point["dp"]),
+            str(point["global_batch"]),
+            str(row["num_microbatches"]),
+            f"{row['iteration_time_s']:.3f}",
+            f"{row['tokens_per_s']:,.0f}",
+            f"{row['hardware_tflops_per_gpu']:.1f}",
+            f"{100 * row['mfu']:.1f}",
+            f"{point['speedup']:.2f}",
+            f"{100 * point['efficiency']:.1f}",
+        ]
+        if tokens is not None:
+            cells += [f"{point['days']:.1f}", f"{point['gpu_hours']:,.0f}"]
+        body.append(cells)
+    if body:
+        lines.append(table(head, body))
+    lines += notes
+    lines += [
+        "",
+        "  speedup = throughput / throughput at the fewest nodes; efficiency = speedup / "
+        "(nodes / fewest nodes)",
+    ]
+    return "\n".join(lines)

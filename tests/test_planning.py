@@ -1,0 +1,359 @@
+"""Planning: layouts, the memory filter, the lower bound, pruning, executors, resume,
+and the `stepsim search` / `stepsim plan` commands."""
+
+import csv
+import json
+import math
+
+import pytest
+from helpers import load
+
+from simulator import planning
+from simulator.cli import main
+from simulator.executors import LocalPool
+from simulator.loader import load_scenario
+from simulator.planning import (
+    OUT_OF_MEMORY,
+    PRUNED,
+    SIMULATED,
+    SearchSpace,
+    apply_layout,
+    candidates,
+    iteration_lower_bound_s,
+    model_params,
+    rule_of_thumb,
+    search,
+    with_nodes,
+)
+
+# 2 nodes of 4 A100s, a 4-layer model: every simulation takes milliseconds
+CLUSTER = {"node": "dgx-a100", "num_nodes": 2, "gpus_per_node": 4, "nics_per_node": 4}
+SMALL_SPACE = SearchSpace(
+    micro_batch=(1, 2),
+    recompute=("none", "full"),
+)
+SETS = [
+    "--set",
+    "cluster.num_nodes=2",
+    "--set",
+    "cluster.gpus_per_node=4",
+    "--set",
+    "cluster.nics_per_node=4",
+    "--set",
+    "training.global_batch_size=32",
+]
+TINY = "scenarios/tiny-2gpu.toml"
+
+
+def small_base(**training):
+    return load(cluster=CLUSTER, training={"global_batch_size": 32, **training})
+
+
+def test_layouts_fill_the_cluster_and_pass_the_loader():
+    base = small_base()
+    found, invalid, enumerated = candidates(base, SMALL_SPACE)
+    assert len(found) + sum(invalid.values()) == enumerated
+    assert invalid  # e.g. 4 layers cannot hold 2 chunks on 4 stages
+    for c in found:
+        assert c.layout.tp * c.layout.pp * c.layout.dp == 8
+        assert apply_layout(base, c.layout) == c.scenario
+        assert c.status in ("", OUT_OF_MEMORY)
+    assert len({c.layout.key for c in found}) == len(found)
+
+
+def test_memory_filter_drops_what_does_not_fit():
+    # GPT-3 175B on 6 DGX A100 nodes: only the widest model parallelism fits
+    base = with_nodes(load_scenario("scenarios/gpt3-175b-128nodes.toml"), 6)
+    found, _, _ = candidates(base, SearchSpace(micro_batch=(1,), schedules=("1f1b",)))
+    fitting = [c for c in found if c.status != OUT_OF_MEMORY]
+    assert fitting and len(fitting) < len(found)
+    assert all(c.memory_gib <= 80 for c in fitting)
+    assert all(c.memory_gib > 80 for c in found if c.status == OUT_OF_MEMORY)
+    # the model state alone, 175B x 16 bytes (ZeRO-1: 4 + 12 / DP), must fit in 80 GiB
+    for c in fitting:
+        per_param = 16 if c.layout.sharding == "none" else 4 + 12 / c.layout.dp
+        assert c.layout.tp * c.layout.pp >= 174.6e9 * per_param / (80 * 2**30)
+    assert min(c.layout.tp * c.layout.pp for c in fitting if c.layout.sharding == "none") == 48
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_lower_bound_is_the_iteration_when_nothing_but_compute_runs(recompute):
+    # one GPU alone: its iteration is exactly its compute and optimizer step
+    one = {"node": "dgx-a100", "num_nodes": 1, "gpus_per_node": 1, "nics_per_node": 1}
+    scenario = load(
+        cluster=one,
+        training={"recompute_granularity": recompute, "global_batch_size": 4},
+    )
+    simulated = planning.simulate_row(scenario)["iteration_time_s"]
+    assert iteration_lower_bound_s(scenario) == pytest.approx(simulated, rel=1e-12)
+
+
+def test_lower_bound_never_exceeds_the_simulation():
+    result = search(small_base(), SMALL_SPACE, prune=False)
+    assert result.count(PRUNED) == 0
+    simulated = [c for c in result.candidates if c.status == SIMULATED]
+    assert len(simulated) > 50
+    for c in simulated:
+        assert c.bound_s <= c.row["iteration_time_s"] * (1 + 1e-12), c.layout.key
+    # the bound counts the pipeline fill: with 4 stages it is above one rank's compute
+    deep = next(c for c in simulated if c.layout.pp == 4)
+    alone = iteration_lower_bound_s(apply_layout(small_base(), deep.layout))
+    assert alone == deep.bound_s
+
+
+def test_pruning_keeps_the_exact_top_k():
+    base = small_base()
+    full = search(base, SMALL_SPACE, prune=False)
+    pruned = search(base, SMALL_SPACE, top=5)
+    assert pruned.count(PRUNED) > 0
+    assert pruned.count(SIMULATED) < full.count(SIMULATED)
+    assert [c.layout.key for c in pruned.ranked[:5]] == [c.layout.key for c in full.ranked[:5]]
+    threshold = pruned.ranked[4].row["iteration_time_s"]
+    assert all(c.bound_s > threshold for c in pruned.candidates if c.status == PRUNED)
+
+
+def test_local_processes_give_the_same_rows_as_one_process():
+    base = small_base()
+    one = search(base, SMALL_SPACE, top=3)
+    pool = LocalPool(2)
+    try:
+        two = search(base, SMALL_SPACE, top=3, executor=pool)
+    finally:
+        pool.close()
+    assert [(c.layout.key, c.status, c.row) for c in one.candidates] == [
+        (c.layout.key, c.status, c.row) for c in two.candidates
+    ]
+
+
+def test_ray_gives_the_same_ranking_as_local_processes():
+    pytest.importorskip("ray")
+    from simulator.executors import RayPool
+
+    base = small_base()
+    local = search(base, SMALL_SPACE, top=3)
+    ray_pool = RayPool(None, 2)
+    try:
+        on_ray = search(base, SMALL_SPACE, top=3, executor=ray_pool)
+    finally:
+        ray_pool.close()
+    assert [(c.layout.key, c.row) for c in on_ray.ranked] == [
+        (c.layout.key, c.row) for c in local.ranked
+    ]
+
+
+def test_known_results_are_used_not_simulated_again():
+    base = small_base()
+    first = search(base, SMALL_SPACE, top=3)
+    rows = {c.layout.key: c.row for c in first.ranked}
+    half = dict(list(rows.items())[::2])
+    told = []
+    again = search(base, SMALL_SPACE, top=3, known=half, on_result=lambda c, i, n: told.append(c))
+    assert len(told) == len(rows) - len(half)
+    assert {c.layout.key for c in told}.isdisjoint(half)
+    assert [(c.layout.key, c.row) for c in again.ranked] == [
+        (c.layout.key, c.row) for c in first.ranked
+    ]
+
+
+def test_model_params_follow_the_closed_form():
+    base = load_scenario("scenarios/gpt3-175b-128nodes.toml")
+    m = base.model
+    L, h, V, s = m.num_layers, m.hidden_size, m.vocab_size, m.seq_length
+    # Narayanan et al. 2021 Sec 5.1 (12 L h^2 (1 + 13/(12h) + (V+s)/(12 L h))) + final LN
+    assert model_params(base) == pytest.approx(12 * L * h * h + 13 * L * h + (V + s) * h + 2 * h)
+
+
+def test_rule_of_thumb_takes_a_node_of_tp_and_the_smallest_pipeline_that_fits():
+    base = load_scenario("scenarios/gpt3-175b-128nodes.toml")
+    rule = rule_of_thumb(base)
+    assert (rule.tp, rule.micro_batch, rule.schedule, rule.recompute) == (8, 1, "1f1b", "full")
+    assert rule.tp * rule.pp * rule.dp == 1024
+    smaller = [p for p in (1, 2, 3, 4, 6) if p < rule.pp]
+    space = SearchSpace(
+        tp=(8,),
+        pp=tuple(smaller),
+        micro_batch=(1,),
+        schedules=("1f1b",),
+        recompute=("full",),
+        sharding=("none",),
+        sequence_parallel=(False,),
+    )
+    assert all(c.status == OUT_OF_MEMORY for c in candidates(base, space)[0])
+
+
+# -- the commands ---------------------------------------------------------------------
+
+
+def _search(tmp_path, *extra):
+    return main(
+        [
+            "search",
+            TINY,
+            *SETS,
+            "--micro-batch",
+            "1,2",
+            "--recompute",
+            "none,full",
+            "--top",
+            "3",
+            "--jobs",
+            "1",
+            "--out",
+            str(tmp_path),
+            *extra,
+        ]
+    )
+
+
+def test_search_prints_the_top_k_and_writes_every_layout(tmp_path, capsys):
+    assert _search(tmp_path) == 0
+    text = capsys.readouterr().out
+    assert "top 3 by simulated throughput" in text
+    assert "rule of thumb" in text
+    assert "stepsim run scenarios/tiny-2gpu.toml --set cluster.num_nodes=2" in text
+    with (tmp_path / "search.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    found, _, _ = candidates(small_base(), SMALL_SPACE)
+    assert len(rows) == len(found)
+    ranked = [r for r in rows if r["rank"]]
+    assert [int(r["rank"]) for r in ranked] == list(range(1, len(ranked) + 1))
+    times = [float(r["iteration_time_s"]) for r in ranked]
+    assert times == sorted(times)
+    assert {r["status"] for r in rows} <= {SIMULATED, PRUNED, OUT_OF_MEMORY}
+
+
+def test_search_writes_parquet_when_pyarrow_is_there(tmp_path, capsys):
+    parquet = pytest.importorskip("pyarrow.parquet")
+    assert _search(tmp_path) == 0
+    with (tmp_path / "search.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    table = parquet.read_table(tmp_path / "search.parquet")
+    assert table.num_rows == len(rows)
+    assert table.column("layout").to_pylist() == [r["layout"] for r in rows]
+
+
+def test_an_interrupted_search_resumes_without_redoing(tmp_path, capsys, monkeypatch):
+    real = planning.simulate_row
+    calls = []
+
+    def flaky(scenario):
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        calls.append(scenario)
+        return real(scenario)
+
+    monkeypatch.setattr(planning, "simulate_row", flaky)
+    assert _search(tmp_path) == 130
+    assert "run the same command to resume" in capsys.readouterr().err
+    lines = (tmp_path / "search.jsonl").read_text().splitlines()
+    assert len(lines) == 1 + 4  # the header and the four finished
+    monkeypatch.setattr(planning, "simulate_row", real)
+    assert _search(tmp_path) == 0
+    resumed = capsys.readouterr().out
+    assert "4 of them by the earlier run" in resumed
+    fresh = tmp_path / "fresh"
+    assert _search(fresh) == 0
+    assert (fresh / "search.csv").read_text() == (tmp_path / "search.csv").read_text()
+    first_rows = [json.loads(line) for line in lines[1:]]
+    again = {e["layout"]: e["row"] for e in map(json.loads, lines[1:])}
+    assert all(again[e["layout"]] == e["row"] for e in first_rows)
+
+
+def test_a_results_file_of_another_search_is_refused(tmp_path, capsys):
+    assert _search(tmp_path) == 0
+    capsys.readouterr()
+    assert _search(tmp_path, "--set", "cluster.nic_gbps=100") == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "holds another search's results" in err
+
+
+@pytest.mark.parametrize(
+    "flag, value, named",
+    [
+        ("--tp", "0", "--tp"),
+        ("--tp", "two", "--tp"),
+        ("--schedules", "1f1b,fast", "--schedules"),
+        ("--recompute", "some", "--recompute"),
+        ("--sharding", "zero9", "--sharding"),
+        ("--top", "0", "--top"),
+        ("--jobs", "0", "--jobs"),
+    ],
+)
+def test_bad_search_flags_exit_2_with_one_line(tmp_path, capsys, flag, value, named):
+    assert _search(tmp_path, flag, value) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and named in err and value.split(",")[-1] in err
+
+
+def test_plan_fit_finds_the_largest_family_member_that_fits(capsys):
+    assert main(["plan", "fit", TINY, *SETS, "--nodes", "1", "--no-simulate"]) == 0
+    text = capsys.readouterr().out
+    assert "largest that fits: gpt3-13b" in text
+    assert "gpt3-175b  174.6B    no" in text
+
+
+def test_plan_fit_min_nodes_is_the_first_that_fits(capsys):
+    path = "scenarios/gpt3-175b-128nodes.toml"
+    assert main(["plan", "fit", path, "--min-nodes", "--no-simulate"]) == 0
+    text = capsys.readouterr().out
+    assert "fewest nodes: 6 x dgx-a100 = 48 GPUs" in text
+    base = load_scenario(path)
+    space = SearchSpace()
+    assert not planning.fits(with_nodes(base, 5), space)
+    assert planning.fits(with_nodes(base, 6), space)
+
+
+def test_plan_fit_simulates_the_fastest_layout_of_the_answer(capsys):
+    assert main(["plan", "fit", TINY, "--min-nodes", "--jobs", "1", "--micro-batch", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "fewest nodes: 1 x dgx-a100 = 2 GPUs" in text
+    assert "fastest layout (simulated)" in text
+
+
+def test_time_to_train_is_tokens_over_simulated_throughput(capsys):
+    tokens = 1e9
+    assert main(["plan", "time-to-train", TINY, "--tokens", str(tokens)]) == 0
+    text = capsys.readouterr().out
+    row = planning.simulate_row(load_scenario(TINY))
+    days = tokens / row["tokens_per_s"] / 86400
+    assert f"{days:.1f} days on 2 GPUs" in text
+    assert f"{days * 24 * 2:,.0f} GPU-hours" in text
+    times = planning.training_time(row, tokens)
+    assert times["days"] == days and times["gpu_hours"] == pytest.approx(days * 24 * 2)
+    # Narayanan et al. 2021 Sec 5.1: GPT-3 175B, 300B tokens, 1024 A100s at 140 TFLOP/s
+    estimate = planning.narayanan_days(175e9, 300e9, 1024, 140.0)
+    assert math.isclose(estimate, 34.0, rel_tol=0.01)
+
+
+def test_time_to_train_needs_tokens_and_a_layout_that_fits(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "time-to-train", TINY])
+    assert exit_info.value.code == 2
+    big = ["--set", "model.num_layers=400", "--set", "model.hidden_size=8192"]
+    assert main(["plan", "throughput", TINY, *big]) == 2
+    assert "out of memory" in capsys.readouterr().err
+
+
+def test_plan_scale_reports_speedup_and_efficiency(tmp_path, capsys):
+    args = ["plan", "scale", TINY, "--set", "training.global_batch_size=64"]
+    assert main([*args, "--nodes", "1,2,4", "--jobs", "1", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "efficiency" in text
+    with (tmp_path / "scale.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["nodes"]) for r in rows] == [1, 2, 4]
+    assert [int(r["data_parallel_size"]) for r in rows] == [1, 2, 4]
+    first = float(rows[0]["tokens_per_s"])
+    for r in rows:
+        speedup = float(r["tokens_per_s"]) / first
+        assert float(r["speedup"]) == pytest.approx(speedup)
+        assert float(r["scaling_efficiency"]) == pytest.approx(speedup / int(r["nodes"]))
+    assert float(rows[0]["scaling_efficiency"]) == 1.0
+    assert (tmp_path / "scale.png").stat().st_size > 0
+
+
+def test_plan_scale_says_which_node_counts_cannot_run(capsys):
+    args = ["plan", "scale", TINY, "--nodes", "1,3", "--jobs", "1"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "\n  3 nodes: tensor x data parallel size=3" in text  # the loader's rule
