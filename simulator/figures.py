@@ -504,6 +504,8 @@ def scale_figure(points: list[dict], title: str) -> Figure:
     right.set_ylim(0, 105)
     for ax in (left, right):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(nodes, [str(n) for n in nodes])
+        ax.minorticks_off()
         ax.grid(alpha=0.3)
         ax.set_ylim(bottom=0)
     fig.suptitle(title)

@@ -357,3 +357,14 @@ def test_plan_scale_says_which_node_counts_cannot_run(capsys):
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "\n  3 nodes: tensor x data parallel size=3" in text  # the loader's rule
+
+
+def test_weak_scaling_keeps_the_microbatches_per_pipeline():
+    base = load_scenario(TINY)
+    entries = planning.scale_scenarios(base, [1, 2, 4], "microbatches")
+    for nodes, scenario, why in entries:
+        assert why == "" and scenario.parallel.data_parallel_size == nodes
+        assert scenario.num_microbatches == base.num_microbatches
+        assert scenario.training.global_batch_size == base.training.global_batch_size * nodes
+    strong = planning.scale_scenarios(base, [1, 2, 4], "global-batch")
+    assert [s.num_microbatches for _, s, _ in strong] == [8, 4, 2]
