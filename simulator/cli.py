@@ -800,7 +800,10 @@ def _plan_scale(args: argparse.Namespace) -> int:
     progress = _progress(args)
     progress.begin(f"simulating {len(runnable)} node counts")
     for _, sc in runnable:
-        _check_fits(sc)
+        try:
+            _check_fits(sc)
+        except ScenarioError as exc:
+            raise ScenarioError(f"{sc.cluster.num_nodes} nodes: {exc}") from None
 
     def done(j: int, row: dict) -> None:
         rows[runnable[j][0]] = row
