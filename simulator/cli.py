@@ -569,15 +569,15 @@ def _journal_header(base) -> dict:
 
     raw = scenario_to_dict(base)
     raw.pop("parallel")
-    for key in (
+    from .planning import SCHEDULE_BOUND_KEYS
+
+    layout_keys = (
         "micro_batch_size",
         "schedule",
         "recompute_granularity",
         "data_parallel_sharding",
-        "schedule_file",
-        "schedule_placement",
-        "microbatch_group_size_per_vp_stage",
-    ):
+    )
+    for key in (*layout_keys, *SCHEDULE_BOUND_KEYS):
         raw["training"].pop(key, None)
     raw.pop("name")
     calibration = asdict(base.calibration) if base.calibration is not None else None

@@ -47,6 +47,8 @@ ROUND_SIZE = 16  # layouts simulated between two prunings (fixed: results must n
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 DEFAULT_SCHEDULES = ("1f1b", "interleaved")
 DEFAULT_CHUNKS = (2,)  # chunks per rank for chunked schedules other than ZB-V (always 2)
+# training keys that belong to one schedule and go when a layout replaces it
+SCHEDULE_BOUND_KEYS = ("schedule_file", "schedule_placement", "microbatch_group_size_per_vp_stage")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True, order=True)
@@ -96,21 +98,6 @@ class Layout:
             f"training.recompute_granularity={self.recompute}",
             f"training.data_parallel_sharding={self.sharding}",
         ]
-
-
-def layout_of(scenario: Scenario) -> Layout:
-    par, tr = scenario.parallel, scenario.training
-    return Layout(
-        tp=par.tensor_model_parallel_size,
-        pp=par.pipeline_model_parallel_size,
-        dp=par.data_parallel_size,
-        micro_batch=tr.micro_batch_size,
-        schedule=tr.schedule,
-        chunks=par.virtual_pipeline_model_parallel_size,
-        recompute=tr.recompute_granularity,
-        sharding=tr.data_parallel_sharding,
-        sequence_parallel=par.sequence_parallel,
-    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,7 +190,7 @@ def layouts(base: Scenario, space: SearchSpace) -> list[Layout]:
 def apply_layout(base: Scenario, layout: Layout) -> Scenario:
     """The base scenario with this layout, validated by the loader's rules."""
     raw = scenario_to_dict(base)
-    for key in ("schedule_file", "schedule_placement", "microbatch_group_size_per_vp_stage"):
+    for key in SCHEDULE_BOUND_KEYS:
         raw["training"].pop(key, None)
     raw["parallel"].update(
         tensor_model_parallel_size=layout.tp,
@@ -230,7 +217,7 @@ def _one_gpu_layout(raw: dict[str, Any]) -> None:
         "pipeline_model_parallel_size": 1,
         "data_parallel_size": 1,
     }
-    for key in ("schedule_file", "schedule_placement", "microbatch_group_size_per_vp_stage"):
+    for key in SCHEDULE_BOUND_KEYS:
         raw["training"].pop(key, None)
     raw["training"].update(
         micro_batch_size=1,
@@ -508,10 +495,7 @@ def result_rows(result: SearchResult) -> list[dict[str, Any]]:
         (c for c in result.candidates if c.status != SIMULATED),
         key=lambda c: (c.status, c.bound_s, c.layout.key),
     )
-    metric_keys: list[str] = []
-    for c in result.ranked:
-        metric_keys = list(c.row)
-        break
+    metric_keys = list(result.ranked[0].row) if result.ranked else []
     for c in ordered:
         row: dict[str, Any] = {"rank": rank.get(id(c)), "layout": c.layout.key}
         row.update(c.layout.as_dict())
@@ -553,7 +537,7 @@ class FitRow:
     leanest: Candidate | None  # the fitting layout with the least memory on its fullest GPU
 
 
-def _leanest(fitting: Sequence[Candidate]) -> Candidate | None:
+def leanest_of(fitting: Sequence[Candidate]) -> Candidate | None:
     return min(fitting, key=lambda c: (c.memory_gib, c.layout.key), default=None)
 
 
@@ -571,7 +555,7 @@ def fit_family(base: Scenario, family: str, space: SearchSpace) -> list[FitRow]:
                 params=model_params(scenario),
                 scenario=scenario,
                 num_fitting=len(fitting),
-                leanest=_leanest(fitting),
+                leanest=leanest_of(fitting),
             )
         )
     return rows

@@ -5,7 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .planning import OUT_OF_MEMORY, PRUNED, SIMULATED, Candidate, Layout, SearchResult
+from .planning import (
+    OUT_OF_MEMORY,
+    PRUNED,
+    SIMULATED,
+    Candidate,
+    Layout,
+    SearchResult,
+    leanest_of,
+)
 from .spec import Scenario
 
 SHARDING_NAMES = {"none": "-", "optimizer": "ZeRO-1", "full": "FSDP"}
@@ -203,7 +211,7 @@ def min_nodes_text(
         )
         return "\n".join(lines)
     gpus = nodes * base.cluster.gpus_per_node
-    lean = min(fitting, key=lambda c: (c.memory_gib, c.layout.key))
+    lean = leanest_of(fitting)
     lines += [
         f"  fewest nodes: {nodes} x {base.cluster.node or 'node'} = {gpus} GPUs; "
         f"{len(fitting)} layouts fit there",
