@@ -19,9 +19,9 @@ sys.path.insert(0, str(ROOT))
 
 from matplotlib.figure import Figure  # noqa: E402
 
-from simulator.loader import load_scenario  # noqa: E402
+from simulator.plan.sweep import run_sweep  # noqa: E402
 from simulator.run import run  # noqa: E402
-from simulator.sweep import run_sweep  # noqa: E402
+from simulator.scenario.loader import load_scenario  # noqa: E402
 
 SCENARIO = ROOT / "scenarios" / "bigscience-175b-v100.toml"
 BANDWIDTHS = "cluster.nic_gbps=135,400"

@@ -3,7 +3,7 @@
     python benchmarks/calibrate.py                # ~5 minutes on 2 cores
     python benchmarks/calibrate.py --sensitivity  # what the unpublished choices do
 
-Three constants are fitted (simulator.compute.KERNEL_CONSTANTS): gemm_efficiency,
+Three constants are fitted (simulator.workload.compute.KERNEL_CONSTANTS): gemm_efficiency,
 gemm_k_half and memory_efficiency; tile size and SM count are hardware facts.
 The data are the two tables in scenarios/validation/ (Narayanan et al. 2021
 Table 1, Korthikanti et al. 2022 Table 4) and nothing else.
@@ -34,16 +34,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simulator.compute import KERNEL_CONSTANTS, ComputeModel  # noqa: E402
-from simulator.loader import read_validation_set  # noqa: E402
-from simulator.run import run  # noqa: E402
-from simulator.validation import (  # noqa: E402
+from simulator.calibration.validation import (  # noqa: E402
     chunks_for,
     layer_scenario,
     layer_times,
     megatron_measured_s,
     megatron_scenario,
 )
+from simulator.run import run  # noqa: E402
+from simulator.scenario.loader import read_validation_set  # noqa: E402
+from simulator.workload.compute import KERNEL_CONSTANTS, ComputeModel  # noqa: E402
 
 GRID = {
     "gemm_efficiency": [x / 100 for x in range(60, 96)],

@@ -104,7 +104,9 @@ def _digest(path: Path, root: Path) -> str:
 
 def compare(before: Path, after: Path) -> int:
     old, new = set(files(before)), set(files(after))
-    differ = [p for p in sorted(old & new) if _digest(before / p, before) != _digest(after / p, after)]
+    differ = [
+        p for p in sorted(old & new) if _digest(before / p, before) != _digest(after / p, after)
+    ]
     for p in sorted(old - new):
         print(f"only before: {p}")
     for p in sorted(new - old):

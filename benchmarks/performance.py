@@ -102,13 +102,13 @@ def run_case(name: str) -> None:
 
 def _allreduce_1024() -> float:
     """Cluster of 128 DGX A100 on one switch, one ring all-reduce over its 1,024 GPUs."""
-    from simulator import collectives
-    from simulator.collectives import Fabric
-    from simulator.engine import simulate
-    from simulator.loader import scenario_from_dict
+    from simulator.engine.core import simulate
     from simulator.run import build_cluster
+    from simulator.scenario.loader import scenario_from_dict
     from simulator.units import us_to_s
-    from simulator.workload import TP_COMM, WorkloadBuilder
+    from simulator.workload import collectives
+    from simulator.workload.collectives import Fabric
+    from simulator.workload.ops import TP_COMM, WorkloadBuilder
 
     spec = scenario_from_dict(
         {

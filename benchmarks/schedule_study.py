@@ -20,10 +20,10 @@ sys.path.insert(0, str(ROOT))
 
 from schedules import SCHEDULES  # noqa: E402
 from simulator.bubble import OpTimes, run_schedule  # noqa: E402
-from simulator.compute import ComputeModel  # noqa: E402
-from simulator.figures import pipeline_figure, timeline_figure  # noqa: E402
-from simulator.loader import load_scenario  # noqa: E402
+from simulator.report.figures import pipeline_figure, timeline_figure  # noqa: E402
 from simulator.run import run  # noqa: E402
+from simulator.scenario.loader import load_scenario  # noqa: E402
+from simulator.workload.compute import ComputeModel  # noqa: E402
 
 SCENARIO = ROOT / "scenarios" / "gpt3-175b-128nodes.toml"
 IMAGES = ROOT / "docs" / "images"

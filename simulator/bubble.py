@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from schedules import SCHEDULES, Step, peak_inflight, step_label
 from schedules import build as build_schedule
 
-from .engine import Trace, simulate
-from .workload import BACKWARD, FORWARD, WEIGHT, abstract_pipeline
+from .engine.core import Trace, simulate
+from .workload.ops import BACKWARD, FORWARD, WEIGHT, abstract_pipeline
 
 COMPUTE = (FORWARD, BACKWARD, WEIGHT)
 

@@ -12,14 +12,14 @@ import numpy as np
 from topologies import Cluster, FabricShape, NodeShape, build_graph
 from topologies.describe import link_name
 
-from .engine import Trace, simulate
-from .linkstats import mean_utilization
-from .lowering import inflight_per_stage, lower
-from .memory import StageMemory, out_of_memory, stage_memory
-from .metrics import summarize
-from .spec import ClusterSpec, Scenario
+from .engine.core import Trace, simulate
+from .report.linkstats import mean_utilization
+from .report.metrics import summarize
+from .scenario.spec import ClusterSpec, Scenario
 from .units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
-from .workload import Workload
+from .workload.lowering import inflight_per_stage, lower
+from .workload.memory import StageMemory, out_of_memory, stage_memory
+from .workload.ops import Workload
 
 
 class Result(NamedTuple):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from simulator.cli import main
-from simulator.loader import load_scenario
+from simulator.scenario.loader import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "scenarios" / "tiny-2gpu.toml")
@@ -151,7 +151,7 @@ def test_same_output_in_separate_processes_with_different_hash_seeds():
 
 
 def test_large_runs_draw_the_timeline_as_an_image(tmp_path, monkeypatch):
-    from simulator import figures
+    from simulator.report import figures
     from simulator.run import run
 
     monkeypatch.setattr(figures, "RASTER_ABOVE_SPANS", 10)

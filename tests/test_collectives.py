@@ -2,11 +2,11 @@
 
 import pytest
 
-from simulator import collectives
-from simulator.collectives import Fabric
-from simulator.engine import simulate
+from simulator.engine.core import simulate
 from simulator.run import build_cluster
-from simulator.workload import TP_COMM, WorkloadBuilder
+from simulator.workload import collectives
+from simulator.workload.collectives import Fabric
+from simulator.workload.ops import TP_COMM, WorkloadBuilder
 from tests.helpers import load
 
 GB = 1e9

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from simulator.calibration import GemmTiming, MemoryTiming, fit_constants
+from simulator.calibration.fit import GemmTiming, MemoryTiming, fit_constants
 from simulator.cli import main
-from simulator.compute import KERNEL_CONSTANTS, ComputeModel, gemm_efficiency, gemm_seconds
-from simulator.loader import load_scenario, read_calibration
-from simulator.presets import GPUS
-from simulator.spec import KernelConstants, ScenarioError
+from simulator.scenario.loader import load_scenario, read_calibration
+from simulator.scenario.presets import GPUS
+from simulator.scenario.spec import KernelConstants, ScenarioError
+from simulator.workload.compute import KERNEL_CONSTANTS, ComputeModel, gemm_efficiency, gemm_seconds
 from tests.helpers import load
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import simpy
 
-from simulator.collectives import Transfer
-from simulator.linkstats import mean_utilization, utilization_over_time
-from simulator.network import AnalyticalNetwork, FairShareNetwork, Interval
+from simulator.engine.network import AnalyticalNetwork, FairShareNetwork, Interval
+from simulator.report.linkstats import mean_utilization, utilization_over_time
 from simulator.run import run
+from simulator.workload.collectives import Transfer
 from tests.helpers import load
 
 
@@ -42,7 +42,7 @@ def test_intervals_account_for_every_byte(network):
 
 
 def test_busiest_links_reach_the_summary_and_the_trace():
-    from simulator.output import chrome_trace, summary_text
+    from simulator.report.text import chrome_trace, summary_text
 
     result = run(
         load(

@@ -2,7 +2,7 @@
 
 import pytest
 
-from simulator.loader import (
+from simulator.scenario.loader import (
     ScenarioError,
     apply_override,
     dumps_toml,

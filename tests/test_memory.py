@@ -3,8 +3,8 @@
 import pytest
 
 from simulator.cli import main
-from simulator.memory import WORKSPACE_BYTES, activation_bytes_per_layer, out_of_memory
 from simulator.run import memory_per_stage
+from simulator.workload.memory import WORKSPACE_BYTES, activation_bytes_per_layer, out_of_memory
 from tests.helpers import load
 
 BIG = [

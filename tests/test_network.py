@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import simpy
 
-from simulator.collectives import Transfer
-from simulator.network import AnalyticalNetwork, FairShareNetwork
+from simulator.engine.network import AnalyticalNetwork, FairShareNetwork
+from simulator.workload.collectives import Transfer
 
 
 def _finish_times(network_cls, capacities, transfers):

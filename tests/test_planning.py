@@ -8,11 +8,10 @@ import math
 import pytest
 from helpers import load
 
-from simulator import planning
 from simulator.cli import main
-from simulator.executors import LocalPool
-from simulator.loader import load_scenario
-from simulator.planning import (
+from simulator.plan import planning
+from simulator.plan.executors import LocalPool
+from simulator.plan.planning import (
     OUT_OF_MEMORY,
     PRUNED,
     SIMULATED,
@@ -25,6 +24,7 @@ from simulator.planning import (
     search,
     with_nodes,
 )
+from simulator.scenario.loader import load_scenario
 
 # 2 nodes of 4 A100s, a 4-layer model: every simulation takes milliseconds
 CLUSTER = {"node": "dgx-a100", "num_nodes": 2, "gpus_per_node": 4, "nics_per_node": 4}
@@ -123,7 +123,7 @@ def test_local_processes_give_the_same_rows_as_one_process():
 
 def test_ray_gives_the_same_ranking_as_local_processes():
     pytest.importorskip("ray")
-    from simulator.executors import RayPool
+    from simulator.plan.executors import RayPool
 
     base = small_base()
     local = search(base, SMALL_SPACE, top=3)

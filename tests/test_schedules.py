@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from schedules import SCHEDULES, Step, build, check, peak_inflight, stage_of, step_label
-from simulator.engine import IDLE, PP_WAIT, simulate
-from simulator.metrics import stage_breakdowns
-from simulator.workload import abstract_pipeline
+from simulator.engine.core import IDLE, PP_WAIT, simulate
+from simulator.report.metrics import stage_breakdowns
+from simulator.workload.ops import abstract_pipeline
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "pipeline_vectors.json").read_text())
 CASES = [c for c in VECTORS["cases"] if c["schedule"] in SCHEDULES]

@@ -4,12 +4,12 @@ the abstract pipeline of the same op times."""
 import pytest
 
 from schedules import SCHEDULES, build, parse_label, peak_inflight, step_label
-from simulator.compute import ComputeModel
-from simulator.engine import simulate
-from simulator.loader import dumps_toml, load_scenario, scenario_to_dict
+from simulator.engine.core import simulate
 from simulator.run import run
-from simulator.spec import ScenarioError
-from simulator.workload import BACKWARD, FORWARD, PP_SEND, WEIGHT, abstract_pipeline
+from simulator.scenario.loader import dumps_toml, load_scenario, scenario_to_dict
+from simulator.scenario.spec import ScenarioError
+from simulator.workload.compute import ComputeModel
+from simulator.workload.ops import BACKWARD, FORWARD, PP_SEND, WEIGHT, abstract_pipeline
 from tests.helpers import load
 
 P, M, LAYERS = 4, 8, 8

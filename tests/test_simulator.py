@@ -2,14 +2,14 @@
 
 import pytest
 
-from simulator.engine import DeadlockError, simulate
-from simulator.memory import (
+from simulator.engine.core import DeadlockError, simulate
+from simulator.run import run
+from simulator.workload.memory import (
     activation_bytes_per_layer,
     layer_params_per_rank,
     stage_params_per_rank,
 )
-from simulator.run import run
-from simulator.workload import BARRIER, FORWARD, PP_SEND, WorkloadBuilder
+from simulator.workload.ops import BARRIER, FORWARD, PP_SEND, WorkloadBuilder
 from tests.helpers import load
 
 TWO_NODES = {
@@ -116,8 +116,8 @@ def test_deadlock_names_the_blocked_ops():
 def test_iteration_ends_with_the_last_op_even_under_contention():
     # A short and a long flow share a link: the long one speeds up when the short one
     # ends, leaving a stale wake-up queued that must not extend the iteration.
-    from simulator.collectives import Transfer
-    from simulator.workload import TP_COMM
+    from simulator.workload.collectives import Transfer
+    from simulator.workload.ops import TP_COMM
 
     builder = WorkloadBuilder()
     for i, nbytes in enumerate((10.0, 100.0)):

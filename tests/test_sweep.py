@@ -5,8 +5,8 @@ import csv
 import pytest
 
 from simulator.cli import main
-from simulator.loader import ScenarioError
-from simulator.sweep import grid, split_axes
+from simulator.plan.sweep import grid, split_axes
+from simulator.scenario.loader import ScenarioError
 
 TINY = "scenarios/tiny-2gpu.toml"
 
@@ -60,8 +60,8 @@ def test_sweep_writes_csv_with_swept_and_metric_columns(tmp_path, capsys):
 
 def test_a_bad_point_fails_before_anything_runs():
     with pytest.raises(ScenarioError, match="sweep point parallel.pipeline_model_parallel_size=3"):
-        from simulator.loader import load_scenario
-        from simulator.sweep import run_sweep
+        from simulator.plan.sweep import run_sweep
+        from simulator.scenario.loader import load_scenario
 
         run_sweep(
             lambda o: load_scenario(TINY, o),

@@ -9,7 +9,7 @@ zero-bubble V with ZeRO-1 and sequence parallelism, the async all-reduce with tr
 
 import pytest
 
-from simulator.metrics import BREAKDOWN_KEYS, compute_lanes, stage_breakdowns
+from simulator.report.metrics import BREAKDOWN_KEYS, compute_lanes, stage_breakdowns
 from simulator.run import run
 from tests.helpers import load
 
@@ -121,9 +121,9 @@ def test_exact_mode_simulates_every_gpu_and_every_flow():
 def test_exact_mode_waits_for_the_slowest_member_of_a_collective():
     # Stretch one GPU's compute: its tensor-parallel partner waits at every all-reduce,
     # which only exact mode can show.
-    from simulator import lowering
-    from simulator.engine import simulate
+    from simulator.engine.core import simulate
     from simulator.run import build_cluster
+    from simulator.workload import lowering
 
     doc = {**CASES["one-nic-per-node"], "network": {"symmetry": False}}
     scenario = load(**doc)

@@ -3,8 +3,8 @@ three digits: the accuracy itself is reported in docs/validation.md)."""
 
 import pytest
 
+from simulator.calibration.validation import chunks_for, megatron_measured_s, megatron_scenario
 from simulator.cli import main
-from simulator.validation import chunks_for, megatron_measured_s, megatron_scenario
 
 A5 = {
     "id": "A5",

@@ -37,7 +37,7 @@ class GpuSpec:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class KernelConstants:
     """What the compute model needs to know about a GPU beyond its datasheet
-    (simulator.compute explains each; KERNEL_CONSTANTS holds the built-in ones)."""
+    (simulator.workload.compute explains each; KERNEL_CONSTANTS holds the built-in ones)."""
 
     gpu: str
     num_sms: int

@@ -11,7 +11,7 @@ A search runs in four steps:
    the loader's own rules (``scenario_from_dict``), so a layout the search keeps is
    one ``stepsim run`` accepts, and one it rejects is counted as invalid;
 2. drop those that do not fit in GPU memory (the closed-form model in
-   simulator.memory; nothing is simulated);
+   simulator.workload.memory; nothing is simulated);
 3. compute a lower bound on each one's iteration time (``iteration_lower_bound_s``):
    the compute its busiest pipeline rank must do, after the first micro-batch's
    forwards reach it. Communication, bubbles and waiting only add to it;
@@ -36,10 +36,10 @@ from typing import Any
 
 import schedules
 
-from .compute import ComputeModel
-from .loader import ScenarioError, scenario_from_dict, scenario_to_dict
-from .memory import StageMemory, output_rank, stage_memory, stage_params_per_rank
-from .spec import DATA_PARALLEL_SHARDING, RECOMPUTE_GRANULARITIES, Scenario
+from ..scenario.loader import ScenarioError, scenario_from_dict, scenario_to_dict
+from ..scenario.spec import DATA_PARALLEL_SHARDING, RECOMPUTE_GRANULARITIES, Scenario
+from ..workload.compute import ComputeModel
+from ..workload.memory import StageMemory, output_rank, stage_memory, stage_params_per_rank
 from .sweep import result_row
 
 ROUND_SIZE = 16  # layouts simulated between two prunings (fixed: results must not
@@ -229,7 +229,7 @@ def _one_gpu_layout(raw: dict[str, Any]) -> None:
 
 def with_model(base: Scenario, name: str, layers: int, hidden: int, heads: int) -> Scenario:
     """The base scenario with another model of the GPT shape (ffn 4 x hidden)."""
-    from .presets import FAMILY_SEQ_LENGTH, FAMILY_VOCAB_SIZE
+    from ..scenario.presets import FAMILY_SEQ_LENGTH, FAMILY_VOCAB_SIZE
 
     raw = scenario_to_dict(base)
     raw["model"] = {
@@ -275,7 +275,7 @@ class _Inflight:
         if tr.custom_orders is not None:
             key = (key, tr.custom_orders)
         if key not in self.cache:
-            from .lowering import inflight_per_stage
+            from ..workload.lowering import inflight_per_stage
 
             self.cache[key] = inflight_per_stage(scenario)
         return self.cache[key]
@@ -420,7 +420,7 @@ Executor = Callable[[Sequence[Scenario], Callable[[int, dict[str, Any]], None]],
 
 def simulate_row(scenario: Scenario) -> dict[str, Any]:
     """Simulate one layout; the sweep's row of scalar metrics and breakdown."""
-    from .run import run
+    from ..run import run
 
     return result_row(run(scenario).metrics)
 
@@ -543,7 +543,7 @@ def leanest_of(fitting: Sequence[Candidate]) -> Candidate | None:
 
 def fit_family(base: Scenario, family: str, space: SearchSpace) -> list[FitRow]:
     """Which members of a model family fit on the base scenario's cluster."""
-    from .presets import MODEL_FAMILIES
+    from ..scenario.presets import MODEL_FAMILIES
 
     rows = []
     for name, layers, hidden, heads in MODEL_FAMILIES[family]:

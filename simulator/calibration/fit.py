@@ -14,9 +14,9 @@ import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from .compute import gemm_seconds
-from .spec import GpuSpec, KernelConstants
-from .units import gbytes_per_s_to_bytes_per_s
+from ..scenario.spec import GpuSpec, KernelConstants
+from ..units import gbytes_per_s_to_bytes_per_s
+from ..workload.compute import gemm_seconds
 
 
 class GemmTiming(NamedTuple):
@@ -93,7 +93,7 @@ def calibration_toml(
     """The calibration file: the constants, then the timings they were fitted to."""
     lines = [
         "# Kernel constants for stepsim (stepsim run SCENARIO --calibration THIS_FILE).",
-        "# Written by benchmarks/measure_kernels.py; see simulator/calibration.py.",
+        "# Written by benchmarks/measure_kernels.py; see simulator/calibration/fit.py.",
         "[constants]",
         f'gpu = "{c.gpu}"',
         f"num_sms = {c.num_sms}",

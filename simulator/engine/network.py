@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import simpy
 
-from .collectives import Collective, Transfer
+from ..workload.collectives import Collective, Transfer
 
 # Relative tolerance when deciding that two fair shares are the same bottleneck.
 _SHARE_RTOL = 1e-12

@@ -42,7 +42,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from .spec import ScenarioError
+from ..scenario.spec import ScenarioError
 
 ALL_REDUCE_ALGORITHMS = ("ring", "tree", "hierarchical", "auto")
 

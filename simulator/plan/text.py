@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..scenario.spec import Scenario
 from .planning import (
     OUT_OF_MEMORY,
     PRUNED,
@@ -14,7 +15,6 @@ from .planning import (
     SearchResult,
     leanest_of,
 )
-from .spec import Scenario
 
 SHARDING_NAMES = {"none": "-", "optimizer": "ZeRO-1", "full": "FSDP"}
 _BREAKDOWN = ("compute", "tp_comm", "pp_p2p", "dp_sync", "optimizer", "idle")

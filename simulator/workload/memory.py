@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from schedules import holder_of
 
-from .spec import Scenario
-from .units import bytes_to_gib
+from ..scenario.spec import Scenario
+from ..units import bytes_to_gib
 
 # What a training process holds besides the model state and activations: the CUDA
 # context and kernels (~0.5 GiB on A100/H100), cuBLAS's workspace, NCCL's channel

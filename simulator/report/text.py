@@ -4,9 +4,9 @@ figures are in figures.py."""
 
 from __future__ import annotations
 
+from ..run import Result
+from ..workload.ops import BACKWARD, FORWARD, WEIGHT
 from .metrics import BREAKDOWN_KEYS, compute_lanes
-from .run import Result
-from .workload import BACKWARD, FORWARD, WEIGHT
 
 STREAM_ORDER = {"compute": 0, "pp": 1, "dp": 2, "tp": 3}
 
@@ -403,7 +403,7 @@ def validation_text(comparisons, totals: dict) -> str:
 def validation_markdown(comparisons, totals: dict, calibration=None) -> str:
     """docs/validation.md: the table and the plot; how the constants were chosen is in
     docs/calibration.md (written by hand)."""
-    from .compute import KERNEL_CONSTANTS
+    from ..workload.compute import KERNEL_CONSTANTS
 
     c = calibration or KERNEL_CONSTANTS["a100-sxm4-80gb"]
     rows = _validation_rows(comparisons)

@@ -14,8 +14,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
 
+from ..scenario.spec import Scenario, ScenarioError
 from .planning import serial_executor, simulate_row
-from .spec import Scenario, ScenarioError
 
 Done = Callable[[int, dict[str, Any]], None]
 

@@ -8,11 +8,9 @@ from itertools import groupby
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .engine import DP_WAIT, IDLE, PP_WAIT, TP_WAIT, Trace
-from .metrics import BREAKDOWN_KEYS, compute_lanes
-from .output import BREAKDOWN_NAMES, STREAM_ORDER
-from .run import Result
-from .workload import (
+from ..engine.core import DP_WAIT, IDLE, PP_WAIT, TP_WAIT, Trace
+from ..run import Result
+from ..workload.ops import (
     BACKWARD,
     DP_SYNC,
     FORWARD,
@@ -22,6 +20,8 @@ from .workload import (
     TP_COMM,
     WEIGHT,
 )
+from .metrics import BREAKDOWN_KEYS, compute_lanes
+from .text import BREAKDOWN_NAMES, STREAM_ORDER
 
 # One colour per span kind; waits share their communication's colour, hatched.
 COLORS = {

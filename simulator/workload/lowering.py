@@ -35,13 +35,13 @@ from dataclasses import dataclass
 from schedules import Step, holder_of, peak_inflight, stage_of, step_label
 from schedules import build as build_schedule
 
+from ..scenario.spec import Scenario
+from ..units import us_to_s
 from . import collectives
 from .collectives import Collective, Fabric, Transfer
 from .compute import BYTES_PER_ELEMENT, ComputeModel, Work
 from .memory import GRADIENT_BYTES_PER_PARAM, layer_params_per_rank, stage_params_per_rank
-from .spec import Scenario
-from .units import us_to_s
-from .workload import (
+from .ops import (
     BACKWARD,
     BARRIER,
     DP_SYNC,

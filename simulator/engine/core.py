@@ -21,8 +21,8 @@ from typing import NamedTuple
 
 import simpy
 
+from ..workload.ops import BARRIER, COMPUTE_KINDS, DP_SYNC, PP_SEND, TP_COMM, Lane, Workload
 from .network import AnalyticalNetwork, FairShareNetwork
-from .workload import BARRIER, COMPUTE_KINDS, DP_SYNC, PP_SEND, TP_COMM, Lane, Workload
 
 IDLE = "idle"
 PP_WAIT = "pp_wait"

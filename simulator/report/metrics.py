@@ -20,11 +20,11 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from .engine import DP_WAIT, IDLE, PP_WAIT, TP_WAIT, Trace
-from .memory import StageMemory
-from .spec import Scenario
-from .units import bytes_to_gib
-from .workload import (
+from ..engine.core import DP_WAIT, IDLE, PP_WAIT, TP_WAIT, Trace
+from ..scenario.spec import Scenario
+from ..units import bytes_to_gib
+from ..workload.memory import StageMemory
+from ..workload.ops import (
     BACKWARD,
     DP_SYNC,
     FORWARD,

@@ -24,10 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
-from .engine import Trace
-from .loader import scenario_from_dict
-from .spec import KernelConstants, Scenario
-from .workload import BACKWARD, FORWARD
+from ..engine.core import Trace
+from ..scenario.loader import scenario_from_dict
+from ..scenario.spec import KernelConstants, Scenario
+from ..workload.ops import BACKWARD, FORWARD
 
 Row = Mapping[str, str]
 

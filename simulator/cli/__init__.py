@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import TextIO
 
-from . import __version__
-from .engine import DeadlockError
-from .loader import (
+from .. import __version__
+from ..engine.core import DeadlockError
+from ..scenario.loader import (
     ScenarioError,
     dumps_toml,
     load_scenario,
@@ -25,7 +25,7 @@ from .loader import (
 
 EXIT_USAGE = 2
 # the calibration set, shipped with the project (an editable install finds it here)
-DEFAULT_VALIDATION_DIR = Path(__file__).resolve().parent.parent / "scenarios" / "validation"
+DEFAULT_VALIDATION_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "validation"
 MAX_SCHEDULE_OPS = 1_000_000  # `stepsim schedule`: under a minute of simulation
 
 
@@ -370,7 +370,7 @@ def _name_list(text: str) -> tuple[str, ...]:
 
 
 def _space(args: argparse.Namespace):
-    from .planning import SearchSpace
+    from ..plan.planning import SearchSpace
 
     space = SearchSpace(
         tp=_int_list("--tp", args.tp),
@@ -404,7 +404,7 @@ class _Workers:
     """The executor the command's flags ask for, closed when done."""
 
     def __init__(self, args: argparse.Namespace) -> None:
-        from .executors import LocalPool, RayPool, default_jobs
+        from ..plan.executors import LocalPool, RayPool, default_jobs
 
         jobs = args.jobs if args.jobs is not None else default_jobs()
         if jobs < 1:
@@ -453,8 +453,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .memory import out_of_memory
-    from .run import memory_per_stage, run  # imported here so `stepsim --help` stays instant
+    from ..run import memory_per_stage, run  # imported here so `stepsim --help` stays instant
+    from ..workload.memory import out_of_memory
 
     scenario = load_scenario(args.scenario, args.overrides, calibration=args.calibration)
     problem = out_of_memory(scenario, memory_per_stage(scenario))
@@ -473,7 +473,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(result.metrics, indent=2))
     else:
-        from .output import summary_text
+        from ..report.text import summary_text
 
         print(summary_text(result))
         if args.out:
@@ -485,10 +485,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _sweep(args: argparse.Namespace) -> int:
-    from .figures import sweep_figure
-    from .output import sweep_table_text
-    from .run import run
-    from .sweep import run_sweep
+    from ..plan.sweep import run_sweep
+    from ..report.figures import sweep_figure
+    from ..report.text import sweep_table_text
+    from ..run import run
 
     progress = _progress(args)
 
@@ -519,10 +519,10 @@ def _sweep(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from .loader import read_calibration, read_validation_set
-    from .output import validation_markdown, validation_text
-    from .run import run
-    from .validation import compare, summary
+    from ..calibration.validation import compare, summary
+    from ..report.text import validation_markdown, validation_text
+    from ..run import run
+    from ..scenario.loader import read_calibration, read_validation_set
 
     rows = read_validation_set(args.data)
     if args.quick:
@@ -550,7 +550,7 @@ def _validate(args: argparse.Namespace) -> int:
         progress.clear()
     print(validation_text(comparisons, summary(comparisons)))
     if args.out:
-        from .figures import validation_figure
+        from ..report.figures import validation_figure
 
         out = Path(args.out)
         (out / "images").mkdir(parents=True, exist_ok=True)
@@ -569,7 +569,7 @@ def _journal_header(base) -> dict:
 
     raw = scenario_to_dict(base)
     raw.pop("parallel")
-    from .planning import SCHEDULE_BOUND_KEYS
+    from ..plan.planning import SCHEDULE_BOUND_KEYS
 
     layout_keys = (
         "micro_batch_size",
@@ -585,10 +585,17 @@ def _journal_header(base) -> dict:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from .loader import read_search_journal
-    from .planning import SIMULATED, apply_layout, model_params, result_rows, rule_of_thumb, search
-    from .planning import simulate_row as simulate_one
-    from .planning_output import search_text
+    from ..plan.planning import (
+        SIMULATED,
+        apply_layout,
+        model_params,
+        result_rows,
+        rule_of_thumb,
+        search,
+    )
+    from ..plan.planning import simulate_row as simulate_one
+    from ..plan.text import search_text
+    from ..scenario.loader import read_search_journal
 
     base = load_scenario(args.scenario, args.overrides, calibration=args.calibration)
     space = _space(args)
@@ -706,7 +713,7 @@ def _plan(args: argparse.Namespace) -> int:
 
 def _fastest(scenario, space, args: argparse.Namespace):
     """The fastest layout of the space for the scenario (a search for the top one)."""
-    from .planning import search
+    from ..plan.planning import search
 
     progress = _progress(args)
     progress.begin(f"searching {scenario.name}")
@@ -724,9 +731,9 @@ def _fastest(scenario, space, args: argparse.Namespace):
 
 
 def _plan_fit(args: argparse.Namespace) -> int:
-    from .planning import fit_family, min_nodes, model_params, with_nodes
-    from .planning_output import fit_text, min_nodes_text
-    from .presets import MODEL_FAMILIES
+    from ..plan.planning import fit_family, min_nodes, model_params, with_nodes
+    from ..plan.text import fit_text, min_nodes_text
+    from ..scenario.presets import MODEL_FAMILIES
 
     base = load_scenario(args.scenario, args.overrides, calibration=args.calibration)
     space = _space(args)
@@ -752,8 +759,8 @@ def _plan_fit(args: argparse.Namespace) -> int:
 
 
 def _plan_throughput(args: argparse.Namespace) -> int:
-    from .planning import model_params, narayanan_days, simulate_row, training_time
-    from .planning_output import throughput_text
+    from ..plan.planning import model_params, narayanan_days, simulate_row, training_time
+    from ..plan.text import throughput_text
 
     scenario = load_scenario(args.scenario, args.overrides, calibration=args.calibration)
     if args.tokens is not None and not 0 < args.tokens < float("inf"):
@@ -778,8 +785,8 @@ def _plan_throughput(args: argparse.Namespace) -> int:
 
 
 def _check_fits(scenario) -> None:
-    from .memory import out_of_memory
-    from .run import memory_per_stage
+    from ..run import memory_per_stage
+    from ..workload.memory import out_of_memory
 
     problem = out_of_memory(scenario, memory_per_stage(scenario))
     if problem:
@@ -787,8 +794,8 @@ def _check_fits(scenario) -> None:
 
 
 def _plan_scale(args: argparse.Namespace) -> int:
-    from .planning import scale_points, scale_scenarios
-    from .planning_output import scale_text
+    from ..plan.planning import scale_points, scale_scenarios
+    from ..plan.text import scale_text
 
     base = load_scenario(args.scenario, args.overrides, calibration=args.calibration)
     nodes = _int_list("--nodes", args.nodes)
@@ -817,7 +824,7 @@ def _plan_scale(args: argparse.Namespace) -> int:
     points = scale_points(entries, rows, args.tokens)
     print(scale_text(base, points, args.keep, args.tokens))
     if args.out:
-        from .figures import scale_figure
+        from ..report.figures import scale_figure
 
         out = Path(args.out)
         flat = []
@@ -846,9 +853,9 @@ def _plan_scale(args: argparse.Namespace) -> int:
 def _topology(args: argparse.Namespace) -> int:
     from topologies.describe import summarize
 
-    from .figures import topology_figure
-    from .output import MAX_DRAWN_GPUS, topology_text
-    from .run import build_cluster
+    from ..report.figures import topology_figure
+    from ..report.text import MAX_DRAWN_GPUS, topology_text
+    from ..run import build_cluster
 
     scenario = load_scenario(args.scenario, args.overrides, calibration=args.calibration)
     cluster = build_cluster(scenario.cluster)
@@ -868,8 +875,8 @@ def _schedule(args: argparse.Namespace) -> int:
     from schedules import SCHEDULES
     from schedules.custom import sizes_of
 
-    from .bubble import run_orders, run_schedule
-    from .output import study_text, study_trace
+    from ..bubble import run_orders, run_schedule
+    from ..report.text import study_text, study_trace
 
     times = _op_times(args)
     studies = []
@@ -945,7 +952,7 @@ def _schedule(args: argparse.Namespace) -> int:
     else:
         print(study_text(studies))
     if args.out:
-        from .figures import pipeline_figure
+        from ..report.figures import pipeline_figure
 
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
@@ -957,7 +964,7 @@ def _schedule(args: argparse.Namespace) -> int:
 
 
 def _op_times(args: argparse.Namespace):
-    from .bubble import OpTimes
+    from ..bubble import OpTimes
 
     values = {
         "--forward": args.forward,
@@ -986,8 +993,8 @@ def _op_times(args: argparse.Namespace):
 
 
 def _write_outputs(result, out: Path) -> None:
-    from .figures import breakdown_figure, timeline_figure
-    from .output import chrome_trace
+    from ..report.figures import breakdown_figure, timeline_figure
+    from ..report.text import chrome_trace
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "metrics.json").write_text(json.dumps(result.metrics, indent=2) + "\n")
@@ -997,6 +1004,3 @@ def _write_outputs(result, out: Path) -> None:
     timeline_figure(result).savefig(out / "timeline.png", dpi=110)
     breakdown_figure(result).savefig(out / "breakdown.png", dpi=110)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -22,8 +22,8 @@ from schedules import check as check_schedule
 from schedules.custom import check_orders, parse_orders, sizes_of
 from topologies import FABRICS, NVLINK_TOPOLOGIES
 
+from ..workload.collectives import ALL_REDUCE_ALGORITHMS
 from . import presets
-from .collectives import ALL_REDUCE_ALGORITHMS
 from .spec import (
     DATA_PARALLEL_SHARDING,
     NETWORK_MODELS,

@@ -37,8 +37,15 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from .spec import GpuSpec, KernelConstants, ModelSpec, ParallelConfig, Scenario, TrainingConfig
-from .units import gbytes_per_s_to_bytes_per_s, tflops_to_flops_per_s
+from ..scenario.spec import (
+    GpuSpec,
+    KernelConstants,
+    ModelSpec,
+    ParallelConfig,
+    Scenario,
+    TrainingConfig,
+)
+from ..units import gbytes_per_s_to_bytes_per_s, tflops_to_flops_per_s
 
 BYTES_PER_ELEMENT = 2  # fp16 / bf16 activations and weights
 MASK_BYTES = 1  # a dropout mask element (Megatron-LM keeps it as bytes)

@@ -11,8 +11,8 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .loader import ScenarioError, parse_override
-from .spec import Scenario
+from ..scenario.loader import ScenarioError, parse_override
+from ..scenario.spec import Scenario
 
 # Scalar metrics that go into sweep.csv, in this order, then the breakdown.
 ROW_METRICS = (
