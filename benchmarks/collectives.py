@@ -27,8 +27,9 @@ from simulator.engine.core import simulate  # noqa: E402
 from simulator.run import build_cluster  # noqa: E402
 from simulator.scenario.loader import scenario_from_dict  # noqa: E402
 from simulator.units import us_to_s  # noqa: E402
+from simulator.vocabulary import TP_COMM  # noqa: E402
 from simulator.workload.collectives import Fabric  # noqa: E402
-from simulator.workload.ops import TP_COMM, WorkloadBuilder  # noqa: E402
+from simulator.workload.ops import WorkloadBuilder  # noqa: E402
 
 SIZES = [2**k for k in range(10, 33, 2)]  # 1 KiB .. 4 GiB
 PEAK_SIZE = 2**32

@@ -106,9 +106,10 @@ def _allreduce_1024() -> float:
     from simulator.run import build_cluster
     from simulator.scenario.loader import scenario_from_dict
     from simulator.units import us_to_s
+    from simulator.vocabulary import TP_COMM
     from simulator.workload import collectives
     from simulator.workload.collectives import Fabric
-    from simulator.workload.ops import TP_COMM, WorkloadBuilder
+    from simulator.workload.ops import WorkloadBuilder
 
     spec = scenario_from_dict(
         {

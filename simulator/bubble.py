@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from schedules import SCHEDULES, Step, peak_inflight, step_label
 from schedules import build as build_schedule
 
-from .engine.core import Trace, simulate
-from .workload.ops import BACKWARD, FORWARD, WEIGHT, abstract_pipeline
+from .engine.core import simulate
+from .results import Trace
+from .vocabulary import BACKWARD, COMPUTE_STREAM, FORWARD, WEIGHT
+from .workload.ops import abstract_pipeline
 
 COMPUTE = (FORWARD, BACKWARD, WEIGHT)
 
@@ -54,7 +56,7 @@ class Study:
     def per_rank_busy(self) -> list[float]:
         busy = [0.0] * self.num_ranks
         for span in self.trace.spans:
-            if span.stream == "compute" and span.kind in COMPUTE:
+            if span.stream == COMPUTE_STREAM and span.kind in COMPUTE:
                 busy[span.gpu] += span.end_s - span.start_s
         return busy
 

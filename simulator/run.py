@@ -5,30 +5,20 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import NamedTuple
 
 import numpy as np
 
 from topologies import Cluster, FabricShape, NodeShape, build_graph
 from topologies.describe import link_name
 
-from .engine.core import Trace, simulate
+from .engine.core import simulate
 from .report.linkstats import mean_utilization
 from .report.metrics import summarize
+from .results import Result, Trace
 from .scenario.spec import ClusterSpec, Scenario
 from .units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
 from .workload.lowering import inflight_per_stage, lower
 from .workload.memory import StageMemory, out_of_memory, stage_memory
-from .workload.ops import Workload
-
-
-class Result(NamedTuple):
-    scenario: Scenario
-    cluster: Cluster
-    workload: Workload
-    trace: Trace
-    memory: list[StageMemory]
-    metrics: dict
 
 
 def build_cluster(spec: ClusterSpec) -> Cluster:

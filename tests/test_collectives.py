@@ -4,9 +4,10 @@ import pytest
 
 from simulator.engine.core import simulate
 from simulator.run import build_cluster
+from simulator.vocabulary import TP_COMM
 from simulator.workload import collectives
 from simulator.workload.collectives import Fabric
-from simulator.workload.ops import TP_COMM, WorkloadBuilder
+from simulator.workload.ops import WorkloadBuilder
 from tests.helpers import load
 
 GB = 1e9

@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from schedules import SCHEDULES, Step, build, check, peak_inflight, stage_of, step_label
-from simulator.engine.core import IDLE, PP_WAIT, simulate
+from simulator.engine.core import simulate
 from simulator.report.metrics import stage_breakdowns
+from simulator.vocabulary import IDLE, PP_WAIT
 from simulator.workload.ops import abstract_pipeline
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "pipeline_vectors.json").read_text())

@@ -8,8 +8,9 @@ from simulator.engine.core import simulate
 from simulator.run import run
 from simulator.scenario.loader import dumps_toml, load_scenario, scenario_to_dict
 from simulator.scenario.spec import ScenarioError
+from simulator.vocabulary import BACKWARD, FORWARD, PP_SEND, WEIGHT
 from simulator.workload.compute import ComputeModel
-from simulator.workload.ops import BACKWARD, FORWARD, PP_SEND, WEIGHT, abstract_pipeline
+from simulator.workload.ops import abstract_pipeline
 from tests.helpers import load
 
 P, M, LAYERS = 4, 8, 8

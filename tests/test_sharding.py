@@ -3,7 +3,7 @@
 import pytest
 
 from simulator.run import run
-from simulator.workload.ops import DP_SYNC
+from simulator.vocabulary import DP_SYNC
 from tests.helpers import load
 
 BASE = {

@@ -4,12 +4,13 @@ import pytest
 
 from simulator.engine.core import DeadlockError, simulate
 from simulator.run import run
+from simulator.vocabulary import BARRIER, FORWARD, PP_SEND
 from simulator.workload.memory import (
     activation_bytes_per_layer,
     layer_params_per_rank,
     stage_params_per_rank,
 )
-from simulator.workload.ops import BARRIER, FORWARD, PP_SEND, WorkloadBuilder
+from simulator.workload.ops import WorkloadBuilder
 from tests.helpers import load
 
 TWO_NODES = {
@@ -116,8 +117,8 @@ def test_deadlock_names_the_blocked_ops():
 def test_iteration_ends_with_the_last_op_even_under_contention():
     # A short and a long flow share a link: the long one speeds up when the short one
     # ends, leaving a stale wake-up queued that must not extend the iteration.
+    from simulator.vocabulary import TP_COMM
     from simulator.workload.collectives import Transfer
-    from simulator.workload.ops import TP_COMM
 
     builder = WorkloadBuilder()
     for i, nbytes in enumerate((10.0, 100.0)):

@@ -9,8 +9,9 @@ zero-bubble V with ZeRO-1 and sequence parallelism, the async all-reduce with tr
 
 import pytest
 
-from simulator.report.metrics import BREAKDOWN_KEYS, compute_lanes, stage_breakdowns
+from simulator.report.metrics import compute_lanes, stage_breakdowns
 from simulator.run import run
+from simulator.vocabulary import BREAKDOWN_KEYS
 from tests.helpers import load
 
 MODEL = {"num_layers": 8, "hidden_size": 4096, "num_attention_heads": 32, "seq_length": 2048}

@@ -24,10 +24,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
-from ..engine.core import Trace
+from ..results import Trace
 from ..scenario.loader import scenario_from_dict
 from ..scenario.spec import KernelConstants, Scenario
-from ..workload.ops import BACKWARD, FORWARD
+from ..vocabulary import BACKWARD, FORWARD
 
 Row = Mapping[str, str]
 

@@ -1003,4 +1003,3 @@ def _write_outputs(result, out: Path) -> None:
     (out / "trace.json").write_text(json.dumps(chrome_trace(result), separators=(",", ":")))
     timeline_figure(result).savefig(out / "timeline.png", dpi=110)
     breakdown_figure(result).savefig(out / "breakdown.png", dpi=110)
-

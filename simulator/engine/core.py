@@ -17,39 +17,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 import simpy
 
-from ..workload.ops import BARRIER, COMPUTE_KINDS, DP_SYNC, PP_SEND, TP_COMM, Lane, Workload
+from ..results import Span, Trace
+from ..vocabulary import BARRIER, COMPUTE_KINDS, IDLE, STREAM_OF_COMM, WAIT_OF_COMM
+from ..workload.ops import Workload
 from .network import AnalyticalNetwork, FairShareNetwork
 
-IDLE = "idle"
-PP_WAIT = "pp_wait"
-DP_WAIT = "dp_wait"
-TP_WAIT = "tp_wait"
-_WAIT_KIND = {PP_SEND: PP_WAIT, DP_SYNC: DP_WAIT, TP_COMM: TP_WAIT}
-_STREAM_OF_COMM = {PP_SEND: "pp", DP_SYNC: "dp", TP_COMM: "tp"}
-
 NETWORKS = {"fair-share": FairShareNetwork, "analytical": AnalyticalNetwork}
-
-
-class Span(NamedTuple):
-    gpu: int
-    stream: str
-    kind: str
-    label: str
-    microbatch: int
-    start_s: float
-    end_s: float
-
-
-class Trace(NamedTuple):
-    spans: list[Span]
-    lanes: tuple[Lane, ...]
-    end_s: float  # when the last op finished
-    num_transfers: int
-    link_intervals: list  # network.Interval: which links carried what, when
 
 
 class DeadlockError(RuntimeError):
@@ -249,7 +225,7 @@ class _Engine:
         op = self.workload.ops[index]
         start = self.start_s[index]
         if self.env.now > start:
-            stream = _STREAM_OF_COMM[op.kind]
+            stream = STREAM_OF_COMM[op.kind]
             self.spans.append(
                 Span(gpu, stream, op.kind, op.label, op.microbatch, start, self.env.now)
             )
@@ -269,7 +245,7 @@ class _Engine:
         op = self.workload.ops[lane.ops[self.position[lane_index]]]
         gpu, stream = lane.gpu, lane.stream
         dep_op = self.workload.ops[dep]
-        wait_kind = _WAIT_KIND.get(dep_op.kind)
+        wait_kind = WAIT_OF_COMM.get(dep_op.kind)
         if wait_kind is None:
             busy_from = now  # waited on another GPU's compute: all of it is bubble
         elif self.workload.lanes[dep_op.lane].gpu == gpu:

@@ -37,7 +37,8 @@ from typing import Any
 import schedules
 
 from ..scenario.loader import ScenarioError, scenario_from_dict, scenario_to_dict
-from ..scenario.spec import DATA_PARALLEL_SHARDING, RECOMPUTE_GRANULARITIES, Scenario
+from ..scenario.spec import Scenario
+from ..vocabulary import DATA_PARALLEL_SHARDING, RECOMPUTE_GRANULARITIES
 from ..workload.compute import ComputeModel
 from ..workload.memory import StageMemory, output_rank, stage_memory, stage_params_per_rank
 from .sweep import result_row

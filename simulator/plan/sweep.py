@@ -13,6 +13,7 @@ from typing import Any
 
 from ..scenario.loader import ScenarioError, parse_override
 from ..scenario.spec import Scenario
+from ..vocabulary import EXPOSED_COMM_KEYS
 
 # Scalar metrics that go into sweep.csv, in this order, then the breakdown.
 ROW_METRICS = (
@@ -100,7 +101,7 @@ def result_row(metrics: dict[str, Any]) -> dict[str, Any]:
     row = {key: metrics[key] for key in ROW_METRICS}
     row.update({f"breakdown_s.{k}": v for k, v in metrics["breakdown_s"].items()})
     iteration = metrics["iteration_time_s"]
-    exposed = sum(metrics["breakdown_s"][k] for k in ("tp_comm", "pp_p2p", "dp_sync"))
+    exposed = sum(metrics["breakdown_s"][k] for k in EXPOSED_COMM_KEYS)
     row["exposed_comm_fraction"] = exposed / iteration if iteration > 0 else 0.0
     row["fits_in_memory"] = metrics.get("out_of_memory") is None
     return row

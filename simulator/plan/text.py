@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..scenario.spec import Scenario
+from ..vocabulary import BREAKDOWN_KEYS, SHARDING_NAMES
 from .planning import (
     OUT_OF_MEMORY,
     PRUNED,
@@ -15,9 +16,6 @@ from .planning import (
     SearchResult,
     leanest_of,
 )
-
-SHARDING_NAMES = {"none": "-", "optimizer": "ZeRO-1", "full": "FSDP"}
-_BREAKDOWN = ("compute", "tp_comm", "pp_p2p", "dp_sync", "optimizer", "idle")
 
 
 def table(head: Sequence[str], body: Sequence[Sequence[str]], indent: str = "  ") -> str:
@@ -68,7 +66,7 @@ def metric_cells(row: dict[str, Any], memory_gib: float) -> list[str]:
         f"{row['hardware_tflops_per_gpu']:.1f}",
         f"{100 * row['mfu']:.1f}",
         f"{memory_gib:.1f}",
-        *(f"{100 * row[f'breakdown_s.{k}'] / row['iteration_time_s']:.1f}" for k in _BREAKDOWN),
+        *(f"{100 * row[f'breakdown_s.{k}'] / row['iteration_time_s']:.1f}" for k in BREAKDOWN_KEYS),
     ]
 
 

@@ -8,59 +8,30 @@ from itertools import groupby
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from ..engine.core import DP_WAIT, IDLE, PP_WAIT, TP_WAIT, Trace
-from ..run import Result
-from ..workload.ops import (
+from ..results import Result, Trace
+from ..vocabulary import (
     BACKWARD,
-    DP_SYNC,
+    BREAKDOWN_KEYS,
+    CATEGORIES,
+    COMPUTE_STREAM,
+    DP_WAIT,
     FORWARD,
-    OPTIMIZER,
+    KIND_STYLES,
     PP_SEND,
+    PP_WAIT,
     RECOMPUTE,
+    STREAM_ORDER,
     TP_COMM,
+    TP_WAIT,
     WEIGHT,
 )
-from .metrics import BREAKDOWN_KEYS, compute_lanes
-from .text import BREAKDOWN_NAMES, STREAM_ORDER
+from .metrics import compute_lanes
 
 # One colour per span kind; waits share their communication's colour, hatched.
-COLORS = {
-    FORWARD: "#4C72B0",
-    BACKWARD: "#DD8452",
-    WEIGHT: "#CCB974",
-    RECOMPUTE: "#8172B3",
-    TP_COMM: "#55A868",
-    TP_WAIT: "#55A868",
-    PP_SEND: "#C44E52",
-    PP_WAIT: "#C44E52",
-    DP_SYNC: "#937860",
-    DP_WAIT: "#937860",
-    OPTIMIZER: "#222222",
-    IDLE: "#EEEEEE",
-}
-
-
-LEGEND = [
-    (FORWARD, "forward"),
-    (BACKWARD, "backward (input gradient when split)"),
-    (WEIGHT, "weight gradient"),
-    (RECOMPUTE, "recompute"),
-    (TP_COMM, "tensor-parallel comm"),
-    (PP_SEND, "pipeline p2p (send / exposed wait)"),
-    (DP_SYNC, "data-parallel grad sync"),
-    (OPTIMIZER, "optimizer"),
-    (IDLE, "idle (bubble)"),
-]
-
-
-BREAKDOWN_COLORS = {
-    "compute": COLORS[FORWARD],
-    "tp_comm": COLORS[TP_COMM],
-    "pp_p2p": COLORS[PP_SEND],
-    "dp_sync": COLORS[DP_SYNC],
-    "optimizer": COLORS[OPTIMIZER],
-    "idle": "#BBBBBB",
-}
+COLORS = {kind: style.color for kind, style in KIND_STYLES.items()}
+LEGEND = [(kind, style.legend) for kind, style in KIND_STYLES.items() if style.legend]
+BREAKDOWN_COLORS = {c.key: c.color for c in CATEGORIES}
+BREAKDOWN_NAMES = {c.key: c.label for c in CATEGORIES}
 
 
 def timeline_figure(result: Result) -> Figure:
@@ -133,7 +104,7 @@ def _sorted_groups(trace: Trace):
 
 def _band(row: int, stream: str) -> tuple[float, float]:
     """(top, height) of a GPU's compute row or its thin band of background transfers."""
-    return (row - 0.38, 0.6) if stream == "compute" else (row + 0.26, 0.14)
+    return (row - 0.38, 0.6) if stream == COMPUTE_STREAM else (row + 0.26, 0.14)
 
 
 def _draw_bars(ax, trace: Trace, row_of: dict[int, int], scale: float) -> None:
@@ -158,7 +129,7 @@ def _draw_raster(ax, trace: Trace, row_of: dict[int, int], scale: float) -> None
     time = np.zeros((2 * len(row_of), len(kinds), RASTER_COLUMNS))
     for (gpu, stream, kind), spans in _sorted_groups(trace):
         spans = list(spans)
-        band = 2 * row_of[gpu] + (stream != "compute")
+        band = 2 * row_of[gpu] + (stream != COMPUTE_STREAM)
         times = np.array([sp.start_s for sp in spans] + [sp.end_s for sp in spans])
         steps = np.repeat([1.0, -1.0], len(spans))
         order = np.argsort(times, kind="stable")
@@ -175,7 +146,7 @@ def _draw_raster(ax, trace: Trace, row_of: dict[int, int], scale: float) -> None
     image[has] = palette[dominant[has]]
     for band in range(image.shape[0]):
         row, background = divmod(band, 2)
-        top, height = _band(row, "pp" if background else "compute")
+        top, height = _band(row, "pp" if background else COMPUTE_STREAM)
         ax.imshow(
             image[band : band + 1],
             aspect="auto",
@@ -238,7 +209,7 @@ def _label_microbatches(ax, trace: Trace, row_of: dict[int, int], scale: float) 
     compute = [
         sp
         for sp in trace.spans
-        if sp.stream == "compute"
+        if sp.stream == COMPUTE_STREAM
         and sp.microbatch >= 0
         and sp.kind in (FORWARD, BACKWARD, WEIGHT, RECOMPUTE)
     ]

@@ -20,41 +20,17 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from ..engine.core import DP_WAIT, IDLE, PP_WAIT, TP_WAIT, Trace
+from ..results import Trace
 from ..scenario.spec import Scenario
 from ..units import bytes_to_gib
+from ..vocabulary import BREAKDOWN_KEYS, CATEGORY_OF_KIND, COMPUTE_STREAM, MODEL_KINDS
 from ..workload.memory import StageMemory
-from ..workload.ops import (
-    BACKWARD,
-    DP_SYNC,
-    FORWARD,
-    OPTIMIZER,
-    RECOMPUTE,
-    TP_COMM,
-    WEIGHT,
-    Lane,
-    Workload,
-)
-
-BREAKDOWN_KEYS = ("compute", "tp_comm", "pp_p2p", "dp_sync", "optimizer", "idle")
-_CATEGORY = {
-    FORWARD: "compute",
-    BACKWARD: "compute",
-    WEIGHT: "compute",
-    RECOMPUTE: "compute",
-    TP_COMM: "tp_comm",
-    TP_WAIT: "tp_comm",
-    PP_WAIT: "pp_p2p",
-    DP_SYNC: "dp_sync",
-    DP_WAIT: "dp_sync",
-    OPTIMIZER: "optimizer",
-    IDLE: "idle",
-}
+from ..workload.ops import Lane, Workload
 
 
 def compute_lanes(lanes: Sequence[Lane]) -> list[Lane]:
     """One lane per simulated GPU: its compute stream (side lanes carry only transfers)."""
-    return [lane for lane in lanes if lane.stream == "compute"]
+    return [lane for lane in lanes if lane.stream == COMPUTE_STREAM]
 
 
 def stage_breakdowns(trace: Trace) -> list[dict[str, float]]:
@@ -67,7 +43,7 @@ def stage_breakdowns(trace: Trace) -> list[dict[str, float]]:
     for span in trace.spans:
         totals = by_lane.get((span.gpu, span.stream))
         if totals is not None:
-            totals[_CATEGORY[span.kind]] += span.end_s - span.start_s
+            totals[CATEGORY_OF_KIND[span.kind]] += span.end_s - span.start_s
     out = []
     for lane in lanes:
         totals = by_lane[(lane.gpu, lane.stream)]
@@ -101,7 +77,7 @@ def summarize(
         for index in lane.ops:
             op = workload.ops[index]
             lane_hw += op.flops
-            if op.kind in (FORWARD, BACKWARD, WEIGHT):
+            if op.kind in MODEL_KINDS:
                 lane_model += op.flops
         hardware_flops += lane_hw * lane.stands_for
         model_flops += lane_model * lane.stands_for

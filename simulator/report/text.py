@@ -4,12 +4,9 @@ figures are in figures.py."""
 
 from __future__ import annotations
 
-from ..run import Result
-from ..workload.ops import BACKWARD, FORWARD, WEIGHT
-from .metrics import BREAKDOWN_KEYS, compute_lanes
-
-STREAM_ORDER = {"compute": 0, "pp": 1, "dp": 2, "tp": 3}
-
+from ..results import Result
+from ..vocabulary import BACKWARD, BREAKDOWN_KEYS, CATEGORIES, FORWARD, STREAM_ORDER, WEIGHT
+from .metrics import compute_lanes
 
 # -- text ------------------------------------------------------------------------------
 
@@ -68,14 +65,7 @@ def summary_text(result: Result) -> str:
     return "\n".join(lines)
 
 
-BREAKDOWN_NAMES = {
-    "compute": "compute",
-    "tp_comm": "tensor-parallel comm (exposed)",
-    "pp_p2p": "pipeline p2p (exposed)",
-    "dp_sync": "data-parallel sync (exposed)",
-    "optimizer": "optimizer step",
-    "idle": "idle (pipeline bubble)",
-}
+BREAKDOWN_NAMES = {c.key: c.label for c in CATEGORIES}
 
 
 def _stage_table(stages: list[dict]) -> str:

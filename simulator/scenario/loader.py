@@ -22,13 +22,15 @@ from schedules import check as check_schedule
 from schedules.custom import check_orders, parse_orders, sizes_of
 from topologies import FABRICS, NVLINK_TOPOLOGIES
 
-from ..workload.collectives import ALL_REDUCE_ALGORITHMS
-from . import presets
-from .spec import (
+from ..vocabulary import (
+    ALL_REDUCE_ALGORITHMS,
     DATA_PARALLEL_SHARDING,
     NETWORK_MODELS,
     PLACEMENTS,
     RECOMPUTE_GRANULARITIES,
+)
+from . import presets
+from .spec import (
     SCHEDULES,
     ClusterSpec,
     KernelConstants,

@@ -20,10 +20,6 @@ class ScenarioError(ValueError):
 
 
 SCHEDULES: tuple[str, ...] = (*schedules.SCHEDULES, "custom")  # custom: from a file
-PLACEMENTS: tuple[str, ...] = ("looped", "v")
-RECOMPUTE_GRANULARITIES: tuple[str, ...] = ("none", "selective", "full")
-NETWORK_MODELS: tuple[str, ...] = ("fair-share", "analytical")
-DATA_PARALLEL_SHARDING: tuple[str, ...] = ("none", "optimizer", "full")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

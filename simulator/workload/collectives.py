@@ -44,8 +44,6 @@ from typing import NamedTuple
 
 from ..scenario.spec import ScenarioError
 
-ALL_REDUCE_ALGORITHMS = ("ring", "tree", "hierarchical", "auto")
-
 
 class Transfer(NamedTuple):
     links: tuple[int, ...]

@@ -37,23 +37,24 @@ from schedules import build as build_schedule
 
 from ..scenario.spec import Scenario
 from ..units import us_to_s
-from . import collectives
-from .collectives import Collective, Fabric, Transfer
-from .compute import BYTES_PER_ELEMENT, ComputeModel, Work
-from .memory import GRADIENT_BYTES_PER_PARAM, layer_params_per_rank, stage_params_per_rank
-from .ops import (
+from ..vocabulary import (
     BACKWARD,
     BARRIER,
+    COMPUTE_STREAM,
     DP_SYNC,
     FORWARD,
     OPTIMIZER,
     PP_SEND,
     RECOMPUTE,
+    STREAM_OF_COMM,
     TP_COMM,
     WEIGHT,
-    Workload,
-    WorkloadBuilder,
 )
+from . import collectives
+from .collectives import Collective, Fabric, Transfer
+from .compute import BYTES_PER_ELEMENT, ComputeModel, Work
+from .memory import GRADIENT_BYTES_PER_PARAM, layer_params_per_rank, stage_params_per_rank
+from .ops import Workload, WorkloadBuilder
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,10 +219,12 @@ class _Stage:
         self.rest_chunk = 0 if stage == 0 else v - 1
         gpu = layout.gpu(j, d, stage)
         stands_for = 1 if self.exact else layout.tensor * layout.data
-        self.lane = builder.lane(gpu=gpu, stream="compute", stage=stage, stands_for=stands_for)
+        self.lane = builder.lane(gpu=gpu, stream=COMPUTE_STREAM, stage=stage, stands_for=stands_for)
         self.side = None
         if self.sharding == "full":
-            self.side = builder.lane(gpu=gpu, stream="dp", stage=stage, stands_for=stands_for)
+            self.side = builder.lane(
+                gpu=gpu, stream=STREAM_OF_COMM[DP_SYNC], stage=stage, stands_for=stands_for
+            )
 
     # -- small builders -----------------------------------------------------------------
 

@@ -24,21 +24,8 @@ from typing import NamedTuple
 
 from schedules import Step, holder_of, stage_of, step_label
 
+from ..vocabulary import BACKWARD, COMPUTE_STREAM, FORWARD, PP_SEND, WEIGHT
 from .collectives import Transfer, delay
-
-# Op kinds. Compute kinds hold the GPU; comm kinds move bytes.
-FORWARD = "forward"
-BACKWARD = "backward"  # the whole backward, or its input-gradient part when split
-WEIGHT = "weight"  # the weight-gradient part of a split backward
-RECOMPUTE = "recompute"
-OPTIMIZER = "optimizer"
-TP_COMM = "tp_comm"
-PP_SEND = "pp_send"
-DP_SYNC = "dp_sync"
-BARRIER = "barrier"
-
-COMPUTE_KINDS = frozenset({FORWARD, BACKWARD, WEIGHT, RECOMPUTE, OPTIMIZER})
-COMM_KINDS = frozenset({TP_COMM, PP_SEND, DP_SYNC})
 
 
 class Op(NamedTuple):
@@ -186,7 +173,7 @@ def abstract_pipeline(
     duration = {"F": forward_s, "B": backward_s, "W": weight_s}
     kind_of = {"F": FORWARD, "B": BACKWARD, "W": WEIGHT}
     for rank, order in enumerate(orders):
-        lane = builder.lane(gpu=rank, stream="compute", stage=rank)
+        lane = builder.lane(gpu=rank, stream=COMPUTE_STREAM, stage=rank)
         for step in order:
             stage = stage_of(rank, step.chunk, num_ranks, placement)
             deps = []

@@ -1,0 +1,96 @@
+"""One vocabulary for what runs and where the time goes.
+
+Op kinds, the waits the engine records, streams, collective kinds, chunk placements,
+data-parallel sharding modes and the breakdown categories are named here once; the
+lowering, the engine, the metrics, the text and figures, the CSV files and the traces
+all read them from this module. A new kind of communication is one row in each table
+below (its op kind, its wait, its stream, its category).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+# -- op kinds: compute kinds hold the GPU, communication kinds move bytes ---------------
+FORWARD = "forward"
+BACKWARD = "backward"  # the whole backward, or its input-gradient part when split
+WEIGHT = "weight"  # the weight-gradient part of a split backward
+RECOMPUTE = "recompute"
+OPTIMIZER = "optimizer"
+TP_COMM = "tp_comm"
+PP_SEND = "pp_send"
+DP_SYNC = "dp_sync"
+BARRIER = "barrier"  # waits for its dependencies, nothing else
+
+COMPUTE_KINDS = frozenset({FORWARD, BACKWARD, WEIGHT, RECOMPUTE, OPTIMIZER})
+COMM_KINDS = frozenset({TP_COMM, PP_SEND, DP_SYNC})
+# what counts as model work (MFU): recomputation and the optimizer do not
+MODEL_KINDS = frozenset({FORWARD, BACKWARD, WEIGHT})
+
+# -- waits the engine records on a lane (engine.core explains when each applies) --------
+IDLE = "idle"
+PP_WAIT = "pp_wait"
+DP_WAIT = "dp_wait"
+TP_WAIT = "tp_wait"
+WAIT_OF_COMM = {PP_SEND: PP_WAIT, DP_SYNC: DP_WAIT, TP_COMM: TP_WAIT}
+
+# -- streams: a GPU's compute stream, and the bands its non-blocking transfers run in --
+COMPUTE_STREAM = "compute"
+STREAM_OF_COMM = {PP_SEND: "pp", DP_SYNC: "dp", TP_COMM: "tp"}
+STREAM_ORDER = {COMPUTE_STREAM: 0, "pp": 1, "dp": 2, "tp": 3}  # thread order in traces
+
+# -- collective kinds (workload.collectives builds them) --------------------------------
+ALL_REDUCE = "all_reduce"
+REDUCE_SCATTER = "reduce_scatter"
+ALL_GATHER = "all_gather"
+
+# -- choices a scenario makes -----------------------------------------------------------
+PLACEMENTS: tuple[str, ...] = ("looped", "v")  # schedules.stage_of
+RECOMPUTE_GRANULARITIES: tuple[str, ...] = ("none", "selective", "full")
+NETWORK_MODELS: tuple[str, ...] = ("fair-share", "analytical")
+DATA_PARALLEL_SHARDING: tuple[str, ...] = ("none", "optimizer", "full")
+SHARDING_NAMES = {"none": "-", "optimizer": "ZeRO-1", "full": "FSDP"}  # in tables
+ALL_REDUCE_ALGORITHMS: tuple[str, ...] = ("ring", "tree", "hierarchical", "auto")
+
+
+# -- the breakdown of a GPU's iteration -------------------------------------------------
+class Category(NamedTuple):
+    key: str  # in metrics.json (breakdown_s) and CSV columns (breakdown_s.KEY)
+    label: str  # in the summary and the breakdown figure
+    color: str  # in the breakdown figure
+    kinds: tuple[str, ...]  # the span kinds on a compute stream it counts; idle: the rest
+
+
+CATEGORIES: tuple[Category, ...] = (
+    Category("compute", "compute", "#4C72B0", (FORWARD, BACKWARD, WEIGHT, RECOMPUTE)),
+    Category("tp_comm", "tensor-parallel comm (exposed)", "#55A868", (TP_COMM, TP_WAIT)),
+    Category("pp_p2p", "pipeline p2p (exposed)", "#C44E52", (PP_WAIT,)),
+    Category("dp_sync", "data-parallel sync (exposed)", "#937860", (DP_SYNC, DP_WAIT)),
+    Category("optimizer", "optimizer step", "#222222", (OPTIMIZER,)),
+    Category("idle", "idle (pipeline bubble)", "#BBBBBB", (IDLE,)),
+)
+BREAKDOWN_KEYS: tuple[str, ...] = tuple(c.key for c in CATEGORIES)
+CATEGORY_OF_KIND = {kind: c.key for c in CATEGORIES for kind in c.kinds}
+EXPOSED_COMM_KEYS: tuple[str, ...] = ("tp_comm", "pp_p2p", "dp_sync")
+
+
+# -- how span kinds are drawn in the timeline: colour, and the legend entry --------------
+class KindStyle(NamedTuple):
+    color: str
+    legend: str | None  # None: shares the legend entry of the kind it waits for
+
+
+KIND_STYLES = {
+    FORWARD: KindStyle("#4C72B0", "forward"),
+    BACKWARD: KindStyle("#DD8452", "backward (input gradient when split)"),
+    WEIGHT: KindStyle("#CCB974", "weight gradient"),
+    RECOMPUTE: KindStyle("#8172B3", "recompute"),
+    TP_COMM: KindStyle("#55A868", "tensor-parallel comm"),
+    TP_WAIT: KindStyle("#55A868", None),
+    PP_SEND: KindStyle("#C44E52", "pipeline p2p (send / exposed wait)"),
+    PP_WAIT: KindStyle("#C44E52", None),
+    DP_SYNC: KindStyle("#937860", "data-parallel grad sync"),
+    DP_WAIT: KindStyle("#937860", None),
+    OPTIMIZER: KindStyle("#222222", "optimizer"),
+    IDLE: KindStyle("#EEEEEE", "idle (bubble)"),
+}
