@@ -7,7 +7,8 @@ prints today stays bit-identical") is checked by recording before and after:
     python benchmarks/golden.py record /tmp/golden-after       # on the new one
     python benchmarks/golden.py compare /tmp/golden-before /tmp/golden-after
 
-The recording runs the installed ``stepsim`` command (as a user would) on: every
+The recording runs ``python -m simulator.cli`` in this checkout (the ``stepsim``
+command) on: every
 shipped scenario (summary text, metrics.json, trace.json, scenario.resolved.toml), every
 case of the reference pipeline vectors through ``stepsim schedule --json`` plus one
 picture's trace, ``stepsim validate --quick`` (``--full`` adds the whole table), a
@@ -33,8 +34,8 @@ KEPT = (".json", ".csv", ".toml", ".txt")
 
 
 def _stepsim() -> list[str]:
-    exe = Path(sys.executable).with_name("stepsim")
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "simulator.cli"]
+    # the checkout this file is in (run from ROOT), whichever copy is installed
+    return [sys.executable, "-m", "simulator.cli"]
 
 
 def _run(out: Path, name: str, args: list[str]) -> None:
