@@ -35,7 +35,7 @@ from simulator.calibration.fit import (  # noqa: E402
     gemm_shapes,
 )
 from simulator.scenario.presets import GPUS  # noqa: E402
-from simulator.workload.compute import KERNEL_CONSTANTS, gemm_seconds  # noqa: E402
+from simulator.workload.compute import gemm_seconds  # noqa: E402
 
 ELEMENTWISE_BYTES = [2**28, 2**29, 2**30, 2**31]  # one operand; an add reads two, writes one
 
@@ -88,7 +88,8 @@ def measure() -> tuple[list[GemmTiming], list[MemoryTiming], str, int]:
 
 def synthetic(gpu_name: str) -> tuple[list[GemmTiming], list[MemoryTiming], str, int]:
     """The built-in model's times for the same kernels (no GPU)."""
-    gpu, c = GPUS[gpu_name], KERNEL_CONSTANTS[gpu_name]
+    gpu = GPUS[gpu_name]
+    c = gpu.kernels
     gemms = [GemmTiming(*s, gemm_seconds(gpu, c, *s)) for s in gemm_shapes()]
     stream = gpu.hbm_gbytes_per_s * 1e9 * c.memory_efficiency
     memory = [MemoryTiming(3.0 * size, 3.0 * size / stream) for size in ELEMENTWISE_BYTES]
