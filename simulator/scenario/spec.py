@@ -105,6 +105,13 @@ class ClusterSpec:
     def num_gpus(self) -> int:
         return self.num_nodes * self.gpus_per_node
 
+    @property
+    def nvlink_domain_gpus(self) -> int:
+        """The GPUs one NVLink fabric joins (topologies.node explains the domain).
+        Every node type today is its own NVLink domain; a rack-scale domain such as a
+        GB200 NVL72 (72 GPUs over 18 servers) would become a cluster key here."""
+        return self.gpus_per_node
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParallelConfig:
