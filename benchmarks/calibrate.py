@@ -3,8 +3,9 @@
     python benchmarks/calibrate.py                # ~5 minutes on 2 cores
     python benchmarks/calibrate.py --sensitivity  # what the unpublished choices do
 
-Three constants are fitted (simulator.workload.compute.KERNEL_CONSTANTS): gemm_efficiency,
-gemm_k_half and memory_efficiency; tile size and SM count are hardware facts.
+Three constants are fitted (the kernel constants of the GPU records in
+simulator/scenario/presets.py): gemm_efficiency, gemm_k_half and memory_efficiency;
+tile size and SM count are hardware facts.
 The data are the two tables in scenarios/validation/ (Narayanan et al. 2021
 Table 1, Korthikanti et al. 2022 Table 4) and nothing else.
 
@@ -43,7 +44,8 @@ from simulator.calibration.validation import (  # noqa: E402
 )
 from simulator.run import run  # noqa: E402
 from simulator.scenario.loader import read_validation_set  # noqa: E402
-from simulator.workload.compute import KERNEL_CONSTANTS, ComputeModel  # noqa: E402
+from simulator.scenario.presets import CALIBRATED_GPU, GPUS  # noqa: E402
+from simulator.workload.compute import ComputeModel  # noqa: E402
 
 GRID = {
     "gemm_efficiency": [x / 100 for x in range(60, 96)],
@@ -115,7 +117,7 @@ def loss(models, constants) -> float:
 
 def main() -> None:
     rows = read_validation_set(ROOT / "scenarios" / "validation")
-    constants = KERNEL_CONSTANTS["a100-sxm4-80gb"]
+    constants = GPUS[CALIBRATED_GPU].kernels
     for round_ in range(1, 4):
         models = linearise(rows, constants)
         errors = [simulated / measured - 1 for _, measured, simulated, _ in models]

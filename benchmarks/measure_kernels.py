@@ -21,7 +21,7 @@ under sustained load, so large GEMMs then read 5-15 % fast (docs/calibration.md)
 --precision fp8 times the same GEMMs (the unbatched ones: see shapes_for) as FP8
 GEMMs instead: e4m3 operands, bf16 output, per-tensor scales, through
 torch._scaled_mm (add --fast-accum for its fast-accumulation mode), and fits
-gemm_efficiency against the GPU's dense FP8 peak (FP8_PEAK_TFLOPS) rather than
+gemm_efficiency against the GPU's dense FP8 peak (GpuSpec.peak_tflops_fp8) rather than
 the preset's BF16 peak. The element-wise kernels stay bf16 adds.
 
 --synthetic GPU writes the file from the built-in model's own times instead of
@@ -50,16 +50,9 @@ from simulator.calibration.fit import (  # noqa: E402
     gemm_shapes,
 )
 from simulator.scenario.presets import GPUS  # noqa: E402
-from simulator.workload.compute import KERNEL_CONSTANTS, gemm_seconds  # noqa: E402
+from simulator.workload.compute import gemm_seconds  # noqa: E402
 
 ELEMENTWISE_BYTES = [2**28, 2**29, 2**30, 2**31]  # one operand; an add reads two, writes one
-
-# Dense FP8 (e4m3 / e5m2) tensor-core peaks, TFLOP/s, twice the BF16 peak: the NVIDIA
-# H100 Tensor Core GPU Architecture whitepaper gives 1978.9 for the H100 SXM5 (3957.8
-# with sparsity; BF16 989.4), the H100 datasheet 3,958 with sparsity. The H200 has
-# the same tensor cores and clocks (H200 datasheet: FP8 3,958 with sparsity).
-# GpuSpec holds only the BF16 peak, so the FP8 fit gets this one explicitly.
-FP8_PEAK_TFLOPS = {"h100-sxm5-80gb": 1978.9, "h200-sxm-141gb": 1978.9}
 
 
 class Unavailable(Exception):
@@ -192,12 +185,10 @@ def fit_gpu(gpu_name: str, precision: str):
     """The GpuSpec the fit uses: the preset, with the dense FP8 peak for fp8."""
     gpu = GPUS[gpu_name]
     if precision == "fp8":
-        if gpu_name not in FP8_PEAK_TFLOPS:
-            raise Unavailable(
-                f"{gpu_name} has no FP8 tensor cores (FP8 peaks known for: "
-                f"{', '.join(sorted(FP8_PEAK_TFLOPS))})"
-            )
-        gpu = dataclasses.replace(gpu, peak_tflops=FP8_PEAK_TFLOPS[gpu_name])
+        if gpu.peak_tflops_fp8 is None:
+            fp8 = sorted(name for name, g in GPUS.items() if g.peak_tflops_fp8)
+            raise Unavailable(f"{gpu_name} has no FP8 tensor cores (FP8 GPUs: {', '.join(fp8)})")
+        gpu = dataclasses.replace(gpu, peak_tflops=gpu.peak_tflops_fp8)
     return gpu
 
 
@@ -206,7 +197,8 @@ def synthetic(
 ) -> tuple[list[GemmTiming], list[MemoryTiming], str, int]:
     """The built-in model's times for the same kernels (no GPU); with fp8, the
     model run at the FP8 peak."""
-    gpu, c = fit_gpu(gpu_name, precision), KERNEL_CONSTANTS[gpu_name]
+    gpu = fit_gpu(gpu_name, precision)
+    c = gpu.kernels
     gemms = [GemmTiming(*s, gemm_seconds(gpu, c, *s)) for s in shapes_for(precision)]
     stream = gpu.hbm_gbytes_per_s * 1e9 * c.memory_efficiency
     memory = [MemoryTiming(3.0 * size, 3.0 * size / stream) for size in ELEMENTWISE_BYTES]

@@ -42,7 +42,12 @@ def build_cluster(spec: ClusterSpec) -> Cluster:
         oversubscription=spec.oversubscription,
         latency_s=us_to_s(spec.ib_latency_us),
     )
-    return Cluster(build_graph(spec.num_nodes, node, fabric), gpus_per_node=spec.gpus_per_node)
+    domain = spec.nvlink_domain_gpus
+    return Cluster(
+        build_graph(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain),
+        gpus_per_node=spec.gpus_per_node,
+        nvlink_domain_gpus=domain,
+    )
 
 
 @contextmanager

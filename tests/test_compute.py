@@ -13,7 +13,7 @@ from simulator.cli import main
 from simulator.scenario.loader import load_scenario, read_calibration
 from simulator.scenario.presets import GPUS
 from simulator.scenario.spec import KernelConstants, ScenarioError
-from simulator.workload.compute import KERNEL_CONSTANTS, ComputeModel, gemm_efficiency, gemm_seconds
+from simulator.workload.compute import ComputeModel, gemm_efficiency, gemm_seconds
 from tests.helpers import load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,7 +79,7 @@ def test_layer_flops_are_megatrons_count(tp):
 def test_element_wise_kernels_stream_at_the_memory_efficiency():
     s, compute = _model()
     hbm = GPUS["a100-sxm4-80gb"].hbm_gbytes_per_s * 1e9
-    eff = KERNEL_CONSTANTS["a100-sxm4-80gb"].memory_efficiency
+    eff = GPUS["a100-sxm4-80gb"].kernels.memory_efficiency
     softmax = next(k for k in compute.kernels() if k.name == "softmax" and k.part == "forward")
     scores = 2 * 16 * 2048 * 2048  # b a s^2 elements, fp16 read and written
     assert softmax.work.duration_s == pytest.approx(2 * 2 * scores / (hbm * eff))
@@ -89,7 +89,7 @@ def test_element_wise_kernels_stream_at_the_memory_efficiency():
 def test_a_gemm_too_thin_to_compute_is_bound_by_its_bytes():
     s, compute = _model()
     hbm = GPUS["a100-sxm4-80gb"].hbm_gbytes_per_s * 1e9
-    eff = KERNEL_CONSTANTS["a100-sxm4-80gb"].memory_efficiency
+    eff = GPUS["a100-sxm4-80gb"].kernels.memory_efficiency
     outer = compute.gemm(8192, 8192, 1)  # an outer product writes 128 MiB
     assert outer.duration_s == pytest.approx(2 * (8192 + 8192 + 8192 * 8192) / (hbm * eff))
 
@@ -107,7 +107,7 @@ def test_sequence_parallel_shards_only_the_element_wise_kernels():
 def test_fit_recovers_the_constants_that_made_the_timings():
     gpu = GPUS["h100-sxm5-80gb"]
     truth = dataclasses.replace(
-        KERNEL_CONSTANTS["h100-sxm5-80gb"],
+        GPUS["h100-sxm5-80gb"].kernels,
         gemm_efficiency=0.66,
         gemm_k_half=40.0,
         memory_efficiency=0.9,
@@ -141,9 +141,9 @@ def synthetic_file(tmp_path_factory):
 
 def test_calibration_file_from_the_script_drives_run(synthetic_file, tmp_path, capsys):
     assert read_calibration(synthetic_file) == dataclasses.replace(
-        KERNEL_CONSTANTS["a100-sxm4-80gb"], source="synthetic: the built-in model's own times"
+        GPUS["a100-sxm4-80gb"].kernels, source="synthetic: the built-in model's own times"
     )
-    efficiency = KERNEL_CONSTANTS["a100-sxm4-80gb"].gemm_efficiency
+    efficiency = GPUS["a100-sxm4-80gb"].kernels.gemm_efficiency
     slow = tmp_path / "slow.toml"
     slow.write_text(
         synthetic_file.read_text().replace(
@@ -162,7 +162,7 @@ def test_calibration_file_from_the_script_drives_run(synthetic_file, tmp_path, c
     [
         (
             (
-                f"gemm_efficiency = {KERNEL_CONSTANTS['a100-sxm4-80gb'].gemm_efficiency!r}",
+                f"gemm_efficiency = {GPUS['a100-sxm4-80gb'].kernels.gemm_efficiency!r}",
                 "gemm_efficiency = 1.5",
             ),
             "constants.gemm_efficiency=1.5 must be between",

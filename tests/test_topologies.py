@@ -1,10 +1,13 @@
 """Cluster graphs: builders, routes and their routing rule, bisection, the topology command."""
 
+import networkx as nx
 import pytest
 
 from simulator.cli import main
 from simulator.run import build_cluster
+from simulator.scenario.presets import NODES
 from tests.helpers import load
+from topologies import Cluster, FabricShape, NodeShape, build_graph
 from topologies.describe import summarize
 
 
@@ -100,3 +103,43 @@ def test_topology_command_prints_and_draws(tmp_path, capsys):
     assert "bisection bandwidth: 96 GB/s" in out and "2 leaf" in out
     assert png.read_bytes().startswith(b"\x89PNG")
     assert main(["topology", "scenarios/mt-nlg-530b-420nodes.toml", "--png", str(png)]) == 2
+
+
+@pytest.mark.parametrize("node", sorted(NODES))
+def test_every_node_preset_is_one_server_that_is_its_own_nvlink_domain(node):
+    spec = load(cluster={"node": node, "num_nodes": 3}).cluster
+    assert spec.nvlink_domain_gpus == spec.gpus_per_node
+    cluster = build_cluster(spec)
+    nvlink = nx.Graph((a, b) for a, b, kind in cluster.graph.edges(data="kind") if kind == "nvlink")
+    domains = sorted(
+        sorted(n[1] for n in c if n[0] == "gpu") for c in nx.connected_components(nvlink)
+    )
+    gpn = spec.gpus_per_node
+    assert domains == [list(range(d * gpn, (d + 1) * gpn)) for d in range(3)]
+    assert [cluster.nvlink_domain_of(g) for g in (0, gpn - 1, gpn, 3 * gpn - 1)] == [0, 0, 1, 2]
+    # inside a domain only NVLink, between domains out through the GPU's NIC
+    assert {cluster.links[i].kind for i in cluster.route(0, gpn - 1)} == {"nvlink"}
+    assert cluster.links[cluster.route(gpn - 1, gpn)[0]].dst == ("nic", 0, spec.nics_per_node - 1)
+
+
+def test_an_nvlink_domain_spanning_servers_is_refused_by_name():
+    """A GB200 NVL72 rack: one NVLink domain of 72 GPUs over 18 servers of 4."""
+    node = NodeShape(
+        gpus=4,
+        nics=4,
+        nvlink_topology="nvswitch",
+        nvlink_bytes_per_s=900e9,
+        nvlink_latency_s=1e-6,
+        pcie_bytes_per_s=64e9,
+        pcie_latency_s=0.5e-6,
+        nic_bytes_per_s=50e9,
+    )
+    message = (
+        "an NVLink domain of 72 GPUs over servers of 4 is not modelled: "
+        "each server must be its own NVLink domain"
+    )
+    with pytest.raises(ValueError, match=message):
+        build_graph(18, node, FabricShape(), nvlink_domain_gpus=72)
+    graph = build_graph(18, node, FabricShape(), nvlink_domain_gpus=4)
+    with pytest.raises(ValueError, match=message):
+        Cluster(graph, gpus_per_node=4, nvlink_domain_gpus=72)

@@ -1,13 +1,16 @@
-"""The cluster as a graph: GPUs, NVLink inside nodes, NICs, an InfiniBand fabric.
+"""The cluster as a graph: GPUs, NVLink inside NVLink domains, NICs, an InfiniBand fabric.
 
-``build_graph`` draws the cluster with networkx (nodes from topologies.node,
-the fabric from topologies.fabric); ``Cluster`` freezes it into directed links
-and routes, built once and then only read.
+``build_graph`` draws the cluster with networkx (servers and NVLink domains from
+topologies.node, the fabric from topologies.fabric); ``Cluster`` freezes it into
+directed links and routes, built once and then only read. "Node" is a server
+here; today every server is its own NVLink domain (topologies.node says what a
+domain spanning servers would need).
 
 Every cable is two directed links, one per direction, each with its own
 bandwidth and latency, so traffic in opposite directions does not compete.
 Graph nodes are tuples: ``("gpu", g)``, ``("nvswitch", node)``,
-``("nic", node, k)`` and ``("switch", level, index)``.
+``("nic", node, k)`` and ``("switch", level, index)``; an NVSwitch is numbered by
+its NVLink domain, which is its server's number while the two coincide.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import NamedTuple
 import networkx as nx
 
 from .fabric import FabricShape, add_fabric
-from .node import GPU, NIC, NVSWITCH, SWITCH, NodeShape, add_node
+from .node import GPU, NIC, NVSWITCH, SWITCH, NodeShape, add_nvlink_domain, add_server
 
 # Enough Hamiltonian cycles to find disjoint ones in any node of up to 8 GPUs.
 _MAX_CYCLES = 5000
@@ -34,20 +37,44 @@ class Link(NamedTuple):
     latency_s: float
 
 
-def build_graph(num_nodes: int, node: NodeShape, fabric: FabricShape) -> nx.DiGraph:
+def build_graph(
+    num_nodes: int, node: NodeShape, fabric: FabricShape, *, nvlink_domain_gpus: int
+) -> nx.DiGraph:
+    """``num_nodes`` servers of shape ``node``, their GPUs in NVLink domains of
+    ``nvlink_domain_gpus`` (today: exactly one server each), on ``fabric``.
+
+    Each domain is drawn whole, its servers then its NVLink, so that graph vertices
+    and edges (and so link numbers) come in server order."""
+    check_nvlink_domain(node.gpus, nvlink_domain_gpus)
+    servers_per_domain = nvlink_domain_gpus // node.gpus
     graph = nx.DiGraph()
-    for index in range(num_nodes):
-        add_node(graph, index, node)
+    for domain in range(num_nodes // servers_per_domain):
+        servers = range(domain * servers_per_domain, (domain + 1) * servers_per_domain)
+        for server in servers:
+            add_server(graph, server, node)
+        first_gpu = domain * nvlink_domain_gpus
+        gpus = [(GPU, g) for g in range(first_gpu, first_gpu + nvlink_domain_gpus)]
+        add_nvlink_domain(graph, domain, gpus, node)
     add_fabric(graph, num_nodes, node, fabric)
     return graph
+
+
+def check_nvlink_domain(gpus_per_server: int, nvlink_domain_gpus: int) -> None:
+    """Only domains of one server are modelled (topologies.node lists what a domain
+    spanning servers, such as a GB200 NVL72 rack, still needs)."""
+    if nvlink_domain_gpus != gpus_per_server:
+        raise ValueError(
+            f"an NVLink domain of {nvlink_domain_gpus} GPUs over servers of "
+            f"{gpus_per_server} is not modelled: each server must be its own NVLink domain"
+        )
 
 
 class Cluster:
     """Directed links with integer indices and cached GPU-to-GPU routes.
 
-    Inside a node a route takes the NVLink graph (through the NVSwitch, or a
-    direct link, or two hops through a GPU adjacent to both when a mesh has no
-    direct link). Between nodes it goes GPU -> its NIC -> switches -> the other
+    Inside an NVLink domain a route takes the NVLink graph (through the NVSwitch,
+    or a direct link, or two hops through a GPU adjacent to both when a mesh has no
+    direct link). Between domains it goes GPU -> its NIC -> switches -> the other
     GPU's NIC -> GPU. Among the equally short switch paths the one numbered
     (destination NIC port mod number of paths) is taken: destination-based
     routing as InfiniBand's fat-tree routing does (D-mod-K). It spreads
@@ -56,9 +83,11 @@ class Cluster:
     replicas (docs/design.md).
     """
 
-    def __init__(self, graph: nx.DiGraph, *, gpus_per_node: int) -> None:
+    def __init__(self, graph: nx.DiGraph, *, gpus_per_node: int, nvlink_domain_gpus: int) -> None:
+        check_nvlink_domain(gpus_per_node, nvlink_domain_gpus)
         self.graph = graph
         self.gpus_per_node = gpus_per_node
+        self.nvlink_domain_gpus = nvlink_domain_gpus
         self.links: list[Link] = []
         self._index: dict[tuple[tuple, tuple], int] = {}
         for src, dst, data in graph.edges(data=True):
@@ -88,7 +117,12 @@ class Cluster:
         self._rings: dict[tuple[int, ...], list[list[int]]] = {}
 
     def node_of(self, gpu: int) -> int:
+        """The server a GPU sits in."""
         return gpu // self.gpus_per_node
+
+    def nvlink_domain_of(self, gpu: int) -> int:
+        """The NVLink domain a GPU belongs to (its server's number today)."""
+        return gpu // self.nvlink_domain_gpus
 
     def route(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]:
         """Link indices from one GPU to another (empty for a GPU to itself)."""
@@ -105,8 +139,8 @@ class Cluster:
         if src_gpu == dst_gpu:
             return ()
         src, dst = (GPU, src_gpu), (GPU, dst_gpu)
-        if self.node_of(src_gpu) == self.node_of(dst_gpu):
-            path = self._node_path(src, dst)
+        if self.nvlink_domain_of(src_gpu) == self.nvlink_domain_of(dst_gpu):
+            path = self._nvlink_path(src, dst)
         else:
             nic_a, nic_b = self._gpu_nic[src_gpu], self._gpu_nic[dst_gpu]
             choices = self._switch_paths_between(self._nic_switch[nic_a], self._nic_switch[nic_b])
@@ -114,9 +148,9 @@ class Cluster:
             path = [src, nic_a, *middle, nic_b, dst]
         return tuple(self._index[(a, b)] for a, b in zip(path, path[1:], strict=False))
 
-    def _node_path(self, src: tuple, dst: tuple) -> list[tuple]:
+    def _nvlink_path(self, src: tuple, dst: tuple) -> list[tuple]:
         graph = self.graph
-        switch = (NVSWITCH, self.node_of(src[1]))
+        switch = (NVSWITCH, self.nvlink_domain_of(src[1]))
         if switch in graph:
             return [src, switch, dst]
         if graph.has_edge(src, dst):
@@ -136,7 +170,8 @@ class Cluster:
         return [src, min(via, key=width), dst]
 
     def intra_node_rings(self, members: Sequence[int]) -> list[list[int]]:
-        """Directed rings over GPUs of one node, as NCCL channels would use NVLink.
+        """Directed rings over GPUs of one node (one NVLink domain), as NCCL channels
+        would use NVLink.
 
         Behind an NVSwitch one ring in rank order is as good as any. On a mesh the
         rings are a largest set of Hamiltonian cycles that share no NVLink lane, each
@@ -149,7 +184,7 @@ class Cluster:
         return rings
 
     def _find_rings(self, members: list[int]) -> list[list[int]]:
-        if len(members) < 3 or (NVSWITCH, self.node_of(members[0])) in self.graph:
+        if len(members) < 3 or (NVSWITCH, self.nvlink_domain_of(members[0])) in self.graph:
             return [members]
         lanes = {
             frozenset((a, b)): self.graph[(GPU, a)][(GPU, b)].get("lanes", 1)

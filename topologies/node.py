@@ -1,4 +1,36 @@
-"""One server: GPUs joined by NVLink, each GPU wired to a NIC over PCIe.
+"""One server, and the NVLink domain its GPUs belong to.
+
+Three groupings of GPUs that today's nodes make coincide:
+
+- the server: a box of GPUs and NICs, each GPU wired over PCIe to a NIC
+  (``add_server``; ``NodeShape`` is its shape);
+- the NIC group: the GPUs of a server that share one NIC (``nic_of``: one GPU
+  per NIC on a DGX, two on a DGX-1, four on a 4 x V100 node);
+- the NVLink domain: the GPUs one NVLink / NVSwitch fabric joins
+  (``add_nvlink_domain``); traffic inside it never touches a NIC.
+
+Every node preset is one server that is its own NVLink domain, so a domain is
+``gpus_per_node`` GPUs (scenario.spec.ClusterSpec.nvlink_domain_gpus) and
+``build_graph`` refuses any other size. A rack-scale domain spans servers: a
+GB200 NVL72 rack is one NVLink domain of 72 GPUs across 18 servers (compute
+trays of 4 GPUs, each tray with its own NICs) joined by NVSwitch trays.
+Modelling one would take:
+
+- a cluster key for the domain size, a multiple of ``gpus_per_node`` (today
+  ``ClusterSpec.nvlink_domain_gpus`` is a property; the key replaces it);
+- ``build_graph`` already draws each domain's servers and then one NVSwitch
+  ``("nvswitch", domain)`` for the domain's GPUs; only its size check goes;
+- ``Cluster`` already routes and builds NVLink rings by domain
+  (``nvlink_domain_of``), and leaves a domain through the GPU's own NIC;
+- the collectives (simulator.workload.collectives) group a group's GPUs by
+  server (``node_of``) both for their NVLink rings and for the hops between
+  servers: they would group by domain for the first and by server for NICs;
+- topologies.describe splits the bisection by server and names an NVSwitch
+  "of node N": by domain, since a domain's NVLink traffic never crosses the
+  fabric;
+- the loader's symmetry rules (a stage's GPUs divide or are a multiple of a
+  node) would be stated per domain as well as per server;
+- only the ``nvswitch`` layout spans servers; the meshes below are one box.
 
 Three NVLink layouts (``NodeShape.nvlink_topology``):
 
@@ -6,7 +38,7 @@ Three NVLink layouts (``NodeShape.nvlink_topology``):
 NVSwitch carrying its whole NVLink bandwidth::
 
     GPU0 ─┐              GPU i ── NIC(i) over PCIe
-    GPU1 ─┼─ NVSwitch    NIC(i) = i * nics // gpus
+    GPU1 ─┼─ NVSwitch    NIC(i) = i * nics // gpus (nic_of)
      ...  ┘
 
 ``all-to-all`` (a 4 x V100 SXM2 node such as Jean Zay's) — a direct link
@@ -77,31 +109,42 @@ def cable(
         )
 
 
-def add_node(graph: nx.DiGraph, index: int, shape: NodeShape) -> None:
+def nic_of(shape: NodeShape, local_gpu: int) -> int:
+    """The NIC a server's GPU uses: its NIC group is ``gpus // nics`` GPUs in a row."""
+    return local_gpu * shape.nics // shape.gpus
+
+
+def add_server(graph: nx.DiGraph, index: int, shape: NodeShape) -> None:
+    """Server ``index``: its GPUs, its NICs and the PCIe cable from each GPU to its NIC."""
     first = index * shape.gpus
-    gpus = [(GPU, first + local) for local in range(shape.gpus)]
-    for local, gpu in enumerate(gpus):
+    for local in range(shape.gpus):
+        gpu = (GPU, first + local)
         graph.add_node(gpu)
-        nic = (NIC, index, local * shape.nics // shape.gpus)
+        nic = (NIC, index, nic_of(shape, local))
         cable(graph, gpu, nic, "pcie", shape.pcie_bytes_per_s, shape.pcie_latency_s)
+
+
+def add_nvlink_domain(graph: nx.DiGraph, index: int, gpus: list[tuple], shape: NodeShape) -> None:
+    """NVLink domain ``index``: the NVLink fabric (``shape.nvlink_topology``) joining
+    ``gpus``, which are already in the graph."""
     bandwidth, latency = shape.nvlink_bytes_per_s, shape.nvlink_latency_s
     if shape.nvlink_topology == "nvswitch":
         switch = (NVSWITCH, index)
         for gpu in gpus:
             cable(graph, gpu, switch, "nvlink", bandwidth, latency)
     elif shape.nvlink_topology == "all-to-all":
-        if shape.gpus == 1:
+        if len(gpus) == 1:
             return  # a lone GPU has no NVLink peers
-        if shape.gpus - 1 > MESH_LANES_PER_GPU:
-            raise ValueError(f"{shape.gpus} GPUs cannot all be joined by 6 NVLink lanes each")
-        lanes = MESH_LANES_PER_GPU // (shape.gpus - 1)
+        if len(gpus) - 1 > MESH_LANES_PER_GPU:
+            raise ValueError(f"{len(gpus)} GPUs cannot all be joined by 6 NVLink lanes each")
+        lanes = MESH_LANES_PER_GPU // (len(gpus) - 1)
         lane = bandwidth / MESH_LANES_PER_GPU
-        for a in range(shape.gpus):
-            for b in range(a + 1, shape.gpus):
+        for a in range(len(gpus)):
+            for b in range(a + 1, len(gpus)):
                 cable(graph, gpus[a], gpus[b], "nvlink", lanes * lane, latency, lanes)
     elif shape.nvlink_topology == "hybrid-cube-mesh":
-        if shape.gpus != 8:
-            raise ValueError(f"a hybrid cube-mesh node has 8 GPUs, not {shape.gpus}")
+        if len(gpus) != 8:
+            raise ValueError(f"a hybrid cube-mesh node has 8 GPUs, not {len(gpus)}")
         lane = bandwidth / MESH_LANES_PER_GPU
         for a, b, lanes in HYBRID_CUBE_MESH:
             cable(graph, gpus[a], gpus[b], "nvlink", lanes * lane, latency, lanes)

@@ -3,15 +3,17 @@
 The measurement script times GEMMs of transformer shapes and large element-wise
 kernels, then calls ``fit_constants``: the memory efficiency is the median of
 bytes / (time x HBM bandwidth); gemm_efficiency and gemm_k_half are the pair,
-on a grid, whose GEMM model (compute.gemm_seconds, with the GPU's SM count
-and the tile size) has the least mean squared relative error over the timed
-GEMMs. ``calibration_toml`` writes what the loader's ``read_calibration`` reads.
+on a grid, whose GEMM model (compute.gemm_seconds, with the measured GPU's SM
+count and the tile size of the GPU's record) has the least mean squared relative
+error over the timed GEMMs. ``calibration_toml`` writes what the loader's
+``read_calibration`` reads.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import NamedTuple
 
 from ..scenario.spec import GpuSpec, KernelConstants
@@ -55,9 +57,9 @@ def fit_constants(
     gemms: Sequence[GemmTiming],
     memory: Sequence[MemoryTiming],
     source: str,
-    tile_m: int = 256,
-    tile_n: int = 128,
 ) -> KernelConstants:
+    """The GPU record's kernel constants refitted to the timings (``num_sms``: the
+    measured device's, which may differ from the preset's)."""
     if not gemms or not memory:
         raise ValueError("fit_constants needs GEMM and element-wise timings")
     hbm = gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s)
@@ -65,11 +67,9 @@ def fit_constants(
     memory_efficiency = min(1.0, rates[len(rates) // 2])
 
     def candidate(e: float, k_half: float) -> KernelConstants:
-        return KernelConstants(
-            gpu=gpu.name,
+        return replace(
+            gpu.kernels,
             num_sms=num_sms,
-            tile_m=tile_m,
-            tile_n=tile_n,
             gemm_efficiency=e,
             gemm_k_half=k_half,
             memory_efficiency=memory_efficiency,

@@ -393,9 +393,9 @@ def validation_text(comparisons, totals: dict) -> str:
 def validation_markdown(comparisons, totals: dict, calibration=None) -> str:
     """docs/validation.md: the table and the plot; how the constants were chosen is in
     docs/calibration.md (written by hand)."""
-    from ..workload.compute import KERNEL_CONSTANTS
+    from ..scenario.presets import CALIBRATED_GPU, GPUS
 
-    c = calibration or KERNEL_CONSTANTS["a100-sxm4-80gb"]
+    c = calibration or GPUS[CALIBRATED_GPU].kernels
     rows = _validation_rows(comparisons)
     table = ["| " + " | ".join(_VALIDATION_HEAD) + " |", "|" + "---|" * 7]
     table += ["| " + " | ".join(r) + " |" for r in rows]

@@ -23,17 +23,10 @@ SCHEDULES: tuple[str, ...] = (*schedules.SCHEDULES, "custom")  # custom: from a 
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class GpuSpec:
-    name: str
-    peak_tflops: float  # dense FP16/BF16 tensor-core peak
-    memory_gib: float
-    hbm_gbytes_per_s: float
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class KernelConstants:
     """What the compute model needs to know about a GPU beyond its datasheet
-    (simulator.workload.compute explains each; KERNEL_CONSTANTS holds the built-in ones)."""
+    (simulator.workload.compute explains each). Every GpuSpec carries its own; a
+    calibration file (``--calibration``) holds one set, measured on a real GPU."""
 
     gpu: str
     num_sms: int
@@ -42,7 +35,33 @@ class KernelConstants:
     gemm_efficiency: float  # fraction of the tensor peak a large, well-shaped GEMM reaches
     gemm_k_half: float  # inner dimension at which a GEMM reaches half of that
     memory_efficiency: float  # fraction of the HBM bandwidth element-wise kernels stream at
-    source: str  # where the numbers came from
+    source: str  # where the numbers came from: fitted, measured, or uncalibrated
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuSpec:
+    """One GPU: everything stepsim needs of it in one record, so that a GPU preset
+    cannot lack a number (tests/test_presets.py checks every one is complete).
+
+    The SM count and the provenance of the kernel constants live in ``kernels`` (a
+    calibration file carries them too, for the GPU it was measured on) and are read
+    here through ``num_sms`` and ``kernel_provenance``."""
+
+    name: str
+    peak_tflops: float  # dense FP16/BF16 tensor-core peak (FP16 on GPUs without BF16)
+    peak_tflops_fp8: float | None  # dense FP8 tensor-core peak; None: no FP8 tensor cores
+    memory_gib: float
+    hbm_gbytes_per_s: float
+    kernels: KernelConstants  # the compute model's constants for this GPU (gpu == name)
+
+    @property
+    def num_sms(self) -> int:
+        return self.kernels.num_sms
+
+    @property
+    def kernel_provenance(self) -> str:
+        """How the kernel constants were obtained: fitted, or uncalibrated and from where."""
+        return self.kernels.source
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -85,6 +104,13 @@ class ClusterSpec:
     @property
     def num_gpus(self) -> int:
         return self.num_nodes * self.gpus_per_node
+
+    @property
+    def nvlink_domain_gpus(self) -> int:
+        """The GPUs one NVLink fabric joins (topologies.node explains the domain).
+        Every node type today is its own NVLink domain; a rack-scale domain such as a
+        GB200 NVL72 (72 GPUs over 18 servers) would become a cluster key here."""
+        return self.gpus_per_node
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -155,7 +181,7 @@ class Scenario:
     parallel: ParallelConfig
     training: TrainingConfig
     network: NetworkConfig
-    calibration: KernelConstants | None = None  # None: the built-in constants for the GPU
+    calibration: KernelConstants | None = None  # None: the GPU's own (cluster.gpu.kernels)
 
     @property
     def num_microbatches(self) -> int:

@@ -62,42 +62,6 @@ EMBEDDING_BYTES_PER_ELEMENT = 9.0
 CROSS_ENTROPY_BYTES_PER_LOGIT = 12.0
 CROSS_ENTROPY_BACKWARD_BYTES_PER_LOGIT = 6.0
 
-# Per-GPU kernel constants: the only numbers of the compute model that are not
-# shapes or datasheet values. One entry per GPU preset.
-#
-# num_sms: the datasheets (V100 80, A100 108, H100 SXM5 132, H200 132).
-# tile_m x tile_n: the output tile of the fp16 tensor-core GEMM kernels cuBLAS
-#   picks for large transformer shapes on Volta..Hopper (256 x 128; CUTLASS's
-#   largest default threadblock tile).
-# gemm_efficiency, gemm_k_half, memory_efficiency: fitted once for the A100 on
-#   the calibration set (Narayanan et al. 2021 Table 1 and Korthikanti et al.
-#   2022 Table 4, both measured on DGX A100 80 GB), by benchmarks/calibrate.py,
-#   one set for all rows; docs/validation.md shows the fit and what remains.
-#   The other GPUs carry the A100's fractions over: uncalibrated until someone
-#   measures them (benchmarks/measure_kernels.py writes a file for --calibration).
-_A100_FIT = {"gemm_efficiency": 0.70, "gemm_k_half": 0.0, "memory_efficiency": 0.80}
-_SOURCE_FIT = "fit on the A100 calibration set (benchmarks/calibrate.py)"
-_SOURCE_CARRIED = (
-    "A100 fractions carried over, uncalibrated (measure: benchmarks/measure_kernels.py)"
-)
-KERNEL_CONSTANTS: dict[str, KernelConstants] = {
-    name: KernelConstants(
-        gpu=name,
-        num_sms=sms,
-        tile_m=256,
-        tile_n=128,
-        source=_SOURCE_FIT if name.startswith("a100") else _SOURCE_CARRIED,
-        **_A100_FIT,
-    )
-    for name, sms in (
-        ("v100-sxm2-32gb", 80),
-        ("a100-sxm4-40gb", 108),
-        ("a100-sxm4-80gb", 108),
-        ("h100-sxm5-80gb", 132),
-        ("h200-sxm-141gb", 132),
-    )
-}
-
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Work:
@@ -161,10 +125,10 @@ class StageExtras:
 
 
 def constants_for(scenario: Scenario) -> KernelConstants:
-    """The scenario's own calibration, or the table's entry for its GPU."""
+    """The scenario's own calibration (a ``--calibration`` file), or its GPU's record's."""
     if scenario.calibration is not None:
         return scenario.calibration
-    return KERNEL_CONSTANTS[scenario.cluster.gpu.name]
+    return scenario.cluster.gpu.kernels
 
 
 def gemm_efficiency(c: KernelConstants, m: float, n: float, k: float, batch: int = 1) -> float:

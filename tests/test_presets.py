@@ -1,0 +1,85 @@
+"""Every GPU preset is one complete record, and every node preset names one."""
+
+import dataclasses
+
+import pytest
+
+from simulator.calibration.fit import calibration_toml
+from simulator.scenario.loader import read_calibration
+from simulator.scenario.presets import CALIBRATED_GPU, GPUS, NODES
+from simulator.scenario.spec import GpuSpec, KernelConstants
+from simulator.workload.compute import ComputeModel, constants_for
+from tests.helpers import load
+
+
+@pytest.mark.parametrize("name", sorted(GPUS))
+def test_every_gpu_preset_is_complete_and_in_range(name):
+    gpu = GPUS[name]
+    assert gpu.name == name and gpu.kernels.gpu == name
+    assert {f.name for f in dataclasses.fields(GpuSpec)} == {
+        "name",
+        "peak_tflops",
+        "peak_tflops_fp8",
+        "memory_gib",
+        "hbm_gbytes_per_s",
+        "kernels",
+    }, "a new GpuSpec field needs a check here"
+    assert gpu.peak_tflops > 0 and gpu.memory_gib > 0 and gpu.hbm_gbytes_per_s > 0
+    # FP8 tensor cores (Hopper) run twice the FP16/BF16 rate; older GPUs have none
+    assert gpu.peak_tflops_fp8 is None or gpu.peak_tflops_fp8 == pytest.approx(
+        2 * gpu.peak_tflops, rel=1e-4
+    )
+    assert isinstance(gpu.kernels, KernelConstants)
+    assert gpu.num_sms == gpu.kernels.num_sms > 0
+    assert gpu.kernel_provenance.strip()
+    c = gpu.kernels
+    assert c.tile_m > 0 and c.tile_n > 0 and c.gemm_k_half >= 0
+    assert 0 < c.gemm_efficiency <= 1 and 0 < c.memory_efficiency <= 1
+
+
+@pytest.mark.parametrize("name", sorted(GPUS))
+def test_every_gpu_presets_constants_pass_as_a_calibration_file(name, tmp_path):
+    """The loader's checks of a measured file (types, ranges, known GPU) hold for
+    the built-in constants too, and the file round-trips them exactly."""
+    path = tmp_path / f"{name}.toml"
+    path.write_text(calibration_toml(GPUS[name].kernels, [], []), encoding="utf-8")
+    assert read_calibration(path) == GPUS[name].kernels
+
+
+def test_only_the_calibrated_gpus_say_they_were_fitted():
+    fitted = sorted(name for name, gpu in GPUS.items() if gpu.kernel_provenance.startswith("fit"))
+    assert fitted == ["a100-sxm4-40gb", "a100-sxm4-80gb"] and CALIBRATED_GPU in fitted
+    for name in sorted(set(GPUS) - set(fitted)):
+        assert GPUS[name].kernel_provenance == (
+            "A100 fractions carried over, uncalibrated (measure: benchmarks/measure_kernels.py)"
+        )
+
+
+@pytest.mark.parametrize("node", sorted(NODES))
+def test_every_node_preset_names_a_gpu_preset(node):
+    assert NODES[node]["gpu"] in GPUS
+
+
+def test_a_gpu_known_only_by_its_record_runs_on_its_own_constants():
+    """No table keyed by GPU name stands between a GpuSpec and the compute model: a
+    GPU that no preset lists still computes, with the constants it carries."""
+    base = load()
+    a100 = base.cluster.gpu
+    kernels = dataclasses.replace(a100.kernels, gpu="test-gpu", num_sms=54)
+    gpu = dataclasses.replace(a100, name="test-gpu", kernels=kernels)
+    scenario = dataclasses.replace(base, cluster=dataclasses.replace(base.cluster, gpu=gpu))
+    assert constants_for(scenario) is kernels
+    # 12 x 10 = 120 tiles of 256 x 128 (gemm_k_half 0, large k: no split-K): three
+    # waves of which 120/162 busy on 54 SMs, two waves 120/216 busy on the A100's 108
+    tiles = (256 * 12, 128 * 10, 4096)
+    ratio = (
+        ComputeModel(scenario).gemm(*tiles).duration_s / ComputeModel(base).gemm(*tiles).duration_s
+    )
+    assert ratio == pytest.approx((120 / 216) / (120 / 162))
+
+
+def test_a_calibration_overrides_the_gpu_records_constants():
+    base = load()
+    measured = dataclasses.replace(base.cluster.gpu.kernels, gemm_efficiency=0.5, source="test")
+    assert constants_for(base) is base.cluster.gpu.kernels
+    assert constants_for(dataclasses.replace(base, calibration=measured)) is measured
