@@ -3,6 +3,7 @@
 import pytest
 
 from simulator.engine.core import simulate
+from simulator.engine.network import FairShareNetwork
 from simulator.run import build_cluster
 from simulator.vocabulary import TP_COMM
 from simulator.workload import collectives
@@ -29,7 +30,7 @@ def _time(cluster, *transfers):
         lane = builder.lane(gpu=i, stream="compute", stage=0)
         builder.add(lane, TP_COMM, f"t{i}", transfer=transfer)
     capacities = [link.bandwidth_bytes_per_s for link in cluster.links]
-    return simulate(builder.build(), capacities_bytes_per_s=capacities).end_s
+    return simulate(builder.build(), network=FairShareNetwork.factory(capacities)).end_s
 
 
 def _busbw(cluster, collective, n, size):

@@ -117,14 +117,15 @@ def test_deadlock_names_the_blocked_ops():
 def test_iteration_ends_with_the_last_op_even_under_contention():
     # A short and a long flow share a link: the long one speeds up when the short one
     # ends, leaving a stale wake-up queued that must not extend the iteration.
+    from simulator.engine.flows import Transfer
+    from simulator.engine.network import FairShareNetwork
     from simulator.vocabulary import TP_COMM
-    from simulator.workload.collectives import Transfer
 
     builder = WorkloadBuilder()
     for i, nbytes in enumerate((10.0, 100.0)):
         lane = builder.lane(gpu=i, stream="compute", stage=0)
         builder.add(lane, TP_COMM, f"t{i}", transfer=Transfer((0,), (1,), nbytes, 0.0))
-    trace = simulate(builder.build(), capacities_bytes_per_s=[10.0])
+    trace = simulate(builder.build(), network=FairShareNetwork.factory([10.0]))
     assert trace.end_s == pytest.approx(11.0)
     assert max(s.end_s for s in trace.spans) == trace.end_s
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from schedules import Step, holder_of, peak_inflight, stage_of, step_label
 from schedules import build as build_schedule
 
+from ..engine.flows import Collective, Transfer
 from ..scenario.spec import Scenario
 from ..units import us_to_s
 from ..vocabulary import (
@@ -51,7 +52,7 @@ from ..vocabulary import (
     WEIGHT,
 )
 from . import collectives
-from .collectives import Collective, Fabric, Transfer
+from .collectives import Fabric
 from .compute import BYTES_PER_ELEMENT, ComputeModel, Work
 from .memory import GRADIENT_BYTES_PER_PARAM, layer_params_per_rank, stage_params_per_rank
 from .ops import Workload, WorkloadBuilder

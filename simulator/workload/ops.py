@@ -24,8 +24,8 @@ from typing import NamedTuple
 
 from schedules import Step, holder_of, stage_of, step_label
 
+from ..engine.flows import Transfer, delay
 from ..vocabulary import BACKWARD, COMPUTE_STREAM, FORWARD, PP_SEND, WEIGHT
-from .collectives import Transfer, delay
 
 
 class Op(NamedTuple):
