@@ -34,7 +34,6 @@ from ..scenario.spec import Scenario
 from ..vocabulary import (
     ALL_GATHER,
     ALL_REDUCE,
-    BARRIER,
     COLLECTIVE_LABELS,
     DP_SYNC,
     OPTIMIZER,
@@ -194,7 +193,7 @@ class OverlappedBuckets(DataParallel):
 
     def sync(self) -> None:
         self.bucket("grads embedding/output", -1, self.rest_params)
-        self.gpu.builder.add(self.gpu.lane, BARRIER, "wait for gradient buckets", deps=self.buckets)
+        self.gpu.barrier("wait for gradient buckets", self.buckets)
 
 
 class DistributedOptimizer(OverlappedBuckets):
@@ -230,9 +229,10 @@ class FullySharded(DataParallel):
     parameters, waits for the last reduce-scatter.
 
     ``stray_buckets`` (``overlap_grad_reduce``, which FSDP does not use otherwise): the
-    fused backward of a chunk's last micro-batch also all-reduces its last layer's
-    gradients in a bucket that nothing waits for. This is how stepsim has always
-    lowered the combination, kept so that its results do not change."""
+    fused backward of a chunk's last micro-batch also all-reduces the gradients of the
+    pass's last layer (the chunk's first) in a bucket that nothing waits for. This is
+    how stepsim has always lowered the combination, kept so that its results do not
+    change."""
 
     def __init__(
         self, gpu: GpuOps, scenario: Scenario, compute: ComputeModel, *, stray_buckets: bool
@@ -260,10 +260,7 @@ class FullySharded(DataParallel):
         return _ShardedWeight(self, label, mb, order, chunk == self.rest_chunk)
 
     def sync(self) -> None:
-        last = self.gpu.last_key(self.side)
-        self.gpu.builder.add(
-            self.gpu.lane, BARRIER, "wait for gradient reduce-scatters", deps=[last]
-        )
+        self.gpu.barrier("wait for gradient reduce-scatters", [self.gpu.last_key(self.side)])
 
     def step(self) -> None:
         self.optimize(self.params / self.data)
@@ -291,11 +288,12 @@ class FullySharded(DataParallel):
 
 
 class _ShardedPass(Pass):
-    """FSDP around a forward pass over a chunk's layers (``order``: their rank-local
-    indices in the pass's order). The n-th parameter gather waits until the layer two
-    before it in the pass is done, so one gather runs ahead of compute; with ``rest``
-    the first gather also brings the embedding/output weights, which the pass needs
-    first (or, for the last stage's forward, holds until its end)."""
+    """FSDP around one pass over a chunk's layers (``order``: their rank-local indices
+    in the pass's order); as it is, the forward pass. The n-th parameter gather waits
+    until the layer two before it in the pass is done, so one gather runs ahead of
+    compute; with ``rest`` the first gather also brings the embedding/output weights,
+    which the pass needs first (or, for the last stage's forward, holds until its
+    end)."""
 
     def __init__(
         self, fsdp: FullySharded, label: str, mb: int, order: list[int], rest: bool
@@ -350,14 +348,9 @@ class _ShardedBackward(_ShardedPass):
             self.fsdp.shard(REDUCE_SCATTER, self.label, self.mb, self.order[-1], [last], self.rest)
 
 
-class _ShardedWeight(Pass):
-    """FSDP after each layer's weight gradients (split schedules): its reduce-scatter,
-    the last one with the embedding/output gradients."""
-
-    def __init__(
-        self, fsdp: FullySharded, label: str, mb: int, order: list[int], rest: bool
-    ) -> None:
-        self.fsdp, self.label, self.mb, self.order, self.rest = fsdp, label, mb, order, rest
+class _ShardedWeight(_ShardedPass):
+    """FSDP after each layer's weight gradients (split schedules; no gathers): its
+    reduce-scatter, the last one with the embedding/output gradients."""
 
     def after_layer(self, n: int, index: int) -> None:
         last_layer = n == len(self.order) - 1

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..vocabulary import COMPUTE_STREAM, TP_COMM
+from ..vocabulary import BARRIER, COMPUTE_STREAM, TP_COMM
 from .compute import Work
 from .keys import OpKey, RendezvousKey, Who
 from .ops import WorkloadBuilder
@@ -45,6 +45,10 @@ class GpuOps:
         self.builder.add(
             self.lane, kind, label, microbatch=mb, duration_s=w.duration_s, flops=w.flops, deps=deps
         )
+
+    def barrier(self, label: str, deps: Sequence[object], mb: int = -1) -> None:
+        """The compute lane waits for ``deps``, nothing else."""
+        self.builder.add(self.lane, BARRIER, label, microbatch=mb, deps=deps)
 
     def collective(self, lane: int, kind: str, label: str, transfer, **fields) -> None:
         """A collective op (TP_COMM or DP_SYNC); in exact mode a rendezvous of the group."""

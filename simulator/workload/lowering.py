@@ -36,7 +36,6 @@ from ..vocabulary import (
     ALL_GATHER,
     ALL_REDUCE,
     BACKWARD,
-    BARRIER,
     FORWARD,
     PP_SEND,
     RECOMPUTE,
@@ -152,7 +151,7 @@ class _Stage:
         key = AsyncTpKey(self.who, self.stage, self.async_count)
         gpu.collective(gpu.lane, TP_COMM, label, transfer, microbatch=mb, blocking=False, key=key)
         gpu.work(BACKWARD, label, mb, last_weight)
-        gpu.builder.add(gpu.lane, BARRIER, label, microbatch=mb, deps=[key])
+        gpu.barrier(label, [key], mb)
 
     def hand_over(self, label: str, mb: int, kind: str, virtual: int, to: int) -> None:
         """Make this pass's output available to virtual stage ``to``: a pipeline send, or
