@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 from matplotlib.figure import Figure  # noqa: E402
 
 from simulator.engine.core import simulate  # noqa: E402
+from simulator.engine.network import FairShareNetwork  # noqa: E402
 from simulator.run import build_cluster  # noqa: E402
 from simulator.scenario.loader import scenario_from_dict  # noqa: E402
 from simulator.units import us_to_s  # noqa: E402
@@ -109,7 +110,7 @@ def all_reduce_s(cluster, fabric, n: int, size: float, algorithm: str) -> float:
     lane = builder.lane(gpu=0, stream="compute", stage=0)
     builder.add(lane, TP_COMM, "all-reduce", transfer=collective)
     capacities = [link.bandwidth_bytes_per_s for link in cluster.links]
-    return simulate(builder.build(), capacities_bytes_per_s=capacities).end_s
+    return simulate(builder.build(), network=FairShareNetwork.factory(capacities)).end_s
 
 
 def busbw_gb_per_s(time_s: float, n: int, size: float) -> float:

@@ -103,6 +103,7 @@ def run_case(name: str) -> None:
 def _allreduce_1024() -> float:
     """Cluster of 128 DGX A100 on one switch, one ring all-reduce over its 1,024 GPUs."""
     from simulator.engine.core import simulate
+    from simulator.engine.network import FairShareNetwork
     from simulator.run import build_cluster
     from simulator.scenario.loader import scenario_from_dict
     from simulator.units import us_to_s
@@ -132,7 +133,7 @@ def _allreduce_1024() -> float:
     transfer = collectives.all_reduce("ring", [group], 64 * 2**20, fabric)
     builder.add(lane, TP_COMM, "all-reduce 64 MiB", transfer=transfer)
     capacities = [link.bandwidth_bytes_per_s for link in cluster.links]
-    return simulate(builder.build(), capacities_bytes_per_s=capacities).end_s
+    return simulate(builder.build(), network=FairShareNetwork.factory(capacities)).end_s
 
 
 def measure(name: str, repeat: int, timeout_s: float) -> dict:

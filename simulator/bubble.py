@@ -17,10 +17,8 @@ from schedules import build as build_schedule
 
 from .engine.core import simulate
 from .results import Trace
-from .vocabulary import BACKWARD, COMPUTE_STREAM, FORWARD, WEIGHT
+from .vocabulary import COMPUTE_STREAM, MODEL_KINDS
 from .workload.ops import abstract_pipeline
-
-COMPUTE = (FORWARD, BACKWARD, WEIGHT)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,7 +54,7 @@ class Study:
     def per_rank_busy(self) -> list[float]:
         busy = [0.0] * self.num_ranks
         for span in self.trace.spans:
-            if span.stream == COMPUTE_STREAM and span.kind in COMPUTE:
+            if span.stream == COMPUTE_STREAM and span.kind in MODEL_KINDS:
                 busy[span.gpu] += span.end_s - span.start_s
         return busy
 

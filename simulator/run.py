@@ -12,13 +12,19 @@ from topologies import Cluster, FabricShape, NodeShape, build_graph
 from topologies.describe import link_name
 
 from .engine.core import simulate
+from .engine.network import AnalyticalNetwork, FairShareNetwork
 from .report.linkstats import mean_utilization
 from .report.metrics import summarize
 from .results import Result, Trace
-from .scenario.spec import ClusterSpec, Scenario
+from .scenario.spec import ClusterSpec, Scenario, ScenarioError
 from .units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
+from .vocabulary import ANALYTICAL, FAIR_SHARE
+from .workload.collectives import LayoutError
 from .workload.lowering import inflight_per_stage, lower
 from .workload.memory import StageMemory, out_of_memory, stage_memory
+
+# the network model a scenario names (network.model), as the engine's network
+NETWORKS = {FAIR_SHARE: FairShareNetwork, ANALYTICAL: AnalyticalNetwork}
 
 
 def build_cluster(spec: ClusterSpec) -> Cluster:
@@ -78,14 +84,14 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
     GPU memory is simulated all the same; ``metrics["out_of_memory"]`` says so.
     ``progress`` is called with the fraction of ops simulated (see engine.simulate)."""
     cluster = build_cluster(scenario.cluster)
+    capacities = [link.bandwidth_bytes_per_s for link in cluster.links]
+    network = NETWORKS[scenario.network.model].factory(capacities)
     with gc_paused():
-        workload = lower(scenario, cluster)
-        trace = simulate(
-            workload,
-            network=scenario.network.model,
-            capacities_bytes_per_s=[link.bandwidth_bytes_per_s for link in cluster.links],
-            progress=progress,
-        )
+        try:
+            workload = lower(scenario, cluster)
+        except LayoutError as exc:  # the layout the user chose: their one-line error
+            raise ScenarioError(str(exc)) from None
+        trace = simulate(workload, network=network, progress=progress)
     memory = memory_per_stage(scenario)
     metrics = summarize(scenario, workload, trace, memory)
     metrics["out_of_memory"] = out_of_memory(scenario, memory)

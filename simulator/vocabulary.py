@@ -44,12 +44,23 @@ ALL_REDUCE = "all_reduce"
 REDUCE_SCATTER = "reduce_scatter"
 ALL_GATHER = "all_gather"
 
+# how the lowering names a data-parallel collective in op labels ("grads all-reduce")
+COLLECTIVE_LABELS = {
+    ALL_REDUCE: "all-reduce",
+    REDUCE_SCATTER: "reduce-scatter",
+    ALL_GATHER: "all-gather",
+}
+
 # -- choices a scenario makes -----------------------------------------------------------
 PLACEMENTS: tuple[str, ...] = ("looped", "v")  # schedules.stage_of
-RECOMPUTE_GRANULARITIES: tuple[str, ...] = ("none", "selective", "full")
-NETWORK_MODELS: tuple[str, ...] = ("fair-share", "analytical")
-DATA_PARALLEL_SHARDING: tuple[str, ...] = ("none", "optimizer", "full")
-SHARDING_NAMES = {"none": "-", "optimizer": "ZeRO-1", "full": "FSDP"}  # in tables
+RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL = "none", "selective", "full"
+RECOMPUTE_GRANULARITIES: tuple[str, ...] = (RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL)
+FAIR_SHARE, ANALYTICAL = "fair-share", "analytical"  # engine.network's two models
+NETWORK_MODELS: tuple[str, ...] = (FAIR_SHARE, ANALYTICAL)
+# replicated, ZeRO-1 (the optimizer state sharded), ZeRO-3/FSDP (everything sharded)
+NO_SHARDING, SHARD_OPTIMIZER, SHARD_FULL = "none", "optimizer", "full"
+DATA_PARALLEL_SHARDING: tuple[str, ...] = (NO_SHARDING, SHARD_OPTIMIZER, SHARD_FULL)
+SHARDING_NAMES = {NO_SHARDING: "-", SHARD_OPTIMIZER: "ZeRO-1", SHARD_FULL: "FSDP"}  # in tables
 ALL_REDUCE_ALGORITHMS: tuple[str, ...] = ("ring", "tree", "hierarchical", "auto")
 
 

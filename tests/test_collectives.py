@@ -1,14 +1,22 @@
 """Routes, collectives and transfers on real cluster graphs, against closed forms."""
 
+from pathlib import Path
+
 import pytest
 
+from simulator.cli import main
 from simulator.engine.core import simulate
-from simulator.run import build_cluster
+from simulator.engine.network import FairShareNetwork
+from simulator.run import build_cluster, run
+from simulator.scenario.spec import ScenarioError
 from simulator.vocabulary import TP_COMM
 from simulator.workload import collectives
-from simulator.workload.collectives import Fabric
+from simulator.workload.collectives import Fabric, LayoutError
+from simulator.workload.lowering import lower
 from simulator.workload.ops import WorkloadBuilder
 from tests.helpers import load
+
+TINY = str(Path(__file__).resolve().parent.parent / "scenarios" / "tiny-2gpu.toml")
 
 GB = 1e9
 NVLINK_STEP_S = 2e-6  # GPU -> NVSwitch -> GPU, 1 us a link
@@ -29,7 +37,7 @@ def _time(cluster, *transfers):
         lane = builder.lane(gpu=i, stream="compute", stage=0)
         builder.add(lane, TP_COMM, f"t{i}", transfer=transfer)
     capacities = [link.bandwidth_bytes_per_s for link in cluster.links]
-    return simulate(builder.build(), capacities_bytes_per_s=capacities).end_s
+    return simulate(builder.build(), network=FairShareNetwork.factory(capacities)).end_s
 
 
 def _busbw(cluster, collective, n, size):
@@ -209,3 +217,40 @@ def test_tensor_ring_and_pipeline_send_share_an_nvlink_port():
     head = 2e-6 * 300 * GB
     expected = 4e-6 + (2 * GB - head) / (150 * GB) + head / (300 * GB)
     assert both == pytest.approx(expected, rel=1e-9)
+
+
+UNLIKE = (
+    "GPUs 2->6 are connected unlike GPUs 0->4, which stepsim simulates on their behalf; "
+    "choose tensor x data parallel sizes that split the nodes into alike groups (on a hybrid "
+    "cube-mesh: 1, 4 or 8 GPUs, not pairs across quads)"
+)
+# one DGX-1: stage 0 on GPUs 0-3, stage 1 on 4-7; 0->4 has two NVLink lanes, 2->6 one
+CUBE_MESH_PAIRS = {
+    "cluster": {"node": "dgx-1-v100", "num_nodes": 1},
+    "parallel": {"pipeline_model_parallel_size": 2, "data_parallel_size": 4},
+    "training": {"global_batch_size": 16},
+}
+
+
+def test_groups_connected_unlike_are_a_layout_error_of_the_workload():
+    scenario = load(**CUBE_MESH_PAIRS)
+    with pytest.raises(LayoutError) as info:
+        lower(scenario, build_cluster(scenario.cluster))
+    assert str(info.value) == UNLIKE
+    assert not isinstance(info.value, ScenarioError)
+
+
+def test_groups_connected_unlike_are_the_users_one_line_error(capsys):
+    with pytest.raises(ScenarioError) as info:
+        run(load(**CUBE_MESH_PAIRS))
+    assert str(info.value) == UNLIKE
+    sets = [
+        "cluster.node=dgx-1-v100",
+        "cluster.gpus_per_node=8",
+        "cluster.nics_per_node=4",
+        "parallel.data_parallel_size=4",
+        "training.global_batch_size=16",
+    ]
+    argv = ["run", TINY, "--quiet", *(arg for item in sets for arg in ("--set", item))]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"stepsim: error: {UNLIKE}\n"

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import simpy
 
-from simulator.engine.network import AnalyticalNetwork, FairShareNetwork, Interval
+from simulator.engine.flows import Interval, Transfer
+from simulator.engine.network import AnalyticalNetwork, FairShareNetwork
 from simulator.report.linkstats import mean_utilization, utilization_over_time
 from simulator.run import run
-from simulator.workload.collectives import Transfer
 from tests.helpers import load
 
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import simpy
 
+from simulator.engine.flows import Transfer
 from simulator.engine.network import AnalyticalNetwork, FairShareNetwork
-from simulator.workload.collectives import Transfer
 
 
 def _finish_times(network_cls, capacities, transfers):

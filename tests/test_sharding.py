@@ -2,8 +2,22 @@
 
 import pytest
 
-from simulator.run import run
-from simulator.vocabulary import DP_SYNC
+from simulator.run import build_cluster, run
+from simulator.vocabulary import BARRIER, COMPUTE_STREAM, DP_SYNC, OPTIMIZER
+from simulator.workload.compute import ComputeModel
+from simulator.workload.dataparallel import (
+    AllReduceAfterFlush,
+    DataParallel,
+    DistributedOptimizer,
+    FullySharded,
+    OverlappedBuckets,
+    strategy_for,
+)
+from simulator.workload.gpuops import GpuOps
+from simulator.workload.lowering import lower
+from simulator.workload.memory import stage_params_per_rank
+from simulator.workload.ops import WorkloadBuilder
+from simulator.workload.placement import StageComm, placement_of
 from tests.helpers import load
 
 BASE = {
@@ -122,3 +136,88 @@ def test_fsdp_output_layer_waits_for_its_weights_on_the_last_stage():
     assert [ops[d].label for d in output_backward.deps] == [
         "B0 all-gather layer 1"
     ]  # the last layer's gather, which carries the output weights
+
+
+def _scenario(sharding, overlap=False, data=4):
+    parallel = {**BASE["parallel"], "data_parallel_size": data}
+    training = {
+        **BASE["training"],
+        "global_batch_size": 2 * data,  # 2 micro-batches per replica
+        "data_parallel_sharding": sharding,
+        "overlap_grad_reduce": overlap,
+    }
+    network = {"collective_algorithm": "ring"}
+    return load(**{**BASE, "parallel": parallel, "training": training, "network": network})
+
+
+@pytest.mark.parametrize(
+    ("sharding", "overlap", "data", "mode"),
+    [
+        ("none", False, 1, DataParallel),
+        ("full", True, 1, DataParallel),  # one replica: nothing to shard or overlap
+        ("none", False, 4, AllReduceAfterFlush),
+        ("none", True, 4, OverlappedBuckets),
+        ("optimizer", False, 4, DistributedOptimizer),
+        ("optimizer", True, 4, DistributedOptimizer),
+        ("full", False, 4, FullySharded),
+    ],
+)
+def test_one_strategy_object_per_mode(sharding, overlap, data, mode):
+    scenario = _scenario(sharding, overlap, data)
+    comm = StageComm(scenario, fabric=None, placement=placement_of(scenario), stage=0)
+    gpu = GpuOps(WorkloadBuilder(), comm, 0, 0)
+    assert type(strategy_for(gpu, scenario, ComputeModel(scenario))) is mode
+
+
+def _compute_lane_sync(sharding, overlap):
+    """(label, blocking, bytes per flow of the first phase) of the compute lane's DP ops."""
+    workload = lower(scenario := _scenario(sharding, overlap), build_cluster(scenario.cluster))
+    lane = next(lane for lane in workload.lanes if lane.stream == COMPUTE_STREAM)
+    ops = [workload.ops[i] for i in lane.ops]
+    sync = [
+        (op.label, op.blocking, op.transfer[0].bytes_per_flow) for op in ops if op.kind == DP_SYNC
+    ]
+    return sync, ops
+
+
+LAYERS = ["grads layer 3", "grads layer 2", "grads layer 1", "grads layer 0"]
+
+
+def test_each_mode_syncs_gradients_where_it_should():
+    flush, _ = _compute_lane_sync("none", False)
+    buckets, ops = _compute_lane_sync("none", True)
+    zero1, _ = _compute_lane_sync("optimizer", False)
+    zero1_buckets, _ = _compute_lane_sync("optimizer", True)
+    fsdp, fsdp_ops = _compute_lane_sync("full", False)
+    assert [(label, blocking) for label, blocking, _ in flush] == [("grads all-reduce", True)]
+    assert [(label, blocking) for label, blocking, _ in buckets] == [
+        *((label, False) for label in LAYERS),
+        ("grads embedding/output", False),
+    ]
+    barrier = next(op for op in ops if op.kind == BARRIER)
+    assert barrier.label == "wait for gradient buckets" and len(barrier.deps) == 5
+    assert [label for label, _, _ in zero1] == ["grads reduce-scatter", "params all-gather"]
+    assert [label for label, _, _ in zero1_buckets] == [
+        *LAYERS,
+        "grads embedding/output",
+        "params all-gather",
+    ]
+    # a ring all-reduce moves 2(n-1)/n of the message on every edge, a reduce-scatter
+    # (ZeRO-1's buckets) and an all-gather (n-1)/n
+    for (_, _, all_reduce), (_, _, reduce_scatter) in zip(buckets, zero1_buckets[:5], strict=True):
+        assert all_reduce == 2 * reduce_scatter
+    assert flush[0][2] == 2 * zero1[0][2] == 2 * zero1[1][2]
+    # FSDP syncs on its side lane; the compute lane only waits for the last reduce-scatter
+    assert fsdp == []
+    assert [op.label for op in fsdp_ops if op.kind == BARRIER] == [
+        "wait for gradient reduce-scatters"
+    ]
+
+
+@pytest.mark.parametrize(("sharding", "share"), [("none", 1), ("optimizer", 4), ("full", 4)])
+def test_sharded_modes_step_the_optimizer_on_their_share(sharding, share):
+    scenario = _scenario(sharding)
+    workload = lower(scenario, build_cluster(scenario.cluster))
+    (step,) = [op for op in workload.ops if op.kind == OPTIMIZER]
+    params = stage_params_per_rank(scenario, 0)
+    assert step.duration_s == ComputeModel(scenario).optimizer(params / share).duration_s

@@ -3,8 +3,11 @@
 import pytest
 
 from simulator.engine.core import DeadlockError, simulate
+from simulator.engine.flows import Transfer, delay
+from simulator.engine.network import AnalyticalNetwork, FairShareNetwork
 from simulator.run import run
-from simulator.vocabulary import BARRIER, FORWARD, PP_SEND
+from simulator.vocabulary import BARRIER, FORWARD, PP_SEND, TP_COMM
+from simulator.workload.keys import LayerKey, PipelineKey
 from simulator.workload.memory import (
     activation_bytes_per_layer,
     layer_params_per_rank,
@@ -117,14 +120,11 @@ def test_deadlock_names_the_blocked_ops():
 def test_iteration_ends_with_the_last_op_even_under_contention():
     # A short and a long flow share a link: the long one speeds up when the short one
     # ends, leaving a stale wake-up queued that must not extend the iteration.
-    from simulator.vocabulary import TP_COMM
-    from simulator.workload.collectives import Transfer
-
     builder = WorkloadBuilder()
     for i, nbytes in enumerate((10.0, 100.0)):
         lane = builder.lane(gpu=i, stream="compute", stage=0)
         builder.add(lane, TP_COMM, f"t{i}", transfer=Transfer((0,), (1,), nbytes, 0.0))
-    trace = simulate(builder.build(), capacities_bytes_per_s=[10.0])
+    trace = simulate(builder.build(), network=FairShareNetwork.factory([10.0]))
     assert trace.end_s == pytest.approx(11.0)
     assert max(s.end_s for s in trace.spans) == trace.end_s
 
@@ -197,3 +197,42 @@ def test_gpus_sharing_a_nic_are_charged_together_in_the_lowering():
     }
     assert by_kind == {"ib": 4, "pcie": 1}
     assert send.transfer.bytes_per_flow == 1 * 1024 * 1024 * 2 / 4
+
+
+def _two_flows_on_one_link():
+    builder = WorkloadBuilder()
+    for i in range(2):
+        lane = builder.lane(gpu=i, stream="compute", stage=0)
+        builder.add(lane, TP_COMM, f"t{i}", transfer=Transfer((0,), (1,), 100.0, 0.0))
+    return builder.build()
+
+
+@pytest.mark.parametrize(
+    ("network", "end_s"), [(FairShareNetwork, 20.0), (AnalyticalNetwork, 10.0)]
+)
+def test_the_engine_runs_the_network_it_is_given(network, end_s):
+    # 100 bytes each on a 10 B/s link: shared, both end at 20 s; each as if alone, at 10 s
+    trace = simulate(_two_flows_on_one_link(), network=network.factory([10.0]))
+    assert trace.end_s == end_s
+    assert trace.num_transfers == 2
+
+
+def test_without_a_network_transfers_only_take_their_latency():
+    builder = WorkloadBuilder()
+    lane = builder.lane(gpu=0, stream="compute", stage=0)
+    builder.add(lane, PP_SEND, "hop", transfer=delay(0.25))
+    assert simulate(builder.build()).end_s == 0.25
+
+
+def test_keys_of_different_kinds_with_equal_fields_name_different_ops():
+    # a NamedTuple would equal any tuple of the same values; these keys must not
+    builder = WorkloadBuilder()
+    lane = builder.lane(gpu=0, stream="compute", stage=0)
+    pipeline, layer = PipelineKey((0, 0), 1, "F0", 2), LayerKey((0, 0), 1, "F0", 2)
+    assert pipeline != layer
+    first = builder.add(lane, FORWARD, "a", duration_s=1.0, key=pipeline)
+    second = builder.add(lane, FORWARD, "b", duration_s=1.0, key=layer)
+    waits = builder.add(lane, BARRIER, "c", deps=[layer, pipeline, builder.last_key(lane)])
+    assert builder.build().ops[waits].deps == (second, first, second)
+    with pytest.raises(ValueError, match="two ops share the key"):
+        builder.add(lane, FORWARD, "d", key=PipelineKey((0, 0), 1, "F0", 2))

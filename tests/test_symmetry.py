@@ -123,6 +123,7 @@ def test_exact_mode_waits_for_the_slowest_member_of_a_collective():
     # Stretch one GPU's compute: its tensor-parallel partner waits at every all-reduce,
     # which only exact mode can show.
     from simulator.engine.core import simulate
+    from simulator.engine.network import FairShareNetwork
     from simulator.run import build_cluster
     from simulator.workload import lowering
 
@@ -137,9 +138,9 @@ def test_exact_mode_waits_for_the_slowest_member_of_a_collective():
         else op
         for op in workload.ops
     )
-    capacities = [link.bandwidth_bytes_per_s for link in cluster.links]
-    base = simulate(workload, capacities_bytes_per_s=capacities)
-    slow = simulate(workload._replace(ops=ops), capacities_bytes_per_s=capacities)
+    network = FairShareNetwork.factory([link.bandwidth_bytes_per_s for link in cluster.links])
+    base = simulate(workload, network=network)
+    slow = simulate(workload._replace(ops=ops), network=network)
     assert slow.end_s > base.end_s
     tp_wait = dict.fromkeys((span.gpu for span in slow.spans), 0.0)
     for span in slow.spans:

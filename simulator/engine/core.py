@@ -16,16 +16,14 @@ named after their kind.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import simpy
 
 from ..results import Span, Trace
 from ..vocabulary import BARRIER, COMPUTE_KINDS, IDLE, STREAM_OF_COMM, WAIT_OF_COMM
 from ..workload.ops import Workload
-from .network import AnalyticalNetwork, FairShareNetwork
-
-NETWORKS = {"fair-share": FairShareNetwork, "analytical": AnalyticalNetwork}
+from .network import FairShareNetwork, NetworkFactory
 
 
 class DeadlockError(RuntimeError):
@@ -35,13 +33,17 @@ class DeadlockError(RuntimeError):
 def simulate(
     workload: Workload,
     *,
-    network: str = "fair-share",
-    capacities_bytes_per_s: Sequence[float] = (),
+    network: NetworkFactory | None = None,
     progress: Callable[[float], None] | None = None,
 ) -> Trace:
-    """Run every lane to its end and return what happened, span by span. ``progress``,
-    if given, is called with the fraction of ops done, about every 1 % of them."""
-    return _Engine(workload, network, capacities_bytes_per_s, progress).run()
+    """Run every lane to its end and return what happened, span by span.
+
+    ``network`` makes the network on the engine's clock, e.g.
+    ``FairShareNetwork.factory(capacities)``; without one, a network with no links,
+    enough for workloads whose transfers only take time (abstract pipelines).
+    ``progress``, if given, is called with the fraction of ops done, about every 1 % of
+    them."""
+    return _Engine(workload, network or FairShareNetwork.factory(()), progress).run()
 
 
 class _Engine:
@@ -54,8 +56,7 @@ class _Engine:
     def __init__(
         self,
         workload: Workload,
-        network: str,
-        capacities: Sequence[float],
+        network: NetworkFactory,
         progress: Callable[[float], None] | None = None,
     ) -> None:
         self.workload = workload
@@ -64,7 +65,7 @@ class _Engine:
         self.report_every = max(len(workload.ops) // 100, 1)
         self.next_report = self.report_every if progress is not None else -1
         self.env = simpy.Environment()
-        self.network = NETWORKS[network](self.env, capacities)
+        self.network = network(self.env)
         n = len(workload.ops)
         self.start_s: list[float | None] = [None] * n
         self.end_s: list[float | None] = [None] * n

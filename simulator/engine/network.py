@@ -1,7 +1,9 @@
 """How long bytes take: transfers become flows on directed links.
 
-Two models share one method, ``start(transfer, on_done)``, which calls
-``on_done()`` when the transfer (or every phase of a collective) has finished:
+The network's inputs (`Transfer`, `Collective`) and its record (`Interval`) are its
+own types, in flows.py. Two models share one method, ``start(transfer, on_done)``,
+which calls ``on_done()`` when the transfer (or every phase of a collective) has
+finished:
 
 - `AnalyticalNetwork`: every transfer runs as if alone on the cluster:
   latency + bytes / bottleneck, where the bottleneck counts only the
@@ -19,24 +21,14 @@ Two models share one method, ``start(transfer, on_done)``, which calls
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from functools import partial
 
 import simpy
 
-from ..workload.collectives import Collective, Transfer
+from .flows import Collective, Interval, Transfer
 
 # Relative tolerance when deciding that two fair shares are the same bottleneck.
 _SHARE_RTOL = 1e-12
-
-
-class Interval(NamedTuple):
-    """A coupled flow at one rate for a while: ``mults[i] x rate_bytes_per_s`` on ``links[i]``."""
-
-    links: tuple[int, ...]
-    mults: tuple[int, ...]
-    rate_bytes_per_s: float
-    start_s: float
-    end_s: float
 
 
 def start_phases(start, phases: Collective, on_done: Callable[[], None]) -> None:
@@ -54,7 +46,7 @@ def start_phases(start, phases: Collective, on_done: Callable[[], None]) -> None
     next_phase(0)
 
 
-class _Network:
+class Network:
     """What both models share: a transfer or collective started now calls ``on_done``
     when it has finished (a callback rather than a simpy event: one event less per
     transfer, and the engine's lanes are driven by callbacks too)."""
@@ -64,6 +56,13 @@ class _Network:
         self.capacities = list(capacities)
         self.num_transfers = 0
         self.intervals: list[Interval] = []  # every stretch of constant rate, for link stats
+
+    @classmethod
+    def factory(cls, capacities: Sequence[float]) -> NetworkFactory:
+        """This model over links of these capacities (bytes/s, by link index), made when
+        a simulation starts: the network runs on the engine's clock, which the engine
+        creates (see engine.core.simulate)."""
+        return partial(cls, capacities=capacities)
 
     def start(self, transfer: Transfer | Collective, on_done: Callable[[], None]) -> None:
         if not isinstance(transfer, Transfer):
@@ -84,6 +83,10 @@ class _Network:
         raise NotImplementedError
 
 
+# Makes a network on the engine's clock: ``Network.factory(capacities)``.
+NetworkFactory = Callable[[simpy.Environment], Network]
+
+
 def solo_rate_bytes_per_s(
     links: Sequence[int], mults: Sequence[int], capacities: Sequence[float]
 ) -> float:
@@ -91,7 +94,7 @@ def solo_rate_bytes_per_s(
     return min(capacities[link] / mult for link, mult in zip(links, mults, strict=True))
 
 
-class AnalyticalNetwork(_Network):
+class AnalyticalNetwork(Network):
     def _start_transfer(self, transfer: Transfer, on_done: Callable[[], None]) -> None:
         duration_s = transfer.latency_s
         if transfer.bytes_per_flow > 0 and transfer.links:
@@ -133,7 +136,7 @@ class _Flow:
         self.on_done = on_done
 
 
-class FairShareNetwork(_Network):
+class FairShareNetwork(Network):
     def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
         super().__init__(env, capacities)
         assert all(0 < c < float("inf") for c in self.capacities), "link capacities must be finite"

@@ -1,12 +1,11 @@
 """Communication as data: point-to-point transfers and NCCL-like collectives.
 
-A `Transfer` is what the network moves in one go. It is a *coupled flow*:
-several real flows (one per ring or tree edge, or one per GPU sending) that
-progress together, each carrying ``bytes_per_flow``. ``links`` are the
-directed links they cross and ``mults`` how many of those real flows cross
-each link; the network gives the coupled flow one rate r and charges ``m x r``
-on a link crossed by m of its flows. A collective is a tuple of transfers run
-one after the other (phases).
+What this module builds are the network's input types (engine/flows.py): a
+`Transfer` is what the network moves in one go, a *coupled flow* of several real
+flows (one per ring or tree edge, or one per GPU sending) that progress together,
+each carrying ``bytes_per_flow``; ``links`` are the directed links they cross and
+``mults`` how many of those real flows cross each link. A `Collective` is a tuple
+of transfers run one after the other (phases).
 
 Symmetric replicas: a scenario's tensor-parallel ranks and data-parallel
 replicas all do the same thing at the same time, so only a representative
@@ -42,18 +41,16 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from ..scenario.spec import ScenarioError
+from ..engine.flows import Collective, Transfer
+from ..vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 
-
-class Transfer(NamedTuple):
-    links: tuple[int, ...]
-    mults: tuple[int, ...]
-    bytes_per_flow: float
-    latency_s: float
-
-
-Collective = tuple[Transfer, ...]
 Edge = tuple[int, int]
+
+
+class LayoutError(ValueError):
+    """The congruent groups of a layout do not cross the cluster alike, so one group
+    cannot stand for the others. Whoever lowers a scenario for a user turns it into
+    the user's one-line error (run.run: a ScenarioError)."""
 
 
 class Fabric(NamedTuple):
@@ -77,11 +74,6 @@ class Fabric(NamedTuple):
             capacities=[link.bandwidth_bytes_per_s for link in cluster.links],
             base_latency_s=base_latency_s,
         )
-
-
-def delay(latency_s: float) -> Transfer:
-    """A transfer that only takes time: for abstract schedules with a fixed p2p latency."""
-    return Transfer((), (), 0.0, latency_s)
 
 
 def _coupled(
@@ -114,7 +106,7 @@ def _check_alike(edge_sets: Sequence[Sequence[Edge]], fabric: Fabric) -> None:
     for edges in edge_sets[1:]:
         if signature(edges) != mine:
             (a, b), (c, d) = edge_sets[0][0], edges[0]
-            raise ScenarioError(
+            raise LayoutError(
                 f"GPUs {c}->{d} are connected unlike GPUs {a}->{b}, which stepsim simulates "
                 "on their behalf; choose tensor x data parallel sizes that split the nodes "
                 "into alike groups (on a hybrid cube-mesh: 1, 4 or 8 GPUs, not pairs across "
@@ -170,7 +162,7 @@ def ring(
     n = len(groups[0])
     if n == 1:
         return None
-    steps = {"all_reduce": 2 * (n - 1), "reduce_scatter": n - 1, "all_gather": n - 1}[kind]
+    steps = {ALL_REDUCE: 2 * (n - 1), REDUCE_SCATTER: n - 1, ALL_GATHER: n - 1}[kind]
     edge_sets = [
         [edge for channel in ring_channels(g, fabric) for edge in _cycle(channel)] for g in groups
     ]
@@ -239,9 +231,9 @@ def two_level_all_reduce(
         return None
     inter = "ring" if algorithm == "hierarchical" else "tree"
     phases = (
-        _intra_phase("reduce_scatter", groups, message_bytes, fabric),
+        _intra_phase(REDUCE_SCATTER, groups, message_bytes, fabric),
         _inter_phase(inter, groups, message_bytes, fabric),
-        _intra_phase("all_gather", groups, message_bytes, fabric),
+        _intra_phase(ALL_GATHER, groups, message_bytes, fabric),
     )
     return tuple(p for p in phases if p is not None)
 
@@ -262,7 +254,7 @@ def all_reduce(
 ) -> Collective | None:
     """An all-reduce by ``algorithm``; ``tree`` and ``hierarchical`` fall back to the ring
     where they do not apply (a group inside one node), as NCCL does."""
-    flat = ring("all_reduce", groups, message_bytes, fabric)
+    flat = ring(ALL_REDUCE, groups, message_bytes, fabric)
     if flat is None or algorithm == "ring":
         return flat
     if algorithm != "auto":

@@ -23,6 +23,14 @@ from schedules import holder_of
 
 from ..scenario.spec import Scenario
 from ..units import bytes_to_gib
+from ..vocabulary import (
+    NO_SHARDING,
+    RECOMPUTE_FULL,
+    RECOMPUTE_NONE,
+    RECOMPUTE_SELECTIVE,
+    SHARD_FULL,
+    SHARD_OPTIMIZER,
+)
 
 # What a training process holds besides the model state and activations: the CUDA
 # context and kernels (~0.5 GiB on A100/H100), cuBLAS's workspace, NCCL's channel
@@ -89,10 +97,10 @@ def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None)
     if recompute is None:
         recompute = scenario.training.recompute_granularity
     sbh = s * b * h
-    if recompute == "full":
+    if recompute == RECOMPUTE_FULL:
         return 2 * sbh / (t if sp else 1)  # only the layer's input is kept
     attention_core = 5 * a * s / (h * t)  # scores, softmax, dropout mask and output
-    if recompute == "selective":
+    if recompute == RECOMPUTE_SELECTIVE:
         attention_core = 0.0
     if sp:
         return sbh * (34 / t + attention_core)
@@ -136,13 +144,13 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
     t = scenario.parallel.tensor_model_parallel_size
     params = stage_params_per_rank(scenario, stage)
     d = scenario.parallel.data_parallel_size
-    sharding = scenario.training.data_parallel_sharding if d > 1 else "none"
+    sharding = scenario.training.data_parallel_sharding if d > 1 else NO_SHARDING
     weights = params * WEIGHT_BYTES_PER_PARAM
     gradients = params * GRADIENT_BYTES_PER_PARAM
     optimizer = params * OPTIMIZER_BYTES_PER_PARAM
-    if sharding in ("optimizer", "full"):
+    if sharding in (SHARD_OPTIMIZER, SHARD_FULL):
         optimizer /= d
-    if sharding == "full":
+    if sharding == SHARD_FULL:
         # sharded weights and gradients, plus FSDP's working set: the layer in use and
         # the one being gathered ahead, and one layer's full gradients
         # (the embedding/output weights are gathered with the first layer of each pass)
@@ -152,9 +160,9 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
         gradients = gradients / d + (layer + rest) * GRADIENT_BYTES_PER_PARAM
     layers_per_chunk = m.num_layers // (p * scenario.parallel.virtual_pipeline_model_parallel_size)
     activations = activation_bytes_per_layer(scenario) * layers_per_chunk * inflight_activations
-    if scenario.training.recompute_granularity == "full":
+    if scenario.training.recompute_granularity == RECOMPUTE_FULL:
         # the layer being recomputed holds all its activations during its backward
-        activations += activation_bytes_per_layer(scenario, "none")
+        activations += activation_bytes_per_layer(scenario, RECOMPUTE_NONE)
     if stage == output_rank(scenario):
         # fp32 logits of the micro-batch whose loss is being computed (Korthikanti Sec 4.3).
         activations += 4 * m.seq_length * scenario.training.micro_batch_size * m.vocab_size / t

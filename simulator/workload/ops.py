@@ -24,8 +24,9 @@ from typing import NamedTuple
 
 from schedules import Step, holder_of, stage_of, step_label
 
+from ..engine.flows import Transfer, delay
 from ..vocabulary import BACKWARD, COMPUTE_STREAM, FORWARD, PP_SEND, WEIGHT
-from .collectives import Transfer, delay
+from .keys import OpKey, PipelineKey
 
 
 class Op(NamedTuple):
@@ -57,7 +58,7 @@ class Workload(NamedTuple):
 
 
 class WorkloadBuilder:
-    """Collects ops lane by lane; deps may name ops by key before they exist."""
+    """Collects ops lane by lane; deps may name ops by key (keys.py) before they exist."""
 
     def __init__(self) -> None:
         self._ops: list[Op] = []
@@ -122,10 +123,10 @@ class WorkloadBuilder:
             raise ValueError(f"two ops share the key {key!r}")
         self._keys[key] = self._lanes[lane][4][-1]
 
-    def last_key(self, lane: int) -> object:
+    def last_key(self, lane: int) -> OpKey:
         """A key for the last op added to ``lane`` (naming it if needed)."""
         index = self._lanes[lane][4][-1]
-        key = ("op", index)
+        key = OpKey(index)
         self._keys.setdefault(key, index)
         return key
 
@@ -169,6 +170,10 @@ def abstract_pipeline(
     def rank_of(stage: int) -> int:
         return holder_of(stage, num_ranks, placement)[0]
 
+    def output(stage: int, step: Step) -> PipelineKey:
+        """What the neighbouring stage waits for (one GPU per rank: who is (0, 0))."""
+        return PipelineKey((0, 0), stage, step.kind, step.microbatch)
+
     hop = delay(p2p_latency_s)
     duration = {"F": forward_s, "B": backward_s, "W": weight_s}
     kind_of = {"F": FORWARD, "B": BACKWARD, "W": WEIGHT}
@@ -180,8 +185,7 @@ def abstract_pipeline(
             if step.kind != "W":
                 source = stage - 1 if step.kind == "F" else stage + 1
                 if 0 <= source < num_stages:
-                    same = rank_of(source) == rank
-                    deps.append(("op" if same else "pp", source, step.kind, step.microbatch))
+                    deps.append(output(source, step))
             builder.add(
                 lane,
                 kind_of[step.kind],
@@ -189,19 +193,20 @@ def abstract_pipeline(
                 microbatch=step.microbatch,
                 duration_s=duration[step.kind],
                 deps=deps,
-                key=("op", stage, step.kind, step.microbatch),
             )
-            if step.kind == "W":
-                continue
             target = stage + 1 if step.kind == "F" else stage - 1
-            if 0 <= target < num_stages and rank_of(target) != rank:
-                builder.add(
-                    lane,
-                    PP_SEND,
-                    step_label(step, num_chunks),
-                    microbatch=step.microbatch,
-                    transfer=hop,
-                    blocking=False,
-                    key=("pp", stage, step.kind, step.microbatch),
-                )
+            if step.kind == "W" or not 0 <= target < num_stages:
+                continue
+            if rank_of(target) == rank:  # handed over on the rank, no transfer
+                builder.name_last(lane, output(stage, step))
+                continue
+            builder.add(
+                lane,
+                PP_SEND,
+                step_label(step, num_chunks),
+                microbatch=step.microbatch,
+                transfer=hop,
+                blocking=False,
+                key=output(stage, step),
+            )
     return builder.build()

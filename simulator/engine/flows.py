@@ -1,0 +1,42 @@
+"""What the network takes and gives: coupled flows in, constant-rate stretches out.
+
+These types are the network's own: the workload builds `Transfer`s and `Collective`s
+(workload/collectives.py) and the network moves them; the link statistics read the
+`Interval`s it records. No simpy here, so every layer can import them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Transfer(NamedTuple):
+    """A *coupled flow*: several real flows (one per ring or tree edge, or one per GPU
+    sending) that progress together at one rate r, each carrying ``bytes_per_flow``.
+    ``links`` are the directed links they cross and ``mults`` how many of those real
+    flows cross each link; a link crossed by m of them is charged m x r. The bytes
+    start to move once ``latency_s`` has passed."""
+
+    links: tuple[int, ...]
+    mults: tuple[int, ...]
+    bytes_per_flow: float
+    latency_s: float
+
+
+# A collective: transfers run one after the other (phases).
+Collective = tuple[Transfer, ...]
+
+
+def delay(latency_s: float) -> Transfer:
+    """A transfer that only takes time: for abstract schedules with a fixed p2p latency."""
+    return Transfer((), (), 0.0, latency_s)
+
+
+class Interval(NamedTuple):
+    """A coupled flow at one rate for a while: ``mults[i] x rate_bytes_per_s`` on ``links[i]``."""
+
+    links: tuple[int, ...]
+    mults: tuple[int, ...]
+    rate_bytes_per_s: float
+    start_s: float
+    end_s: float

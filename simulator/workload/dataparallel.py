@@ -1,0 +1,374 @@
+"""Data-parallel strategies: how a stage's gradients meet across replicas.
+
+Each ``training.data_parallel_sharding`` mode is one class behind one interface, which
+the stage lowering (lowering.py) calls at fixed points:
+
+- ``forward_pass``, ``backward_pass``, ``weight_pass`` before a pass over a chunk's
+  layers; the `Pass` each returns is asked what the pass's first op and each layer's
+  first op wait for, and told when a layer's ops and the pass's compute are added;
+- ``finish`` at the end of the stage: the gradient sync still outstanding, then the
+  optimizer step.
+
+The modes (`strategy_for` picks one):
+
+- `DataParallel` itself: one replica, nothing to synchronise;
+- `AllReduceAfterFlush`: one blocking gradient all-reduce after the last backward;
+- `OverlappedBuckets` (``overlap_grad_reduce``): a non-blocking all-reduce per layer as
+  soon as its last weight gradient is done;
+- `DistributedOptimizer` (ZeRO-1): gradients reduce-scattered (after the flush, or per
+  layer when overlapped), the optimizer step on 1/D of the parameters, then the
+  parameters all-gathered;
+- `FullySharded` (ZeRO-3/FSDP): a second lane per GPU (stream "dp") runs, one at a time
+  as FSDP's stream does, each layer's parameter all-gather before its forward and
+  backward and each layer's gradient reduce-scatter; the embedding and output weights
+  ride with the gathers and reduce-scatters of the chunk that holds them.
+
+Gradients travel in 2-byte precision (memory.GRADIENT_BYTES_PER_PARAM), parameters too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..scenario.spec import Scenario
+from ..vocabulary import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    COLLECTIVE_LABELS,
+    DP_SYNC,
+    OPTIMIZER,
+    REDUCE_SCATTER,
+    SHARD_FULL,
+    SHARD_OPTIMIZER,
+    STREAM_OF_COMM,
+)
+from .compute import ComputeModel
+from .gpuops import GpuOps
+from .keys import BucketKey, LayerKey, ShardKey
+from .memory import GRADIENT_BYTES_PER_PARAM, layer_params_per_rank, stage_params_per_rank
+
+
+class Pass:
+    """What a strategy adds around one pass over a chunk's layers; this one adds nothing.
+
+    The stage lowering calls ``first()`` for the deps of the pass's embedding or output
+    work, ``before_layer(index)`` for those of a layer's first op, ``after_layer(n,
+    index)`` once the ops of the pass's n-th layer (rank-local index ``index``) are
+    added, and ``end()`` after the pass's last compute op."""
+
+    def first(self) -> list[object]:
+        return []
+
+    def before_layer(self, index: int) -> list[object]:
+        return []
+
+    def after_layer(self, n: int, index: int) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+NO_PASS = Pass()
+
+
+class DataParallel:
+    """One replica (data_parallel_size = 1): no gradient sync, the optimizer step on the
+    stage's parameters. The modes below override the hooks they need."""
+
+    gradient_kind = ALL_REDUCE  # how gradients meet; ZeRO-1 reduce-scatters them
+
+    def __init__(self, gpu: GpuOps, scenario: Scenario, compute: ComputeModel) -> None:
+        par = scenario.parallel
+        p, v = par.pipeline_model_parallel_size, par.virtual_pipeline_model_parallel_size
+        self.gpu, self.compute = gpu, compute
+        self.data = par.data_parallel_size
+        self.num_chunks = v
+        self.split = scenario.training.split_backward
+        self.layer_params = layer_params_per_rank(scenario)
+        self.params = stage_params_per_rank(scenario, gpu.stage)
+        layers_per_chunk = scenario.model.num_layers // (p * v)
+        # the embedding/output weights of the stage, if it has any
+        self.rest_params = self.params - v * layers_per_chunk * self.layer_params
+        self.buckets: list[BucketKey] = []
+
+    # -- hooks --------------------------------------------------------------------------
+
+    def forward_pass(self, label: str, mb: int, chunk: int, order: list[int]) -> Pass:
+        return NO_PASS
+
+    def backward_pass(
+        self, label: str, mb: int, chunk: int, order: list[int], last_microbatch: bool
+    ) -> Pass:
+        """The backward, or under a split schedule its input-gradient part.
+        ``last_microbatch``: this pass completes the chunk's weight gradients."""
+        return NO_PASS
+
+    def weight_pass(
+        self, label: str, mb: int, chunk: int, order: list[int], last_microbatch: bool
+    ) -> Pass:
+        """The weight-gradient part of a split backward."""
+        return NO_PASS
+
+    def finish(self) -> None:
+        """At the end of the stage: the gradient sync still to do, the optimizer step."""
+        self.sync()
+        self.step()
+
+    def sync(self) -> None:
+        pass
+
+    def step(self) -> None:
+        self.optimize(self.params)
+
+    # -- what the modes share -----------------------------------------------------------
+
+    def optimize(self, num_params: float) -> None:
+        self.gpu.work(OPTIMIZER, OPTIMIZER, -1, self.compute.optimizer(num_params))
+
+    def collective(self, lane: int, label: str, kind: str, message_bytes: float, **fields) -> None:
+        """A collective of ``kind`` over the GPU's data-parallel group."""
+        transfer = self.gpu.comm.dp(kind, message_bytes, self.gpu.j)
+        self.gpu.collective(lane, DP_SYNC, label, transfer, **fields)
+
+    def reduce_after_flush(self) -> None:
+        """Every gradient of the stage in one blocking collective."""
+        kind = self.gradient_kind
+        message_bytes = self.params * GRADIENT_BYTES_PER_PARAM
+        self.collective(self.gpu.lane, f"grads {COLLECTIVE_LABELS[kind]}", kind, message_bytes)
+
+    def bucket(self, label: str, mb: int, num_params: float) -> None:
+        """A non-blocking gradient collective on the compute lane, kept in ``buckets``."""
+        key = BucketKey(self.gpu.who, self.gpu.stage, label)
+        self.collective(
+            self.gpu.lane,
+            label,
+            self.gradient_kind,
+            num_params * GRADIENT_BYTES_PER_PARAM,
+            microbatch=mb,
+            blocking=False,
+            key=key,
+        )
+        self.buckets.append(key)
+
+    def layer_bucket(self, mb: int, index: int) -> None:
+        self.bucket(f"grads layer {index}", mb, self.layer_params)
+
+
+class AllReduceAfterFlush(DataParallel):
+    """Replicas all-reduce every gradient in one blocking collective once the last
+    backward is done, then each runs the whole optimizer step."""
+
+    def sync(self) -> None:
+        self.reduce_after_flush()
+
+
+class _Buckets(Pass):
+    """A pass whose every layer's weight gradients are now final: one bucket each."""
+
+    def __init__(self, strategy: DataParallel, mb: int) -> None:
+        self.strategy, self.mb = strategy, mb
+
+    def after_layer(self, n: int, index: int) -> None:
+        self.strategy.layer_bucket(self.mb, index)
+
+
+class OverlappedBuckets(DataParallel):
+    """Gradients reduced per layer during the last backward, in a non-blocking bucket as
+    soon as the layer's weight gradients are final (after the fused backward, or the W
+    of a split one, of the chunk's last micro-batch), the embedding/output weights' at
+    the end; the optimizer step waits for every bucket."""
+
+    overlap = True
+
+    def backward_pass(self, label, mb, chunk, order, last_microbatch) -> Pass:
+        if self.overlap and last_microbatch and not self.split:
+            return _Buckets(self, mb)
+        return NO_PASS
+
+    def weight_pass(self, label, mb, chunk, order, last_microbatch) -> Pass:
+        if self.overlap and last_microbatch:
+            return _Buckets(self, mb)
+        return NO_PASS
+
+    def sync(self) -> None:
+        self.bucket("grads embedding/output", -1, self.rest_params)
+        self.gpu.barrier("wait for gradient buckets", self.buckets)
+
+
+class DistributedOptimizer(OverlappedBuckets):
+    """ZeRO-1: gradients reduce-scattered, per layer in buckets when ``overlap`` (as
+    `OverlappedBuckets` does), else in one collective after the last backward; each
+    replica steps the optimizer on its 1/D of the parameters, then all-gathers them."""
+
+    gradient_kind = REDUCE_SCATTER
+
+    def __init__(
+        self, gpu: GpuOps, scenario: Scenario, compute: ComputeModel, *, overlap: bool
+    ) -> None:
+        super().__init__(gpu, scenario, compute)
+        self.overlap = overlap
+
+    def sync(self) -> None:
+        if self.overlap:
+            super().sync()
+        else:
+            self.reduce_after_flush()
+
+    def step(self) -> None:
+        self.optimize(self.params / self.data)
+        message_bytes = self.params * GRADIENT_BYTES_PER_PARAM
+        label = f"params {COLLECTIVE_LABELS[ALL_GATHER]}"
+        self.collective(self.gpu.lane, label, ALL_GATHER, message_bytes)
+
+
+class FullySharded(DataParallel):
+    """ZeRO-3/FSDP: parameters, gradients and optimizer state sharded over the replicas.
+    A side lane (stream "dp") gathers each layer's parameters before its forward and
+    backward and reduce-scatters its gradients after; the optimizer step, on 1/D of the
+    parameters, waits for the last reduce-scatter.
+
+    ``stray_buckets`` (``overlap_grad_reduce``, which FSDP does not use otherwise): the
+    fused backward of a chunk's last micro-batch also all-reduces the gradients of the
+    pass's last layer (the chunk's first) in a bucket that nothing waits for. This is
+    how stepsim has always lowered the combination, kept so that its results do not
+    change."""
+
+    def __init__(
+        self, gpu: GpuOps, scenario: Scenario, compute: ComputeModel, *, stray_buckets: bool
+    ) -> None:
+        super().__init__(gpu, scenario, compute)
+        self.side = gpu.new_lane(STREAM_OF_COMM[DP_SYNC])
+        self.stray_buckets = stray_buckets
+        # the chunk whose passes carry the embedding/output weights
+        self.rest_chunk = 0 if gpu.stage == 0 else self.num_chunks - 1
+
+    def forward_pass(self, label, mb, chunk, order) -> Pass:
+        sharded = _ShardedPass(self, label, mb, order, chunk == self.rest_chunk)
+        for n in range(len(order)):
+            sharded.gather(n)
+        return sharded
+
+    def backward_pass(self, label, mb, chunk, order, last_microbatch) -> Pass:
+        stray = self.stray_buckets and last_microbatch
+        sharded = _ShardedBackward(self, label, mb, order, chunk == self.rest_chunk, stray)
+        sharded.gather(0)
+        sharded.gather(1)
+        return sharded
+
+    def weight_pass(self, label, mb, chunk, order, last_microbatch) -> Pass:
+        return _ShardedWeight(self, label, mb, order, chunk == self.rest_chunk)
+
+    def sync(self) -> None:
+        self.gpu.barrier("wait for gradient reduce-scatters", [self.gpu.last_key(self.side)])
+
+    def step(self) -> None:
+        self.optimize(self.params / self.data)
+
+    def shard(
+        self, kind: str, label: str, mb: int, index: int, deps: Sequence[object], rest: bool
+    ) -> ShardKey:
+        """A parameter all-gather or gradient reduce-scatter of one layer on the side lane;
+        with ``rest`` it also carries the stage's embedding/output weights."""
+        key = ShardKey(self.gpu.who, self.gpu.stage, label, kind, index)
+        params = self.layer_params + (self.rest_params if rest else 0.0)
+        self.collective(
+            self.side,
+            f"{label} {COLLECTIVE_LABELS[kind]} layer {index}",
+            kind,
+            params * GRADIENT_BYTES_PER_PARAM,
+            microbatch=mb,
+            deps=deps,
+            key=key,
+        )
+        return key
+
+    def layer_key(self, label: str, index: int) -> LayerKey:
+        return LayerKey(self.gpu.who, self.gpu.stage, label, index)
+
+
+class _ShardedPass(Pass):
+    """FSDP around one pass over a chunk's layers (``order``: their rank-local indices
+    in the pass's order); as it is, the forward pass. The n-th parameter gather waits
+    until the layer two before it in the pass is done, so one gather runs ahead of
+    compute; with ``rest`` the first gather also brings the embedding/output weights,
+    which the pass needs first (or, for the last stage's forward, holds until its
+    end)."""
+
+    def __init__(
+        self, fsdp: FullySharded, label: str, mb: int, order: list[int], rest: bool
+    ) -> None:
+        self.fsdp, self.label, self.mb, self.order, self.rest = fsdp, label, mb, order, rest
+        self.gathered: dict[int, ShardKey] = {}
+
+    def gather(self, n: int) -> None:
+        if n >= len(self.order):
+            return
+        order = self.order
+        deps = [self.fsdp.layer_key(self.label, order[n - 2])] if n >= 2 else []
+        rest = self.rest and n == 0
+        self.gathered[order[n]] = self.fsdp.shard(
+            ALL_GATHER, self.label, self.mb, order[n], deps, rest
+        )
+
+    def first(self) -> list[object]:
+        return self.before_layer(self.order[0])
+
+    def before_layer(self, index: int) -> list[object]:
+        return [self.gathered[index]]
+
+    def after_layer(self, n: int, index: int) -> None:
+        self.fsdp.gpu.builder.name_last(self.fsdp.gpu.lane, self.fsdp.layer_key(self.label, index))
+
+
+class _ShardedBackward(_ShardedPass):
+    """FSDP around a backward pass, in FSDP's order on the side lane: the first two
+    gathers, then per layer its gradient reduce-scatter (when the pass computes weight
+    gradients, not under a split schedule) and the gather two layers ahead. The last
+    layer's reduce-scatter, with the embedding/output gradients, waits for the pass's
+    end."""
+
+    def __init__(self, fsdp, label, mb, order, rest, stray_bucket: bool) -> None:
+        super().__init__(fsdp, label, mb, order, rest)
+        self.stray_bucket = stray_bucket
+
+    def after_layer(self, n: int, index: int) -> None:
+        super().after_layer(n, index)
+        if not self.fsdp.split:
+            if n < len(self.order) - 1:
+                deps = [self.fsdp.layer_key(self.label, index)]
+                self.fsdp.shard(REDUCE_SCATTER, self.label, self.mb, index, deps, False)
+            elif self.stray_bucket:
+                self.fsdp.layer_bucket(self.mb, index)
+        self.gather(n + 2)
+
+    def end(self) -> None:
+        if not self.fsdp.split:
+            last = self.fsdp.gpu.last_key(self.fsdp.gpu.lane)
+            self.fsdp.shard(REDUCE_SCATTER, self.label, self.mb, self.order[-1], [last], self.rest)
+
+
+class _ShardedWeight(_ShardedPass):
+    """FSDP after each layer's weight gradients (split schedules; no gathers): its
+    reduce-scatter, the last one with the embedding/output gradients."""
+
+    def after_layer(self, n: int, index: int) -> None:
+        last_layer = n == len(self.order) - 1
+        deps = [self.fsdp.gpu.last_key(self.fsdp.gpu.lane)]
+        rest = self.rest and last_layer
+        self.fsdp.shard(REDUCE_SCATTER, self.label, self.mb, index, deps, rest)
+
+
+def strategy_for(gpu: GpuOps, scenario: Scenario, compute: ComputeModel) -> DataParallel:
+    """The data-parallel mode of the scenario, for one simulated GPU."""
+    training = scenario.training
+    overlap = training.overlap_grad_reduce
+    if scenario.parallel.data_parallel_size == 1:
+        return DataParallel(gpu, scenario, compute)
+    if training.data_parallel_sharding == SHARD_FULL:
+        return FullySharded(gpu, scenario, compute, stray_buckets=overlap)
+    if training.data_parallel_sharding == SHARD_OPTIMIZER:
+        return DistributedOptimizer(gpu, scenario, compute, overlap=overlap)
+    if overlap:
+        return OverlappedBuckets(gpu, scenario, compute)
+    return AllReduceAfterFlush(gpu, scenario, compute)

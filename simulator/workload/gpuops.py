@@ -1,0 +1,65 @@
+"""The ops of one simulated GPU: its compute lane's work and the collectives it joins.
+
+Both the stage lowering (lowering.py) and the data-parallel strategies
+(dataparallel.py) add ops through it, so a collective is numbered the same way
+whichever of them adds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..vocabulary import BARRIER, COMPUTE_STREAM, TP_COMM
+from .compute import Work
+from .keys import OpKey, RendezvousKey, Who
+from .ops import WorkloadBuilder
+from .placement import StageComm
+
+
+class GpuOps:
+    """Tensor rank ``j`` of replica ``d`` of pipeline stage ``comm.stage``. Symmetric mode
+    lowers only (0, 0), standing for the stage's T x D GPUs; exact mode lowers every
+    GPU, and its collectives are rendezvous named by the group and a running count."""
+
+    def __init__(self, builder: WorkloadBuilder, comm: StageComm, j: int, d: int) -> None:
+        placement = comm.placement
+        self.builder, self.comm, self.stage = builder, comm, comm.stage
+        self.j, self.d = j, d
+        self.who: Who = (j, d)
+        self.exact = comm.exact
+        self.gpu = placement.gpu(j, d, self.stage)
+        self.stands_for = 1 if self.exact else placement.tensor * placement.data
+        self._num_collectives: dict[str, int] = {}  # by op kind: TP_COMM, DP_SYNC
+        self.lane = self.new_lane(COMPUTE_STREAM)
+
+    def new_lane(self, stream: str) -> int:
+        """A lane of this GPU on ``stream`` (the compute lane is made first)."""
+        return self.builder.lane(
+            gpu=self.gpu, stream=stream, stage=self.stage, stands_for=self.stands_for
+        )
+
+    def work(self, kind: str, label: str, mb: int, w: Work, deps: Sequence[object] = ()) -> None:
+        """Compute on the compute lane; nothing when there is nothing to do or wait for."""
+        if w.duration_s == 0 and w.flops == 0 and not deps:
+            return
+        self.builder.add(
+            self.lane, kind, label, microbatch=mb, duration_s=w.duration_s, flops=w.flops, deps=deps
+        )
+
+    def barrier(self, label: str, deps: Sequence[object], mb: int = -1) -> None:
+        """The compute lane waits for ``deps``, nothing else."""
+        self.builder.add(self.lane, BARRIER, label, microbatch=mb, deps=deps)
+
+    def collective(self, lane: int, kind: str, label: str, transfer, **fields) -> None:
+        """A collective op (TP_COMM or DP_SYNC); in exact mode a rendezvous of the group."""
+        rendezvous = None
+        if self.exact:
+            count = self._num_collectives[kind] = self._num_collectives.get(kind, 0) + 1
+            # a TP group is the replica's tensor ranks, a DP group the tensor rank's replicas
+            group = self.d if kind == TP_COMM else self.j
+            rendezvous = RendezvousKey(kind, self.stage, group, count)
+        self.builder.add(lane, kind, label, transfer=transfer, rendezvous=rendezvous, **fields)
+
+    def last_key(self, lane: int) -> OpKey:
+        """A key for the last op added to ``lane``."""
+        return self.builder.last_key(lane)

@@ -1,0 +1,92 @@
+"""Typed names for the ops other ops wait for (``WorkloadBuilder`` keys and deps).
+
+An op can be named before it exists: a forward pass waits for the previous stage's
+send, which that stage lowers later. Each kind of name is a class of its own, with
+named fields. They are frozen dataclasses rather than tuples or NamedTuples because a
+NamedTuple equals every tuple with the same values, so two kinds of name with alike
+fields could name the same op by accident; a dataclass equals only its own kind.
+
+``who`` is the simulated GPU of a stage as (tensor rank, replica): (0, 0) alone in
+symmetric mode, every GPU in exact mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+Who = tuple[int, int]  # (tensor rank, replica)
+
+
+@dataclass(frozen=True, slots=True)
+class OpKey:
+    """An op by its index (``WorkloadBuilder.last_key``)."""
+
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineKey:
+    """The output of pass ``kind`` ("F" or "B") of ``microbatch`` on virtual stage
+    ``virtual``, for the neighbouring stage: the pipeline send, or the pass's last op
+    when one rank holds both stages."""
+
+    who: Who
+    virtual: int
+    kind: str
+    microbatch: int
+
+
+@dataclass(frozen=True, slots=True)
+class LayerKey:
+    """The last op of rank-local layer ``index`` in pass ``label`` (FSDP's gathers and
+    reduce-scatters wait for it)."""
+
+    who: Who
+    stage: int
+    label: str
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class AsyncTpKey:
+    """A GPU's ``count``-th asynchronous tensor-parallel all-reduce, which the ops after
+    the block's weight gradient wait for."""
+
+    who: Who
+    stage: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class BucketKey:
+    """An overlapped gradient bucket; the optimizer step waits for all of them."""
+
+    who: Who
+    stage: int
+    label: str
+
+
+@dataclass(frozen=True, slots=True)
+class ShardKey:
+    """FSDP's parameter all-gather or gradient reduce-scatter (``kind``, a collective
+    kind) of layer ``index`` in pass ``label``."""
+
+    who: Who
+    stage: int
+    label: str
+    kind: str
+    index: int
+
+
+@dataclass(frozen=True, slots=True)
+class RendezvousKey:
+    """Exact mode: the ``count``-th collective of kind ``kind`` (TP_COMM or DP_SYNC) that
+    group ``group`` of pipeline stage ``stage`` runs. A tensor-parallel group is a
+    replica's tensor ranks (``group`` = the replica), a data-parallel group a tensor
+    rank's replicas (``group`` = the tensor rank). Every member lowers the same
+    collectives in the same order, so their counts agree."""
+
+    kind: str
+    stage: int
+    group: int
+    count: int
