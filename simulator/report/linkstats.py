@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..engine.network import Interval
+from ..engine.flows import Interval
 
 
 def _rows(intervals: Sequence[Interval]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
