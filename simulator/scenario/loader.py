@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from schedules import SCHEDULES as SCHEDULE_INFO
-from schedules import Step
 from schedules.custom import sizes_of
 
 from . import presets, rules, schema

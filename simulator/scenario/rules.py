@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 MAX_SIMULATED_OPS = 50_000_000
 OPS_PER_LAYER_AND_MICROBATCH = 12
 CUSTOM = "custom"  # training.schedule of a schedule read from a file
-SCHEDULE_BOUND_KEYS = ("schedule_file", "schedule_placement")  # custom schedules only
+CUSTOM_SCHEDULE_KEYS = ("schedule_file", "schedule_placement")  # custom schedules only
 
 
 def check_values(spec: object, section: str) -> None:
@@ -81,7 +81,7 @@ def check_cluster(cluster: ClusterSpec) -> None:
 def check_training_alone(training: TrainingConfig) -> None:
     """A custom schedule needs its orders; its file and placement suit it alone."""
     if training.schedule != CUSTOM:
-        for name in SCHEDULE_BOUND_KEYS:
+        for name in CUSTOM_SCHEDULE_KEYS:
             value = getattr(training, name)
             if value is not None:
                 raise ScenarioError(
@@ -202,9 +202,7 @@ def check_symmetric(tp: int, stage_gpus: int, cluster: ClusterSpec) -> None:
 
 
 def microbatches_per_pipeline(parallel: ParallelConfig, training: TrainingConfig) -> int:
-    return training.global_batch_size // (
-        training.micro_batch_size * parallel.data_parallel_size
-    )
+    return training.global_batch_size // (training.micro_batch_size * parallel.data_parallel_size)
 
 
 def check_schedule(model: ModelSpec, parallel: ParallelConfig, training: TrainingConfig) -> None:

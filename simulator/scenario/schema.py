@@ -166,7 +166,7 @@ def _default_text(key: Key) -> str:
 
 
 def _number(value: float) -> str:
-    if value >= 10_000 and math.log10(value).is_integer():
+    if value >= 1e6 and math.log10(value).is_integer():
         return f"10^{int(math.log10(value))}"
     return f"{value:,g}" if value != int(value) else f"{int(value):,}"
 
@@ -207,4 +207,3 @@ def markdown_tables() -> str:
         title = f"[{section}]" if section else "Top level"
         parts.append(f"#### {title} keys\n\n{markdown_table(section)}\n")
     return "\n".join(parts)
-

@@ -91,6 +91,7 @@ def _presets(table: str) -> Callable[[], tuple[str, ...]]:
 
     return names
 
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuSpec:
     name: str
@@ -141,8 +142,8 @@ class ModelSpec:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterSpec:
     node: str | None = key(
-        "the node preset: fills every key marked 'from preset', which the table may "
-        "still override",
+        "the node preset: fills every key whose default reads 'from `node`', which the "
+        "table may still override",
         default=None,
         choices=_presets("NODES"),
     )
@@ -270,9 +271,10 @@ class ParallelConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingConfig:
-    micro_batch_size: int = key("samples per micro-batch", default=1)
+    micro_batch_size: int = key("samples per micro-batch", unit="samples", default=1)
     global_batch_size: int = key(
-        "samples per iteration; divisible by `micro_batch_size x data_parallel_size`"
+        "samples per iteration; divisible by `micro_batch_size x data_parallel_size`",
+        unit="samples",
     )
     schedule: str = key(
         "pipeline schedule (see [docs/schedules.md](../docs/schedules.md)), or `custom` "
