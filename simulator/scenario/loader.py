@@ -128,7 +128,7 @@ def scenario_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
             raise ScenarioError(f"{section}={table!r} must be a table [{section}]")
         tables[section] = _check_table(section, table)
 
-    model = ModelSpec(**_with_preset("model", tables["model"], presets.MODELS))
+    model = _build_model(tables["model"])
     cluster = _build_cluster(tables["cluster"])
     training = _build_training(tables["training"], base_dir)
     parallel = _build_parallel(tables["parallel"], model, cluster, training)
@@ -168,20 +168,24 @@ def _check_table(section: str, table: Mapping[str, Any]) -> dict[str, Any]:
 
 def _with_preset(section: str, table: dict[str, Any], named: Mapping[str, Mapping]) -> dict:
     """The section's keys: its preset's values (if it names one), then the table's;
-    derived defaults filled and every required key present."""
+    a ScenarioError names the first required key that neither gives."""
     preset_key = schema.PRESET_KEYS[section]
     preset = table.get(preset_key)
     values: dict[str, Any] = {preset_key: preset}
     if preset is not None:
         values.update(named[preset])
     values.update({k: v for k, v in table.items() if k != preset_key})
-    if section == "model" and "hidden_size" in values:
-        values.setdefault("ffn_hidden_size", 4 * values["hidden_size"])
     for key in schema.keys()[section].values():
         if key.required and key.name not in values:
             hint = schema.PRESET_HINTS[section] if key.preset else ""
             raise ScenarioError(f"missing key {key.full_name}{hint}")
     return values
+
+
+def _build_model(table: dict[str, Any]) -> ModelSpec:
+    values = _with_preset("model", table, presets.MODELS)
+    values.setdefault("ffn_hidden_size", 4 * values["hidden_size"])  # the GPT shape
+    return ModelSpec(**values)
 
 
 def _build_cluster(table: dict[str, Any]) -> ClusterSpec:
