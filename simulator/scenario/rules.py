@@ -202,6 +202,8 @@ def check_symmetric(tp: int, stage_gpus: int, cluster: ClusterSpec) -> None:
 
 
 def microbatches_per_pipeline(parallel: ParallelConfig, training: TrainingConfig) -> int:
+    """global_batch_size / (micro_batch_size x data_parallel_size), rounded down (the
+    rules refuse a batch that does not divide; Scenario.num_microbatches)."""
     return training.global_batch_size // (training.micro_batch_size * parallel.data_parallel_size)
 
 

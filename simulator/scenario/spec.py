@@ -395,5 +395,4 @@ class Scenario:
     @property
     def num_microbatches(self) -> int:
         """Micro-batches each pipeline runs per iteration."""
-        per_replica = self.training.global_batch_size // self.parallel.data_parallel_size
-        return per_replica // self.training.micro_batch_size
+        return rules.microbatches_per_pipeline(self.parallel, self.training)
