@@ -7,9 +7,10 @@ global batch and the network settings come from a base scenario and stay fixed.
 
 A search runs in four steps:
 
-1. enumerate every combination of the search space's values; each is built with
-   the loader's own rules (``scenario_from_dict``), so a layout the search keeps is
-   one ``stepsim run`` accepts, and one it rejects is counted as invalid;
+1. enumerate every combination of the search space's values; each is built as a
+   Scenario, which runs the loader's own rules (simulator.scenario.rules), so a
+   layout the search keeps is one ``stepsim run`` accepts, and one it rejects is
+   counted as invalid;
 2. drop those that do not fit in GPU memory (the closed-form model in
    simulator.workload.memory; nothing is simulated);
 3. compute a lower bound on each one's iteration time (``iteration_lower_bound_s``):
@@ -36,8 +37,7 @@ from typing import Any
 
 import schedules
 
-from ..scenario.loader import ScenarioError, scenario_from_dict, scenario_to_dict
-from ..scenario.spec import Scenario
+from ..scenario.spec import ModelSpec, ParallelConfig, Scenario, ScenarioError, TrainingConfig
 from ..vocabulary import DATA_PARALLEL_SHARDING, RECOMPUTE_GRANULARITIES
 from ..workload.compute import ComputeModel
 from ..workload.memory import StageMemory, output_rank, stage_memory, stage_params_per_rank
@@ -48,7 +48,8 @@ ROUND_SIZE = 16  # layouts simulated between two prunings (fixed: results must n
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 DEFAULT_SCHEDULES = ("1f1b", "interleaved")
 DEFAULT_CHUNKS = (2,)  # chunks per rank for chunked schedules other than ZB-V (always 2)
-# training keys that belong to one schedule and go when a layout replaces it
+# training keys that belong to one schedule and go when a layout replaces it (the
+# search journal's header leaves them out too)
 SCHEDULE_BOUND_KEYS = ("schedule_file", "schedule_placement", "microbatch_group_size_per_vp_stage")
 
 
@@ -189,69 +190,68 @@ def layouts(base: Scenario, space: SearchSpace) -> list[Layout]:
 
 
 def apply_layout(base: Scenario, layout: Layout) -> Scenario:
-    """The base scenario with this layout, validated by the loader's rules."""
-    raw = scenario_to_dict(base)
-    for key in SCHEDULE_BOUND_KEYS:
-        raw["training"].pop(key, None)
-    raw["parallel"].update(
+    """The base scenario with this layout, checked by the scenario's rules (building a
+    Scenario runs them). A custom schedule's file and orders, and an interleaved
+    group, belong to the schedule the layout replaces and go with it."""
+    parallel = ParallelConfig(
         tensor_model_parallel_size=layout.tp,
         pipeline_model_parallel_size=layout.pp,
         data_parallel_size=layout.dp,
         virtual_pipeline_model_parallel_size=layout.chunks,
         sequence_parallel=layout.sequence_parallel,
     )
-    raw["training"].update(
+    training = _with_schedule(
+        base.training,
         micro_batch_size=layout.micro_batch,
         schedule=layout.schedule,
         recompute_granularity=layout.recompute,
         data_parallel_sharding=layout.sharding,
     )
-    return replace(scenario_from_dict(raw), calibration=base.calibration)
+    return replace(base, parallel=parallel, training=training)
 
 
-def _one_gpu_layout(raw: dict[str, Any]) -> None:
-    """Reset a scenario dict's layout to one GPU, plain 1F1B, no recomputation or
-    sharding: a layout every model takes, replaced by whatever fit or search picks.
-    The other training and network settings stay."""
-    raw["parallel"] = {
-        "tensor_model_parallel_size": 1,
-        "pipeline_model_parallel_size": 1,
-        "data_parallel_size": 1,
-    }
-    for key in SCHEDULE_BOUND_KEYS:
-        raw["training"].pop(key, None)
-    raw["training"].update(
+def _with_schedule(training: TrainingConfig, **changes: Any) -> TrainingConfig:
+    """The training spec with another named schedule: the keys bound to the old one
+    (SCHEDULE_BOUND_KEYS and a custom schedule's orders) are cleared."""
+    cleared = dict.fromkeys(SCHEDULE_BOUND_KEYS)
+    return replace(training, **cleared, custom_orders=None, **changes)
+
+
+def _one_gpu_layout(base: Scenario, **changes: Any) -> Scenario:
+    """The base scenario (with ``changes`` to its other fields) on one GPU, plain
+    1F1B, no recomputation or sharding: a layout every model takes, replaced by
+    whatever fit or search picks. The other training and network settings stay."""
+    training = _with_schedule(
+        base.training,
         micro_batch_size=1,
         schedule="1f1b",
         recompute_granularity="none",
         data_parallel_sharding="none",
     )
+    parallel = ParallelConfig(
+        tensor_model_parallel_size=1, pipeline_model_parallel_size=1, data_parallel_size=1
+    )
+    return replace(base, parallel=parallel, training=training, **changes)
 
 
 def with_model(base: Scenario, name: str, layers: int, hidden: int, heads: int) -> Scenario:
     """The base scenario with another model of the GPT shape (ffn 4 x hidden)."""
     from ..scenario.presets import FAMILY_SEQ_LENGTH, FAMILY_VOCAB_SIZE
 
-    raw = scenario_to_dict(base)
-    raw["model"] = {
-        "num_layers": layers,
-        "hidden_size": hidden,
-        "num_attention_heads": heads,
-        "ffn_hidden_size": 4 * hidden,
-        "seq_length": FAMILY_SEQ_LENGTH,
-        "vocab_size": FAMILY_VOCAB_SIZE,
-    }
-    raw["name"] = name
-    _one_gpu_layout(raw)
-    return replace(scenario_from_dict(raw), calibration=base.calibration)
+    model = ModelSpec(
+        num_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        ffn_hidden_size=4 * hidden,
+        seq_length=FAMILY_SEQ_LENGTH,
+        vocab_size=FAMILY_VOCAB_SIZE,
+    )
+    return _one_gpu_layout(base, name=name, model=model)
 
 
 def with_nodes(base: Scenario, num_nodes: int) -> Scenario:
     """The base scenario on another number of nodes, its layout reset to one GPU."""
-    raw = scenario_to_dict(base)
-    raw["cluster"]["num_nodes"] = num_nodes
-    _one_gpu_layout(raw)
-    return replace(scenario_from_dict(raw), calibration=base.calibration)
+    return _one_gpu_layout(base, cluster=replace(base.cluster, num_nodes=num_nodes))
 
 
 # -- memory and the lower bound ---------------------------------------------------------
@@ -518,9 +518,7 @@ SECONDS_PER_DAY = 86_400.0
 def model_params(scenario: Scenario) -> float:
     """Parameters of the whole model (embedding and output layer shared, as on one GPU):
     12 L h^2 + 13 L h + (V + s) h + 2 h for the GPT shape with ffn 4h."""
-    raw = scenario_to_dict(scenario)
-    _one_gpu_layout(raw)
-    return stage_params_per_rank(scenario_from_dict(raw), 0)
+    return stage_params_per_rank(_one_gpu_layout(scenario), 0)
 
 
 def fits(base: Scenario, space: SearchSpace) -> list[Candidate]:
@@ -617,13 +615,17 @@ def scale_scenarios(
             out.append((n, None, f"{gpus} GPUs are not a multiple of TP x PP = {model_gpus}"))
             continue
         dp = gpus // model_gpus
-        raw = scenario_to_dict(base)
-        raw["cluster"]["num_nodes"] = n
-        raw["parallel"]["data_parallel_size"] = dp
+        training = tr
         if keep == "microbatches":
-            raw["training"]["global_batch_size"] = base.num_microbatches * tr.micro_batch_size * dp
+            gbs = base.num_microbatches * tr.micro_batch_size * dp
+            training = replace(tr, global_batch_size=gbs)
         try:
-            scenario = replace(scenario_from_dict(raw), calibration=base.calibration)
+            scenario = replace(
+                base,
+                cluster=replace(base.cluster, num_nodes=n),
+                parallel=replace(par, data_parallel_size=dp),
+                training=training,
+            )
         except ScenarioError as exc:
             out.append((n, None, str(exc)))
             continue

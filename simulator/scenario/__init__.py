@@ -1,19 +1,18 @@
-"""The scenario: its schema (frozen specs), presets, rules, and the files it is read
-from and written to. Other packages import the scenario API from here."""
+"""The scenario: its schema (frozen specs, spec.py, read back by schema.py), presets,
+the rules across keys (rules.py), and the files it is read from and written to
+(loader.py: the scenario's TOML and overrides; files.py: the other files it refers
+to). Other packages import the scenario API from here."""
 
+from .files import read_calibration, read_schedule_file, read_search_journal, read_validation_set
 from .loader import (
-    MAX_SIMULATED_OPS,
     apply_override,
     dumps_toml,
     load_scenario,
     parse_override,
-    read_calibration,
-    read_schedule_file,
-    read_search_journal,
-    read_validation_set,
     scenario_from_dict,
     scenario_to_dict,
 )
+from .rules import MAX_SIMULATED_OPS, check_scenario
 from .spec import (
     ClusterSpec,
     GpuSpec,
@@ -38,6 +37,7 @@ __all__ = [
     "ScenarioError",
     "TrainingConfig",
     "apply_override",
+    "check_scenario",
     "dumps_toml",
     "load_scenario",
     "parse_override",

@@ -1,25 +1,95 @@
 """Frozen specifications: what a scenario file loads into, and the Python API.
 
+The specs are the schema. Each field a scenario file can set is declared with `key`,
+which records its help line, unit, range and choices as field metadata;
+`simulator.scenario.schema` reads them back (`dataclasses.fields`) for the loader's
+type, range and choice checks, its defaults and required keys, the resolved-TOML
+writer and the key tables of scenarios/README.md. Adding a key is one `key(...)` line
+here plus its use. Cross-field rules live in `simulator.scenario.rules`; every spec
+runs the rules it can check alone when it is built, and `Scenario` runs the rest, so
+a scenario built in Python is checked exactly as one read from a file.
+
 Units live in the field names (see design notes). Human units (`_gbps`, `_us`,
 `_gbytes_per_s`) appear only here, at the edge; `simulator.units` converts them.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Callable
+from dataclasses import MISSING, dataclass, field
+from typing import Any, Literal
 
 import schedules
+from topologies import FABRICS, NVLINK_TOPOLOGIES
+
+from ..vocabulary import (
+    ALL_REDUCE_ALGORITHMS,
+    DATA_PARALLEL_SHARDING,
+    NETWORK_MODELS,
+    PLACEMENTS,
+    RECOMPUTE_GRANULARITIES,
+)
+from . import rules
+from .errors import ScenarioError
 
 RecomputeGranularity = Literal["none", "selective", "full"]
 NetworkModelName = Literal["fair-share", "analytical"]
 
-
-class ScenarioError(ValueError):
-    """A scenario a user wrote is not valid; the message says why in one line."""
-
-
 SCHEDULES: tuple[str, ...] = (*schedules.SCHEDULES, "custom")  # custom: from a file
+
+__all__ = ["SCHEDULES", "ScenarioError", "key"]
+
+
+def key(
+    help: str,
+    *,
+    default: Any = MISSING,
+    unit: str | None = None,
+    low: float | None = None,
+    high: float | None = None,
+    may_be_zero: bool = False,
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None,
+    preset: bool = False,
+    derived: str | None = None,
+    toml_type: type | None = None,
+) -> Any:
+    """A scenario key: a dataclass field whose metadata the schema reads.
+
+    ``help`` is one line for the README table. ``unit`` is shown beside it (the name
+    carries it too). Numbers must be positive, or >= 0 with ``may_be_zero``, and lie
+    in [``low``, ``high``] (default: 0 to 10^9). ``choices`` is the tuple of allowed
+    strings, or a function giving it when the tuple lives in a module that imports
+    this one (the presets). ``preset``: the section's preset (model.preset,
+    cluster.node) may fill the key. ``derived``: how the loader fills a key the file
+    leaves out although the spec requires it (README wording). ``toml_type``: the
+    key's type in the file when it differs from the field's (cluster.gpu is a preset
+    name that the loader turns into a GpuSpec). A field without ``key`` metadata is
+    not a scenario key (TrainingConfig.custom_orders, Scenario.calibration).
+    """
+    metadata = {
+        "help": help,
+        "unit": unit,
+        "low": low,
+        "high": high,
+        "may_be_zero": may_be_zero,
+        "choices": choices,
+        "preset": preset,
+        "derived": derived,
+        "toml_type": toml_type,
+    }
+    return field(default=default, metadata=metadata)
+
+
+def _presets(table: str) -> Callable[[], tuple[str, ...]]:
+    """The names of a preset table, looked up when the schema asks (presets imports
+    this module, so the names cannot be read at import time)."""
+
+    def names() -> tuple[str, ...]:
+        from . import presets
+
+        return tuple(getattr(presets, table))
+
+    return names
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,42 +134,120 @@ class GpuSpec:
         return self.kernels.source
 
 
+_LATENCY_RANGE = {"unit": "us", "low": 0.0, "high": 1e6, "may_be_zero": True, "preset": True}
+_BANDWIDTH_RANGE = {"low": 1e-3, "high": 1e7, "preset": True}
+_EFFICIENCY_RANGE = {"low": 0.01, "high": 1.0, "preset": True}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
-    num_layers: int
-    hidden_size: int
-    num_attention_heads: int
-    ffn_hidden_size: int
-    seq_length: int
-    vocab_size: int
-    preset: str | None = None
+    preset: str | None = key(
+        "fills the keys below, which the table may still override",
+        default=None,
+        choices=_presets("MODELS"),
+    )
+    num_layers: int = key("transformer layers", preset=True)
+    hidden_size: int = key("must be divisible by `num_attention_heads`", preset=True)
+    num_attention_heads: int = key("must divide `hidden_size`", preset=True)
+    ffn_hidden_size: int = key("width of the MLP's inner layer", derived="4 x `hidden_size`")
+    seq_length: int = key("tokens per sample", unit="tokens", preset=True)
+    vocab_size: int = key("vocabulary entries (embedding and output layer rows)", preset=True)
+
+    def __post_init__(self) -> None:
+        rules.check_values(self, "model")
+        rules.check_model(self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterSpec:
-    gpu: GpuSpec
-    node: str | None  # the node preset the values came from, if any
-    num_nodes: int
-    gpus_per_node: int
-    nics_per_node: int
-    nic_gbps: float  # line rate of one NIC, one direction, 10^9 bit/s
-    nvlink_gbytes_per_s: float  # one GPU's NVLink bandwidth into the switch, one direction
-    pcie_gbytes_per_s: float  # GPU <-> NIC path, one direction
-    nvlink_latency_us: float  # one hop GPU <-> NVSwitch
-    pcie_latency_us: float  # one hop GPU <-> NIC
-    ib_latency_us: float  # one hop NIC <-> switch
-    collective_base_latency_us: float  # fixed software cost of launching one collective
-    # the fraction of the line rate NCCL's transfers reach (measured bus bandwidth /
-    # datasheet rate); the links are built at line rate x efficiency
-    nvlink_efficiency: float = 1.0
-    nic_efficiency: float = 1.0
-    nvlink_topology: str = "nvswitch"  # "nvswitch", "all-to-all", "hybrid-cube-mesh"
-    fabric: str = "switch"  # "switch", "fat-tree", "rail-optimized"
-    fabric_levels: int = 2  # fat-tree: 2 or 3
-    nodes_per_leaf: int = 16
-    leaves_per_pod: int = 8  # 3-level fat-tree
-    spine_switches: int = 4  # switches above each leaf (and above each pod)
-    oversubscription: float = 1.0  # bandwidth below a switch level / bandwidth above it
+    node: str | None = key(
+        "the node preset: fills every key whose default reads 'from `node`', which the "
+        "table may still override",
+        default=None,
+        choices=_presets("NODES"),
+    )
+    gpu: GpuSpec = key(
+        "a GPU preset name; its peak TFLOP/s, memory and HBM bandwidth cannot be set as keys",
+        choices=_presets("GPUS"),
+        preset=True,
+        toml_type=str,
+    )
+    num_nodes: int = key(
+        "nodes in the cluster; GPUs = num_nodes x gpus_per_node", low=1, high=100_000
+    )
+    gpus_per_node: int = key("GPUs in one node", preset=True)
+    nics_per_node: int = key(
+        "InfiniBand NICs in one node; <= `gpus_per_node` and must divide it (every NIC "
+        "serves the same number of GPUs)",
+        preset=True,
+    )
+    nic_gbps: float = key(
+        "line rate of one NIC, per direction", unit="10^9 bit/s", **_BANDWIDTH_RANGE
+    )
+    nvlink_gbytes_per_s: float = key(
+        "one GPU's NVLink bandwidth (all its lanes), per direction",
+        unit="10^9 byte/s",
+        **_BANDWIDTH_RANGE,
+    )
+    pcie_gbytes_per_s: float = key(
+        "GPU <-> NIC path, per direction", unit="10^9 byte/s", **_BANDWIDTH_RANGE
+    )
+    nvlink_latency_us: float = key(
+        "one NVLink hop (GPU <-> NVSwitch, or GPU <-> GPU on a direct link)", **_LATENCY_RANGE
+    )
+    pcie_latency_us: float = key("one hop GPU <-> NIC", **_LATENCY_RANGE)
+    ib_latency_us: float = key(
+        "one InfiniBand hop, NIC <-> switch or switch <-> switch", **_LATENCY_RANGE
+    )
+    collective_base_latency_us: float = key(
+        "fixed software cost of launching one collective", **_LATENCY_RANGE
+    )
+    # the links are built at line rate x efficiency
+    nvlink_efficiency: float = key(
+        "fraction of the NVLink line rate transfers reach (NCCL's measured bus bandwidth / "
+        "line rate: 0.77 on DGX A100, 0.82 on DGX H100/H200, 0.81 on V100 nodes)",
+        default=1.0,
+        **_EFFICIENCY_RANGE,
+    )
+    nic_efficiency: float = key(
+        "the same for the NICs (0.96 on DGX A100 and V100 nodes, 0.95 on DGX H100/H200)",
+        default=1.0,
+        **_EFFICIENCY_RANGE,
+    )
+    nvlink_topology: str = key(
+        "how a node's GPUs are joined, see below (`hybrid-cube-mesh` needs "
+        "`gpus_per_node = 8`, `all-to-all` at most 7)",
+        default="nvswitch",
+        choices=NVLINK_TOPOLOGIES,
+        preset=True,
+    )
+    fabric: str = key(
+        "how the nodes' NICs are joined, see below", default="switch", choices=FABRICS
+    )
+    fabric_levels: int = key("switch levels; used by `fat-tree` only", default=2, low=2, high=3)
+    nodes_per_leaf: int = key(
+        "nodes (with all their NICs) under one leaf switch; for `rail-optimized`, nodes per "
+        "group of rail leaves; `fat-tree` and `rail-optimized`",
+        default=16,
+    )
+    leaves_per_pod: int = key("leaves per pod; 3-level `fat-tree` only", default=8)
+    spine_switches: int = key(
+        "switches above the leaves (and, with 3 levels, above each pod)",
+        default=4,
+        low=1,
+        high=1024,
+    )
+    oversubscription: float = key(
+        "bandwidth below a switch level / bandwidth of its uplinks; `fat-tree` and "
+        "`rail-optimized`",
+        default=1.0,
+        low=1.0,
+        high=1000.0,
+    )
+
+    def __post_init__(self) -> None:
+        rules.check_values(self, "cluster")
+        rules.check_cluster(self)
 
     @property
     def num_gpus(self) -> int:
@@ -115,11 +263,28 @@ class ClusterSpec:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParallelConfig:
-    tensor_model_parallel_size: int
-    pipeline_model_parallel_size: int
-    data_parallel_size: int
-    virtual_pipeline_model_parallel_size: int = 1
-    sequence_parallel: bool = False
+    tensor_model_parallel_size: int = key(
+        "must divide `model.num_attention_heads` and `model.ffn_hidden_size`; see the layout "
+        "rules below",
+        default=1,
+    )
+    pipeline_model_parallel_size: int = key("must divide `model.num_layers`", default=1)
+    data_parallel_size: int = key(
+        "TP x PP x DP must be <= the GPU count; see the layout rules below",
+        derived="GPU count / (TP x PP)",
+    )
+    virtual_pipeline_model_parallel_size: int = key(
+        "chunks per pipeline rank; >= 2 for `interleaved`, `looped_bfs`, `interleaved_zb`, "
+        "exactly 2 for `zbv`, 1 for the others; PP x this must divide `model.num_layers`",
+        default=1,
+        derived="1; 2 for chunked schedules; a custom file's chunks",
+    )
+    sequence_parallel: bool = key(
+        "Megatron sequence parallelism within the TP group", default=False
+    )
+
+    def __post_init__(self) -> None:
+        rules.check_values(self, "parallel")
 
     @property
     def num_gpus(self) -> int:
@@ -132,22 +297,67 @@ class ParallelConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TrainingConfig:
-    micro_batch_size: int
-    global_batch_size: int
-    schedule: str = "1f1b"  # a name in schedules.SCHEDULES, or "custom"
-    # Megatron-LM's micro-batch group for interleaved schedules (None: the pipeline size)
-    microbatch_group_size_per_vp_stage: int | None = None
-    # a custom schedule: the file it came from, its chunk placement, and its orders
-    schedule_file: str | None = None
-    schedule_placement: str | None = None  # "looped" (default) or "v"; named ones fix theirs
+    micro_batch_size: int = key("samples per micro-batch", unit="samples", default=1)
+    global_batch_size: int = key(
+        "samples per iteration; divisible by `micro_batch_size x data_parallel_size`",
+        unit="samples",
+    )
+    schedule: str = key(
+        "pipeline schedule (see [docs/schedules.md](../docs/schedules.md)), or `custom` "
+        "(from `schedule_file`)",
+        default="1f1b",
+        choices=SCHEDULES,
+    )
+    microbatch_group_size_per_vp_stage: int | None = key(
+        "interleaved schedules only (Megatron-LM's key): micro-batches per group going "
+        "through one chunk; the micro-batch count must be a multiple of it, and it must be "
+        ">= PP size or equal to the micro-batch count (smaller groups deadlock)",
+        default=None,
+        derived="PP size",
+    )
+    schedule_file: str | None = key(
+        "`custom` only, required there: per-rank op orders, one line per rank "
+        "(`F0 F1 B0 W0 ...`, `F3.1` for chunk 1), relative to the scenario file; checked "
+        "for missing, repeated and misordered ops and for deadlock; its ranks, chunks and "
+        "micro-batches must match the scenario",
+        default=None,
+    )
+    schedule_placement: str | None = key(
+        "`custom` only: chunk k of rank r holds stage k x PP + r (`looped`) or, with 2 "
+        "chunks, stages r and 2 PP - 1 - r (`v`); named schedules fix theirs",
+        default=None,
+        choices=PLACEMENTS,
+        derived='`"looped"`',
+    )
+    # a custom schedule's per-rank orders, read from schedule_file (not a key)
     custom_orders: tuple[tuple[schedules.Step, ...], ...] | None = None
-    recompute_granularity: RecomputeGranularity = "none"
-    overlap_grad_reduce: bool = False
-    # Megatron-LM's --async-tensor-model-parallel-allreduce: in a block's backward the
-    # input gradient's all-reduce (reduce-scatter under SP) runs during the weight
-    # gradient of the block's first GEMM instead of before it
-    async_tensor_model_parallel_allreduce: bool = False
-    data_parallel_sharding: str = "none"  # "none", "optimizer" (ZeRO-1), "full" (ZeRO-3/FSDP)
+    recompute_granularity: RecomputeGranularity = key(
+        "`selective` recomputes the attention core, `full` each layer's forward",
+        default="none",
+        choices=RECOMPUTE_GRANULARITIES,
+    )
+    overlap_grad_reduce: bool = key(
+        "all-reduce gradients per layer as soon as that layer's last backward is done, "
+        "instead of once after the last backward (reduce-scatter under "
+        '`data_parallel_sharding = "optimizer"`; no effect under `"full"` or with DP 1)',
+        default=False,
+    )
+    async_tensor_model_parallel_allreduce: bool = key(
+        "Megatron-LM's `--async-tensor-model-parallel-allreduce`: in each block's backward, "
+        "the all-reduce (reduce-scatter under SP) of the input gradient runs while the "
+        "weight gradient of the block's first GEMM (QKV, fc1) computes; not with schedules "
+        "that split the backward",
+        default=False,
+    )
+    data_parallel_sharding: str = key(
+        "`optimizer` is ZeRO-1, `full` ZeRO-3 / FSDP; no effect with DP 1",
+        default="none",
+        choices=DATA_PARALLEL_SHARDING,
+    )
+
+    def __post_init__(self) -> None:
+        rules.check_values(self, "training")
+        rules.check_training_alone(self)
 
     @property
     def split_backward(self) -> bool:
@@ -166,16 +376,38 @@ class TrainingConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NetworkConfig:
-    model: NetworkModelName = "fair-share"
-    collective_algorithm: str = "auto"  # all-reduce: "ring", "tree", "hierarchical", "auto"
-    # True: one lane per pipeline stage stands for its TP x DP GPUs (flows weighted);
-    # False: exact mode, every GPU its own lanes and flows
-    symmetry: bool = True
+    model: NetworkModelName = key(
+        "`fair-share`: concurrent transfers share every link max-min fairly; `analytical`: "
+        "each transfer runs as if alone (latency + bytes / its bottleneck)",
+        default="fair-share",
+        choices=NETWORK_MODELS,
+    )
+    collective_algorithm: str = key(
+        "all-reduce algorithm (TP and DP all-reduces; reduce-scatters and all-gathers are "
+        "always rings), see below",
+        default="auto",
+        choices=ALL_REDUCE_ALGORITHMS,
+    )
+    symmetry: bool = key(
+        "`true`: one GPU per pipeline stage is simulated and stands for the stage's TP x DP "
+        "GPUs, its flows weighted by the flows they stand for (fast; exact when replicas are "
+        "identical, which every scenario stepsim can express is); `false`: exact mode, every "
+        "GPU has its own lanes and flows and a collective starts when the last member GPU "
+        "reaches it (slower by about TP x DP, see docs/performance.md)",
+        default=True,
+    )
+
+    def __post_init__(self) -> None:
+        rules.check_values(self, "network")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Scenario:
-    name: str
+    """A whole scenario. Building one runs every cross-field rule
+    (`rules.check_scenario`), so a scenario edited with `dataclasses.replace` is
+    checked as the loader checks a file, with the same one-line errors."""
+
+    name: str = key("what the scenario is called (reports and tables show it); non-empty")
     model: ModelSpec
     cluster: ClusterSpec
     parallel: ParallelConfig
@@ -183,8 +415,10 @@ class Scenario:
     network: NetworkConfig
     calibration: KernelConstants | None = None  # None: the GPU's own (cluster.gpu.kernels)
 
+    def __post_init__(self) -> None:
+        rules.check_scenario(self)
+
     @property
     def num_microbatches(self) -> int:
         """Micro-batches each pipeline runs per iteration."""
-        per_replica = self.training.global_batch_size // self.parallel.data_parallel_size
-        return per_replica // self.training.micro_batch_size
+        return rules.microbatches_per_pipeline(self.parallel, self.training)

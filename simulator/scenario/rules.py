@@ -1,0 +1,319 @@
+"""The rules a scenario's values must keep together, as plain functions over specs.
+
+Each spec runs the rules it can check on its own when it is built (`check_values`,
+`check_model`, `check_cluster`, `check_training_alone`); `Scenario` runs `check_scenario`, the rules
+across specs. So a scenario read from a file and one built or edited in Python
+(`dataclasses.replace`) go through the same rules and fail with the same one-line
+`ScenarioError`. The loader adds only what a file needs besides: types, ranges and
+choices of what the user typed (`schema`), presets, derived defaults and reading a
+custom schedule's file.
+
+Where several rules fail, the first in this order is reported: the model, the
+cluster, the training keys alone, then the layout (`check_layout`), the batch and
+schedule (`check_schedule`) and the size of the simulation (`check_size`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from schedules import SCHEDULES as SCHEDULE_INFO
+from schedules import check as schedule_problem
+from schedules.custom import sizes_of
+
+from .errors import ScenarioError
+
+if TYPE_CHECKING:
+    from .spec import ClusterSpec, ModelSpec, ParallelConfig, Scenario, TrainingConfig
+
+# Ops per micro-batch and layer are about a dozen; beyond this a run takes hours.
+MAX_SIMULATED_OPS = 50_000_000
+OPS_PER_LAYER_AND_MICROBATCH = 12
+CUSTOM = "custom"  # training.schedule of a schedule read from a file
+CUSTOM_SCHEDULE_KEYS = ("schedule_file", "schedule_placement")  # custom schedules only
+
+
+def check_values(spec: object, section: str) -> None:
+    """Each key's type, range and choices (`schema.check_value`), as the loader checks
+    a file's: a spec built in Python cannot hold what a file could not. (The loader
+    checks what the user typed before it looks up presets and derives defaults, so a
+    loaded value passes this check twice; it is cheap.)"""
+    from . import schema  # schema reads the specs, which call this when built
+
+    for key in schema.keys()[section].values():
+        value = getattr(spec, key.name)
+        if key.by_name or (value is None and key.default is None):
+            continue
+        schema.check_value(key, value)
+
+
+def check_model(model: ModelSpec) -> None:
+    if model.hidden_size % model.num_attention_heads:
+        raise ScenarioError(
+            key="model.num_attention_heads",
+            value=model.num_attention_heads,
+            rule=f"must divide model.hidden_size={model.hidden_size}",
+        )
+
+
+def check_cluster(cluster: ClusterSpec) -> None:
+    gpn, topology = cluster.gpus_per_node, cluster.nvlink_topology
+    if topology == "all-to-all" and gpn > 7:
+        raise ScenarioError(
+            key="cluster.gpus_per_node",
+            value=gpn,
+            rule="must be <= 7 for cluster.nvlink_topology='all-to-all' (6 NVLink lanes per GPU)",
+        )
+    if topology == "hybrid-cube-mesh" and gpn != 8:
+        raise ScenarioError(
+            key="cluster.gpus_per_node",
+            value=gpn,
+            rule="must be 8 for cluster.nvlink_topology='hybrid-cube-mesh'",
+        )
+    if cluster.nics_per_node > gpn:
+        raise ScenarioError(
+            key="cluster.nics_per_node",
+            value=cluster.nics_per_node,
+            rule=f"must be <= cluster.gpus_per_node={gpn}",
+        )
+
+
+def check_training_alone(training: TrainingConfig) -> None:
+    """A custom schedule needs its orders; its file and placement suit it alone."""
+    if training.schedule != CUSTOM:
+        for name in CUSTOM_SCHEDULE_KEYS:
+            value = getattr(training, name)
+            if value is not None:
+                raise ScenarioError(
+                    key=f"training.{name}",
+                    value=value,
+                    rule="applies to training.schedule='custom' only",
+                )
+    elif training.custom_orders is None:
+        raise ScenarioError(
+            "missing key training.schedule_file (per-rank op orders) for "
+            "training.schedule='custom'",
+            key="training.schedule_file",
+            rule="required for training.schedule='custom'",
+        )
+
+
+def check_scenario(scenario: Scenario) -> None:
+    """Every rule across specs, in the order the errors are reported."""
+    check_layout(scenario.model, scenario.parallel, scenario.cluster)
+    check_schedule(scenario.model, scenario.parallel, scenario.training)
+    check_size(scenario.model, scenario.parallel, scenario.training)
+
+
+def check_model_split(model: ModelSpec, parallel: ParallelConfig) -> None:
+    """Tensor parallelism splits heads and the MLP; pipeline stages and chunks split
+    the layers: each evenly."""
+    tp = parallel.tensor_model_parallel_size
+    pp = parallel.pipeline_model_parallel_size
+    vpp = parallel.virtual_pipeline_model_parallel_size
+    tp_key = "parallel.tensor_model_parallel_size"
+    for what, size in (
+        ("num_attention_heads", model.num_attention_heads),
+        ("ffn_hidden_size", model.ffn_hidden_size),
+    ):
+        if size % tp:
+            raise ScenarioError(key=tp_key, value=tp, rule=f"must divide model.{what}={size}")
+    if model.num_layers % pp:
+        raise ScenarioError(
+            key="parallel.pipeline_model_parallel_size",
+            value=pp,
+            rule=f"must divide model.num_layers={model.num_layers}",
+        )
+    if model.num_layers % (pp * vpp):
+        raise ScenarioError(
+            f"parallel.virtual_pipeline_model_parallel_size={vpp} x "
+            f"pipeline_model_parallel_size={pp} must divide model.num_layers={model.num_layers} "
+            "(every chunk holds the same number of layers)",
+            key="parallel.virtual_pipeline_model_parallel_size",
+            value=vpp,
+            rule="x pipeline_model_parallel_size must divide model.num_layers",
+        )
+
+
+def check_layout(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> None:
+    """The model splits evenly, the layout fits in the cluster, and sits in it alike."""
+    check_model_split(model, parallel)
+    tp, dp = parallel.tensor_model_parallel_size, parallel.data_parallel_size
+    if parallel.num_gpus > cluster.num_gpus:
+        raise ScenarioError(
+            f"parallel.data_parallel_size={dp} asks for tensor x pipeline x data = "
+            f"{parallel.num_gpus} GPUs but the cluster has {cluster.num_gpus} "
+            f"(cluster.num_nodes={cluster.num_nodes} x gpus_per_node={cluster.gpus_per_node})",
+            key="parallel.data_parallel_size",
+            value=dp,
+            rule="tensor x pipeline x data must be <= the cluster's GPUs",
+        )
+    check_symmetric(tp, tp * dp, cluster)
+
+
+def check_symmetric(tp: int, stage_gpus: int, cluster: ClusterSpec) -> None:
+    """One GPU per stage is simulated for all its TP ranks and DP replicas, which needs
+    every one of them to sit in the cluster the same way (docs/design.md)."""
+    gpn, nics = cluster.gpus_per_node, cluster.nics_per_node
+    if gpn % nics:
+        raise ScenarioError(
+            key="cluster.nics_per_node",
+            value=nics,
+            rule=f"must divide cluster.gpus_per_node={gpn} "
+            "(every NIC serves the same number of GPUs)",
+        )
+    per_nic = gpn // nics
+    for key, name, size in (
+        ("parallel.tensor_model_parallel_size", f"parallel.tensor_model_parallel_size={tp}", tp),
+        (
+            "tensor x data parallel size",
+            f"tensor x data parallel size={stage_gpus} (the GPUs of one pipeline stage)",
+            stage_gpus,
+        ),
+    ):
+        if gpn % size and size % gpn:
+            rule = f"must divide or be a multiple of cluster.gpus_per_node={gpn}"
+            raise ScenarioError(
+                f"{name} {rule}, so that every group sits in the nodes the same way",
+                key=key,
+                value=size,
+                rule=rule,
+            )
+        if (
+            cluster.nvlink_topology == "hybrid-cube-mesh"
+            and size < gpn
+            and size not in (1, gpn // 2)
+        ):
+            rule = f"must be 1, {gpn // 2} or a multiple of {gpn} on a hybrid cube-mesh node"
+            raise ScenarioError(
+                f"{name} {rule}, whose smaller GPU groups are not alike",
+                key=key,
+                value=size,
+                rule=rule,
+            )
+        if size < gpn and per_nic % size and size % per_nic:
+            rule = f"must divide or be a multiple of the {per_nic} GPUs that share a NIC"
+            raise ScenarioError(
+                f"{name} {rule} (cluster.gpus_per_node={gpn} / nics_per_node={nics})",
+                key=key,
+                value=size,
+                rule=rule,
+            )
+
+
+def microbatches_per_pipeline(parallel: ParallelConfig, training: TrainingConfig) -> int:
+    """global_batch_size / (micro_batch_size x data_parallel_size), rounded down (the
+    rules refuse a batch that does not divide; Scenario.num_microbatches)."""
+    return training.global_batch_size // (training.micro_batch_size * parallel.data_parallel_size)
+
+
+def check_schedule(model: ModelSpec, parallel: ParallelConfig, training: TrainingConfig) -> None:
+    """The batch splits into whole micro-batches, and the schedule can run them."""
+    gbs, mbs = training.global_batch_size, training.micro_batch_size
+    dp = parallel.data_parallel_size
+    if gbs % (mbs * dp):
+        raise ScenarioError(
+            key="training.global_batch_size",
+            value=gbs,
+            rule=f"must be divisible by micro_batch_size x data_parallel_size={mbs} x {dp}"
+            f"={mbs * dp}",
+        )
+    if training.custom_orders is not None:
+        _check_custom(parallel, training)
+    else:
+        _check_named(parallel, training)
+
+
+def _check_custom(parallel: ParallelConfig, training: TrainingConfig) -> None:
+    """A custom file's orders match the layout: ranks, chunks and micro-batches."""
+    group = training.microbatch_group_size_per_vp_stage
+    if group is not None:
+        raise ScenarioError(
+            key="training.microbatch_group_size_per_vp_stage",
+            value=group,
+            rule="does not apply to training.schedule='custom' (the file fixes the order)",
+        )
+    file = training.schedule_file
+    ranks, microbatches, chunks, _ = sizes_of(training.custom_orders)
+    for what, unit, wanted, found in (
+        ("pipeline_model_parallel_size", "ranks", parallel.pipeline_model_parallel_size, ranks),
+        (
+            "virtual_pipeline_model_parallel_size",
+            "chunks per rank",
+            parallel.virtual_pipeline_model_parallel_size,
+            chunks,
+        ),
+    ):
+        if wanted != found:
+            raise ScenarioError(
+                key="training.schedule_file",
+                value=file,
+                rule=f"has {found} {unit} but parallel.{what}={wanted}",
+            )
+    m = microbatches_per_pipeline(parallel, training)
+    if microbatches != m:
+        raise ScenarioError(
+            key="training.schedule_file",
+            value=file,
+            rule=f"has {microbatches} micro-batches but the scenario runs {m} per pipeline "
+            "(global_batch_size / (micro_batch_size x data_parallel_size))",
+        )
+
+
+def _check_named(parallel: ParallelConfig, training: TrainingConfig) -> None:
+    """A named schedule's chunks, group and micro-batch count (schedules.check)."""
+    schedule, group = training.schedule, training.microbatch_group_size_per_vp_stage
+    p, v = parallel.pipeline_model_parallel_size, parallel.virtual_pipeline_model_parallel_size
+    v_key = "parallel.virtual_pipeline_model_parallel_size"
+    info = SCHEDULE_INFO[schedule]
+    chunked = [name for name, i in SCHEDULE_INFO.items() if i.chunked]
+    if not info.chunked and v != 1:
+        raise ScenarioError(
+            key=v_key,
+            value=v,
+            rule=f"needs a schedule with chunks ({', '.join(chunked)}); "
+            f"training.schedule={schedule!r} runs one per stage",
+        )
+    if info.placement == "v" and v != 2:
+        raise ScenarioError(
+            key=v_key,
+            value=v,
+            rule=f"must be 2 for training.schedule={schedule!r} (two chunks in a V)",
+        )
+    if info.chunked and v < 2:
+        raise ScenarioError(
+            key=v_key, value=v, rule=f"must be at least 2 for training.schedule={schedule!r}"
+        )
+    if group is not None and not info.grouped:
+        raise ScenarioError(
+            key="training.microbatch_group_size_per_vp_stage",
+            value=group,
+            rule=f"applies to interleaved schedules only, not training.schedule={schedule!r}",
+        )
+    m = microbatches_per_pipeline(parallel, training)
+    problem = schedule_problem(schedule, p, m, v, group)
+    if problem:
+        raise ScenarioError(
+            f"training.schedule={schedule!r} with {m} micro-batches per pipeline "
+            f"(global_batch_size / (micro_batch_size x data_parallel_size)): {problem}",
+            key="training.schedule",
+            value=schedule,
+            rule=problem,
+        )
+
+
+def check_size(model: ModelSpec, parallel: ParallelConfig, training: TrainingConfig) -> None:
+    """Small enough to simulate in reasonable time."""
+    ops = microbatches_per_pipeline(parallel, training) * model.num_layers
+    ops *= OPS_PER_LAYER_AND_MICROBATCH
+    if ops > MAX_SIMULATED_OPS:
+        raise ScenarioError(
+            f"training.global_batch_size={training.global_batch_size} with "
+            f"model.num_layers={model.num_layers} means about {ops:,} ops to simulate, over "
+            f"the limit of {MAX_SIMULATED_OPS:,}; use fewer micro-batches or layers",
+            key="training.global_batch_size",
+            value=training.global_batch_size,
+            rule=f"with model.num_layers={model.num_layers} means about {ops:,} ops to "
+            f"simulate, over the limit of {MAX_SIMULATED_OPS:,}",
+            fix="use fewer micro-batches or layers",
+        )

@@ -1,0 +1,76 @@
+"""The schema read from the specs: the loader's tables, the README's, the resolved TOML."""
+
+from dataclasses import MISSING
+from pathlib import Path
+
+import pytest
+
+from simulator.scenario import ScenarioError, scenario_to_dict
+from simulator.scenario.schema import SECTIONS, TOP_LEVEL, check_value, keys, markdown_table
+from tests.helpers import load
+from topologies import FABRICS
+
+README = Path(__file__).resolve().parents[1] / "scenarios" / "README.md"
+
+
+def test_the_readme_holds_exactly_the_generated_key_tables():
+    text = README.read_text(encoding="utf-8")
+    for section in keys():
+        assert markdown_table(section) in text, "regenerate: python -m simulator.scenario"
+    # no other key table: one header per section
+    assert text.count("| Key | Type | Unit | Default | Values | Meaning |") == len(keys())
+
+
+def test_keys_are_the_spec_fields_with_key_metadata_in_field_order():
+    assert list(keys()) == [TOP_LEVEL, *SECTIONS]
+    assert list(keys()["model"]) == [
+        "preset",
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "ffn_hidden_size",
+        "seq_length",
+        "vocab_size",
+    ]
+    assert "custom_orders" not in keys()["training"]  # read from the file, not a key
+    assert [k.name for k in keys()["model"].values() if k.required] == [
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "seq_length",
+        "vocab_size",
+    ]
+    gpu = keys()["cluster"]["gpu"]
+    assert (gpu.type, gpu.by_name, gpu.preset, gpu.default) == (str, True, True, MISSING)
+    assert "a100-sxm4-80gb" in gpu.choices
+
+
+def test_types_ranges_and_choices_come_from_the_field_metadata():
+    cluster = keys()["cluster"]
+    assert check_value(cluster["nic_gbps"], 200) == 200.0  # ints become floats
+    assert type(check_value(cluster["nic_gbps"], 200)) is float
+    assert check_value(cluster["ib_latency_us"], 0) == 0.0  # latencies may be zero
+    for key, value, message in (
+        ("num_nodes", 0, "cluster.num_nodes=0 must be positive"),
+        ("num_nodes", 100_001, "cluster.num_nodes=100001 must be between 1 and 100000"),
+        ("num_nodes", True, "cluster.num_nodes=True must be an integer"),
+        ("nic_gbps", "fast", "cluster.nic_gbps='fast' must be a number"),
+        ("ib_latency_us", -1.0, "cluster.ib_latency_us=-1.0 must be >= 0"),
+        ("oversubscription", float("inf"), "cluster.oversubscription=inf must be a finite number"),
+        ("fabric", "ring", "cluster.fabric='ring' must be one of: " + ", ".join(FABRICS)),
+    ):
+        with pytest.raises(ScenarioError) as err:
+            check_value(cluster[key], value)
+        assert str(err.value) == message
+        assert (err.value.key, err.value.value) == (f"cluster.{key}", value)
+
+
+def test_the_resolved_toml_lists_every_key_the_scenario_sets_in_schema_order():
+    doc = scenario_to_dict(load(training={"schedule": "interleaved", "global_batch_size": 8}))
+    assert list(doc) == ["name", *SECTIONS]
+    for section in SECTIONS:
+        assert list(doc[section]) == [k for k in keys()[section] if k in doc[section]]
+    # None values are left out; the GPU is written by its preset name
+    assert "preset" not in doc["model"] and "schedule_file" not in doc["training"]
+    assert doc["cluster"]["gpu"] == "a100-sxm4-80gb"
+    assert doc["parallel"]["virtual_pipeline_model_parallel_size"] == 2  # derived, written
