@@ -9,7 +9,7 @@ import pytest
 
 from simulator.plan import planning
 from simulator.scenario import ScenarioError, check_scenario, load_scenario
-from simulator.workload.compute import KERNEL_CONSTANTS
+from simulator.scenario.presets import GPUS
 
 TINY = "scenarios/tiny-2gpu.toml"
 
@@ -89,7 +89,7 @@ def test_planning_edits_keep_the_calibration_and_the_custom_orders(tmp_path):
     orders.write_text("F0 F1 B0 B1\nF0 B0 F1 B1\n")
     path = tmp_path / "s.toml"
     path.write_text(_custom_tiny().replace("global_batch_size = 16", "global_batch_size = 4"))
-    calibration = replace(KERNEL_CONSTANTS["a100-sxm4-80gb"], source="test")
+    calibration = replace(GPUS["a100-sxm4-80gb"].kernels, source="test")
     base = replace(load_scenario(path), calibration=calibration)
     orders.unlink()  # an edit that read the file again would fail now
     (one, scaled, why), *_ = planning.scale_scenarios(base, [1], "global-batch")
