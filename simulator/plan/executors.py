@@ -2,7 +2,7 @@
 
 Each executor is called with a batch of scenarios and a ``done(index, row)``
 callback, which it calls once per scenario as results come back, in any order.
-Every executor runs the same function (planning.simulate_row) on the same frozen
+Every executor runs the same function (search.simulate_row) on the same frozen
 scenarios, so the rows are the same bit for bit whichever runs them.
 """
 
@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
 
 from ..scenario.spec import Scenario, ScenarioError
-from .planning import serial_executor, simulate_row
-
-Done = Callable[[int, dict[str, Any]], None]
+from .search import Done, serial_executor, simulate_row
 
 
 def default_jobs() -> int:
