@@ -60,18 +60,19 @@ class Category(NamedTuple):
     label: str  # in the summary and the breakdown figure
     color: str  # in the breakdown figure
     kinds: tuple[str, ...]  # the span kinds on a compute stream it counts; idle: the rest
+    short: str  # in narrow tables (stepsim search): the column SHORT%
 
 
 # category keys (the communication ones share their op kind's name)
 COMPUTE_TIME, PP_P2P_TIME, IDLE_TIME = "compute", "pp_p2p", IDLE  # idle: what the rest leave
 
 CATEGORIES: tuple[Category, ...] = (
-    Category(COMPUTE_TIME, "compute", "#4C72B0", (FORWARD, BACKWARD, WEIGHT, RECOMPUTE)),
-    Category(TP_COMM, "tensor-parallel comm (exposed)", "#55A868", (TP_COMM, TP_WAIT)),
-    Category(PP_P2P_TIME, "pipeline p2p (exposed)", "#C44E52", (PP_WAIT,)),
-    Category(DP_SYNC, "data-parallel sync (exposed)", "#937860", (DP_SYNC, DP_WAIT)),
-    Category(OPTIMIZER, "optimizer step", "#222222", (OPTIMIZER,)),
-    Category(IDLE_TIME, "idle (pipeline bubble)", "#BBBBBB", (IDLE,)),
+    Category(COMPUTE_TIME, "compute", "#4C72B0", (FORWARD, BACKWARD, WEIGHT, RECOMPUTE), "compute"),
+    Category(TP_COMM, "tensor-parallel comm (exposed)", "#55A868", (TP_COMM, TP_WAIT), "tp"),
+    Category(PP_P2P_TIME, "pipeline p2p (exposed)", "#C44E52", (PP_WAIT,), "pp"),
+    Category(DP_SYNC, "data-parallel sync (exposed)", "#937860", (DP_SYNC, DP_WAIT), "dp"),
+    Category(OPTIMIZER, "optimizer step", "#222222", (OPTIMIZER,), "optim"),
+    Category(IDLE_TIME, "idle (pipeline bubble)", "#BBBBBB", (IDLE,), "idle"),
 )
 BREAKDOWN_KEYS: tuple[str, ...] = tuple(c.key for c in CATEGORIES)
 CATEGORY_OF_KIND = {kind: c.key for c in CATEGORIES for kind in c.kinds}

@@ -363,3 +363,66 @@ def test_weak_scaling_keeps_the_microbatches_per_pipeline():
         assert scenario.training.global_batch_size == base.training.global_batch_size * nodes
     strong = questions.scale_scenarios(base, [1, 2, 4], "global-batch")
     assert [s.num_microbatches for _, s, _ in strong] == [8, 4, 2]
+
+
+def test_space_from_flags_parses_lists_and_names_the_flag_in_errors():
+    from simulator.plan.space import space_from_flags
+    from simulator.scenario.spec import ScenarioError
+
+    flags = {
+        "tp": "1, 2",
+        "pp": None,
+        "micro_batch": "1,2",
+        "schedules": "1f1b",
+        "chunks": "2",
+        "recompute": "none,full",
+        "sharding": "none",
+        "sequence_parallel": "on",
+    }
+    space = space_from_flags(**flags)
+    assert space == SearchSpace(
+        tp=(1, 2),
+        pp=None,
+        micro_batch=(1, 2),
+        schedules=("1f1b",),
+        chunks=(2,),
+        recompute=("none", "full"),
+        sharding=("none",),
+        sequence_parallel=(True,),
+    )
+    with pytest.raises(ScenarioError, match=r"^--micro-batch='1,x': 'x' is not an integer$"):
+        space_from_flags(**{**flags, "micro_batch": "1,x"})
+    with pytest.raises(ScenarioError, match=r"^--sharding='zero9' is not one of: none, "):
+        space_from_flags(**{**flags, "sharding": "zero9"})
+    with pytest.raises(ScenarioError, match=r"^--recompute is empty; give at least one value$"):
+        space_from_flags(**{**flags, "recompute": ","})
+
+
+def test_the_journal_header_leaves_out_the_layout_and_reads_back_equal():
+    from simulator.plan.search import journal_header
+
+    base = small_base()
+    header = journal_header(base)
+    assert json.loads(json.dumps(header)) == header
+    assert "parallel" not in header["scenario"] and "name" not in header["scenario"]
+    assert "micro_batch_size" not in header["scenario"]["training"]
+    assert "global_batch_size" in header["scenario"]["training"]
+    # another layout of the same base is the same search; another network is not
+    other = apply_layout(base, rule_of_thumb(base))
+    assert other.parallel != base.parallel
+    assert journal_header(other) == header
+    faster = load(cluster={**CLUSTER, "nic_gbps": 400}, training={"global_batch_size": 32})
+    assert journal_header(faster) != header
+
+
+def test_check_fits_names_the_stage_without_the_allow_oom_hint():
+    from simulator.plan.questions import check_fits
+    from simulator.scenario.spec import ScenarioError
+
+    check_fits(load_scenario(TINY))  # fits: no error
+    big = load_scenario(TINY, ["model.num_layers=400", "model.hidden_size=8192"])
+    with pytest.raises(ScenarioError) as error:
+        check_fits(big)
+    message = str(error.value)
+    assert "out of memory" in message and "--allow-oom" not in message
+    assert not message.endswith(";")

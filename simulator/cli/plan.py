@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..plan.questions import SCALE_KEEPS
 from ..scenario.loader import ScenarioError
 from .common import (
     Parser,
@@ -19,8 +20,6 @@ from .common import (
     worker_arguments,
     write_rows,
 )
-
-KEEP_CHOICES = ["global-batch", "microbatches"]
 
 
 def add_command(sub) -> None:
@@ -88,8 +87,8 @@ def add_command(sub) -> None:
     )
     scale.add_argument(
         "--keep",
-        choices=KEEP_CHOICES,
-        default=KEEP_CHOICES[0],
+        choices=list(SCALE_KEEPS),
+        default=SCALE_KEEPS[0],
         help="strong scaling: the same global batch (default); weak: the same micro-batches "
         "per pipeline, the global batch growing with DP",
     )

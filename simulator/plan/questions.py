@@ -18,6 +18,10 @@ from .search import Candidate, fits
 from .space import SearchSpace
 
 SECONDS_PER_DAY = 86_400.0
+# what `plan scale` keeps as the nodes change: the global batch (strong scaling) or the
+# micro-batches per pipeline (weak scaling)
+KEEP_GLOBAL_BATCH, KEEP_MICROBATCHES = "global-batch", "microbatches"
+SCALE_KEEPS = (KEEP_GLOBAL_BATCH, KEEP_MICROBATCHES)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,7 +84,7 @@ def scale_scenarios(
     (nodes, scenario or None, why not). ``keep`` = "global-batch" (strong scaling: the
     same global batch, fewer micro-batches per pipeline as DP grows) or "microbatches"
     (weak scaling: the global batch grows with DP)."""
-    if keep not in ("global-batch", "microbatches"):
+    if keep not in SCALE_KEEPS:
         raise ScenarioError(f"--keep={keep!r} must be 'global-batch' or 'microbatches'")
     par, tr = base.parallel, base.training
     model_gpus = par.tensor_model_parallel_size * par.pipeline_model_parallel_size
@@ -96,7 +100,7 @@ def scale_scenarios(
         raw = scenario_to_dict(base)
         raw["cluster"]["num_nodes"] = n
         raw["parallel"]["data_parallel_size"] = dp
-        if keep == "microbatches":
+        if keep == KEEP_MICROBATCHES:
             raw["training"]["global_batch_size"] = base.num_microbatches * tr.micro_batch_size * dp
         try:
             scenario = replace(scenario_from_dict(raw), calibration=base.calibration)

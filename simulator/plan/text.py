@@ -6,8 +6,15 @@ from collections.abc import Sequence
 
 from ..results import MetricsRow
 from ..scenario.spec import Scenario
-from ..vocabulary import BREAKDOWN_KEYS, SHARDING_NAMES
-from .questions import FitRow, ScalePoint, TrainingTime, largest_fitting, leanest_of
+from ..vocabulary import CATEGORIES, SHARDING_NAMES
+from .questions import (
+    KEEP_GLOBAL_BATCH,
+    FitRow,
+    ScalePoint,
+    TrainingTime,
+    largest_fitting,
+    leanest_of,
+)
 from .search import OUT_OF_MEMORY, PRUNED, SIMULATED, Candidate, RuleOfThumb, SearchResult
 from .space import Layout
 
@@ -60,7 +67,7 @@ def metric_cells(m: MetricsRow, memory_gib: float) -> list[str]:
         f"{m.hardware_tflops_per_gpu:.1f}",
         f"{100 * m.mfu:.1f}",
         f"{memory_gib:.1f}",
-        *(f"{100 * m.breakdown_s[k] / m.iteration_time_s:.1f}" for k in BREAKDOWN_KEYS),
+        *(f"{100 * m.breakdown_s[c.key] / m.iteration_time_s:.1f}" for c in CATEGORIES),
     ]
 
 
@@ -70,12 +77,7 @@ METRIC_HEAD = [
     "TFLOP/s",
     "MFU %",
     "mem GiB",
-    "compute%",
-    "tp%",
-    "pp%",
-    "dp%",
-    "optim%",
-    "idle%",
+    *(f"{category.short}%" for category in CATEGORIES),
 ]
 
 
@@ -273,7 +275,7 @@ def scale_text(
         "data parallelism grows with the nodes; "
         + (
             f"global batch {base.training.global_batch_size} kept (strong scaling)"
-            if keep == "global-batch"
+            if keep == KEEP_GLOBAL_BATCH
             else f"{base.num_microbatches} micro-batches per pipeline kept (weak scaling)"
         ),
         "",
