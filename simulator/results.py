@@ -113,6 +113,8 @@ class Metrics:
         return sum(self.breakdown_s[key] for key in EXPOSED_COMM_KEYS)
 
     def summary_row(self) -> MetricsRow:
+        """The scalars of these metrics with the exposed-communication share and whether
+        the layout fits: what a sweep or a search keeps of a run."""
         iteration_s = self.iteration_time_s
         shared = {f.name for f in fields(MetricsRow)} & {f.name for f in fields(Metrics)}
         return MetricsRow(

@@ -147,3 +147,16 @@ def test_scale_points_against_the_fewest_nodes():
     timed = scale_points(entries[:1], [_row(1000.0, 2)], tokens=86_400_000.0)
     assert list(timed[0].row())[-2:] == ["days", "gpu_hours"]
     assert timed[0].row()["days"] == 1.0
+
+
+def test_the_stage_table_elides_the_middle_of_a_long_pipeline(result):
+    from dataclasses import replace
+
+    from simulator.report.summary import summary_text
+
+    stage = result.metrics.stages[0]
+    many = tuple(replace(stage, stage=i) for i in range(13))
+    lines = summary_text(result._replace(metrics=replace(result.metrics, stages=many)))
+    table = lines.split("per stage (seconds)")[1].split("\n\n")[0].splitlines()[1:]
+    shown = [line.split()[1] if line.strip() != "..." else "..." for line in table]
+    assert shown == ["0", "1", "2", "3", "4", "...", "8", "9", "10", "11", "12"]

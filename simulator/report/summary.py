@@ -66,7 +66,7 @@ def summary_text(result: Result) -> str:
 def _stage_table(stages: Sequence[StageMetrics]) -> str:
     head = "  per stage (seconds)  " + "".join(f"{k:>10}" for k in BREAKDOWN_KEYS) + "   mem GiB"
     rows = [head]
-    shown = stages if len(stages) <= 12 else stages[:5] + [None] + stages[-5:]
+    shown = list(stages) if len(stages) <= 12 else [*stages[:5], None, *stages[-5:]]
     for stage in shown:
         if stage is None:
             rows.append("    ...")
