@@ -20,11 +20,14 @@ sys.path.insert(0, str(ROOT))
 from matplotlib.figure import Figure  # noqa: E402
 
 from simulator.plan.sweep import run_sweep  # noqa: E402
+from simulator.results import SweepPoint  # noqa: E402
 from simulator.run import run  # noqa: E402
 from simulator.scenario.loader import load_scenario  # noqa: E402
+from simulator.vocabulary import BREAKDOWN_KEYS  # noqa: E402
 
 SCENARIO = ROOT / "scenarios" / "bigscience-175b-v100.toml"
-BANDWIDTHS = "cluster.nic_gbps=135,400"
+NIC_KEY = "cluster.nic_gbps"
+BANDWIDTHS = f"{NIC_KEY}=135,400"
 LAYOUTS = {
     "A: PP across nodes (TP 4, PP 48, DP 2)": [],
     "B: PP + distributed optimizer (TP 4, PP 12, DP 8, ZeRO-1)": [
@@ -40,53 +43,53 @@ LAYOUTS = {
         "training.micro_batch_size=2",
     ],
 }
-COLUMNS = ("compute", "tp_comm", "pp_p2p", "dp_sync", "optimizer", "idle")
 
 
-def study() -> dict[str, list[dict]]:
+def study() -> dict[str, list[SweepPoint]]:
     results = {}
     for name, overrides in LAYOUTS.items():
-        _, rows = run_sweep(
+        _, points = run_sweep(
             lambda o: load_scenario(SCENARIO, o),
             lambda s: run(s).metrics,
             [*overrides, BANDWIDTHS],
         )
-        results[name] = rows
+        results[name] = points
         print(f"done: {name}", file=sys.stderr)
     return results
 
 
-def table(results: dict[str, list[dict]]) -> str:
+def table(results: dict[str, list[SweepPoint]]) -> str:
     head = (
         "| layout | Gb/s | iteration s | TFLOP/s per GPU | MFU | memory GiB | "
-        + " | ".join(f"{c} s" for c in COLUMNS)
+        + " | ".join(f"{c} s" for c in BREAKDOWN_KEYS)
         + " |"
     )
-    lines = [head, "|---|---:|" + "---:|" * (4 + len(COLUMNS))]
-    for name, rows in results.items():
-        for row in rows:
+    lines = [head, "|---|---:|" + "---:|" * (4 + len(BREAKDOWN_KEYS))]
+    for name, points in results.items():
+        for settings, m in points:
             cells = [
                 name.split(":")[0],
-                f"{row['cluster.nic_gbps']:g}",
-                f"{row['iteration_time_s']:.2f}",
-                f"{row['hardware_tflops_per_gpu']:.1f}",
-                f"{100 * row['mfu']:.1f} %",
-                f"{row['memory_per_gpu_gib']:.1f}",
-                *(f"{row['breakdown_s.' + c]:.2f}" for c in COLUMNS),
+                f"{settings[NIC_KEY]:g}",
+                f"{m.iteration_time_s:.2f}",
+                f"{m.hardware_tflops_per_gpu:.1f}",
+                f"{100 * m.mfu:.1f} %",
+                f"{m.memory_per_gpu_gib:.1f}",
+                *(f"{m.breakdown_s[c]:.2f}" for c in BREAKDOWN_KEYS),
             ]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def figure(results: dict[str, list[dict]]) -> Figure:
+def figure(results: dict[str, list[SweepPoint]]) -> Figure:
     fig = Figure(figsize=(13, 4.2), layout="constrained")
     axes = fig.subplots(1, 3)
-    for name, rows in results.items():
-        x = [r["cluster.nic_gbps"] for r in rows]
+    for name, points in results.items():
+        x = [p.settings[NIC_KEY] for p in points]
+        metrics = [p.metrics for p in points]
         short = name.split(":")[0]
-        axes[0].plot(x, [r["iteration_time_s"] for r in rows], marker="o", label=name)
-        axes[1].plot(x, [r["hardware_tflops_per_gpu"] for r in rows], marker="o", label=short)
-        axes[2].plot(x, [100 * r["exposed_comm_fraction"] for r in rows], marker="o", label=short)
+        axes[0].plot(x, [m.iteration_time_s for m in metrics], marker="o", label=name)
+        axes[1].plot(x, [m.hardware_tflops_per_gpu for m in metrics], marker="o", label=short)
+        axes[2].plot(x, [100 * m.exposed_comm_fraction for m in metrics], marker="o", label=short)
     for ax, label in zip(
         axes,
         (

@@ -72,8 +72,8 @@ def linearise(rows, constants):
     for row in rows["megatron"]:
         scenario = megatron_scenario(row, constants)
         metrics = run(scenario).metrics
-        total = metrics["iteration_time_s"]
-        bd = metrics["breakdown_s"]
+        total = metrics.iteration_time_s
+        bd = metrics.breakdown_s
         scaling = (bd["compute"] + bd["idle"] + bd["optimizer"]) / total
         f0, b0 = layer_compute(scenario, constants, "full")
         models.append(
@@ -161,7 +161,7 @@ def sensitivity() -> None:
         for chunks in dict.fromkeys((1, chunks_for(layers // p), layers // p)):
             scenario = megatron_scenario(row, chunks=chunks)
             v = scenario.parallel.virtual_pipeline_model_parallel_size
-            error = run(scenario).metrics["iteration_time_s"] / megatron_measured_s(row) - 1
+            error = run(scenario).metrics.iteration_time_s / megatron_measured_s(row) - 1
             cells.append(f"v={v}: {error:+.1%}")
         print(f"  {row['id']:4} " + "   ".join(cells), flush=True)
     for row in rows["layers"]:

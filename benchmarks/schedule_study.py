@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from schedules import SCHEDULES  # noqa: E402
 from simulator.bubble import OpTimes, run_schedule  # noqa: E402
-from simulator.report.figures import pipeline_figure, timeline_figure  # noqa: E402
+from simulator.report.timeline import pipeline_figure, timeline_figure  # noqa: E402
 from simulator.run import run  # noqa: E402
 from simulator.scenario.loader import load_scenario  # noqa: E402
 from simulator.workload.compute import ComputeModel  # noqa: E402
@@ -56,8 +56,8 @@ def main() -> None:
                 v = scenario.parallel.virtual_pipeline_model_parallel_size
                 memory = max(stage.as_gib()["total"] for stage in result.memory)
                 print(
-                    f"| {p} | {m} | {name} | {v} | {r['iteration_time_s']:.2f} | "
-                    f"{r['bubble_fraction']:.1%} | {r['mfu']:.1%} | {memory:.1f} |",
+                    f"| {p} | {m} | {name} | {v} | {r.iteration_time_s:.2f} | "
+                    f"{r.bubble_fraction:.1%} | {r.mfu:.1%} | {memory:.1f} |",
                     flush=True,
                 )
                 if p == 8 and m == 16 and name in PICTURED:

@@ -14,9 +14,11 @@ from dataclasses import dataclass
 
 from schedules import SCHEDULES, Step, peak_inflight, step_label
 from schedules import build as build_schedule
+from schedules.custom import sizes_of
 
 from .engine.core import simulate
 from .results import Trace
+from .scenario.spec import ScenarioError
 from .vocabulary import COMPUTE_STREAM, MODEL_KINDS
 from .workload.ops import abstract_pipeline
 
@@ -144,3 +146,118 @@ def run_schedule(
         split_backward=info.split_backward,
         placement=info.placement,
     )
+
+
+# -- what `stepsim schedule` accepts: op times, sizes, and which schedules run how --------
+
+MAX_OPS = 1_000_000  # ops of one study: under a minute of simulation
+MAX_SIZE = 100_000  # stages, micro-batches, chunks or group size
+
+
+def op_times(forward: float, backward: float, weight: float | None, p2p_latency: float) -> OpTimes:
+    """Checked op times (``weight`` None: the backward is not split). Errors name the
+    command's flags."""
+    values = {
+        "--forward": forward,
+        "--backward": backward,
+        "--weight": weight or 0.0,
+        "--p2p-latency": p2p_latency,
+    }
+    for flag, value in values.items():
+        if not 0 <= value < float("inf"):
+            raise ScenarioError(f"{flag}={value} must be a finite number >= 0")
+    total = forward + backward + (weight or 0.0)
+    if total <= 0:
+        raise ScenarioError("--forward, --backward and --weight cannot all be 0")
+    if total > 1e12 or p2p_latency > 1e12:
+        raise ScenarioError("--forward, --backward, --weight and --p2p-latency must be <= 1e12")
+    return OpTimes(
+        forward=forward, backward=backward, weight=weight or 0.0, p2p_latency=p2p_latency
+    )
+
+
+def check_sizes(sizes: dict[str, int | None]) -> None:
+    """Each given size (by flag) between 1 and MAX_SIZE."""
+    for flag, value in sizes.items():
+        if value is not None and not 1 <= value <= MAX_SIZE:
+            raise ScenarioError(f"{flag}={value} must be between 1 and {MAX_SIZE}")
+
+
+def study_of_orders(
+    name: str,
+    orders: Sequence[Sequence[Step]],
+    times: OpTimes,
+    *,
+    weight_given: bool,
+    placement: str,
+    sizes: dict[str, int | None],
+    where: str,
+) -> Study:
+    """Per-rank orders read from a file (``where`` names it in errors): within the op
+    limit, agreeing with the sizes given (by flag: --stages, --microbatches, --chunks),
+    with a weight time when they hold W ops; then simulated."""
+    p, m, v, split = sizes_of(orders)
+    if p * m * v * 3 > MAX_OPS:
+        raise ScenarioError(
+            f"{where}: {p} ranks x {m} micro-batches x {v} chunks is over the limit of "
+            f"{MAX_OPS:,} ops"
+        )
+    for (flag, given), found in zip(sizes.items(), (p, m, v), strict=True):
+        if given is not None and given != found:
+            raise ScenarioError(f"{flag}={given} but the schedule file has {found}")
+    if split and not weight_given:
+        raise ScenarioError("--weight is required: the schedule file has W ops")
+    return run_orders(name, orders, times, num_chunks=v, split_backward=split, placement=placement)
+
+
+def studies_of_schedules(
+    names: Sequence[str],
+    stages: int | None,
+    microbatches: int | None,
+    times: OpTimes,
+    *,
+    weight_given: bool,
+    chunks: int | None = None,
+    group_size: int | None = None,
+) -> list[Study]:
+    """Named schedules on the same sizes and op times, each checked and simulated. With
+    one schedule a --chunks or --group-size it cannot take is an error; with several
+    they apply where they can."""
+    if stages is None:
+        raise ScenarioError("--stages is required with --schedule or --compare")
+    if microbatches is None:
+        raise ScenarioError("--microbatches is required with --schedule or --compare")
+    ops = stages * microbatches * 3 * max(chunks or 2, 2)
+    if ops > MAX_OPS:
+        raise ScenarioError(
+            f"--stages={stages} x --microbatches={microbatches} means about "
+            f"{ops:,} ops, over the limit of {MAX_OPS:,}; use fewer"
+        )
+    studies = []
+    single = len(names) == 1
+    for name in names:
+        if name not in SCHEDULES:
+            raise ScenarioError(f"schedule {name!r} is not one of: {', '.join(SCHEDULES)}")
+        info = SCHEDULES[name]
+        if info.split_backward and not weight_given:
+            raise ScenarioError(
+                f"--weight is required for {name!r}, which splits the backward: --backward "
+                "is then the input-gradient time and --weight the weight-gradient time"
+            )
+        v = 1
+        if info.chunked:
+            v = 2 if info.placement == "v" or chunks is None else chunks
+        if single and chunks not in (None, v):
+            raise ScenarioError(f"--chunks={chunks}: schedule {name!r} runs {v} chunks")
+        if single and group_size is not None and not info.grouped:
+            raise ScenarioError(
+                f"--group-size={group_size}: schedule {name!r} takes no micro-batch group"
+            )
+        group = group_size if info.grouped else None
+        try:
+            studies.append(run_schedule(name, stages, microbatches, times, v, group))
+        except ValueError as exc:
+            raise ScenarioError(
+                f"--schedule {name} --stages {stages} --microbatches {microbatches}: {exc}"
+            ) from None
+    return studies

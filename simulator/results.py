@@ -1,12 +1,19 @@
-"""What a simulation produces: spans on a trace, and a run's whole result.
+"""What a simulation produces: spans on a trace, the metrics, and a run's whole result.
 
 Kept apart from the engine and from the run orchestration so that presentation
-(report/) reads results without importing either.
+(report/, plan/text.py) reads results without importing either. The metrics are
+typed: ``Metrics.to_json()`` is metrics.json (and ``stepsim run --json``), and
+``MetricsRow`` is the flat row of one simulated point that sweep.csv, search.csv and
+the search journal hold and the executors send back.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from .vocabulary import BREAKDOWN_COLUMN, BREAKDOWN_KEYS, EXPOSED_COMM_KEYS
 
 if TYPE_CHECKING:
     from topologies import Cluster
@@ -36,10 +43,142 @@ class Trace(NamedTuple):
     link_intervals: list  # engine.network.Interval: which links carried what, when
 
 
+class LinkLoad(NamedTuple):
+    """One of the busiest links: its name, kind, index in the cluster's links, mean
+    utilization over the iteration and the gigabytes it carried."""
+
+    link: str
+    kind: str
+    index: int
+    utilization: float
+    gbytes: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageMetrics:
+    """One pipeline stage: the mean breakdown over its GPUs (seconds per category, in
+    vocabulary.BREAKDOWN_KEYS order) and one of its GPUs' memory."""
+
+    stage: int
+    gpu: int  # the simulated GPU that stands for the stage
+    stands_for_gpus: int
+    breakdown_s: dict[str, float]
+    memory: StageMemory
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "gpu": self.gpu,
+            "stands_for_gpus": self.stands_for_gpus,
+            "breakdown_s": dict(self.breakdown_s),
+            "memory_gib": self.memory.as_gib(),
+            "inflight_activations": self.memory.inflight_activations,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Metrics:
+    """The numbers of one simulated iteration (report.metrics.summarize explains them).
+    Fields are in metrics.json's key order."""
+
+    name: str
+    iteration_time_s: float
+    hardware_tflops_per_gpu: float  # recomputation included
+    model_tflops_per_gpu: float
+    mfu: float
+    bubble_fraction: float
+    num_gpus: int
+    num_microbatches: int
+    tokens_per_s: float
+    memory_per_gpu_gib: float  # the fullest GPU's
+    memory_peak_stage: int
+    gpu_memory_gib: float
+    breakdown_s: dict[str, float]  # mean per GPU, in vocabulary.BREAKDOWN_KEYS order
+    stages: tuple[StageMetrics, ...]
+    simulated_transfers: int
+    simulated_spans: int
+    out_of_memory: str | None = None  # why the layout does not fit, None when it does
+    busiest_links: tuple[LinkLoad, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """metrics.json as a dict (json.dumps writes the file)."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["breakdown_s"] = dict(self.breakdown_s)
+        out["stages"] = [stage.to_json() for stage in self.stages]
+        out["busiest_links"] = [link._asdict() for link in self.busiest_links]
+        return out
+
+    def exposed_comm_s(self) -> float:
+        """Exposed tensor-parallel, pipeline and data-parallel communication, mean per GPU."""
+        return sum(self.breakdown_s[key] for key in EXPOSED_COMM_KEYS)
+
+    def summary_row(self) -> MetricsRow:
+        """The scalars of these metrics with the exposed-communication share and whether
+        the layout fits: what a sweep or a search keeps of a run."""
+        iteration_s = self.iteration_time_s
+        shared = {f.name for f in fields(MetricsRow)} & {f.name for f in fields(Metrics)}
+        return MetricsRow(
+            **{name: getattr(self, name) for name in shared},
+            exposed_comm_fraction=self.exposed_comm_s() / iteration_s if iteration_s > 0 else 0.0,
+            fits_in_memory=self.out_of_memory is None,
+        )
+
+    def row(self) -> dict[str, Any]:
+        """The flat row sweep.csv and search.csv hold for this point."""
+        return self.summary_row().row()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricsRow:
+    """The scalar metrics of one simulated point and its mean breakdown: one row of
+    sweep.csv or search.csv, one entry of the search journal. Fields are in the CSV's
+    column order; ``row()`` flattens the breakdown into breakdown_s.KEY columns."""
+
+    iteration_time_s: float
+    hardware_tflops_per_gpu: float
+    model_tflops_per_gpu: float
+    mfu: float
+    bubble_fraction: float
+    num_gpus: int
+    num_microbatches: int
+    tokens_per_s: float
+    memory_per_gpu_gib: float
+    breakdown_s: dict[str, float]
+    exposed_comm_fraction: float
+    fits_in_memory: bool
+
+    def row(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            if f.name == "breakdown_s":
+                out.update({BREAKDOWN_COLUMN.format(k): v for k, v in self.breakdown_s.items()})
+            else:
+                out[f.name] = getattr(self, f.name)
+        return out
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> MetricsRow:
+        """Read back what ``row()`` wrote (the search journal)."""
+        values = {f.name: row[f.name] for f in fields(cls) if f.name != "breakdown_s"}
+        breakdown = {key: row[BREAKDOWN_COLUMN.format(key)] for key in BREAKDOWN_KEYS}
+        return cls(**values, breakdown_s=breakdown)
+
+
+class SweepPoint(NamedTuple):
+    """One point of a sweep: the swept keys' values (parsed) and what it measured."""
+
+    settings: dict[str, Any]
+    metrics: MetricsRow
+
+    def row(self) -> dict[str, Any]:
+        """The point's row of sweep.csv: the swept keys, then the metrics."""
+        return {**self.settings, **self.metrics.row()}
+
+
 class Result(NamedTuple):
     scenario: Scenario
     cluster: Cluster
     workload: Workload
     trace: Trace
     memory: list[StageMemory]
-    metrics: dict
+    metrics: Metrics

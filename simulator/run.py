@@ -15,7 +15,7 @@ from .engine.core import simulate
 from .engine.network import AnalyticalNetwork, FairShareNetwork
 from .report.linkstats import mean_utilization
 from .report.metrics import summarize
-from .results import Result, Trace
+from .results import LinkLoad, Result, Trace
 from .scenario.spec import ClusterSpec, Scenario, ScenarioError
 from .units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
 from .vocabulary import ANALYTICAL, FAIR_SHARE
@@ -81,7 +81,7 @@ def memory_per_stage(scenario: Scenario) -> list[StageMemory]:
 
 def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> Result:
     """Simulate one training iteration of the scenario. A layout that does not fit in
-    GPU memory is simulated all the same; ``metrics["out_of_memory"]`` says so.
+    GPU memory is simulated all the same; ``metrics.out_of_memory`` says so.
     ``progress`` is called with the fraction of ops simulated (see engine.simulate)."""
     cluster = build_cluster(scenario.cluster)
     capacities = [link.bandwidth_bytes_per_s for link in cluster.links]
@@ -93,13 +93,18 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
             raise ScenarioError(str(exc)) from None
         trace = simulate(workload, network=network, progress=progress)
     memory = memory_per_stage(scenario)
-    metrics = summarize(scenario, workload, trace, memory)
-    metrics["out_of_memory"] = out_of_memory(scenario, memory)
-    metrics["busiest_links"] = busiest_links(cluster, trace)
+    metrics = summarize(
+        scenario,
+        workload,
+        trace,
+        memory,
+        out_of_memory=out_of_memory(scenario, memory),
+        busiest_links=busiest_links(cluster, trace),
+    )
     return Result(scenario, cluster, workload, trace, memory, metrics)
 
 
-def busiest_links(cluster: Cluster, trace: Trace, top: int = 5) -> list[dict]:
+def busiest_links(cluster: Cluster, trace: Trace, top: int = 5) -> list[LinkLoad]:
     """The links that carried the most bytes relative to what they could carry.
 
     In symmetric mode these are the representative GPUs' links, each charged for
@@ -109,13 +114,13 @@ def busiest_links(cluster: Cluster, trace: Trace, top: int = 5) -> list[dict]:
     utilization = mean_utilization(trace.link_intervals, capacities, trace.end_s)
     order = np.argsort(-utilization, kind="stable")[:top]  # ties: lower index first
     return [
-        {
-            "link": link_name(cluster.links[i].src, cluster.links[i].dst),
-            "kind": cluster.links[i].kind,
-            "index": i,
-            "utilization": float(utilization[i]),
-            "gbytes": float(utilization[i] * capacities[i] * trace.end_s / 1e9),
-        }
+        LinkLoad(
+            link=link_name(cluster.links[i].src, cluster.links[i].dst),
+            kind=cluster.links[i].kind,
+            index=i,
+            utilization=float(utilization[i]),
+            gbytes=float(utilization[i] * capacities[i] * trace.end_s / 1e9),
+        )
         for i in order.tolist()
         if utilization[i] > 0
     ]

@@ -36,8 +36,9 @@ WAIT_OF_COMM = {PP_SEND: PP_WAIT, DP_SYNC: DP_WAIT, TP_COMM: TP_WAIT}
 
 # -- streams: a GPU's compute stream, and the bands its non-blocking transfers run in --
 COMPUTE_STREAM = "compute"
-STREAM_OF_COMM = {PP_SEND: "pp", DP_SYNC: "dp", TP_COMM: "tp"}
-STREAM_ORDER = {COMPUTE_STREAM: 0, "pp": 1, "dp": 2, "tp": 3}  # thread order in traces
+PP_STREAM, DP_STREAM, TP_STREAM = "pp", "dp", "tp"
+STREAM_OF_COMM = {PP_SEND: PP_STREAM, DP_SYNC: DP_STREAM, TP_COMM: TP_STREAM}
+STREAM_ORDER = {COMPUTE_STREAM: 0, PP_STREAM: 1, DP_STREAM: 2, TP_STREAM: 3}  # trace threads
 
 # -- collective kinds (workload.collectives builds them) --------------------------------
 ALL_REDUCE = "all_reduce"
@@ -70,19 +71,24 @@ class Category(NamedTuple):
     label: str  # in the summary and the breakdown figure
     color: str  # in the breakdown figure
     kinds: tuple[str, ...]  # the span kinds on a compute stream it counts; idle: the rest
+    short: str  # in narrow tables (stepsim search): the column SHORT%
 
+
+# category keys (the communication ones share their op kind's name)
+COMPUTE_TIME, PP_P2P_TIME, IDLE_TIME = "compute", "pp_p2p", IDLE  # idle: what the rest leave
 
 CATEGORIES: tuple[Category, ...] = (
-    Category("compute", "compute", "#4C72B0", (FORWARD, BACKWARD, WEIGHT, RECOMPUTE)),
-    Category("tp_comm", "tensor-parallel comm (exposed)", "#55A868", (TP_COMM, TP_WAIT)),
-    Category("pp_p2p", "pipeline p2p (exposed)", "#C44E52", (PP_WAIT,)),
-    Category("dp_sync", "data-parallel sync (exposed)", "#937860", (DP_SYNC, DP_WAIT)),
-    Category("optimizer", "optimizer step", "#222222", (OPTIMIZER,)),
-    Category("idle", "idle (pipeline bubble)", "#BBBBBB", (IDLE,)),
+    Category(COMPUTE_TIME, "compute", "#4C72B0", (FORWARD, BACKWARD, WEIGHT, RECOMPUTE), "compute"),
+    Category(TP_COMM, "tensor-parallel comm (exposed)", "#55A868", (TP_COMM, TP_WAIT), "tp"),
+    Category(PP_P2P_TIME, "pipeline p2p (exposed)", "#C44E52", (PP_WAIT,), "pp"),
+    Category(DP_SYNC, "data-parallel sync (exposed)", "#937860", (DP_SYNC, DP_WAIT), "dp"),
+    Category(OPTIMIZER, "optimizer step", "#222222", (OPTIMIZER,), "optim"),
+    Category(IDLE_TIME, "idle (pipeline bubble)", "#BBBBBB", (IDLE,), "idle"),
 )
 BREAKDOWN_KEYS: tuple[str, ...] = tuple(c.key for c in CATEGORIES)
 CATEGORY_OF_KIND = {kind: c.key for c in CATEGORIES for kind in c.kinds}
-EXPOSED_COMM_KEYS: tuple[str, ...] = ("tp_comm", "pp_p2p", "dp_sync")
+EXPOSED_COMM_KEYS: tuple[str, ...] = (TP_COMM, PP_P2P_TIME, DP_SYNC)
+BREAKDOWN_COLUMN = "breakdown_s.{}"  # a category's column in sweep.csv and search.csv
 
 
 # -- how span kinds are drawn in the timeline: colour, and the legend entry --------------

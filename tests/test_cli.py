@@ -151,7 +151,7 @@ def test_same_output_in_separate_processes_with_different_hash_seeds():
 
 
 def test_large_runs_draw_the_timeline_as_an_image(tmp_path, monkeypatch):
-    from simulator.report import figures
+    from simulator.report import timeline as figures
     from simulator.run import run
 
     monkeypatch.setattr(figures, "RASTER_ABOVE_SPANS", 10)

@@ -42,7 +42,8 @@ def test_intervals_account_for_every_byte(network):
 
 
 def test_busiest_links_reach_the_summary_and_the_trace():
-    from simulator.report.text import chrome_trace, summary_text
+    from simulator.report.summary import summary_text
+    from simulator.report.trace import chrome_trace
 
     result = run(
         load(
@@ -51,13 +52,13 @@ def test_busiest_links_reach_the_summary_and_the_trace():
             training={"global_batch_size": 4},
         )
     )
-    busiest = result.metrics["busiest_links"]
+    busiest = result.metrics.busiest_links
     assert len(busiest) == 5
-    assert [b["utilization"] for b in busiest] == sorted(
-        (b["utilization"] for b in busiest), reverse=True
+    assert [b.utilization for b in busiest] == sorted(
+        (b.utilization for b in busiest), reverse=True
     )
-    assert all(0 < b["utilization"] <= 1 for b in busiest)
+    assert all(0 < b.utilization <= 1 for b in busiest)
     assert "busiest links" in summary_text(result)
     counters = [e for e in chrome_trace(result)["traceEvents"] if e["ph"] == "C"]
-    assert {e["name"] for e in counters} == {b["link"] for b in busiest}
+    assert {e["name"] for e in counters} == {b.link for b in busiest}
     assert max(e["args"]["utilization %"] for e in counters) <= 100.0 + 1e-9

@@ -9,21 +9,20 @@ import pytest
 from helpers import load
 
 from simulator.cli import main
-from simulator.plan import planning
+from simulator.plan import questions
+from simulator.plan import search as search_module
+from simulator.plan.bound import iteration_lower_bound_s
 from simulator.plan.executors import LocalPool
-from simulator.plan.planning import (
+from simulator.plan.planning import apply_layout, model_params, with_nodes
+from simulator.plan.search import (
     OUT_OF_MEMORY,
     PRUNED,
     SIMULATED,
-    SearchSpace,
-    apply_layout,
     candidates,
-    iteration_lower_bound_s,
-    model_params,
     rule_of_thumb,
     search,
-    with_nodes,
 )
+from simulator.plan.space import SearchSpace
 from simulator.scenario.loader import load_scenario
 
 # 2 nodes of 4 A100s, a 4-layer model: every simulation takes milliseconds
@@ -84,7 +83,7 @@ def test_lower_bound_is_the_iteration_when_nothing_but_compute_runs(recompute):
         cluster=one,
         training={"recompute_granularity": recompute, "global_batch_size": 4},
     )
-    simulated = planning.simulate_row(scenario)["iteration_time_s"]
+    simulated = search_module.simulate_row(scenario).iteration_time_s
     assert iteration_lower_bound_s(scenario) == pytest.approx(simulated, rel=1e-12)
 
 
@@ -94,7 +93,7 @@ def test_lower_bound_never_exceeds_the_simulation():
     simulated = [c for c in result.candidates if c.status == SIMULATED]
     assert len(simulated) > 50
     for c in simulated:
-        assert c.bound_s <= c.row["iteration_time_s"] * (1 + 1e-12), c.layout.key
+        assert c.bound_s <= c.metrics.iteration_time_s * (1 + 1e-12), c.layout.key
 
 
 def test_pruning_keeps_the_exact_top_k():
@@ -104,7 +103,7 @@ def test_pruning_keeps_the_exact_top_k():
     assert pruned.count(PRUNED) > 0
     assert pruned.count(SIMULATED) < full.count(SIMULATED)
     assert [c.layout.key for c in pruned.ranked[:5]] == [c.layout.key for c in full.ranked[:5]]
-    threshold = pruned.ranked[4].row["iteration_time_s"]
+    threshold = pruned.ranked[4].metrics.iteration_time_s
     assert all(c.bound_s > threshold for c in pruned.candidates if c.status == PRUNED)
 
 
@@ -116,8 +115,8 @@ def test_local_processes_give_the_same_rows_as_one_process():
         two = search(base, SMALL_SPACE, top=3, executor=pool)
     finally:
         pool.close()
-    assert [(c.layout.key, c.status, c.row) for c in one.candidates] == [
-        (c.layout.key, c.status, c.row) for c in two.candidates
+    assert [(c.layout.key, c.status, c.metrics) for c in one.candidates] == [
+        (c.layout.key, c.status, c.metrics) for c in two.candidates
     ]
 
 
@@ -132,22 +131,22 @@ def test_ray_gives_the_same_ranking_as_local_processes():
         on_ray = search(base, SMALL_SPACE, top=3, executor=ray_pool)
     finally:
         ray_pool.close()
-    assert [(c.layout.key, c.row) for c in on_ray.ranked] == [
-        (c.layout.key, c.row) for c in local.ranked
+    assert [(c.layout.key, c.metrics) for c in on_ray.ranked] == [
+        (c.layout.key, c.metrics) for c in local.ranked
     ]
 
 
 def test_known_results_are_used_not_simulated_again():
     base = small_base()
     first = search(base, SMALL_SPACE, top=3)
-    rows = {c.layout.key: c.row for c in first.ranked}
+    rows = {c.layout.key: c.metrics for c in first.ranked}
     half = dict(list(rows.items())[::2])
     told = []
     again = search(base, SMALL_SPACE, top=3, known=half, on_result=lambda c, i, n: told.append(c))
     assert len(told) == len(rows) - len(half)
     assert {c.layout.key for c in told}.isdisjoint(half)
-    assert [(c.layout.key, c.row) for c in again.ranked] == [
-        (c.layout.key, c.row) for c in first.ranked
+    assert [(c.layout.key, c.metrics) for c in again.ranked] == [
+        (c.layout.key, c.metrics) for c in first.ranked
     ]
 
 
@@ -229,7 +228,7 @@ def test_search_writes_parquet_when_pyarrow_is_there(tmp_path, capsys):
 
 
 def test_an_interrupted_search_resumes_without_redoing(tmp_path, capsys, monkeypatch):
-    real = planning.simulate_row
+    real = search_module.simulate_row
     calls = []
 
     def flaky(scenario):
@@ -238,12 +237,12 @@ def test_an_interrupted_search_resumes_without_redoing(tmp_path, capsys, monkeyp
         calls.append(scenario)
         return real(scenario)
 
-    monkeypatch.setattr(planning, "simulate_row", flaky)
+    monkeypatch.setattr(search_module, "simulate_row", flaky)
     assert _search(tmp_path) == 130
     assert "run the same command to resume" in capsys.readouterr().err
     lines = (tmp_path / "search.jsonl").read_text().splitlines()
     assert len(lines) == 1 + 4  # the header and the four finished
-    monkeypatch.setattr(planning, "simulate_row", real)
+    monkeypatch.setattr(search_module, "simulate_row", real)
     assert _search(tmp_path) == 0
     resumed = capsys.readouterr().out
     assert "4 of them by the earlier run" in resumed
@@ -295,8 +294,8 @@ def test_plan_fit_min_nodes_is_the_first_that_fits(capsys):
     assert "fewest nodes: 6 x dgx-a100 = 48 GPUs" in text
     base = load_scenario(path)
     space = SearchSpace()
-    assert not planning.fits(with_nodes(base, 5), space)
-    assert planning.fits(with_nodes(base, 6), space)
+    assert not search_module.fits(with_nodes(base, 5), space)
+    assert search_module.fits(with_nodes(base, 6), space)
 
 
 def test_plan_fit_simulates_the_fastest_layout_of_the_answer(capsys):
@@ -310,14 +309,14 @@ def test_time_to_train_is_tokens_over_simulated_throughput(capsys):
     tokens = 1e9
     assert main(["plan", "time-to-train", TINY, "--tokens", str(tokens)]) == 0
     text = capsys.readouterr().out
-    row = planning.simulate_row(load_scenario(TINY))
-    days = tokens / row["tokens_per_s"] / 86400
+    metrics = search_module.simulate_row(load_scenario(TINY))
+    days = tokens / metrics.tokens_per_s / 86400
     assert f"{days:.1f} days on 2 GPUs" in text
     assert f"{days * 24 * 2:,.0f} GPU-hours" in text
-    times = planning.training_time(row, tokens)
-    assert times["days"] == days and times["gpu_hours"] == pytest.approx(days * 24 * 2)
+    times = questions.training_time(metrics, tokens)
+    assert times.days == days and times.gpu_hours == pytest.approx(days * 24 * 2)
     # Narayanan et al. 2021 Sec 5.1: GPT-3 175B, 300B tokens, 1024 A100s at 140 TFLOP/s
-    estimate = planning.narayanan_days(175e9, 300e9, 1024, 140.0)
+    estimate = questions.narayanan_days(175e9, 300e9, 1024, 140.0)
     assert math.isclose(estimate, 34.0, rel_tol=0.01)
 
 
@@ -357,10 +356,73 @@ def test_plan_scale_says_which_node_counts_cannot_run(capsys):
 
 def test_weak_scaling_keeps_the_microbatches_per_pipeline():
     base = load_scenario(TINY)
-    entries = planning.scale_scenarios(base, [1, 2, 4], "microbatches")
+    entries = questions.scale_scenarios(base, [1, 2, 4], "microbatches")
     for nodes, scenario, why in entries:
         assert why == "" and scenario.parallel.data_parallel_size == nodes
         assert scenario.num_microbatches == base.num_microbatches
         assert scenario.training.global_batch_size == base.training.global_batch_size * nodes
-    strong = planning.scale_scenarios(base, [1, 2, 4], "global-batch")
+    strong = questions.scale_scenarios(base, [1, 2, 4], "global-batch")
     assert [s.num_microbatches for _, s, _ in strong] == [8, 4, 2]
+
+
+def test_space_from_flags_parses_lists_and_names_the_flag_in_errors():
+    from simulator.plan.space import space_from_flags
+    from simulator.scenario.spec import ScenarioError
+
+    flags = {
+        "tp": "1, 2",
+        "pp": None,
+        "micro_batch": "1,2",
+        "schedules": "1f1b",
+        "chunks": "2",
+        "recompute": "none,full",
+        "sharding": "none",
+        "sequence_parallel": "on",
+    }
+    space = space_from_flags(**flags)
+    assert space == SearchSpace(
+        tp=(1, 2),
+        pp=None,
+        micro_batch=(1, 2),
+        schedules=("1f1b",),
+        chunks=(2,),
+        recompute=("none", "full"),
+        sharding=("none",),
+        sequence_parallel=(True,),
+    )
+    with pytest.raises(ScenarioError, match=r"^--micro-batch='1,x': 'x' is not an integer$"):
+        space_from_flags(**{**flags, "micro_batch": "1,x"})
+    with pytest.raises(ScenarioError, match=r"^--sharding='zero9' is not one of: none, "):
+        space_from_flags(**{**flags, "sharding": "zero9"})
+    with pytest.raises(ScenarioError, match=r"^--recompute is empty; give at least one value$"):
+        space_from_flags(**{**flags, "recompute": ","})
+
+
+def test_the_journal_header_leaves_out_the_layout_and_reads_back_equal():
+    from simulator.plan.search import journal_header
+
+    base = small_base()
+    header = journal_header(base)
+    assert json.loads(json.dumps(header)) == header
+    assert "parallel" not in header["scenario"] and "name" not in header["scenario"]
+    assert "micro_batch_size" not in header["scenario"]["training"]
+    assert "global_batch_size" in header["scenario"]["training"]
+    # another layout of the same base is the same search; another network is not
+    other = apply_layout(base, rule_of_thumb(base))
+    assert other.parallel != base.parallel
+    assert journal_header(other) == header
+    faster = load(cluster={**CLUSTER, "nic_gbps": 400}, training={"global_batch_size": 32})
+    assert journal_header(faster) != header
+
+
+def test_check_fits_names_the_stage_without_the_allow_oom_hint():
+    from simulator.plan.questions import check_fits
+    from simulator.scenario.spec import ScenarioError
+
+    check_fits(load_scenario(TINY))  # fits: no error
+    big = load_scenario(TINY, ["model.num_layers=400", "model.hidden_size=8192"])
+    with pytest.raises(ScenarioError) as error:
+        check_fits(big)
+    message = str(error.value)
+    assert "out of memory" in message and "--allow-oom" not in message
+    assert not message.endswith(";")

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from simulator.plan import planning
+from simulator.plan import planning, questions
 from simulator.scenario import ScenarioError, check_scenario, load_scenario
 from simulator.scenario.presets import GPUS
 
@@ -92,7 +92,7 @@ def test_planning_edits_keep_the_calibration_and_the_custom_orders(tmp_path):
     calibration = replace(GPUS["a100-sxm4-80gb"].kernels, source="test")
     base = replace(load_scenario(path), calibration=calibration)
     orders.unlink()  # an edit that read the file again would fail now
-    (one, scaled, why), *_ = planning.scale_scenarios(base, [1], "global-batch")
+    (one, scaled, why), *_ = questions.scale_scenarios(base, [1], "global-batch")
     assert why == "" and scaled.training.custom_orders == base.training.custom_orders
     assert scaled.calibration is calibration
     for edited in (planning.with_nodes(base, 2), planning.with_model(base, "m", 4, 512, 8)):

@@ -134,3 +134,52 @@ def test_a_v_placement_needs_two_chunks(tmp_path, capsys):
     assert "a V placement holds exactly 2 chunks per rank; the orders have 3" in (
         capsys.readouterr().err
     )
+
+
+def test_op_times_are_checked_before_anything_runs():
+    from simulator.bubble import OpTimes, op_times
+    from simulator.scenario.spec import ScenarioError
+
+    assert op_times(1.0, 2.0, None, 0.5) == OpTimes(
+        forward=1.0, backward=2.0, weight=0.0, p2p_latency=0.5
+    )
+    with pytest.raises(ScenarioError, match=r"^--weight=-1.0 must be a finite number >= 0$"):
+        op_times(1.0, 2.0, -1.0, 0.0)
+    with pytest.raises(ScenarioError, match="cannot all be 0"):
+        op_times(0.0, 0.0, None, 0.0)
+    with pytest.raises(ScenarioError, match="must be <= 1e12"):
+        op_times(1.0, 1.0, None, 2e12)
+
+
+def test_sizes_and_the_op_limit():
+    from simulator.bubble import MAX_OPS, OpTimes, check_sizes, studies_of_schedules
+    from simulator.scenario.spec import ScenarioError
+
+    check_sizes({"--stages": 100_000, "--chunks": None})
+    with pytest.raises(ScenarioError, match=r"^--stages=0 must be between 1 and 100000$"):
+        check_sizes({"--stages": 0})
+    times = OpTimes(forward=1.0, backward=2.0)
+    # p m 3 max(v, 2) ops: 1000 x 200 x 3 x 2 = 1.2 M > 1 M
+    assert 1000 * 200 * 3 * 2 > MAX_OPS >= 1000 * 166 * 3 * 2
+    with pytest.raises(ScenarioError, match="over the limit of 1,000,000; use fewer"):
+        studies_of_schedules(["1f1b"], 1000, 200, times, weight_given=False)
+    with pytest.raises(ScenarioError, match=r"^--microbatches is required"):
+        studies_of_schedules(["1f1b"], 4, None, times, weight_given=False)
+
+
+def test_named_schedules_resolve_their_chunks_and_check_the_weight():
+    from simulator.bubble import OpTimes, studies_of_schedules
+    from simulator.scenario.spec import ScenarioError
+
+    times = OpTimes(forward=1.0, backward=2.0, weight=1.0)
+    studies = studies_of_schedules(
+        ["1f1b", "interleaved", "zbv"], 4, 8, times, weight_given=True, chunks=4
+    )
+    # --chunks applies where it can when comparing; ZB-V always runs a V of 2
+    assert [s.num_chunks for s in studies] == [1, 4, 2]
+    # 1F1B on 4 stages, 8 micro-batches, fused backward B + W: (m + p - 1)(F + B + W)
+    assert studies[0].makespan == (8 + 4 - 1) * (1.0 + 2.0 + 1.0)
+    with pytest.raises(ScenarioError, match=r"^--chunks=4: schedule 'zbv' runs 2 chunks$"):
+        studies_of_schedules(["zbv"], 4, 8, times, weight_given=True, chunks=4)
+    with pytest.raises(ScenarioError, match=r"^--weight is required for 'zbh1'"):
+        studies_of_schedules(["zbh1"], 4, 8, times, weight_given=False)

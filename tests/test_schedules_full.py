@@ -8,7 +8,7 @@ from simulator.engine.core import simulate
 from simulator.run import run
 from simulator.scenario.loader import dumps_toml, load_scenario, scenario_to_dict
 from simulator.scenario.spec import ScenarioError
-from simulator.vocabulary import BACKWARD, FORWARD, PP_SEND, WEIGHT
+from simulator.vocabulary import BACKWARD, DP_SYNC, FORWARD, PP_SEND, WEIGHT
 from simulator.workload.compute import ComputeModel
 from simulator.workload.ops import abstract_pipeline
 from tests.helpers import load
@@ -53,7 +53,7 @@ def test_each_stage_runs_its_schedule_order(results, name):
 @pytest.mark.parametrize("name", list(SCHEDULES))
 def test_same_flops_whatever_the_schedule(results, name):
     def flops(r):
-        return r.metrics["hardware_tflops_per_gpu"] * r.metrics["iteration_time_s"]
+        return r.metrics.hardware_tflops_per_gpu * r.metrics.iteration_time_s
 
     assert flops(results[name]) == pytest.approx(flops(results["1f1b"]), rel=1e-9)
 
@@ -101,7 +101,7 @@ def test_full_simulator_agrees_with_the_abstract_pipeline(results, name):
 
 
 def test_schedules_rank_as_the_papers_say(results):
-    time = {name: r.metrics["iteration_time_s"] for name, r in results.items()}
+    time = {name: r.metrics.iteration_time_s for name, r in results.items()}
     assert time["interleaved"] < time["1f1b"]
     assert time["zbh2"] < time["zbh1"] < time["1f1b"]
     assert time["interleaved_zb"] < time["interleaved"]
@@ -138,9 +138,9 @@ def test_schedules_run_with_data_parallel_sharding_and_overlap(name, sharding):
         },
     )
     r = run(s).metrics
-    for stage in r["stages"]:
-        assert sum(stage["breakdown_s"].values()) == pytest.approx(r["iteration_time_s"])
-    assert r["breakdown_s"]["dp_sync"] > 0
+    for stage in r.stages:
+        assert sum(stage.breakdown_s.values()) == pytest.approx(r.iteration_time_s)
+    assert r.breakdown_s[DP_SYNC] > 0
 
 
 @pytest.mark.parametrize(
@@ -197,8 +197,8 @@ def test_fsdp_with_one_layer_per_chunk(name):
         training={"global_batch_size": 8, "schedule": name, "data_parallel_sharding": "full"},
     )
     r = run(s).metrics
-    for stage in r["stages"]:
-        assert sum(stage["breakdown_s"].values()) == pytest.approx(r["iteration_time_s"])
+    for stage in r.stages:
+        assert sum(stage.breakdown_s.values()) == pytest.approx(r.iteration_time_s)
 
 
 def test_zbv_needs_two_chunks_in_a_scenario():

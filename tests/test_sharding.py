@@ -50,8 +50,8 @@ def test_memory_per_gpu_by_sharding():
 
 
 def test_distributed_optimizer_moves_the_same_bytes_as_an_all_reduce():
-    none = _run("none").metrics["breakdown_s"]
-    zero1 = _run("optimizer").metrics["breakdown_s"]
+    none = _run("none").metrics.breakdown_s
+    zero1 = _run("optimizer").metrics.breakdown_s
     # reduce-scatter + all-gather = one all-reduce of bytes; one more launch latency
     assert zero1["dp_sync"] == pytest.approx(none["dp_sync"], abs=50e-6)
     assert zero1["optimizer"] == pytest.approx(none["optimizer"] / 4)
@@ -92,10 +92,10 @@ def test_fsdp_with_a_very_fast_network_hides_its_communication():
     fast = {"cluster": {"num_nodes": 4, "nic_gbps": 1e6, "pcie_gbytes_per_s": 1e6}}
     training = {**BASE["training"], "data_parallel_sharding": "full"}
     metrics = run(load(**{**BASE, **fast, "training": training})).metrics
-    assert metrics["breakdown_s"]["dp_sync"] < 0.05 * metrics["iteration_time_s"]
+    assert metrics.breakdown_s[DP_SYNC] < 0.05 * metrics.iteration_time_s
     slow = {"cluster": {"num_nodes": 4, "nic_gbps": 10}}
     slow_metrics = run(load(**{**BASE, **slow, "training": training})).metrics
-    assert slow_metrics["breakdown_s"]["dp_sync"] > 0.5 * slow_metrics["iteration_time_s"]
+    assert slow_metrics.breakdown_s[DP_SYNC] > 0.5 * slow_metrics.iteration_time_s
 
 
 def test_fsdp_interleaves_reduce_scatters_with_the_gathers_ahead_like_fsdp():

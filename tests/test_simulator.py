@@ -6,7 +6,15 @@ from simulator.engine.core import DeadlockError, simulate
 from simulator.engine.flows import Transfer, delay
 from simulator.engine.network import AnalyticalNetwork, FairShareNetwork
 from simulator.run import run
-from simulator.vocabulary import BARRIER, FORWARD, PP_SEND, TP_COMM
+from simulator.vocabulary import (
+    BARRIER,
+    COMPUTE_TIME,
+    DP_SYNC,
+    FORWARD,
+    IDLE_TIME,
+    PP_SEND,
+    TP_COMM,
+)
 from simulator.workload.keys import LayerKey, PipelineKey
 from simulator.workload.memory import (
     activation_bytes_per_layer,
@@ -34,19 +42,19 @@ def test_hardware_flops_match_megatron_formula_with_full_recompute():
     B, sq, lay, h, V = 32, 1024, 4, 1024, 32000
     hardware = 96 * B * sq * lay * h**2 * (1 + sq / (6 * h) + V / (16 * lay * h))
     model = 72 * B * sq * lay * h**2 * (1 + sq / (6 * h) + V / (12 * lay * h))
-    per_gpu_s = 1e12 * r["num_gpus"] * r["iteration_time_s"]
-    assert r["hardware_tflops_per_gpu"] * per_gpu_s == pytest.approx(hardware, rel=1e-9)
-    assert r["model_tflops_per_gpu"] * per_gpu_s == pytest.approx(model, rel=1e-9)
-    assert r["mfu"] == pytest.approx(r["model_tflops_per_gpu"] / 312.0)
+    per_gpu_s = 1e12 * r.num_gpus * r.iteration_time_s
+    assert r.hardware_tflops_per_gpu * per_gpu_s == pytest.approx(hardware, rel=1e-9)
+    assert r.model_tflops_per_gpu * per_gpu_s == pytest.approx(model, rel=1e-9)
+    assert r.mfu == pytest.approx(r.model_tflops_per_gpu / 312.0)
 
 
 def test_breakdown_adds_up_to_the_iteration_on_every_stage():
     r = run(load(**TWO_NODES)).metrics
-    for stage in r["stages"]:
-        assert sum(stage["breakdown_s"].values()) == pytest.approx(r["iteration_time_s"])
-        assert stage["stands_for_gpus"] == 2 * 4
-    assert r["breakdown_s"]["tp_comm"] > 0 and r["breakdown_s"]["dp_sync"] > 0
-    assert 0 < r["bubble_fraction"] < 1
+    for stage in r.stages:
+        assert sum(stage.breakdown_s.values()) == pytest.approx(r.iteration_time_s)
+        assert stage.stands_for_gpus == 2 * 4
+    assert r.breakdown_s[TP_COMM] > 0 and r.breakdown_s[DP_SYNC] > 0
+    assert 0 < r.bubble_fraction < 1
 
 
 def test_same_input_same_spans_bit_for_bit():
@@ -59,24 +67,24 @@ def test_overlapping_grad_reduce_hides_data_parallel_sync():
     overlapped = run(
         load(**{**TWO_NODES, "training": {**TWO_NODES["training"], "overlap_grad_reduce": True}})
     ).metrics
-    assert overlapped["breakdown_s"]["dp_sync"] < plain["breakdown_s"]["dp_sync"]
-    assert overlapped["iteration_time_s"] < plain["iteration_time_s"]
+    assert overlapped.breakdown_s[DP_SYNC] < plain.breakdown_s[DP_SYNC]
+    assert overlapped.iteration_time_s < plain.iteration_time_s
 
 
 def test_slower_nics_slow_only_the_inter_node_parts():
     fast = run(load(**TWO_NODES)).metrics
     slow_doc = {**TWO_NODES, "cluster": {"num_nodes": 2, "nic_gbps": 10}}
     slow = run(load(**slow_doc)).metrics
-    assert slow["iteration_time_s"] > fast["iteration_time_s"]
-    assert slow["breakdown_s"]["compute"] == pytest.approx(fast["breakdown_s"]["compute"])
-    assert slow["breakdown_s"]["tp_comm"] == pytest.approx(fast["breakdown_s"]["tp_comm"])
+    assert slow.iteration_time_s > fast.iteration_time_s
+    assert slow.breakdown_s[COMPUTE_TIME] == pytest.approx(fast.breakdown_s[COMPUTE_TIME])
+    assert slow.breakdown_s[TP_COMM] == pytest.approx(fast.breakdown_s[TP_COMM])
 
 
 def test_analytical_network_never_slower_than_fair_share():
     doc = {**TWO_NODES, "training": {**TWO_NODES["training"], "overlap_grad_reduce": True}}
     fair = run(load(**doc)).metrics
     analytical = run(load(**doc, network={"model": "analytical"})).metrics
-    assert analytical["iteration_time_s"] <= fair["iteration_time_s"] * (1 + 1e-12)
+    assert analytical.iteration_time_s <= fair.iteration_time_s * (1 + 1e-12)
 
 
 def test_layer_params_and_memory_by_hand():
@@ -131,11 +139,11 @@ def test_iteration_ends_with_the_last_op_even_under_contention():
 
 def test_recorded_idle_spans_are_the_idle_of_the_breakdown():
     result = run(load(**TWO_NODES))
-    for lane, stage in zip(result.trace.lanes, result.metrics["stages"], strict=True):
+    for lane, stage in zip(result.trace.lanes, result.metrics.stages, strict=True):
         spans = [s for s in result.trace.spans if s.gpu == lane.gpu and s.stream == "compute"]
         idle = sum(s.end_s - s.start_s for s in spans if s.kind == "idle")
         tail = result.trace.end_s - max(s.end_s for s in spans)
-        assert idle + tail == pytest.approx(stage["breakdown_s"]["idle"])
+        assert idle + tail == pytest.approx(stage.breakdown_s[IDLE_TIME])
         # spans on a lane never overlap
         spans.sort(key=lambda s: s.start_s)
         assert all(a.end_s <= b.start_s + 1e-15 for a, b in zip(spans, spans[1:], strict=False))

@@ -80,25 +80,25 @@ def _both(doc):
 def test_exact_mode_agrees_with_symmetric_mode(name):
     symmetric, exact = _both(CASES[name])
     s, e = symmetric.metrics, exact.metrics
-    iteration_s = s["iteration_time_s"]
-    assert e["iteration_time_s"] == pytest.approx(iteration_s, rel=1e-3)
+    iteration_s = s.iteration_time_s
+    assert e.iteration_time_s == pytest.approx(iteration_s, rel=1e-3)
     tolerance_s = 1e-6 * iteration_s
-    for mine, theirs in zip(s["stages"], e["stages"], strict=True):
-        assert mine["stands_for_gpus"] == theirs["stands_for_gpus"]
+    for mine, theirs in zip(s.stages, e.stages, strict=True):
+        assert mine.stands_for_gpus == theirs.stands_for_gpus
         for key in BREAKDOWN_KEYS:
-            assert theirs["breakdown_s"][key] == pytest.approx(
-                mine["breakdown_s"][key], abs=tolerance_s
-            ), (mine["stage"], key)
+            assert theirs.breakdown_s[key] == pytest.approx(
+                mine.breakdown_s[key], abs=tolerance_s
+            ), (mine.stage, key)
     # and every GPU of a stage, not only their mean, does what its representative does
     rows = {lane.stage: row for lane, row in zip(_lanes(symmetric), _rows(symmetric), strict=True)}
     for lane, row in zip(_lanes(exact), _rows(exact), strict=True):
         for key in BREAKDOWN_KEYS:
             assert row[key] == pytest.approx(rows[lane.stage][key], abs=tolerance_s)
-    assert e["hardware_tflops_per_gpu"] == pytest.approx(s["hardware_tflops_per_gpu"], rel=1e-3)
+    assert e.hardware_tflops_per_gpu == pytest.approx(s.hardware_tflops_per_gpu, rel=1e-3)
     if name in CONTENDED:
         doc = CASES[name]
         alone = run(load(**{**doc, "network": {**doc["network"], "model": "analytical"}}))
-        assert iteration_s > CONTENDED[name] * alone.metrics["iteration_time_s"]
+        assert iteration_s > CONTENDED[name] * alone.metrics.iteration_time_s
 
 
 def _lanes(result):

@@ -1,23 +1,22 @@
 """Where a batch of simulations runs: this process, a pool of local processes, or Ray.
 
-Each executor is called with a batch of scenarios and a ``done(index, row)``
+Each executor is called with a batch of scenarios and a ``done(index, metrics)``
 callback, which it calls once per scenario as results come back, in any order.
-Every executor runs the same function (planning.simulate_row) on the same frozen
-scenarios, so the rows are the same bit for bit whichever runs them.
+Every executor runs the same function (search.simulate_row, which returns a
+results.MetricsRow) on the same frozen scenarios, so the metrics are the same bit
+for bit whichever runs them.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
 
 from ..scenario.spec import Scenario, ScenarioError
-from .planning import serial_executor, simulate_row
-
-Done = Callable[[int, dict[str, Any]], None]
+from .search import Done, serial_executor, simulate_row
 
 
 def default_jobs() -> int:

@@ -9,24 +9,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
-from typing import Any
 
+from ..results import Metrics, SweepPoint
 from ..scenario.loader import ScenarioError, parse_override
 from ..scenario.spec import Scenario
-from ..vocabulary import EXPOSED_COMM_KEYS
-
-# Scalar metrics that go into sweep.csv, in this order, then the breakdown.
-ROW_METRICS = (
-    "iteration_time_s",
-    "hardware_tflops_per_gpu",
-    "model_tflops_per_gpu",
-    "mfu",
-    "bubble_fraction",
-    "num_gpus",
-    "num_microbatches",
-    "tokens_per_s",
-    "memory_per_gpu_gib",
-)
 
 
 def split_axes(overrides: Sequence[str]) -> tuple[list[str], list[tuple[str, list[str]]]]:
@@ -67,11 +53,11 @@ def grid(axes: Sequence[tuple[str, list[str]]]) -> list[list[tuple[str, str]]]:
 
 def run_sweep(
     load: Callable[[Sequence[str]], Scenario],
-    simulate: Callable[[Scenario], dict],
+    simulate: Callable[[Scenario], Metrics],
     overrides: Sequence[str],
     on_point: Callable[[int, int, str], None] | None = None,
-) -> tuple[list[str], list[dict[str, Any]]]:
-    """Load every point, then simulate each; returns (swept keys, one row per point).
+) -> tuple[list[str], list[SweepPoint]]:
+    """Load every point, then simulate each; returns (swept keys, the points).
     ``on_point(i, n, description)`` is told before point i of n is simulated."""
     fixed, axes = split_axes(overrides)
     if not axes:
@@ -86,22 +72,10 @@ def run_sweep(
         except ScenarioError as exc:
             where = ", ".join(f"{k}={v}" for k, v in point)
             raise ScenarioError(f"sweep point {where}: {exc}") from None
-    rows = []
+    done = []
     for i, (point, scenario) in enumerate(zip(points, scenarios, strict=True)):
         if on_point is not None:
             on_point(i, len(points), " ".join(f"{k}={v}" for k, v in point))
-        row: dict[str, Any] = {k: parse_override(f"{k}={v}")[2] for k, v in point}
-        row.update(result_row(simulate(scenario)))
-        rows.append(row)
-    return [key for key, _ in axes], rows
-
-
-def result_row(metrics: dict[str, Any]) -> dict[str, Any]:
-    """The scalar metrics of one simulated point, its breakdown flattened."""
-    row = {key: metrics[key] for key in ROW_METRICS}
-    row.update({f"breakdown_s.{k}": v for k, v in metrics["breakdown_s"].items()})
-    iteration = metrics["iteration_time_s"]
-    exposed = sum(metrics["breakdown_s"][k] for k in EXPOSED_COMM_KEYS)
-    row["exposed_comm_fraction"] = exposed / iteration if iteration > 0 else 0.0
-    row["fits_in_memory"] = metrics.get("out_of_memory") is None
-    return row
+        settings = {k: parse_override(f"{k}={v}")[2] for k, v in point}
+        done.append(SweepPoint(settings, simulate(scenario).summary_row()))
+    return [key for key, _ in axes], done

@@ -3,19 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
+from ..results import MetricsRow
 from ..scenario.spec import Scenario
-from ..vocabulary import BREAKDOWN_KEYS, SHARDING_NAMES
-from .planning import (
-    OUT_OF_MEMORY,
-    PRUNED,
-    SIMULATED,
-    Candidate,
-    Layout,
-    SearchResult,
+from ..vocabulary import CATEGORIES, SHARDING_NAMES
+from .questions import (
+    KEEP_GLOBAL_BATCH,
+    FitRow,
+    ScalePoint,
+    TrainingTime,
+    largest_fitting,
     leanest_of,
 )
+from .search import OUT_OF_MEMORY, PRUNED, SIMULATED, Candidate, RuleOfThumb, SearchResult
+from .space import Layout
 
 
 def table(head: Sequence[str], body: Sequence[Sequence[str]], indent: str = "  ") -> str:
@@ -59,14 +60,14 @@ def layout_cells(layout: Layout) -> list[str]:
 LAYOUT_HEAD = ["TP", "PP", "DP", "mb", "schedule", "v", "recompute", "shard", "SP"]
 
 
-def metric_cells(row: dict[str, Any], memory_gib: float) -> list[str]:
+def metric_cells(m: MetricsRow, memory_gib: float) -> list[str]:
     return [
-        f"{row['iteration_time_s']:.3f}",
-        f"{row['tokens_per_s']:,.0f}",
-        f"{row['hardware_tflops_per_gpu']:.1f}",
-        f"{100 * row['mfu']:.1f}",
+        f"{m.iteration_time_s:.3f}",
+        f"{m.tokens_per_s:,.0f}",
+        f"{m.hardware_tflops_per_gpu:.1f}",
+        f"{100 * m.mfu:.1f}",
         f"{memory_gib:.1f}",
-        *(f"{100 * row[f'breakdown_s.{k}'] / row['iteration_time_s']:.1f}" for k in BREAKDOWN_KEYS),
+        *(f"{100 * m.breakdown_s[c.key] / m.iteration_time_s:.1f}" for c in CATEGORIES),
     ]
 
 
@@ -76,12 +77,7 @@ METRIC_HEAD = [
     "TFLOP/s",
     "MFU %",
     "mem GiB",
-    "compute%",
-    "tp%",
-    "pp%",
-    "dp%",
-    "optim%",
-    "idle%",
+    *(f"{category.short}%" for category in CATEGORIES),
 ]
 
 
@@ -90,7 +86,7 @@ def search_text(
     params: float,
     result: SearchResult,
     show: int,
-    rule: tuple[Layout, dict[str, Any], int | None] | None,
+    rule: RuleOfThumb | None,
     where: str,
     command: str,
 ) -> str:
@@ -119,14 +115,14 @@ def search_text(
         "GPU's iteration goes (mean over GPUs; tp, pp, dp: exposed communication)"
     )
     body = [
-        [str(i + 1), *layout_cells(c.layout), *metric_cells(c.row, c.memory_gib)]
+        [str(i + 1), *layout_cells(c.layout), *metric_cells(c.metrics, c.memory_gib)]
         for i, c in enumerate(ranked[:show])
     ]
     lines.append(table(["#", *LAYOUT_HEAD, *METRIC_HEAD], body))
     best = ranked[0]
     if rule is not None:
-        layout, row, rank = rule
-        ratio = row["iteration_time_s"] / best.row["iteration_time_s"]
+        layout, m, rank = rule
+        ratio = m.iteration_time_s / best.metrics.iteration_time_s
         where_rule = (
             f"rank {rank} of {len(ranked)}" if rank else "pruned by the search, simulated here"
         )
@@ -134,8 +130,8 @@ def search_text(
             "",
             "  Megatron-LM's rule of thumb (TP across a node, the smallest PP that fits, DP for "
             "the rest; 1F1B, micro-batch 1, full recomputation):",
-            f"    {layout.key}: {row['iteration_time_s']:.3f} s, "
-            f"{row['hardware_tflops_per_gpu']:.1f} TFLOP/s, MFU {100 * row['mfu']:.1f} % "
+            f"    {layout.key}: {m.iteration_time_s:.3f} s, "
+            f"{m.hardware_tflops_per_gpu:.1f} TFLOP/s, MFU {100 * m.mfu:.1f} % "
             f"({where_rule}); the best found is "
             + (
                 f"{(ratio - 1) * 100:.1f} % faster"
@@ -157,7 +153,7 @@ def search_text(
     return "\n".join(lines)
 
 
-def fit_text(base: Scenario, rows: Sequence, nodes: int, best: Candidate | None) -> str:
+def fit_text(base: Scenario, rows: Sequence[FitRow], nodes: int, best: Candidate | None) -> str:
     c = base.cluster
     lines = [
         f"stepsim plan fit · {nodes} x {c.node or 'custom node'} = {c.num_gpus} GPUs "
@@ -182,24 +178,32 @@ def fit_text(base: Scenario, rows: Sequence, nodes: int, best: Candidate | None)
     lines.append(
         table(["model", "params", "fits", "layouts", "leanest layout", "its mem GiB"], body)
     )
-    largest = next((r for r in reversed(rows) if r.leanest is not None), None)
+    largest = largest_fitting(rows)
     lines.append("")
     if largest is None:
         lines.append(f"  none of the family fits on {nodes} nodes")
         return "\n".join(lines)
     lines.append(f"  largest that fits: {largest.name} ({params_text(largest.params)} parameters)")
     if best is not None:
-        lines.append(
-            f"  its fastest layout (simulated): {best.layout.key}: "
-            f"{best.row['iteration_time_s']:.3f} s per iteration, "
-            f"{best.row['tokens_per_s']:,.0f} tokens/s, MFU {100 * best.row['mfu']:.1f} %, "
-            f"{best.memory_gib:.1f} GiB"
-        )
+        lines.append(f"  its fastest layout (simulated): {_fastest_text(best)}")
     return "\n".join(lines)
 
 
+def _fastest_text(best: Candidate) -> str:
+    m = best.metrics
+    return (
+        f"{best.layout.key}: {m.iteration_time_s:.3f} s per iteration, "
+        f"{m.tokens_per_s:,.0f} tokens/s, MFU {100 * m.mfu:.1f} %, {best.memory_gib:.1f} GiB"
+    )
+
+
 def min_nodes_text(
-    base: Scenario, params: float, nodes: int, fitting: Sequence, best, max_nodes: int
+    base: Scenario,
+    params: float,
+    nodes: int,
+    fitting: Sequence[Candidate],
+    best: Candidate | None,
+    max_nodes: int,
 ) -> str:
     lines = [f"stepsim plan fit · {base.name}", describe_base(base, params)[0]]
     if nodes == 0:
@@ -217,12 +221,7 @@ def min_nodes_text(
         f"{base.cluster.gpu.memory_gib:g} GiB",
     ]
     if best is not None:
-        lines.append(
-            f"  fastest layout (simulated): {best.layout.key}: "
-            f"{best.row['iteration_time_s']:.3f} s per iteration, "
-            f"{best.row['tokens_per_s']:,.0f} tokens/s, MFU {100 * best.row['mfu']:.1f} %, "
-            f"{best.memory_gib:.1f} GiB"
-        )
+        lines.append(f"  fastest layout (simulated): {_fastest_text(best)}")
     lines.append(
         "  fewer nodes fail on memory, or on the global batch: data parallel x micro-batch "
         "must divide it"
@@ -233,9 +232,9 @@ def min_nodes_text(
 def throughput_text(
     scenario: Scenario,
     params: float,
-    row: dict[str, Any],
+    m: MetricsRow,
     tokens: float | None,
-    times: dict[str, float] | None,
+    times: TrainingTime | None,
     estimate_days: float | None,
     factor: int,
 ) -> str:
@@ -246,19 +245,19 @@ def throughput_text(
         f"DP {par.data_parallel_size}, micro-batch {tr.micro_batch_size}, {tr.schedule}, "
         f"recompute {tr.recompute_granularity}",
         "",
-        f"  iteration        {row['iteration_time_s']:.3f} s",
-        f"  throughput       {row['tokens_per_s']:,.0f} tokens/s "
+        f"  iteration        {m.iteration_time_s:.3f} s",
+        f"  throughput       {m.tokens_per_s:,.0f} tokens/s "
         f"({scenario.training.global_batch_size * scenario.model.seq_length:,} tokens per "
         "iteration)",
-        f"  per GPU          {row['hardware_tflops_per_gpu']:.1f} TFLOP/s (hardware), "
-        f"{row['model_tflops_per_gpu']:.1f} TFLOP/s (model)",
-        f"  MFU              {100 * row['mfu']:.1f} %",
+        f"  per GPU          {m.hardware_tflops_per_gpu:.1f} TFLOP/s (hardware), "
+        f"{m.model_tflops_per_gpu:.1f} TFLOP/s (model)",
+        f"  MFU              {100 * m.mfu:.1f} %",
     ]
     if tokens is not None and times is not None:
         lines += [
             "",
-            f"  {tokens:.4g} tokens: {times['days']:.1f} days on {row['num_gpus']:,} GPUs, "
-            f"{times['gpu_hours']:,.0f} GPU-hours",
+            f"  {tokens:.4g} tokens: {times.days:.1f} days on {m.num_gpus:,} GPUs, "
+            f"{times.gpu_hours:,.0f} GPU-hours",
             f"  (tokens / simulated tokens per second; Narayanan et al. 2021's estimate "
             f"{factor} T P / (n X) with the simulated hardware TFLOP/s gives "
             f"{estimate_days:.1f} days)",
@@ -266,7 +265,9 @@ def throughput_text(
     return "\n".join(lines)
 
 
-def scale_text(base: Scenario, points: Sequence[tuple], keep: str, tokens: float | None) -> str:
+def scale_text(
+    base: Scenario, points: Sequence[ScalePoint], keep: str, tokens: float | None
+) -> str:
     par = base.parallel
     lines = [
         f"stepsim plan scale · {base.name}",
@@ -274,7 +275,7 @@ def scale_text(base: Scenario, points: Sequence[tuple], keep: str, tokens: float
         "data parallelism grows with the nodes; "
         + (
             f"global batch {base.training.global_batch_size} kept (strong scaling)"
-            if keep == "global-batch"
+            if keep == KEEP_GLOBAL_BATCH
             else f"{base.num_microbatches} micro-batches per pipeline kept (weak scaling)"
         ),
         "",
@@ -286,25 +287,25 @@ def scale_text(base: Scenario, points: Sequence[tuple], keep: str, tokens: float
     body = []
     notes = []
     for point in points:
-        nodes, row, why = point["nodes"], point.get("row"), point.get("why", "")
-        if row is None:
-            notes.append(f"  {nodes} nodes: {why}")
+        m, scaled = point.metrics, point.scaled
+        if m is None or scaled is None:
+            notes.append(f"  {point.nodes} nodes: {point.why}")
             continue
         cells = [
-            str(nodes),
-            f"{row['num_gpus']:,}",
-            str(point["dp"]),
-            str(point["global_batch"]),
-            str(row["num_microbatches"]),
-            f"{row['iteration_time_s']:.3f}",
-            f"{row['tokens_per_s']:,.0f}",
-            f"{row['hardware_tflops_per_gpu']:.1f}",
-            f"{100 * row['mfu']:.1f}",
-            f"{point['speedup']:.2f}",
-            f"{100 * point['efficiency']:.1f}",
+            str(point.nodes),
+            f"{m.num_gpus:,}",
+            str(scaled.dp),
+            str(scaled.global_batch),
+            str(m.num_microbatches),
+            f"{m.iteration_time_s:.3f}",
+            f"{m.tokens_per_s:,.0f}",
+            f"{m.hardware_tflops_per_gpu:.1f}",
+            f"{100 * m.mfu:.1f}",
+            f"{scaled.speedup:.2f}",
+            f"{100 * scaled.efficiency:.1f}",
         ]
-        if tokens is not None:
-            cells += [f"{point['days']:.1f}", f"{point['gpu_hours']:,.0f}"]
+        if scaled.time is not None:
+            cells += [f"{scaled.time.days:.1f}", f"{scaled.time.gpu_hours:,.0f}"]
         body.append(cells)
     if body:
         lines.append(table(head, body))

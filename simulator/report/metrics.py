@@ -20,10 +20,16 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 
-from ..results import Trace
+from ..results import LinkLoad, Metrics, StageMetrics, Trace
 from ..scenario.spec import Scenario
 from ..units import bytes_to_gib
-from ..vocabulary import BREAKDOWN_KEYS, CATEGORY_OF_KIND, COMPUTE_STREAM, MODEL_KINDS
+from ..vocabulary import (
+    BREAKDOWN_KEYS,
+    CATEGORY_OF_KIND,
+    COMPUTE_STREAM,
+    IDLE_TIME,
+    MODEL_KINDS,
+)
 from ..workload.memory import StageMemory
 from ..workload.ops import Lane, Workload
 
@@ -47,8 +53,8 @@ def stage_breakdowns(trace: Trace) -> list[dict[str, float]]:
     out = []
     for lane in lanes:
         totals = by_lane[(lane.gpu, lane.stream)]
-        row = {key: totals.get(key, 0.0) for key in BREAKDOWN_KEYS if key != "idle"}
-        row["idle"] = max(iteration_s - sum(row.values()), 0.0)
+        row = {key: totals.get(key, 0.0) for key in BREAKDOWN_KEYS if key != IDLE_TIME}
+        row[IDLE_TIME] = max(iteration_s - sum(row.values()), 0.0)
         out.append(row)
     return out
 
@@ -68,7 +74,11 @@ def summarize(
     workload: Workload,
     trace: Trace,
     memory: list[StageMemory],
-) -> dict:
+    out_of_memory: str | None = None,
+    busiest_links: Sequence[LinkLoad] = (),
+) -> Metrics:
+    """The metrics of a simulated iteration; ``out_of_memory`` and ``busiest_links`` are
+    what the run found besides (simulator.run)."""
     iteration_s = trace.end_s
     num_gpus = scenario.parallel.num_gpus
     hardware_flops = model_flops = 0.0
@@ -91,37 +101,37 @@ def summarize(
     for i, lane in enumerate(lanes):
         per_stage.setdefault(lane.stage, []).append(i)
     tokens = scenario.training.global_batch_size * scenario.model.seq_length
-    memory_gib = [stage.as_gib() for stage in memory]
     peak = max(memory, key=lambda m: m.total_bytes)
-    return {
-        "name": scenario.name,
-        "iteration_time_s": iteration_s,
-        "hardware_tflops_per_gpu": hardware_tflops,
-        "model_tflops_per_gpu": model_tflops,
-        "mfu": model_tflops / scenario.cluster.gpu.peak_tflops,
-        "bubble_fraction": mean["idle"] / iteration_s if iteration_s > 0 else 0.0,
-        "num_gpus": num_gpus,
-        "num_microbatches": scenario.num_microbatches,
-        "tokens_per_s": tokens / iteration_s if iteration_s > 0 else 0.0,
-        "memory_per_gpu_gib": bytes_to_gib(peak.total_bytes),
-        "memory_peak_stage": peak.stage,
-        "gpu_memory_gib": scenario.cluster.gpu.memory_gib,
-        "breakdown_s": mean,
-        "stages": [
-            {
-                "stage": stage,
-                "gpu": lanes[members[0]].gpu,
-                "stands_for_gpus": sum(lanes[i].stands_for for i in members),
-                "breakdown_s": _mean_breakdown(
+    return Metrics(
+        name=scenario.name,
+        iteration_time_s=iteration_s,
+        hardware_tflops_per_gpu=hardware_tflops,
+        model_tflops_per_gpu=model_tflops,
+        mfu=model_tflops / scenario.cluster.gpu.peak_tflops,
+        bubble_fraction=mean[IDLE_TIME] / iteration_s if iteration_s > 0 else 0.0,
+        num_gpus=num_gpus,
+        num_microbatches=scenario.num_microbatches,
+        tokens_per_s=tokens / iteration_s if iteration_s > 0 else 0.0,
+        memory_per_gpu_gib=bytes_to_gib(peak.total_bytes),
+        memory_peak_stage=peak.stage,
+        gpu_memory_gib=scenario.cluster.gpu.memory_gib,
+        breakdown_s=mean,
+        stages=tuple(
+            StageMetrics(
+                stage=stage,
+                gpu=lanes[members[0]].gpu,
+                stands_for_gpus=sum(lanes[i].stands_for for i in members),
+                breakdown_s=_mean_breakdown(
                     [lanes[i] for i in members], [breakdowns[i] for i in members]
                 ),
-                "memory_gib": mem,
-                "inflight_activations": stage_mem.inflight_activations,
-            }
-            for (stage, members), mem, stage_mem in zip(
-                sorted(per_stage.items()), memory_gib, memory, strict=True
+                memory=stage_memory,
             )
-        ],
-        "simulated_transfers": trace.num_transfers,
-        "simulated_spans": len(trace.spans),
-    }
+            for (stage, members), stage_memory in zip(
+                sorted(per_stage.items()), memory, strict=True
+            )
+        ),
+        simulated_transfers=trace.num_transfers,
+        simulated_spans=len(trace.spans),
+        out_of_memory=out_of_memory,
+        busiest_links=tuple(busiest_links),
+    )

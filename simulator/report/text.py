@@ -1,207 +1,34 @@
-"""What a person reads as text: the run summary, sweep and topology tables, and the
-Chrome trace. Builds strings and dicts only; the CLI writes them to files. The
-figures are in figures.py."""
+"""Tables a person reads in a terminal: the sweep table, the cluster description, the
+bubble study and the validation table (and its markdown page). Strings only; the
+run summary is in summary.py, the traces in trace.py, the figures in timeline.py and
+figures.py."""
 
 from __future__ import annotations
 
-from ..results import Result
-from ..vocabulary import BACKWARD, BREAKDOWN_KEYS, CATEGORIES, FORWARD, STREAM_ORDER, WEIGHT
-from .metrics import compute_lanes
+from collections.abc import Sequence
 
-# -- text ------------------------------------------------------------------------------
+from ..results import SweepPoint
 
 
-def summary_text(result: Result) -> str:
-    s, m = result.scenario, result.metrics
-    par, tr, cl = s.parallel, s.training, s.cluster
-    node = f"{cl.node} nodes" if cl.node else f"nodes of {cl.gpus_per_node}"
-    used = f"{m['num_gpus']} GPUs"
-    if m["num_gpus"] < cl.num_gpus:
-        used += f" of {cl.num_gpus}"
-    lines = [
-        f"stepsim · {s.name}",
-        f"  {used} ({cl.num_nodes} {node}, {cl.gpu.name}, {cl.nics_per_node} x "
-        f"{cl.nic_gbps:g} Gb/s NICs per node)",
-        f"  TP {par.tensor_model_parallel_size} x PP {par.pipeline_model_parallel_size} x "
-        f"DP {par.data_parallel_size}"
-        + (" + sequence parallel" if par.sequence_parallel else "")
-        + f" · {m['num_microbatches']} micro-batches of {tr.micro_batch_size} per pipeline"
-        f" · {tr.schedule}"
-        + (
-            f" ({par.virtual_pipeline_model_parallel_size} chunks per stage)"
-            if par.virtual_pipeline_model_parallel_size > 1
-            else ""
-        )
-        + f" · recompute {tr.recompute_granularity}"
-        + (" · overlapped grad reduce" if tr.overlap_grad_reduce else "")
-        + f" · {s.network.model} network"
-        + ("" if s.network.symmetry else " · exact mode (every GPU simulated)"),
-        "",
-        f"  iteration time            {m['iteration_time_s']:.4g} s",
-        f"  throughput                {m['tokens_per_s']:,.0f} tokens/s",
-        f"  hardware TFLOP/s per GPU  {m['hardware_tflops_per_gpu']:.1f}  (recomputation included)",
-        f"  model TFLOP/s per GPU     {m['model_tflops_per_gpu']:.1f}",
-        f"  MFU                       {100 * m['mfu']:.1f} %",
-        f"  pipeline bubble           {100 * m['bubble_fraction']:.1f} % of the iteration",
-        f"  memory per GPU            {m['memory_per_gpu_gib']:.1f} GiB of "
-        f"{m['gpu_memory_gib']:g} GiB (peak on stage {m['memory_peak_stage']})",
-    ]
-    if m.get("out_of_memory"):
-        lines.append(f"  WARNING: {m['out_of_memory']}")
-    iteration = m["iteration_time_s"]
-    lines += ["", "  where the time goes, mean per GPU      seconds       %"]
-    for key in BREAKDOWN_KEYS:
-        value = m["breakdown_s"][key]
-        share = 100 * value / iteration if iteration else 0.0
-        lines.append(f"    {BREAKDOWN_NAMES[key]:<34}{value:>10.4g}{share:>8.1f}")
-    lines += ["", _stage_table(m["stages"])]
-    if m.get("busiest_links"):
-        lines += ["", "  busiest links (mean utilization over the iteration)"]
-        for entry in m["busiest_links"]:
-            lines.append(
-                f"    {100 * entry['utilization']:5.1f} %  {entry['gbytes']:>10.3g} GB  "
-                f"{entry['kind']:<7}{entry['link']}"
-            )
-    return "\n".join(lines)
-
-
-BREAKDOWN_NAMES = {c.key: c.label for c in CATEGORIES}
-
-
-def _stage_table(stages: list[dict]) -> str:
-    head = "  per stage (seconds)  " + "".join(f"{k:>10}" for k in BREAKDOWN_KEYS) + "   mem GiB"
-    rows = [head]
-    shown = stages if len(stages) <= 12 else stages[:5] + [None] + stages[-5:]
-    for stage in shown:
-        if stage is None:
-            rows.append("    ...")
-            continue
-        values = "".join(f"{stage['breakdown_s'][k]:>10.3g}" for k in BREAKDOWN_KEYS)
-        rows.append(
-            f"    stage {stage['stage']:<3} x{stage['stands_for_gpus']:<5}  {values}"
-            f"{stage['memory_gib']['total']:>10.1f}"
-        )
-    return "\n".join(rows)
-
-
-# -- figures ---------------------------------------------------------------------------
-
-
-# -- Chrome trace ----------------------------------------------------------------------
-
-
-def chrome_trace(result: Result) -> dict:
-    """Chrome trace event format: a process per simulated GPU, a thread per stream.
-    Opens in Perfetto (ui.perfetto.dev) and chrome://tracing."""
-    events: list[dict] = []
-    streams = sorted({sp.stream for sp in result.trace.spans}, key=lambda s: STREAM_ORDER.get(s, 9))
-    tids = {stream: i for i, stream in enumerate(streams)}
-    for lane in compute_lanes(result.trace.lanes):
-        name = f"GPU {lane.gpu} (stage {lane.stage}"
-        name += f", stands for {lane.stands_for} GPUs)" if lane.stands_for > 1 else ")"
-        events.append(
-            {"ph": "M", "name": "process_name", "pid": lane.gpu, "tid": 0, "args": {"name": name}}
-        )
-        events.append(
-            {
-                "ph": "M",
-                "name": "process_sort_index",
-                "pid": lane.gpu,
-                "tid": 0,
-                "args": {"sort_index": lane.stage},
-            }
-        )
-        for stream, tid in tids.items():
-            events.append(
-                {
-                    "ph": "M",
-                    "name": "thread_name",
-                    "pid": lane.gpu,
-                    "tid": tid,
-                    "args": {"name": stream},
-                }
-            )
-    for sp in result.trace.spans:
-        events.append(
-            {
-                "ph": "X",
-                "name": f"{sp.label} {sp.kind}",
-                "cat": sp.kind,
-                "pid": sp.gpu,
-                "tid": tids[sp.stream],
-                "ts": sp.start_s * 1e6,
-                "dur": (sp.end_s - sp.start_s) * 1e6,
-                "args": {"microbatch": sp.microbatch},
-            }
-        )
-    events += _link_counters(result)
-    return {
-        "traceEvents": events,
-        "displayTimeUnit": "ms",
-        "otherData": {"scenario": result.scenario.name},
-    }
-
-
-NETWORK_PID = 1_000_000_000  # a process of its own for the link counters
-
-
-def _link_counters(result: Result, top: int = 8, bins: int = 400) -> list[dict]:
-    """Utilization of the busiest links over time, as Chrome trace counter tracks."""
-    from .linkstats import utilization_over_time
-
-    busiest = result.metrics.get("busiest_links", [])[:top]
-    if not busiest:
-        return []
-    chosen = [entry["index"] for entry in busiest]
-    capacities = [link.bandwidth_bytes_per_s for link in result.cluster.links]
-    edges, series = utilization_over_time(
-        result.trace.link_intervals, capacities, chosen, result.trace.end_s, bins
-    )
-    events: list[dict] = [
-        {
-            "ph": "M",
-            "name": "process_name",
-            "pid": NETWORK_PID,
-            "tid": 0,
-            "args": {"name": "network: busiest links (utilization %)"},
-        }
-    ]
-    for entry in busiest:
-        for start, value in zip(edges[:-1], series[entry["index"]], strict=True):
-            events.append(
-                {
-                    "ph": "C",
-                    "name": entry["link"],
-                    "pid": NETWORK_PID,
-                    "ts": start * 1e6,
-                    "args": {"utilization %": round(100 * float(value), 3)},
-                }
-            )
-    return events
-
-
-# -- sweeps ----------------------------------------------------------------------------
-
-
-def sweep_table_text(keys: list[str], rows: list[dict]) -> str:
+def sweep_table_text(keys: list[str], points: Sequence[SweepPoint]) -> str:
     head = [*keys, "iteration s", "HW TFLOP/s", "MFU %", "bubble %", "exposed comm %", "mem GiB"]
     body = [
         [
-            *(str(row[k]) for k in keys),
-            f"{row['iteration_time_s']:.4g}",
-            f"{row['hardware_tflops_per_gpu']:.1f}",
-            f"{100 * row['mfu']:.1f}",
-            f"{100 * row['bubble_fraction']:.1f}",
-            f"{100 * row['exposed_comm_fraction']:.1f}",
-            f"{row['memory_per_gpu_gib']:.1f}" + ("" if row["fits_in_memory"] else " OOM"),
+            *(str(settings[k]) for k in keys),
+            f"{m.iteration_time_s:.4g}",
+            f"{m.hardware_tflops_per_gpu:.1f}",
+            f"{100 * m.mfu:.1f}",
+            f"{100 * m.bubble_fraction:.1f}",
+            f"{100 * m.exposed_comm_fraction:.1f}",
+            f"{m.memory_per_gpu_gib:.1f}" + ("" if m.fits_in_memory else " OOM"),
         ]
-        for row in rows
+        for settings, m in points
     ]
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     lines = [
         "  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in [head, *body]
     ]
-    if not all(row["fits_in_memory"] for row in rows):
+    if not all(point.metrics.fits_in_memory for point in points):
         lines.append("  OOM: does not fit in GPU memory (simulated all the same)")
     return "\n".join(lines)
 
@@ -209,7 +36,6 @@ def sweep_table_text(keys: list[str], rows: list[dict]) -> str:
 # -- topology --------------------------------------------------------------------------
 
 _LEVEL_NAMES = {1: "leaf", 2: "spine/aggregation", 3: "core"}
-MAX_DRAWN_GPUS = 128
 
 
 def topology_text(scenario, summary: dict) -> str:
@@ -309,40 +135,6 @@ def study_text(studies: list) -> str:
                 f"{d['per_rank_peak_inflight_w'][r]:>8d}"
             )
     return "\n".join(lines)
-
-
-def study_trace(studies: list, time_unit_us: float = 1000.0) -> dict:
-    """A Chrome/Perfetto trace: a process per schedule, a thread per rank; abstract time
-    units are written as milliseconds."""
-    events: list[dict] = []
-    for pid, study in enumerate(studies):
-        events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": study.name}})
-        for rank in range(study.num_ranks):
-            events.append(
-                {
-                    "ph": "M",
-                    "pid": pid,
-                    "tid": rank,
-                    "name": "thread_name",
-                    "args": {"name": f"rank {rank}"},
-                }
-            )
-        for span in study.trace.spans:
-            if span.kind not in (FORWARD, BACKWARD, WEIGHT):
-                continue  # the gaps are the bubble
-            events.append(
-                {
-                    "ph": "X",
-                    "pid": pid,
-                    "tid": span.gpu,
-                    "name": span.label,
-                    "cat": span.kind,
-                    "ts": span.start_s * time_unit_us,
-                    "dur": (span.end_s - span.start_s) * time_unit_us,
-                    "args": {"microbatch": span.microbatch},
-                }
-            )
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
 # -- validation ------------------------------------------------------------------------

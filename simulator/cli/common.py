@@ -1,0 +1,201 @@
+"""What every command shares: the parser class, exit codes, the progress line, the
+argument groups several commands take, the executor their flags ask for, and writing
+rows as CSV (and Parquet)."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from pathlib import Path
+from typing import Any, TextIO
+
+from ..scenario.loader import ScenarioError, load_scenario
+from ..scenario.spec import Scenario
+
+EXIT_USAGE = 2  # bad input: one line naming the key, the value and the rule
+EXIT_FAILED = 1  # a deadlock or a file that cannot be read or written
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, as for scenario errors
+        self.exit(EXIT_USAGE, f"stepsim: error: {message} (see stepsim {self._sub()}--help)\n")
+
+    def _sub(self) -> str:
+        parts = self.prog.split()[1:]
+        return " ".join(parts) + " " if parts else ""
+
+
+class Progress:
+    """One self-overwriting line on stderr while a long simulation or sweep runs.
+    Silent unless ``enabled`` (stderr is a terminal and no --quiet); redrawn at most
+    ten times a second, so it costs nothing measurable."""
+
+    def __init__(self, enabled: bool, stream: TextIO | None = None) -> None:
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stderr
+        self.task = ""
+        self.started = time.monotonic()
+        self.drawn_at = -1.0
+        self.shown = False
+
+    def begin(self, task: str) -> None:
+        self.task = task
+        self.update(0.0, force=True)
+
+    def update(self, fraction: float, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if not force and now - self.drawn_at < 0.1:
+            return
+        self.drawn_at = now
+        line = f"  {self.task} {fraction:4.0%}  {now - self.started:5.1f} s"
+        self.stream.write("\r\x1b[K" + line)
+        self.stream.flush()
+        self.shown = True
+
+    def clear(self) -> None:
+        if self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.shown = False
+
+
+def progress_for(args: argparse.Namespace) -> Progress:
+    return Progress(sys.stderr.isatty() and not args.quiet)
+
+
+# -- argument groups -------------------------------------------------------------------
+
+
+def scenario_arguments(parser: argparse.ArgumentParser, metavar: str, help_text: str) -> None:
+    parser.add_argument("scenario", help="scenario file (TOML)")
+    parser.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="kernel constants for the scenario's GPU (benchmarks/measure_kernels.py writes it)",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar=metavar,
+        help=f"{help_text} (repeatable)",
+    )
+
+
+def load(args: argparse.Namespace) -> Scenario:
+    """The scenario of the command's SCENARIO, --set and --calibration."""
+    return load_scenario(args.scenario, args.overrides, calibration=args.calibration)
+
+
+def quiet_argument(parser: argparse.ArgumentParser, help_text: str = "no progress line") -> None:
+    parser.add_argument("--quiet", action="store_true", help=help_text)
+
+
+def space_arguments(parser: argparse.ArgumentParser) -> None:
+    space = parser.add_argument_group("search space (comma-separated values)")
+    space.add_argument("--tp", metavar="LIST", help="tensor parallel (default: divisors of a node)")
+    space.add_argument("--pp", metavar="LIST", help="pipeline parallel (default: layer divisors)")
+    space.add_argument("--micro-batch", metavar="LIST", default="1,2,4,8", help="default 1,2,4,8")
+    space.add_argument(
+        "--schedules", metavar="LIST", default="1f1b,interleaved", help="default 1f1b,interleaved"
+    )
+    space.add_argument(
+        "--chunks", metavar="LIST", default="2", help="chunks per rank of chunked schedules (2)"
+    )
+    space.add_argument(
+        "--recompute", metavar="LIST", default="none,selective,full", help="default all three"
+    )
+    space.add_argument(
+        "--sharding",
+        metavar="LIST",
+        default="none,optimizer",
+        help="data-parallel sharding: none, optimizer (ZeRO-1), full (FSDP); default the first two",
+    )
+    space.add_argument(
+        "--sequence-parallel",
+        choices=["both", "on", "off"],
+        default="both",
+        help="with TP > 1 (default both)",
+    )
+
+
+def space_of(args: argparse.Namespace):
+    """The search space the flags of space_arguments give."""
+    from ..plan.space import space_from_flags
+
+    return space_from_flags(
+        tp=args.tp,
+        pp=args.pp,
+        micro_batch=args.micro_batch,
+        schedules=args.schedules,
+        chunks=args.chunks,
+        recompute=args.recompute,
+        sharding=args.sharding,
+        sequence_parallel=args.sequence_parallel,
+    )
+
+
+def worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--jobs", type=int, metavar="N", help="local worker processes (default: the CPUs)"
+    )
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const="",
+        metavar="ADDRESS",
+        help="simulate on a Ray cluster at ADDRESS, or on Ray started here when no address "
+        "is given (pip install 'stepsim[ray]')",
+    )
+    quiet_argument(parser)
+
+
+class Workers:
+    """The executor the command's flags ask for, closed when done."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from ..plan.executors import LocalPool, RayPool, default_jobs
+
+        jobs = args.jobs if args.jobs is not None else default_jobs()
+        if jobs < 1:
+            raise ScenarioError(f"--jobs={jobs} must be >= 1")
+        if args.ray is not None:
+            self.executor = RayPool(args.ray or None, jobs)
+            self.where = f"on Ray at {args.ray}" if args.ray else f"on Ray here, {jobs} CPUs"
+        else:
+            self.executor = LocalPool(jobs)
+            self.where = f"{jobs} local process" + ("es" if jobs > 1 else "")
+
+    def __enter__(self) -> Workers:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.executor.close()
+
+
+def write_csv(path: Path, rows: list[dict[str, Any]], empty_head: str = "layout") -> None:
+    """rows under a header of the first row's keys (``empty_head`` alone when none)."""
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [empty_head])
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def write_rows(out: Path, stem: str, rows: list[dict[str, Any]]) -> list[str]:
+    """rows as STEM.csv, and STEM.parquet when pyarrow is installed; the names written."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / f"{stem}.csv", rows)
+    written = [f"{stem}.csv"]
+    try:
+        import pyarrow
+        import pyarrow.parquet
+    except ImportError:
+        return written
+    pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), out / f"{stem}.parquet")
+    return [*written, f"{stem}.parquet"]

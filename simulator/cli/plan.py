@@ -1,0 +1,220 @@
+"""`stepsim plan`: fit, throughput, time-to-train and scale, each answered from a
+scenario's model, cluster and training settings."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..plan.questions import SCALE_KEEPS
+from ..scenario.loader import ScenarioError
+from .common import (
+    Parser,
+    Workers,
+    load,
+    progress_for,
+    quiet_argument,
+    scenario_arguments,
+    space_arguments,
+    space_of,
+    worker_arguments,
+    write_rows,
+)
+
+
+def add_command(sub) -> None:
+    plan = sub.add_parser(
+        "plan",
+        help="planning questions: fit, throughput, time-to-train, scale",
+        description="Questions asked before renting a cluster, each answered from SCENARIO's "
+        "model, cluster and training settings.",
+    )
+    questions = plan.add_subparsers(dest="question", required=True, parser_class=Parser)
+    fit = questions.add_parser(
+        "fit",
+        help="the largest model of a family that fits on N nodes, or the fewest nodes a "
+        "model needs",
+        description="With --nodes N: which models of --family fit on N of SCENARIO's nodes "
+        "(memory only), and the fastest layout of the largest (simulated). With --min-nodes: "
+        "the fewest nodes on which SCENARIO's model fits, and its fastest layout there.",
+    )
+    scenario_arguments(fit, "SECTION.KEY=VALUE", "override a key of the base scenario")
+    goal = fit.add_mutually_exclusive_group(required=True)
+    goal.add_argument("--nodes", type=int, metavar="N", help="nodes available")
+    goal.add_argument(
+        "--min-nodes", action="store_true", help="the fewest nodes for the scenario's model"
+    )
+    fit.add_argument(
+        "--family",
+        default="gpt3",
+        metavar="NAME",
+        help="model family for --nodes: gpt3 (Brown et al. 2020) or megatron "
+        "(Narayanan et al. 2021, 1.7B to 1T); default gpt3",
+    )
+    fit.add_argument(
+        "--max-nodes", type=int, default=1024, metavar="N", help="--min-nodes: look up to N"
+    )
+    fit.add_argument(
+        "--no-simulate", action="store_true", help="memory only: skip finding the fastest layout"
+    )
+    space_arguments(fit)
+    worker_arguments(fit)
+    fit.set_defaults(handler=fit_command)
+    for name, text in (
+        ("throughput", "tokens/s, TFLOP/s per GPU and MFU of SCENARIO; with --tokens, days"),
+        ("time-to-train", "days and GPU-hours to train SCENARIO on --tokens tokens"),
+    ):
+        q = questions.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        scenario_arguments(q, "SECTION.KEY=VALUE", "override a scenario key")
+        q.add_argument(
+            "--tokens",
+            type=float,
+            required=name == "time-to-train",
+            metavar="T",
+            help="training tokens, e.g. 300e9",
+        )
+        quiet_argument(q)
+        q.set_defaults(handler=throughput_command)
+    scale = questions.add_parser(
+        "scale",
+        help="iteration time and throughput against node count (data parallelism)",
+        description="Run SCENARIO's layout on each node count of --nodes, data parallelism "
+        "taking up the change, and tabulate throughput, speedup and scaling efficiency.",
+    )
+    scenario_arguments(scale, "SECTION.KEY=VALUE", "override a scenario key")
+    scale.add_argument(
+        "--nodes", required=True, metavar="N1,N2,...", help="node counts, e.g. 16,32,64,128"
+    )
+    scale.add_argument(
+        "--keep",
+        choices=list(SCALE_KEEPS),
+        default=SCALE_KEEPS[0],
+        help="strong scaling: the same global batch (default); weak: the same micro-batches "
+        "per pipeline, the global batch growing with DP",
+    )
+    scale.add_argument("--tokens", type=float, metavar="T", help="add days and GPU-hours")
+    scale.add_argument("--out", metavar="DIR", help="write scale.csv and scale.png to DIR")
+    worker_arguments(scale)
+    scale.set_defaults(handler=scale_command)
+
+
+def _fastest(scenario, space, args: argparse.Namespace):
+    """The fastest layout of the space for the scenario (a search for the top one)."""
+    from ..plan.search import search
+
+    progress = progress_for(args)
+    progress.begin(f"searching {scenario.name}")
+
+    def on_result(candidate, i: int, n: int) -> None:
+        progress.task = f"searching {scenario.name}: simulated {i} (of at most {n})"
+        progress.update(i / n)
+
+    try:
+        with Workers(args) as workers:
+            result = search(scenario, space, top=1, executor=workers.executor, on_result=on_result)
+    finally:
+        progress.clear()
+    return result.ranked[0] if result.ranked else None
+
+
+def fit_command(args: argparse.Namespace) -> int:
+    from ..plan.planning import model_params, with_nodes
+    from ..plan.questions import check_family, fit_family, largest_fitting, min_nodes
+    from ..plan.text import fit_text, min_nodes_text
+
+    base = load(args)
+    space = space_of(args)
+    if args.min_nodes:
+        nodes, fitting = min_nodes(base, space, args.max_nodes)
+        best = None
+        if nodes and not args.no_simulate:
+            best = _fastest(with_nodes(base, nodes), space, args)
+        print(min_nodes_text(base, model_params(base), nodes, fitting, best, args.max_nodes))
+        return 0
+    check_family(args.family)
+    if args.nodes < 1:
+        raise ScenarioError(f"--nodes={args.nodes} must be >= 1")
+    cluster_base = with_nodes(base, args.nodes)
+    rows = fit_family(cluster_base, args.family, space)
+    largest = largest_fitting(rows)
+    best = None
+    if largest is not None and not args.no_simulate:
+        best = _fastest(largest.scenario, space, args)
+    print(fit_text(cluster_base, rows, args.nodes, best))
+    return 0
+
+
+def throughput_command(args: argparse.Namespace) -> int:
+    from ..plan.planning import model_params
+    from ..plan.questions import (
+        check_fits,
+        check_tokens,
+        flops_factor,
+        narayanan_days,
+        training_time,
+    )
+    from ..plan.search import simulate_row
+    from ..plan.text import throughput_text
+
+    scenario = load(args)
+    check_tokens(args.tokens)
+    check_fits(scenario)
+    progress = progress_for(args)
+    progress.begin("simulating")
+    try:
+        metrics = simulate_row(scenario)
+    finally:
+        progress.clear()
+    params = model_params(scenario)
+    times = estimate = None
+    factor = flops_factor(scenario)
+    if args.tokens is not None:
+        times = training_time(metrics, args.tokens)
+        estimate = narayanan_days(
+            params, args.tokens, metrics.num_gpus, metrics.hardware_tflops_per_gpu, factor
+        )
+    print(throughput_text(scenario, params, metrics, args.tokens, times, estimate, factor))
+    return 0
+
+
+def scale_command(args: argparse.Namespace) -> int:
+    from ..plan.questions import check_fits, check_tokens, scale_points, scale_scenarios
+    from ..plan.space import int_list
+    from ..plan.text import scale_text
+
+    base = load(args)
+    nodes = int_list("--nodes", args.nodes)
+    check_tokens(args.tokens)
+    entries = scale_scenarios(base, sorted(set(nodes)), args.keep)
+    runnable = [(i, sc) for i, (_, sc, _) in enumerate(entries) if sc is not None]
+    results = [None] * len(entries)
+    progress = progress_for(args)
+    progress.begin(f"simulating {len(runnable)} node counts")
+    for _, sc in runnable:
+        try:
+            check_fits(sc)
+        except ScenarioError as exc:
+            raise ScenarioError(f"{sc.cluster.num_nodes} nodes: {exc}") from None
+
+    def done(j: int, metrics) -> None:
+        results[runnable[j][0]] = metrics
+        progress.update(sum(r is not None for r in results) / len(runnable))
+
+    try:
+        with Workers(args) as workers:
+            workers.executor([sc for _, sc in runnable], done)
+    finally:
+        progress.clear()
+    points = scale_points(entries, results, args.tokens)
+    print(scale_text(base, points, args.keep, args.tokens))
+    if args.out:
+        from ..report.figures import scale_figure
+
+        out = Path(args.out)
+        rows = [p.row() for p in points if p.metrics is not None]
+        written = write_rows(out, "scale", rows)
+        scale_figure(points, f"{base.name}: scaling with data parallelism").savefig(
+            out / "scale.png", dpi=110
+        )
+        print(f"\n  wrote {args.out}/: {' '.join(written)} scale.png")
+    return 0

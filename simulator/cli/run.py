@@ -1,0 +1,81 @@
+"""`stepsim run`: simulate one iteration of a scenario, print its summary, and with
+--out write metrics.json, the pictures, the trace and the resolved scenario."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ..scenario.loader import ScenarioError, dumps_toml, scenario_to_dict
+from .common import load, progress_for, quiet_argument, scenario_arguments
+
+OUTPUT_FILES = "metrics.json timeline.png breakdown.png trace.json scenario.resolved.toml"
+
+
+def add_command(sub) -> None:
+    run = sub.add_parser(
+        "run",
+        help="simulate a scenario file and print a summary",
+        description="Simulate one iteration of SCENARIO (a TOML file; see scenarios/README.md).",
+    )
+    scenario_arguments(
+        run, "SECTION.KEY=VALUE", "override a scenario key, e.g. --set cluster.nic_gbps=400"
+    )
+    run.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write metrics.json, timeline.png, breakdown.png, trace.json and "
+        "scenario.resolved.toml to DIR",
+    )
+    run.add_argument("--json", action="store_true", help="print only the metrics JSON")
+    run.add_argument(
+        "--allow-oom",
+        action="store_true",
+        help="simulate a layout that does not fit in GPU memory (a warning, not an error)",
+    )
+    quiet_argument(run, "no progress line on the terminal while it runs")
+    run.set_defaults(handler=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    from ..run import memory_per_stage, run  # imported here so `stepsim --help` stays instant
+    from ..workload.memory import out_of_memory
+
+    scenario = load(args)
+    problem = out_of_memory(scenario, memory_per_stage(scenario))
+    if problem and not args.allow_oom:
+        raise ScenarioError(problem)
+    if problem:
+        print(f"warning: {problem}", file=sys.stderr)
+    progress = progress_for(args)
+    progress.begin("simulating")
+    try:
+        result = run(scenario, progress.update)
+    finally:
+        progress.clear()
+    if args.out:
+        write_outputs(result, Path(args.out))
+    if args.json:
+        print(json.dumps(result.metrics.to_json(), indent=2))
+    else:
+        from ..report.summary import summary_text
+
+        print(summary_text(result))
+        if args.out:
+            print(f"\n  wrote {args.out}/: {OUTPUT_FILES}")
+    return 0
+
+
+def write_outputs(result, out: Path) -> None:
+    from ..report.timeline import breakdown_figure, timeline_figure
+    from ..report.trace import chrome_trace
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(result.metrics.to_json(), indent=2) + "\n")
+    (out / "scenario.resolved.toml").write_text(dumps_toml(scenario_to_dict(result.scenario)))
+    # dumps, not dump: dump to a file streams through the slow pure-Python encoder
+    (out / "trace.json").write_text(json.dumps(chrome_trace(result), separators=(",", ":")))
+    timeline_figure(result).savefig(out / "timeline.png", dpi=110)
+    breakdown_figure(result).savefig(out / "breakdown.png", dpi=110)

@@ -1,0 +1,113 @@
+"""`stepsim schedule`: a pipeline schedule on abstract op times, no cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from ..scenario.loader import read_schedule_file
+from ..vocabulary import PLACEMENTS
+
+
+def _schedule_names() -> list[str]:
+    from schedules import SCHEDULES
+
+    return list(SCHEDULES)
+
+
+def add_command(sub) -> None:
+    sched = sub.add_parser(
+        "schedule",
+        help="a pipeline schedule on abstract op times: makespan, bubble, memory, picture",
+        description="Run a pipeline schedule on abstract op times, no cluster: F, B, W per "
+        "micro-batch and stage (any unit; the outputs use the same), c per hop between stages. "
+        "Schedules that do not split the backward run one fused backward of B + W.",
+    )
+    which = sched.add_mutually_exclusive_group(required=True)
+    which.add_argument("--schedule", metavar="NAME", help=f"one of: {', '.join(_schedule_names())}")
+    which.add_argument(
+        "--compare", metavar="A,B,...", help="several schedules, stacked in one picture"
+    )
+    which.add_argument(
+        "--schedule-file",
+        metavar="FILE",
+        help="per-rank op orders: one line per rank of labels F3 B3 W3 (F3.1 = chunk 1)",
+    )
+    sched.add_argument("--stages", type=int, metavar="P", help="pipeline stages (ranks)")
+    sched.add_argument("--microbatches", type=int, metavar="M", help="micro-batches")
+    sched.add_argument(
+        "--chunks", type=int, metavar="V", help="chunks per rank (default 2 where chunked)"
+    )
+    sched.add_argument(
+        "--group-size", type=int, metavar="G", help="micro-batch group of interleaved schedules"
+    )
+    sched.add_argument(
+        "--placement",
+        choices=list(PLACEMENTS),
+        default=PLACEMENTS[0],
+        help="--schedule-file only: chunk k of rank r is stage k*p+r (looped) or a V",
+    )
+    sched.add_argument("--forward", type=float, required=True, metavar="F")
+    sched.add_argument("--backward", type=float, required=True, metavar="B")
+    sched.add_argument("--weight", type=float, default=None, metavar="W")
+    sched.add_argument("--p2p-latency", type=float, default=0.0, metavar="C")
+    sched.add_argument("--json", action="store_true", help="print the results as JSON")
+    sched.add_argument("--out", metavar="DIR", help="write schedule.png and trace.json to DIR")
+    sched.set_defaults(handler=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    from ..bubble import check_sizes, op_times, studies_of_schedules, study_of_orders
+    from ..report.text import study_text
+    from ..report.trace import study_trace
+
+    times = op_times(args.forward, args.backward, args.weight, args.p2p_latency)
+    sizes = {
+        "--stages": args.stages,
+        "--microbatches": args.microbatches,
+        "--chunks": args.chunks,
+    }
+    check_sizes({**sizes, "--group-size": args.group_size})
+    weight_given = args.weight is not None
+    if args.schedule_file:
+        path = Path(args.schedule_file)
+        where = f"--schedule-file {str(path)!r}"
+        orders = read_schedule_file(path, where, args.placement)
+        studies = [
+            study_of_orders(
+                path.stem,
+                orders,
+                times,
+                weight_given=weight_given,
+                placement=args.placement,
+                sizes=sizes,
+                where=where,
+            )
+        ]
+    else:
+        names = [args.schedule] if args.schedule else [n.strip() for n in args.compare.split(",")]
+        studies = studies_of_schedules(
+            names,
+            args.stages,
+            args.microbatches,
+            times,
+            weight_given=weight_given,
+            chunks=args.chunks,
+            group_size=args.group_size,
+        )
+    if args.json:
+        dicts = [s.as_dict() for s in studies]
+        print(json.dumps(dicts[0] if len(dicts) == 1 else dicts, indent=2))
+    else:
+        print(study_text(studies))
+    if args.out:
+        from ..report.timeline import pipeline_figure
+
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        pipeline_figure(studies).savefig(out / "schedule.png", dpi=110)
+        (out / "trace.json").write_text(json.dumps(study_trace(studies), separators=(",", ":")))
+        if not args.json:
+            print(f"\n  wrote {args.out}/: schedule.png trace.json")
+    return 0

@@ -1,0 +1,40 @@
+"""`stepsim topology`: what a scenario's cluster graph holds, and a drawing of it."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..scenario.loader import ScenarioError
+from .common import load, scenario_arguments
+
+
+def add_command(sub) -> None:
+    topo = sub.add_parser(
+        "topology",
+        help="describe a scenario's cluster: GPUs, links, switches, bisection bandwidth",
+        description="Print what the cluster graph of SCENARIO holds; optionally draw it.",
+    )
+    scenario_arguments(topo, "SECTION.KEY=VALUE", "override a scenario key")
+    topo.add_argument("--png", metavar="FILE", help="draw the graph (clusters of up to 128 GPUs)")
+    topo.set_defaults(handler=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    from topologies.describe import summarize
+
+    from ..report.figures import MAX_DRAWN_GPUS, topology_figure
+    from ..report.text import topology_text
+    from ..run import build_cluster
+
+    scenario = load(args)
+    cluster = build_cluster(scenario.cluster)
+    if args.png and cluster.num_gpus > MAX_DRAWN_GPUS:
+        raise ScenarioError(
+            f"--png draws clusters of up to {MAX_DRAWN_GPUS} GPUs; this one has "
+            f"{cluster.num_gpus} (try --set cluster.num_nodes=4)"
+        )
+    print(topology_text(scenario, summarize(cluster.graph, scenario.cluster.gpus_per_node)))
+    if args.png:
+        topology_figure(cluster.graph, scenario.name).savefig(args.png, dpi=110)
+        print(f"\n  wrote {args.png}")
+    return 0
