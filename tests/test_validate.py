@@ -131,3 +131,14 @@ def test_validate_with_a_missing_folder_is_a_one_line_error(tmp_path, capsys):
     assert main(["validate", "--data", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert "validation table" in err and err.count("\n") == 1
+
+
+def test_validate_refuses_a_calibration_file_for_a_gpu_without_a_set(tmp_path, capsys):
+    from simulator.calibration.fit import calibration_toml
+    from simulator.scenario.presets import GPUS
+
+    path = tmp_path / "h200.toml"
+    path.write_text(calibration_toml(GPUS["h200-sxm-141gb"].kernels, [], []), encoding="utf-8")
+    assert main(["validate", "--quick", "--calibration", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "gpu='h200-sxm-141gb'" in err and err.count("\n") == 1

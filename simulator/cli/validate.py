@@ -18,10 +18,12 @@ QUICK_MAX_H100_GPUS = 100  # and the H100 rows on more
 def add_command(sub) -> None:
     validate = sub.add_parser(
         "validate",
-        help="simulate the calibration set and compare with the published measurements",
-        description="Simulate every row of the calibration set (Narayanan et al. 2021 Table 1: "
-        "iteration times; Korthikanti et al. 2022 Table 4: one layer's forward and backward) "
-        "and print measured, simulated and error; write validation.md and a plot.",
+        help="simulate the calibration sets and compare with the published measurements",
+        description="Simulate every row of each GPU's calibration set (A100: Narayanan et al. "
+        "2021 Table 1 and Korthikanti et al. 2022 Table 4; V100: the Megatron-LM README's "
+        "DGX-2 table; H100: Megatron-Core r0.8.0's weak scaling) and print measured, "
+        "simulated and error, one table per set with its mean and worst; write "
+        "validation.md and a plot.",
     )
     validate.add_argument(
         "--data",
