@@ -1,6 +1,6 @@
 """The calibration set as scenarios, simulated and compared with what was measured.
 
-Two tables (copied into scenarios/validation/ with their citations):
+Four tables, three GPUs (copied into scenarios/validation/ with their citations):
 
 - Narayanan et al. 2021 (arXiv 2104.04473) Table 1: GPT models from 1.7B to 1T
   on up to 3,072 A100s, measured TFLOP/s per GPU. The paper counts
@@ -22,7 +22,7 @@ Table 1's pipelined rows follow the ``schedule`` column (NVIDIA's own
 reproduction script, examples/sc21/run_table_1.sh): 39B and 1T without
 interleaving, the others with the chunks per stage it gives (``chunks_of``).
 The H100 table leaves micro-batch, recomputation, sequence parallelism and
-interleaving unpublished: ``H100_CHOICES`` states what is assumed and why.
+interleaving unpublished: ``H100Choices`` states what is assumed and why.
 This module reads no files: the loader turns the CSVs into rows.
 """
 
@@ -59,7 +59,11 @@ def chunks_of(row: Row) -> int:
     """Interleaved chunks per pipeline stage of a Table 1 row, from its ``schedule``
     column ("... (v=3) ..." for interleaved rows; 1 for "1f1b" and "no pipeline")."""
     match = re.search(r"\(v=(\d+)\)", row["schedule"])
-    return int(match.group(1)) if match else 1
+    if match:
+        return int(match.group(1))
+    if "interleaved" in row["schedule"]:
+        raise ValueError(f"row {row['id']}: schedule {row['schedule']!r} gives no (v=N)")
+    return 1
 
 
 def megatron_flops(row: Row) -> float:
