@@ -93,6 +93,7 @@ class Metrics:
     memory_per_gpu_gib: float  # the fullest GPU's
     memory_peak_stage: int
     gpu_memory_gib: float
+    calibration: str  # how the GPU's kernel constants were obtained (fitted, file, or scaled)
     breakdown_s: dict[str, float]  # mean per GPU, in vocabulary.BREAKDOWN_KEYS order
     stages: tuple[StageMetrics, ...]
     simulated_transfers: int

@@ -6,7 +6,7 @@ import pytest
 
 from simulator.calibration.fit import calibration_toml
 from simulator.scenario.loader import read_calibration
-from simulator.scenario.presets import CALIBRATED_GPU, GPUS, NODES
+from simulator.scenario.presets import CALIBRATED_GPU, CALIBRATED_GPUS, GPUS, NODES
 from simulator.scenario.spec import GpuSpec, KernelConstants
 from simulator.workload.compute import ComputeModel, constants_for
 from tests.helpers import load
@@ -48,11 +48,36 @@ def test_every_gpu_presets_constants_pass_as_a_calibration_file(name, tmp_path):
 
 def test_only_the_calibrated_gpus_say_they_were_fitted():
     fitted = sorted(name for name, gpu in GPUS.items() if gpu.kernel_provenance.startswith("fit"))
-    assert fitted == ["a100-sxm4-40gb", "a100-sxm4-80gb"] and CALIBRATED_GPU in fitted
+    assert fitted == sorted(CALIBRATED_GPUS.values()) and CALIBRATED_GPU in fitted
     for name in sorted(set(GPUS) - set(fitted)):
-        assert GPUS[name].kernel_provenance == (
-            "A100 fractions carried over, uncalibrated (measure: benchmarks/measure_kernels.py)"
+        label = GPUS[name].kernel_provenance
+        assert label.startswith("uncalibrated: scaled from ")
+        source = label.removeprefix("uncalibrated: scaled from ")
+        assert source in fitted and GPUS[source].kernels.gemm_efficiency == (
+            GPUS[name].kernels.gemm_efficiency
         )
+
+
+def test_the_dgx2_preset_is_sixteen_v100s_on_nvswitch_with_eight_100g_nics():
+    dgx2 = NODES["dgx-2"]
+    assert dgx2["gpu"] == "v100-sxm3-32gb" and dgx2["gpus_per_node"] == 16
+    assert dgx2["nvlink_topology"] == "nvswitch" and dgx2["nvlink_gbytes_per_s"] == 150.0
+    assert (dgx2["nics_per_node"], dgx2["nic_gbps"]) == (8, 100.0)
+    # every key a node preset fills is there (the DGX A100's keys as the reference)
+    assert set(NODES["dgx-a100"]) <= set(dgx2)
+    gpu = GPUS["v100-sxm3-32gb"]
+    assert (gpu.peak_tflops, gpu.memory_gib, gpu.hbm_gbytes_per_s, gpu.num_sms) == (
+        125.0,
+        32.0,
+        900.0,
+        80,
+    )
+    scenario = load(
+        cluster={"node": "dgx-2", "num_nodes": 1},
+        parallel={"tensor_model_parallel_size": 16},
+        training={"micro_batch_size": 1, "global_batch_size": 1},
+    )
+    assert scenario.cluster.gpu == gpu and scenario.cluster.gpus_per_node == 16
 
 
 @pytest.mark.parametrize("node", sorted(NODES))
@@ -83,3 +108,30 @@ def test_a_calibration_overrides_the_gpu_records_constants():
     measured = dataclasses.replace(base.cluster.gpu.kernels, gemm_efficiency=0.5, source="test")
     assert constants_for(base) is base.cluster.gpu.kernels
     assert constants_for(dataclasses.replace(base, calibration=measured)) is measured
+
+
+def test_every_run_says_how_its_gpus_constants_were_obtained(tmp_path):
+    """metrics.json's "calibration" and the run summary: fitted, scaled from a fitted
+    GPU, or the --calibration file."""
+    from simulator.report.summary import summary_text
+    from simulator.run import run
+    from simulator.scenario.loader import dumps_toml, load_scenario
+    from tests.helpers import scenario
+
+    fitted = run(load())
+    assert fitted.metrics.calibration == GPUS[CALIBRATED_GPU].kernel_provenance
+    assert fitted.metrics.calibration.startswith("fit on the A100 calibration set")
+    assert fitted.metrics.to_json()["calibration"] == fitted.metrics.calibration
+    assert fitted.metrics.calibration in summary_text(fitted)
+
+    scaled = run(load(cluster={"node": "dgx-h200"}))
+    assert scaled.metrics.to_json()["calibration"] == "uncalibrated: scaled from h100-sxm5-80gb"
+    assert "uncalibrated: scaled from h100-sxm5-80gb" in summary_text(scaled)
+
+    constants = dataclasses.replace(GPUS[CALIBRATED_GPU].kernels, source="measured here")
+    calibration = tmp_path / "a100.toml"
+    calibration.write_text(calibration_toml(constants, [], []), encoding="utf-8")
+    path = tmp_path / "s.toml"
+    path.write_text(dumps_toml(scenario()), encoding="utf-8")
+    label = run(load_scenario(path, calibration=calibration)).metrics.calibration
+    assert label == f"calibration file {str(calibration)!r}: measured here"

@@ -29,6 +29,7 @@ JSON_KEYS = [
     "memory_per_gpu_gib",
     "memory_peak_stage",
     "gpu_memory_gib",
+    "calibration",
     "breakdown_s",
     "stages",
     "simulated_transfers",

@@ -12,31 +12,40 @@ from .common import progress_for, quiet_argument
 # the calibration set, shipped with the project (an editable install finds it here)
 DEFAULT_VALIDATION_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "validation"
 QUICK_MAX_GPUS = 1_000  # --quick skips the Table 1 rows on more GPUs
+QUICK_MAX_H100_GPUS = 100  # and the H100 rows on more
 
 
 def add_command(sub) -> None:
     validate = sub.add_parser(
         "validate",
-        help="simulate the calibration set and compare with the published measurements",
-        description="Simulate every row of the calibration set (Narayanan et al. 2021 Table 1: "
-        "iteration times; Korthikanti et al. 2022 Table 4: one layer's forward and backward) "
-        "and print measured, simulated and error; write validation.md and a plot.",
+        help="simulate the calibration sets and compare with the published measurements",
+        description="Simulate every row of each GPU's calibration set (A100: Narayanan et al. "
+        "2021 Table 1 and Korthikanti et al. 2022 Table 4; V100: the Megatron-LM README's "
+        "DGX-2 table; H100: Megatron-Core r0.8.0's weak scaling) and print measured, "
+        "simulated and error, one table per set with its mean and worst; write "
+        "validation.md and a plot.",
     )
     validate.add_argument(
         "--data",
         metavar="DIR",
         default=str(DEFAULT_VALIDATION_DIR),
-        help="folder with the two CSV tables (default: the project's scenarios/validation)",
+        help="folder with the calibration CSV tables (default: the project's scenarios/validation)",
     )
     validate.add_argument(
-        "--calibration", metavar="FILE", help="kernel constants for the A100 from FILE"
+        "--calibration",
+        metavar="FILE",
+        help="kernel constants from FILE for the set that ran on its GPU",
     )
     validate.add_argument(
         "--out",
         metavar="DIR",
         help="write DIR/validation.md and DIR/images/validation.png (the project's is docs)",
     )
-    validate.add_argument("--quick", action="store_true", help="skip the rows over 1,000 GPUs")
+    validate.add_argument(
+        "--quick",
+        action="store_true",
+        help="skip the A100 rows over 1,000 GPUs and the H100 rows over 100",
+    )
     quiet_argument(validate, "no progress line on the terminal while it runs")
     validate.set_defaults(handler=command)
 
@@ -46,40 +55,41 @@ def command(args: argparse.Namespace) -> int:
     from ..report.text import validation_markdown, validation_text
     from ..run import run
     from ..scenario.loader import read_calibration, read_validation_set
+    from ..scenario.presets import CALIBRATED_GPUS
 
     rows = read_validation_set(args.data)
     if args.quick:
         rows["megatron"] = [r for r in rows["megatron"] if int(r["num_gpus"]) <= QUICK_MAX_GPUS]
-    calibration = read_calibration(args.calibration) if args.calibration else None
-    if calibration is not None and not calibration.gpu.startswith("a100"):
-        raise ScenarioError(
-            f"--calibration {args.calibration!r} is for gpu={calibration.gpu!r}; the "
-            "calibration set ran on A100s"
-        )
+        rows["h100"] = [r for r in rows["h100"] if int(r["num_gpus"] or 0) <= QUICK_MAX_H100_GPUS]
+    calibrations = {}
+    if args.calibration:
+        constants = read_calibration(args.calibration)
+        sets = [name for name, gpu in CALIBRATED_GPUS.items() if gpu == constants.gpu]
+        if not sets:
+            raise ScenarioError(
+                f"--calibration {args.calibration!r} is for gpu={constants.gpu!r}; the "
+                f"calibration sets ran on {', '.join(CALIBRATED_GPUS.values())}"
+            )
+        calibrations[sets[0]] = constants
     progress = progress_for(args)
 
     def tell(name: str) -> None:
         progress.begin(f"simulating {name}")
 
     try:
-        comparisons = compare(
-            rows["megatron"],
-            rows["layers"],
-            lambda s: run(s, progress.update).trace,
-            calibration,
-            tell,
-        )
+        by_set = compare(rows, lambda s: run(s, progress.update), calibrations, tell)
     finally:
         progress.clear()
-    print(validation_text(comparisons, summary(comparisons)))
+    totals = {name: summary(comparisons) for name, comparisons in by_set.items()}
+    print(validation_text(by_set, totals))
     if args.out:
         from ..report.figures import validation_figure
 
         out = Path(args.out)
         (out / "images").mkdir(parents=True, exist_ok=True)
-        validation_figure(comparisons).savefig(out / "images" / "validation.png", dpi=110)
+        validation_figure(by_set).savefig(out / "images" / "validation.png", dpi=110)
         (out / "validation.md").write_text(
-            validation_markdown(comparisons, summary(comparisons), calibration), encoding="utf-8"
+            validation_markdown(by_set, totals, calibrations), encoding="utf-8"
         )
         print(f"\n  wrote {args.out}/validation.md and {args.out}/images/validation.png")
     return 0

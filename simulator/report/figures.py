@@ -114,22 +114,30 @@ def topology_figure(graph, title: str) -> Figure:
     return fig
 
 
-def validation_figure(comparisons):
+def validation_figure(by_set):
     """Simulated against measured, one panel per table, on log axes, with the ±8 % band."""
-    scored = [c for c in comparisons if c.what in ("iteration", "layer forward", "layer backward")]
     groups = (
-        ("Narayanan et al. 2021 Table 1: iteration", ("iteration",), 1.0, "s"),
+        ("A100 · Narayanan et al. 2021 Table 1: iteration", "a100", ("iteration",), 1.0, "s"),
         (
-            "Korthikanti et al. 2022 Table 4: one layer",
+            "A100 · Korthikanti et al. 2022 Table 4: one layer",
+            "a100",
             ("layer forward", "layer backward"),
             1e3,
             "ms",
         ),
+        ("V100 · Megatron-LM 2020, DGX-2: iteration", "v100", ("iteration",), 1.0, "s"),
+        (
+            "H100 · Megatron-Core 2024: FLOPs / model TFLOP/s",
+            "h100",
+            ("model TFLOP/s",),
+            1.0,
+            "s",
+        ),
     )
-    fig = Figure(figsize=(11, 4.8), layout="constrained")
-    axes = fig.subplots(1, 2)
-    for ax, (title, kinds, scale, unit) in zip(axes, groups, strict=True):
-        rows = [c for c in scored if c.what in kinds]
+    fig = Figure(figsize=(11, 9.6), layout="constrained")
+    axes = fig.subplots(2, 2).ravel()
+    for ax, (title, name, kinds, scale, unit) in zip(axes, groups, strict=True):
+        rows = [c for c in by_set.get(name, ()) if c.what in kinds]
         if not rows:
             ax.set_axis_off()
             continue

@@ -43,6 +43,7 @@ def summary_text(result: Result) -> str:
         f"  pipeline bubble           {100 * m.bubble_fraction:.1f} % of the iteration",
         f"  memory per GPU            {m.memory_per_gpu_gib:.1f} GiB of "
         f"{m.gpu_memory_gib:g} GiB (peak on stage {m.memory_peak_stage})",
+        f"  kernel constants          {m.calibration}",
     ]
     if m.out_of_memory:
         lines.append(f"  WARNING: {m.out_of_memory}")

@@ -118,6 +118,8 @@ def read_schedule_file(path: Path, name: str, placement: str) -> list[list[Step]
 VALIDATION_FILES = {
     "megatron": "megatron_2021_table1.csv",
     "layers": "korthikanti_2022_table4_layer.csv",
+    "dgx2": "megatron_2020_dgx2_v100.csv",
+    "h100": "megatron_core_2024_h100.csv",
 }
 
 

@@ -77,7 +77,11 @@ def load_scenario(
             f"calibration file {str(calibration)!r} has gpu={constants.gpu!r} but the scenario "
             f"runs on cluster.gpu={scenario.cluster.gpu.name!r}"
         )
-    return replace(scenario, calibration=constants)
+    # the label the run summary and metrics.json carry: which file, and what it says
+    labelled = replace(
+        constants, source=f"calibration file {str(calibration)!r}: {constants.source}"
+    )
+    return replace(scenario, calibration=labelled)
 
 
 def parse_override(item: str) -> tuple[str, str, Any]:
