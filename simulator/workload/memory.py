@@ -69,9 +69,9 @@ def stage_params_per_rank(scenario: Scenario, stage: int) -> float:
     The output layer shares the word embedding; when it sits on another stage that
     stage keeps its own copy, as Megatron-LM does.
     """
-    m, p = scenario.model, scenario.parallel.pipeline_model_parallel_size
+    m = scenario.model
     t = scenario.parallel.tensor_model_parallel_size
-    params = layer_params_per_rank(scenario) * (m.num_layers // p)
+    params = layer_params_per_rank(scenario) * scenario.rank_layers(stage)
     if stage == 0:
         params += m.vocab_size * m.hidden_size / t + m.seq_length * m.hidden_size
     if stage == output_rank(scenario):
@@ -140,7 +140,7 @@ class StageMemory:
 
 
 def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> StageMemory:
-    m, p = scenario.model, scenario.parallel.pipeline_model_parallel_size
+    m = scenario.model
     t = scenario.parallel.tensor_model_parallel_size
     params = stage_params_per_rank(scenario, stage)
     d = scenario.parallel.data_parallel_size
@@ -155,10 +155,12 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
         # the one being gathered ahead, and one layer's full gradients
         # (the embedding/output weights are gathered with the first layer of each pass)
         layer = layer_params_per_rank(scenario)
-        rest = params - layer * (m.num_layers // p)
+        rest = params - layer * scenario.rank_layers(stage)
         weights = weights / d + (2 * layer + rest) * WEIGHT_BYTES_PER_PARAM
         gradients = gradients / d + (layer + rest) * GRADIENT_BYTES_PER_PARAM
-    layers_per_chunk = m.num_layers // (p * scenario.parallel.virtual_pipeline_model_parallel_size)
+    # in-flight forwards are counted in chunks; with chunks of unequal size (an uneven
+    # split with chunks) each is counted at the largest, a bound
+    layers_per_chunk = max(scenario.chunk_layers[stage])
     activations = activation_bytes_per_layer(scenario) * layers_per_chunk * inflight_activations
     if scenario.training.recompute_granularity == RECOMPUTE_FULL:
         # the layer being recomputed holds all its activations during its backward

@@ -1,0 +1,211 @@
+"""Uneven pipeline stages (Megatron-Core's four split keys): the rules and their
+errors, closed forms for time and memory, and the published shapes that need them."""
+
+import pytest
+
+from simulator.plan.bound import iteration_lower_bound_s
+from simulator.run import run
+from simulator.scenario.errors import ScenarioError
+from simulator.workload.compute import ComputeModel
+from simulator.workload.memory import layer_params_per_rank
+from tests.helpers import load
+
+# no communication worth the name: NVLink at the schema's top bandwidth, no latency
+FREE_LINKS = {
+    "node": "dgx-a100",
+    "num_nodes": 1,
+    "gpus_per_node": 2,
+    "nics_per_node": 2,
+    "nvlink_gbytes_per_s": 1e7,
+    "nvlink_latency_us": 0.0,
+    "collective_base_latency_us": 0.0,
+}
+
+
+def _layers(**parallel):
+    return load(parallel={"pipeline_model_parallel_size": 2, **parallel}, cluster=FREE_LINKS)
+
+
+def test_even_split_without_the_keys():
+    s = load(model={"num_layers": 8}, parallel={"pipeline_model_parallel_size": 4})
+    assert s.chunk_layers == ((2,), (2,), (2,), (2,))
+
+
+def test_first_stage_one_layer_and_the_rest_on_the_last():
+    s = _layers(decoder_first_pipeline_num_layers=1)
+    assert s.chunk_layers == ((1,), (3,))
+    s = _layers(decoder_last_pipeline_num_layers=3)
+    assert s.chunk_layers == ((1,), (3,))
+
+
+def test_pp2_layers_1_and_3_iteration_is_the_closed_form():
+    # 1F1B on 2 stages, 8 micro-batches; stage 1 (3 layers + output) is the slower, so it
+    # never waits once the first forward arrives: F0 + m (F1 + B1), then its optimizer;
+    # stage 0 ends with its last backward and its optimizer step.
+    s = _layers(decoder_first_pipeline_num_layers=1)
+    compute = ComputeModel(s)
+    layer, extras = compute.layer(), compute.extras()
+    f = (layer.attention_forward + layer.mlp_forward).duration_s
+    b = (layer.attention_backward + layer.mlp_backward).duration_s
+    f0 = extras.embedding_forward.duration_s + f
+    b0 = b + extras.embedding_backward.duration_s
+    f1 = 3 * f + extras.output_forward.duration_s
+    b1 = 3 * b + extras.output_backward.duration_s
+    m = s.num_microbatches
+    result = run(s)
+    opt = [compute.optimizer(mem.params).duration_s for mem in result.memory]
+    stage1_done = f0 + m * (f1 + b1)
+    expected = max(stage1_done + opt[1], stage1_done + b0 + opt[0])
+    assert result.trace.end_s == pytest.approx(expected, rel=1e-6)
+    assert iteration_lower_bound_s(s) <= result.trace.end_s
+
+
+def test_memory_of_each_stage_follows_its_layers():
+    s = _layers(decoder_first_pipeline_num_layers=1)
+    even = load(parallel={"pipeline_model_parallel_size": 2}, cluster=FREE_LINKS)
+    layer = layer_params_per_rank(s)
+    uneven_mem, even_mem = run(s).memory, run(even).memory
+    # one layer moves from stage 0 to stage 1
+    assert uneven_mem[0].params == pytest.approx(even_mem[0].params - layer)
+    assert uneven_mem[1].params == pytest.approx(even_mem[1].params + layer)
+    # activations: stage 0 holds 2 forwards of 1 layer, stage 1 one of 3 (1F1B)
+    per_layer = (even_mem[0].activations_bytes) / (2 * 2)
+    assert uneven_mem[0].activations_bytes == pytest.approx(2 * 1 * per_layer)
+
+
+def test_bloom_70_layers_on_12_stages():
+    # BLOOM-176B (bigscience Megatron-DeepSpeed, partition_method type:transformer|embedding):
+    # 5, 6 x 10, 5 layers; in Megatron-Core's keys, first = last = 5
+    s = load(
+        model={"num_layers": 70},
+        cluster={"num_nodes": 2, "gpus_per_node": 6, "nics_per_node": 6},
+        parallel={
+            "pipeline_model_parallel_size": 12,
+            "decoder_first_pipeline_num_layers": 5,
+            "decoder_last_pipeline_num_layers": 5,
+        },
+        training={"global_batch_size": 12},
+    )
+    assert [sum(c) for c in s.chunk_layers] == [5] + [6] * 10 + [5]
+    result = run(s)
+    assert result.trace.end_s > 0
+
+
+@pytest.mark.parametrize("schedule, chunks", [("1f1b", 1), ("zbh1", 1), ("interleaved", 2)])
+def test_zero_bubble_setting_first_and_last_one_layer_fewer(schedule, chunks):
+    # Qi et al. 2023's setting: the embedding and the loss each take a layer's place
+    s = load(
+        model={"num_layers": 14},
+        cluster={"num_nodes": 1, "gpus_per_node": 4, "nics_per_node": 4},
+        parallel={
+            "pipeline_model_parallel_size": 4,
+            "virtual_pipeline_model_parallel_size": chunks,
+            "account_for_embedding_in_pipeline_split": True,
+            "account_for_loss_in_pipeline_split": True,
+        },
+        training={"schedule": schedule},
+    )
+    per_rank = [sum(c) for c in s.chunk_layers]
+    assert per_rank == [3, 4, 4, 3]
+    if chunks == 2:
+        assert s.chunk_layers == ((1, 2), (2, 2), (2, 2), (2, 1))
+    assert run(s).trace.end_s > 0
+
+
+def test_zbv_loss_is_on_rank_0():
+    s = load(
+        model={"num_layers": 14},
+        cluster={"num_nodes": 1, "gpus_per_node": 4, "nics_per_node": 4},
+        parallel={
+            "pipeline_model_parallel_size": 4,
+            "account_for_embedding_in_pipeline_split": True,
+            "account_for_loss_in_pipeline_split": True,
+        },
+        training={"schedule": "zbv"},
+    )
+    # 16 counted layers on 8 virtual stages; stages 0 and 7 are both on rank 0
+    assert s.chunk_layers == ((1, 1), (2, 2), (2, 2), (2, 2))
+    assert run(s).trace.end_s > 0
+
+
+ERRORS = [
+    (
+        {"decoder_first_pipeline_num_layers": 1, "account_for_loss_in_pipeline_split": True},
+        "parallel.decoder_first_pipeline_num_layers=1 cannot be set together with "
+        "parallel.account_for_embedding_in_pipeline_split or account_for_loss_in_pipeline_"
+        "split (Megatron-Core refuses the mix)",
+    ),
+    (
+        {"pipeline_model_parallel_size": 1, "decoder_last_pipeline_num_layers": 4},
+        "parallel.decoder_last_pipeline_num_layers=4 needs "
+        "parallel.pipeline_model_parallel_size > 1 (found 1)",
+    ),
+    (
+        {"decoder_first_pipeline_num_layers": 1, "decoder_last_pipeline_num_layers": 2},
+        "parallel.decoder_first_pipeline_num_layers=1 plus "
+        "parallel.decoder_last_pipeline_num_layers=2 must equal model.num_layers=4 with "
+        "parallel.pipeline_model_parallel_size=2 (no stage left between them)",
+    ),
+    (
+        {"pipeline_model_parallel_size": 3, "decoder_first_pipeline_num_layers": 1},
+        "parallel.decoder_first_pipeline_num_layers=1 leaves 3 of model.num_layers=4 for the "
+        "other 2 of parallel.pipeline_model_parallel_size=3 stages, which must split them "
+        "evenly, at least one each",
+    ),
+    (
+        {"account_for_loss_in_pipeline_split": True},
+        "parallel.pipeline_model_parallel_size=2 must divide model.num_layers + 1 for the loss "
+        "= 5 (account_for_*_in_pipeline_split)",
+    ),
+    (
+        {
+            "pipeline_model_parallel_size": 6,
+            "account_for_embedding_in_pipeline_split": True,
+            "account_for_loss_in_pipeline_split": True,
+        },
+        "parallel.pipeline_model_parallel_size=6 leaves a virtual stage without a "
+        "transformer layer: 6 counted layers over 6 virtual stages, one fewer on the first "
+        "and/or last",
+    ),
+    (
+        {"pipeline_model_parallel_size": 3},
+        "parallel.pipeline_model_parallel_size=3 must divide model.num_layers=4",
+    ),
+]
+
+
+@pytest.mark.parametrize("parallel, message", ERRORS)
+def test_rules_name_the_key_and_the_rule(parallel, message):
+    doc = {"pipeline_model_parallel_size": 2, **parallel}
+    with pytest.raises(ScenarioError) as error:
+        load(parallel=doc, cluster={"num_nodes": 1, "gpus_per_node": 6, "nics_per_node": 6})
+    assert str(error.value) == message
+
+
+def test_chunks_must_divide_the_edge_and_middle_stages():
+    with pytest.raises(ScenarioError) as error:
+        load(
+            model={"num_layers": 12},
+            parallel={
+                "pipeline_model_parallel_size": 4,
+                "virtual_pipeline_model_parallel_size": 2,
+                "decoder_first_pipeline_num_layers": 3,
+            },
+            training={"schedule": "interleaved"},
+        )
+    assert str(error.value) == (
+        "parallel.decoder_first_pipeline_num_layers=3 must be divisible by "
+        "parallel.virtual_pipeline_model_parallel_size=2"
+    )
+    s = load(
+        model={"num_layers": 12},
+        parallel={
+            "pipeline_model_parallel_size": 4,
+            "virtual_pipeline_model_parallel_size": 2,
+            "decoder_first_pipeline_num_layers": 2,
+            "decoder_last_pipeline_num_layers": 2,
+        },
+        training={"schedule": "interleaved"},
+    )
+    assert s.chunk_layers == ((1, 1), (2, 2), (2, 2), (1, 1))
+    assert run(s).trace.end_s > 0
