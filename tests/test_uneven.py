@@ -209,3 +209,29 @@ def test_chunks_must_divide_the_edge_and_middle_stages():
     )
     assert s.chunk_layers == ((1, 1), (2, 2), (2, 2), (1, 1))
     assert run(s).trace.end_s > 0
+
+
+def test_search_splits_layers_that_do_not_divide_as_megatron_users_do():
+    from simulator.plan.planning import apply_layout
+    from simulator.plan.space import SearchSpace, layouts, pipeline_sizes, uneven_split
+
+    assert uneven_split(70, 12) == (5, 5)  # BLOOM: 5, 6 x 10, 5
+    assert uneven_split(14, 4) == (3, 3)
+    assert uneven_split(13, 4) == (2, 3)  # the first stage the fewer
+    assert uneven_split(14, 4, chunks=2) == (2, 4)
+    assert uneven_split(96, 8) is None  # even
+    assert uneven_split(10, 8) is None  # no stage may hold more than the middle ones
+    assert pipeline_sizes(14) == [1, 2, 3, 4, 5, 6, 7, 8, 14]
+    base = load(
+        model={"num_layers": 14},
+        cluster={"num_nodes": 1, "gpus_per_node": 4, "nics_per_node": 4},
+        parallel={"pipeline_model_parallel_size": 2, "data_parallel_size": 2},
+    )
+    space = SearchSpace(
+        tp=(1,), pp=(4,), micro_batch=(1,), schedules=("1f1b",), recompute=("none",)
+    )
+    (layout,) = [x for x in layouts(base, space) if x.sharding == "none"]
+    assert (layout.first_layers, layout.last_layers) == (3, 3)
+    assert layout.key == "tp1-pp4-first3-last3-dp1-mb1-1f1b-v1-none-none-nosp"
+    assert "parallel.decoder_first_pipeline_num_layers=3" in layout.overrides()
+    assert [sum(c) for c in apply_layout(base, layout).chunk_layers] == [3, 4, 4, 3]
