@@ -235,3 +235,32 @@ def test_search_splits_layers_that_do_not_divide_as_megatron_users_do():
     assert layout.key == "tp1-pp4-first3-last3-dp1-mb1-1f1b-v1-none-none-nosp"
     assert "parallel.decoder_first_pipeline_num_layers=3" in layout.overrides()
     assert [sum(c) for c in apply_layout(base, layout).chunk_layers] == [3, 4, 4, 3]
+
+
+def test_rule_of_thumb_takes_the_smallest_pipeline_even_when_it_splits_unevenly():
+    from simulator.plan.search import rule_of_thumb
+
+    # 13 layers of hidden 8192 at TP 2: about 6.4 GiB of model state a layer, too many
+    # for one 80 GiB stage; two stages hold them as 6 and 7
+    base = load(
+        model={"num_layers": 13, "hidden_size": 8192, "num_attention_heads": 64},
+        cluster={"num_nodes": 2, "gpus_per_node": 2, "nics_per_node": 2},
+        parallel={"data_parallel_size": 4},
+        training={"global_batch_size": 16},
+    )
+    layout = rule_of_thumb(base)
+    assert (layout.tp, layout.pp, layout.first_layers, layout.last_layers) == (2, 2, 6, 7)
+
+
+def test_exact_mode_agrees_with_the_symmetric_one_on_an_uneven_split():
+    doc = dict(
+        model={"num_layers": 6},
+        cluster={"num_nodes": 1, "gpus_per_node": 4, "nics_per_node": 4},
+        parallel={
+            "pipeline_model_parallel_size": 2,
+            "data_parallel_size": 2,
+            "decoder_first_pipeline_num_layers": 2,
+        },
+    )
+    exact = load(**doc, network={"model": "fair-share", "symmetry": False})
+    assert run(load(**doc)).trace.end_s == run(exact).trace.end_s
