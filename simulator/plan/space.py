@@ -97,7 +97,8 @@ class Layout:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SearchSpace:
     """The values a search tries; None: derived from the model and cluster (tensor
-    parallel: the divisors of the GPUs per node; pipeline: the divisors of the layers)."""
+    parallel: the divisors of the GPUs per node; pipeline: the divisors of the layers
+    and the sizes `uneven_split` takes them in)."""
 
     tp: tuple[int, ...] | None = None
     pp: tuple[int, ...] | None = None
