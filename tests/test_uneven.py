@@ -264,3 +264,25 @@ def test_exact_mode_agrees_with_the_symmetric_one_on_an_uneven_split():
     )
     exact = load(**doc, network={"model": "fair-share", "symmetry": False})
     assert run(load(**doc)).trace.end_s == run(exact).trace.end_s
+
+
+def test_unequal_chunks_hold_their_own_layers_in_flight():
+    from simulator.workload.memory import activation_bytes_per_layer, inflight_layers
+
+    # looped BFS holds every forward of both chunks at its peak: m (1 + 2) layers on rank 0,
+    # whose first chunk gave a layer's place to the embedding
+    s = load(
+        model={"num_layers": 14},
+        cluster={"num_nodes": 1, "gpus_per_node": 4, "nics_per_node": 4},
+        parallel={
+            "pipeline_model_parallel_size": 4,
+            "virtual_pipeline_model_parallel_size": 2,
+            "account_for_embedding_in_pipeline_split": True,
+            "account_for_loss_in_pipeline_split": True,
+        },
+        training={"schedule": "looped_bfs", "global_batch_size": 4},
+    )
+    assert s.chunk_layers[0] == (1, 2)
+    assert inflight_layers(s, 0) == 4 * 3
+    memory = run(s).memory[0]
+    assert memory.activations_bytes == activation_bytes_per_layer(s) * 12

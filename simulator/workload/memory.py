@@ -9,7 +9,8 @@ layers.
 Activations follow Korthikanti et al. 2022 (arXiv 2205.05198, Sec 4), bytes
 per layer and micro-batch, times the activations the schedule keeps in flight:
 a chunk's worth of layers (all the rank's layers when it runs one chunk) for
-each forward whose backward (or, when split, weight gradient) has not yet run.
+each forward whose backward (or, when split, weight gradient) has not yet run; with
+chunks of unequal size (an uneven split), each forward counts its own chunk's layers.
 
 "Stage" below is a pipeline rank: with v chunks per rank it holds v of the
 p x v virtual stages (schedules.stage_of).
@@ -158,10 +159,11 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
         rest = params - layer * scenario.rank_layers(stage)
         weights = weights / d + (2 * layer + rest) * WEIGHT_BYTES_PER_PARAM
         gradients = gradients / d + (layer + rest) * GRADIENT_BYTES_PER_PARAM
-    # in-flight forwards are counted in chunks; with chunks of unequal size (an uneven
-    # split with chunks) each is counted at the largest, a bound
-    layers_per_chunk = max(scenario.chunk_layers[stage])
-    activations = activation_bytes_per_layer(scenario) * layers_per_chunk * inflight_activations
+    chunks = scenario.chunk_layers[stage]
+    if len(set(chunks)) == 1:  # every chunk alike: the peak in flight times a chunk's layers
+        activations = activation_bytes_per_layer(scenario) * chunks[0] * inflight_activations
+    else:  # chunks of unequal size (an uneven split with chunks): walk the rank's order
+        activations = activation_bytes_per_layer(scenario) * inflight_layers(scenario, stage)
     if scenario.training.recompute_granularity == RECOMPUTE_FULL:
         # the layer being recomputed holds all its activations during its backward
         activations += activation_bytes_per_layer(scenario, RECOMPUTE_NONE)
@@ -177,6 +179,26 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
         activations_bytes=activations,
         inflight_activations=inflight_activations,
     )
+
+
+def inflight_layers(scenario: Scenario, stage: int) -> int:
+    """Most transformer layers whose activations a rank holds at once under its schedule:
+    each forward adds its chunk's layers, the backward (or, when split, the weight
+    gradient) of the same chunk and micro-batch takes them off (schedules.peak_inflight,
+    weighted by `Scenario.chunk_layers`)."""
+    from .lowering import stage_orders  # lowering imports this module
+
+    order = stage_orders(scenario)[stage]
+    counts = scenario.chunk_layers[stage]
+    release = "W" if any(step.kind == "W" for step in order) else "B"
+    alive = peak = 0
+    for step in order:
+        if step.kind == "F":
+            alive += counts[step.chunk]
+            peak = max(peak, alive)
+        elif step.kind == release:
+            alive -= counts[step.chunk]
+    return peak
 
 
 def out_of_memory(scenario: Scenario, memory: list[StageMemory]) -> str | None:
