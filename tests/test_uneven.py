@@ -286,3 +286,19 @@ def test_unequal_chunks_hold_their_own_layers_in_flight():
     assert inflight_layers(s, 0) == 4 * 3
     memory = run(s).memory[0]
     assert memory.activations_bytes == activation_bytes_per_layer(s) * 12
+
+
+def test_schedule_study_with_stage_layers_is_the_closed_form(capsys):
+    import json
+
+    from simulator.cli import main
+
+    # per-layer F 1, B 2; stage 1's 3 layers bound it: F0 + m (F1 + B1) + B0 = 1 + 4 x 9 + 2
+    args = ["schedule", "--schedule", "1f1b", "--stages", "2", "--microbatches", "4"]
+    args += ["--forward", "1", "--backward", "2", "--stage-layers", "1,3", "--json"]
+    assert main(args) == 0
+    study = json.loads(capsys.readouterr().out)
+    assert study["makespan"] == 39.0 and study["ideal"] == 36.0
+    assert study["per_rank_busy"] == [12.0, 36.0]
+    assert main([*args[:-3], "--stage-layers", "1,2,3"]) == 2
+    assert "--stage-layers=1,2,3 gives 3 counts for 2 stages" in capsys.readouterr().err
