@@ -48,8 +48,7 @@ def iteration_lower_bound_s(scenario: Scenario) -> float:
     the first micro-batch's forward has passed virtual stages 0 .. s-1, held by ranks
     0 .. s-1 under both placements. Each rank counts its own layers (an uneven split,
     rules.stage_layers, gives ranks different counts). The bound is the largest of those
-    sums over ranks;
-    communication, bubbles and waiting only add to the simulated time.
+    sums over ranks; communication, bubbles and waiting only add to the simulated time.
     """
     model = ComputeModel(scenario)
     layer, extras = model.layer(), model.extras()

@@ -123,10 +123,6 @@ def check_model_split(model: ModelSpec, parallel: ParallelConfig) -> None:
 
 FIRST_KEY = "parallel.decoder_first_pipeline_num_layers"
 LAST_KEY = "parallel.decoder_last_pipeline_num_layers"
-ACCOUNT_KEYS = (
-    "account_for_embedding_in_pipeline_split",
-    "account_for_loss_in_pipeline_split",
-)
 
 
 def is_uneven(parallel: ParallelConfig) -> bool:
