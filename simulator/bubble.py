@@ -4,7 +4,9 @@ Times follow the reference vectors' conventions: F, B and W are per micro-batch
 and rank; with v chunks each op lasts F/v, B/v or W/v; a schedule that does not
 split the backward runs one fused backward of (B + W)/v; c is added to every
 hop between ranks. The engine runs the orders exactly as the full simulator
-runs a pipeline's compute lanes.
+runs a pipeline's compute lanes. With ``stage_layers`` (an uneven split, as
+Megatron-Core's ``decoder_first/last_pipeline_num_layers`` give), F, B and W are per
+layer and rank r's ops last its layers times as long.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Study:
     times: OpTimes
     orders: tuple[tuple[Step, ...], ...]
     trace: Trace
+    stage_layers: tuple[int, ...] | None = None  # layers per rank; F, B, W are then per layer
 
     @property
     def makespan(self) -> float:
@@ -50,7 +53,10 @@ class Study:
     @property
     def ideal(self) -> float:
         t = self.times
-        return self.num_microbatches * (t.forward + t.backward + t.weight)
+        ideal = self.num_microbatches * (t.forward + t.backward + t.weight)
+        if self.stage_layers is not None:  # the busiest rank's work
+            ideal *= max(self.stage_layers)
+        return ideal
 
     @property
     def per_rank_busy(self) -> list[float]:
@@ -74,6 +80,7 @@ class Study:
     def as_dict(self) -> dict:
         ideal, makespan = self.ideal, self.makespan
         t = self.times
+        layers = {} if self.stage_layers is None else {"stage_layers": list(self.stage_layers)}
         return {
             "schedule": self.name,
             "p": self.num_ranks,
@@ -85,6 +92,7 @@ class Study:
             "c": t.p2p_latency,
             "split_backward": self.split_backward,
             "placement": self.placement,
+            **layers,
             "makespan": makespan,
             "ideal": ideal,
             "bubble_ratio": (makespan - ideal) / ideal,
@@ -105,6 +113,7 @@ def run_orders(
     num_chunks: int,
     split_backward: bool,
     placement: str = "looped",
+    stage_layers: Sequence[int] | None = None,
 ) -> Study:
     """Simulate given per-rank orders (already checked) on abstract op times."""
     v = num_chunks
@@ -117,6 +126,7 @@ def run_orders(
         p2p_latency_s=times.p2p_latency,
         num_chunks=v,
         placement=placement,
+        rank_scale=stage_layers,
     )
     m = 1 + max(s.microbatch for order in orders for s in order)
     return Study(
@@ -129,11 +139,18 @@ def run_orders(
         times=times,
         orders=tuple(tuple(o) for o in orders),
         trace=simulate(workload),
+        stage_layers=None if stage_layers is None else tuple(stage_layers),
     )
 
 
 def run_schedule(
-    name: str, p: int, m: int, times: OpTimes, v: int = 1, group_size: int | None = None
+    name: str,
+    p: int,
+    m: int,
+    times: OpTimes,
+    v: int = 1,
+    group_size: int | None = None,
+    stage_layers: Sequence[int] | None = None,
 ) -> Study:
     """Build a named schedule and simulate it; ValueError if the sizes do not suit it."""
     orders = build_schedule(name, p, m, v, group_size)
@@ -145,6 +162,7 @@ def run_schedule(
         num_chunks=v,
         split_backward=info.split_backward,
         placement=info.placement,
+        stage_layers=stage_layers,
     )
 
 
@@ -192,6 +210,7 @@ def study_of_orders(
     placement: str,
     sizes: dict[str, int | None],
     where: str,
+    stage_layers: Sequence[int] | None = None,
 ) -> Study:
     """Per-rank orders read from a file (``where`` names it in errors): within the op
     limit, agreeing with the sizes given (by flag: --stages, --microbatches, --chunks),
@@ -207,7 +226,29 @@ def study_of_orders(
             raise ScenarioError(f"{flag}={given} but the schedule file has {found}")
     if split and not weight_given:
         raise ScenarioError("--weight is required: the schedule file has W ops")
-    return run_orders(name, orders, times, num_chunks=v, split_backward=split, placement=placement)
+    check_stage_layers(stage_layers, p)
+    return run_orders(
+        name,
+        orders,
+        times,
+        num_chunks=v,
+        split_backward=split,
+        placement=placement,
+        stage_layers=stage_layers,
+    )
+
+
+def check_stage_layers(stage_layers: Sequence[int] | None, stages: int) -> None:
+    """One count per rank, each at least 1 (``--stage-layers``)."""
+    if stage_layers is None:
+        return
+    text = ",".join(str(n) for n in stage_layers)
+    if len(stage_layers) != stages:
+        raise ScenarioError(
+            f"--stage-layers={text} gives {len(stage_layers)} counts for {stages} stages"
+        )
+    if min(stage_layers) < 1:
+        raise ScenarioError(f"--stage-layers={text}: every stage needs at least 1 layer")
 
 
 def studies_of_schedules(
@@ -219,6 +260,7 @@ def studies_of_schedules(
     weight_given: bool,
     chunks: int | None = None,
     group_size: int | None = None,
+    stage_layers: Sequence[int] | None = None,
 ) -> list[Study]:
     """Named schedules on the same sizes and op times, each checked and simulated. With
     one schedule a --chunks or --group-size it cannot take is an error; with several
@@ -233,6 +275,7 @@ def studies_of_schedules(
             f"--stages={stages} x --microbatches={microbatches} means about "
             f"{ops:,} ops, over the limit of {MAX_OPS:,}; use fewer"
         )
+    check_stage_layers(stage_layers, stages)
     studies = []
     single = len(names) == 1
     for name in names:
@@ -255,7 +298,7 @@ def studies_of_schedules(
             )
         group = group_size if info.grouped else None
         try:
-            studies.append(run_schedule(name, stages, microbatches, times, v, group))
+            studies.append(run_schedule(name, stages, microbatches, times, v, group, stage_layers))
         except ValueError as exc:
             raise ScenarioError(
                 f"--schedule {name} --stages {stages} --microbatches {microbatches}: {exc}"

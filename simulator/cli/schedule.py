@@ -52,6 +52,12 @@ def add_command(sub) -> None:
     sched.add_argument("--backward", type=float, required=True, metavar="B")
     sched.add_argument("--weight", type=float, default=None, metavar="W")
     sched.add_argument("--p2p-latency", type=float, default=0.0, metavar="C")
+    sched.add_argument(
+        "--stage-layers",
+        metavar="L0,L1,...",
+        help="layers per rank (an uneven split, e.g. 5,6,6,5): F, B and W are then per "
+        "layer and rank r's ops last L_r times as long",
+    )
     sched.add_argument("--json", action="store_true", help="print the results as JSON")
     sched.add_argument("--out", metavar="DIR", help="write schedule.png and trace.json to DIR")
     sched.set_defaults(handler=command)
@@ -59,10 +65,12 @@ def add_command(sub) -> None:
 
 def command(args: argparse.Namespace) -> int:
     from ..bubble import check_sizes, op_times, studies_of_schedules, study_of_orders
+    from ..plan.space import int_list
     from ..report.text import study_text
     from ..report.trace import study_trace
 
     times = op_times(args.forward, args.backward, args.weight, args.p2p_latency)
+    stage_layers = int_list("--stage-layers", args.stage_layers)
     sizes = {
         "--stages": args.stages,
         "--microbatches": args.microbatches,
@@ -83,6 +91,7 @@ def command(args: argparse.Namespace) -> int:
                 placement=args.placement,
                 sizes=sizes,
                 where=where,
+                stage_layers=stage_layers,
             )
         ]
     else:
@@ -95,6 +104,7 @@ def command(args: argparse.Namespace) -> int:
             weight_given=weight_given,
             chunks=args.chunks,
             group_size=args.group_size,
+            stage_layers=stage_layers,
         )
     if args.json:
         dicts = [s.as_dict() for s in studies]

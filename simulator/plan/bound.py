@@ -46,16 +46,15 @@ def iteration_lower_bound_s(scenario: Scenario) -> float:
     the sum of its compute ops (forwards, backwards, recomputation, weight gradients,
     its embedding or output layer, its optimizer step). Rank s starts nothing before
     the first micro-batch's forward has passed virtual stages 0 .. s-1, held by ranks
-    0 .. s-1 under both placements. The bound is the largest of those sums over ranks;
-    communication, bubbles and waiting only add to the simulated time.
+    0 .. s-1 under both placements. Each rank counts its own layers (an uneven split,
+    rules.stage_layers, gives ranks different counts). The bound is the largest of those
+    sums over ranks; communication, bubbles and waiting only add to the simulated time.
     """
     model = ComputeModel(scenario)
     layer, extras = model.layer(), model.extras()
     par, tr = scenario.parallel, scenario.training
-    p, v = par.pipeline_model_parallel_size, par.virtual_pipeline_model_parallel_size
+    p = par.pipeline_model_parallel_size
     m = scenario.num_microbatches
-    per_rank = scenario.model.num_layers // p
-    per_chunk = per_rank // v
     forward = (layer.attention_forward + layer.mlp_forward).duration_s
     backward = (layer.attention_backward + layer.mlp_backward).duration_s
     recompute = {
@@ -75,7 +74,7 @@ def iteration_lower_bound_s(scenario: Scenario) -> float:
     best = 0.0
     fill = 0.0  # the first micro-batch's forwards on ranks before this one
     for s in range(p):
-        busy = m * per_rank * (forward + backward + recompute)
+        busy = m * scenario.rank_layers(s) * (forward + backward + recompute)
         if s == 0:
             busy += m * embedding
         if s == last:
@@ -83,5 +82,6 @@ def iteration_lower_bound_s(scenario: Scenario) -> float:
         params = stage_params_per_rank(scenario, s)
         busy += model.optimizer(params / d if sharded else params).duration_s
         best = max(best, fill + busy)
-        fill += per_chunk * forward + (extras.embedding_forward.duration_s if s == 0 else 0.0)
+        first_chunk = scenario.chunk_layers[s][0]  # virtual stage s, both placements
+        fill += first_chunk * forward + (extras.embedding_forward.duration_s if s == 0 else 0.0)
     return best

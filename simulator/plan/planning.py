@@ -24,6 +24,8 @@ def apply_layout(base: Scenario, layout: Layout) -> Scenario:
         data_parallel_size=layout.dp,
         virtual_pipeline_model_parallel_size=layout.chunks,
         sequence_parallel=layout.sequence_parallel,
+        decoder_first_pipeline_num_layers=layout.first_layers,
+        decoder_last_pipeline_num_layers=layout.last_layers,
     )
     training = _with_schedule(
         base.training,

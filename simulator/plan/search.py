@@ -209,9 +209,13 @@ def result_rows(result: SearchResult) -> list[dict[str, Any]]:
         key=lambda c: (c.status, c.bound_s, c.layout.key),
     )
     metric_keys = list(result.ranked[0].metrics.row()) if result.ranked else []
+    uneven = any(c.layout.uneven for c in ordered)
     for c in ordered:
         row: dict[str, Any] = {"rank": rank.get(id(c)), "layout": c.layout.key}
         row.update(c.layout.as_dict())
+        if uneven:  # the columns only a search with uneven splits has
+            row["first_layers"] = c.layout.first_layers
+            row["last_layers"] = c.layout.last_layers
         row["status"] = c.status
         row["memory_per_gpu_gib"] = c.memory_gib
         row["lower_bound_s"] = c.bound_s if c.status != OUT_OF_MEMORY else None

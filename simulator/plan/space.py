@@ -38,13 +38,22 @@ class Layout:
     recompute: str
     sharding: str
     sequence_parallel: bool
+    # Megatron-Core's decoder_first/last_pipeline_num_layers; None: an even split
+    first_layers: int | None = None
+    last_layers: int | None = None
+
+    @property
+    def uneven(self) -> bool:
+        return self.first_layers is not None or self.last_layers is not None
 
     @property
     def key(self) -> str:
-        """A short name, unique in a search: tp8-pp16-dp8-mb1-1f1b-v1-full-none-sp."""
+        """A short name, unique in a search: tp8-pp16-dp8-mb1-1f1b-v1-full-none-sp, with
+        -first5-last5 after pp for an uneven split."""
         sp = "sp" if self.sequence_parallel else "nosp"
+        split = f"-first{self.first_layers}-last{self.last_layers}" if self.uneven else ""
         return (
-            f"tp{self.tp}-pp{self.pp}-dp{self.dp}-mb{self.micro_batch}-{self.schedule}-"
+            f"tp{self.tp}-pp{self.pp}{split}-dp{self.dp}-mb{self.micro_batch}-{self.schedule}-"
             f"v{self.chunks}-{self.recompute}-{self.sharding}-{sp}"
         )
 
@@ -63,9 +72,18 @@ class Layout:
 
     def overrides(self) -> list[str]:
         """The same layout as `--set` overrides for `stepsim run`."""
+        split = (
+            [
+                f"parallel.decoder_first_pipeline_num_layers={self.first_layers}",
+                f"parallel.decoder_last_pipeline_num_layers={self.last_layers}",
+            ]
+            if self.uneven
+            else []
+        )
         return [
             f"parallel.tensor_model_parallel_size={self.tp}",
             f"parallel.pipeline_model_parallel_size={self.pp}",
+            *split,
             f"parallel.data_parallel_size={self.dp}",
             f"parallel.virtual_pipeline_model_parallel_size={self.chunks}",
             f"parallel.sequence_parallel={str(self.sequence_parallel).lower()}",
@@ -79,7 +97,8 @@ class Layout:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SearchSpace:
     """The values a search tries; None: derived from the model and cluster (tensor
-    parallel: the divisors of the GPUs per node; pipeline: the divisors of the layers)."""
+    parallel: the divisors of the GPUs per node; pipeline: the divisors of the layers
+    and the sizes `uneven_split` takes them in)."""
 
     tp: tuple[int, ...] | None = None
     pp: tuple[int, ...] | None = None
@@ -119,12 +138,43 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def uneven_split(num_layers: int, pp: int, chunks: int = 1) -> tuple[int, int] | None:
+    """(first, last) stage layers for ``pp`` stages that cannot hold ``num_layers``
+    evenly, as Megatron users split them (Megatron-Core's
+    ``--decoder-first/last-pipeline-num-layers``): the middle stages hold
+    ceil(L / pp) layers each (rounded up to a multiple of the chunks), the first and last
+    stage share the rest, at most that many each and the first the fewer, each a
+    multiple of the chunks. BLOOM's 70 layers on 12 stages give (5, 5) with 6 in the
+    middle. None when the layers split evenly or no such split exists."""
+    if num_layers % (pp * chunks) == 0 or pp < 2:
+        return None
+    v = chunks
+    middle = -(-num_layers // pp)
+    middle = -(-middle // v) * v
+    rest = num_layers - (pp - 2) * middle
+    if rest < 2 * v or rest % v or (pp > 2 and rest > 2 * middle):
+        return None
+    first = rest // v // 2 * v
+    return first, rest - first
+
+
+def pipeline_sizes(num_layers: int) -> list[int]:
+    """The pipeline sizes a search tries by default: the divisors of the layers, and the
+    sizes that take them in an uneven split (`uneven_split`)."""
+    return [
+        p
+        for p in range(1, num_layers + 1)
+        if num_layers % p == 0 or uneven_split(num_layers, p) is not None
+    ]
+
+
 def layouts(base: Scenario, space: SearchSpace) -> list[Layout]:
     """Every combination of the space's values that uses the whole cluster (TP x PP x DP
     = its GPUs), in a fixed order. Not yet checked against the loader's rules."""
     num_gpus, gpn = base.cluster.num_gpus, base.cluster.gpus_per_node
     tps = space.tp if space.tp is not None else tuple(divisors(gpn))
-    pps = space.pp if space.pp is not None else tuple(divisors(base.model.num_layers))
+    num_layers = base.model.num_layers
+    pps = space.pp if space.pp is not None else tuple(pipeline_sizes(num_layers))
     out = []
     for tp, pp in itertools.product(sorted(set(tps)), sorted(set(pps))):
         if num_gpus % (tp * pp):
@@ -147,6 +197,7 @@ def layouts(base: Scenario, space: SearchSpace) -> list[Layout]:
             if pp == 1 and schedule != "1f1b":
                 continue  # with one stage every schedule is the same sequence of passes
             for chunks in chunk_values:
+                split = uneven_split(num_layers, pp, chunks) or (None, None)
                 out.append(
                     Layout(
                         tp=tp,
@@ -158,6 +209,8 @@ def layouts(base: Scenario, space: SearchSpace) -> list[Layout]:
                         recompute=recompute,
                         sharding=sharding,
                         sequence_parallel=sp,
+                        first_layers=split[0],
+                        last_layers=split[1],
                     )
                 )
     return out

@@ -46,7 +46,9 @@ def describe_base(base: Scenario, params: float) -> list[str]:
 def layout_cells(layout: Layout) -> list[str]:
     return [
         str(layout.tp),
-        str(layout.pp),
+        f"{layout.pp} ({layout.first_layers}|..|{layout.last_layers})"
+        if layout.uneven
+        else str(layout.pp),
         str(layout.dp),
         str(layout.micro_batch),
         layout.schedule,

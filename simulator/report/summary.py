@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 from ..results import Result, StageMetrics
+from ..scenario.rules import is_uneven
+from ..scenario.spec import Scenario
 from ..units import bytes_to_gib
 from ..vocabulary import BREAKDOWN_KEYS, CATEGORIES
+
+
+def layer_counts(scenario: Scenario) -> str:
+    """Transformer layers per pipeline rank, runs of equal counts folded:
+    ``5, 6 x10, 5`` for BLOOM's split."""
+    counts = [
+        scenario.rank_layers(r) for r in range(scenario.parallel.pipeline_model_parallel_size)
+    ]
+    runs = [(c, len(list(group))) for c, group in itertools.groupby(counts)]
+    return ", ".join(f"{c} x{n}" if n > 1 else str(c) for c, n in runs)
 
 
 def summary_text(result: Result) -> str:
@@ -22,6 +35,7 @@ def summary_text(result: Result) -> str:
         f"{cl.nic_gbps:g} Gb/s NICs per node)",
         f"  TP {par.tensor_model_parallel_size} x PP {par.pipeline_model_parallel_size} x "
         f"DP {par.data_parallel_size}"
+        + (f" (layers per stage {layer_counts(s)})" if is_uneven(par) else "")
         + (" + sequence parallel" if par.sequence_parallel else "")
         + f" · {m.num_microbatches} micro-batches of {tr.micro_batch_size} per pipeline"
         f" · {tr.schedule}"

@@ -268,19 +268,47 @@ class ParallelConfig:
         "rules below",
         default=1,
     )
-    pipeline_model_parallel_size: int = key("must divide `model.num_layers`", default=1)
+    pipeline_model_parallel_size: int = key(
+        "must divide `model.num_layers`, unless the four keys below split it unevenly",
+        default=1,
+    )
     data_parallel_size: int = key(
         "TP x PP x DP must be <= the GPU count; see the layout rules below",
         derived="GPU count / (TP x PP)",
     )
     virtual_pipeline_model_parallel_size: int = key(
         "chunks per pipeline rank; >= 2 for `interleaved`, `looped_bfs`, `interleaved_zb`, "
-        "exactly 2 for `zbv`, 1 for the others; PP x this must divide `model.num_layers`",
+        "exactly 2 for `zbv`, 1 for the others; it must divide every stage's layers",
         default=1,
         derived="1; 2 for chunked schedules; a custom file's chunks",
     )
     sequence_parallel: bool = key(
         "Megatron sequence parallelism within the TP group", default=False
+    )
+    decoder_first_pipeline_num_layers: int | None = key(
+        "Megatron-Core's `--decoder-first-pipeline-num-layers`: transformer layers on the "
+        "first pipeline stage; the stages not set by this or the next key share the rest "
+        "evenly; not with the `account_for_*` keys (see uneven stages below)",
+        default=None,
+        derived="none: an even split",
+    )
+    decoder_last_pipeline_num_layers: int | None = key(
+        "Megatron-Core's `--decoder-last-pipeline-num-layers`: the same for the last stage",
+        default=None,
+        derived="none: an even split",
+    )
+    # None (not set) reads as false; the resolved TOML leaves an unset flag out
+    account_for_embedding_in_pipeline_split: bool | None = key(
+        "Megatron-Core's flag: the embedding counts as one layer in the split, so the first "
+        "virtual stage holds one transformer layer fewer",
+        default=None,
+        derived="`false`",
+    )
+    account_for_loss_in_pipeline_split: bool | None = key(
+        "Megatron-Core's flag: the output layer and loss count as one layer, so the last "
+        "virtual stage holds one transformer layer fewer",
+        default=None,
+        derived="`false`",
     )
 
     def __post_init__(self) -> None:
@@ -422,3 +450,13 @@ class Scenario:
     def num_microbatches(self) -> int:
         """Micro-batches each pipeline runs per iteration."""
         return rules.microbatches_per_pipeline(self.parallel, self.training)
+
+    @property
+    def chunk_layers(self) -> tuple[tuple[int, ...], ...]:
+        """Transformer layers of chunk k of pipeline rank r, ``[r][k]``: L / (p v) each,
+        or as the uneven-split keys say (rules.stage_layers)."""
+        return rules.virtual_stage_layers(self.model, self.parallel, self.training.placement)
+
+    def rank_layers(self, rank: int) -> int:
+        """Transformer layers on one pipeline rank, all its chunks together."""
+        return sum(self.chunk_layers[rank])

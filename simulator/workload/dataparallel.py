@@ -80,16 +80,15 @@ class DataParallel:
 
     def __init__(self, gpu: GpuOps, scenario: Scenario, compute: ComputeModel) -> None:
         par = scenario.parallel
-        p, v = par.pipeline_model_parallel_size, par.virtual_pipeline_model_parallel_size
+        v = par.virtual_pipeline_model_parallel_size
         self.gpu, self.compute = gpu, compute
         self.data = par.data_parallel_size
         self.num_chunks = v
         self.split = scenario.training.split_backward
         self.layer_params = layer_params_per_rank(scenario)
         self.params = stage_params_per_rank(scenario, gpu.stage)
-        layers_per_chunk = scenario.model.num_layers // (p * v)
         # the embedding/output weights of the stage, if it has any
-        self.rest_params = self.params - v * layers_per_chunk * self.layer_params
+        self.rest_params = self.params - scenario.rank_layers(gpu.stage) * self.layer_params
         self.buckets: list[BucketKey] = []
 
     # -- hooks --------------------------------------------------------------------------

@@ -95,7 +95,8 @@ class _Stage:
     (dataparallel.py), called around each pass, each layer and at the end.
 
     With v chunks per rank, chunk k holds virtual stage ``stage_of(rank, k)`` and
-    L / (p v) layers; a chunk sends to the rank holding the next virtual stage, or,
+    ``scenario.chunk_layers[rank][k]`` layers (L / (p v), or Megatron-Core's uneven
+    split, rules.stage_layers); a chunk sends to the rank holding the next virtual stage, or,
     when that is itself (the turn of ZB-V's V), hands over with no transfer."""
 
     def __init__(self, gpu: GpuOps, scenario: Scenario, compute: ComputeModel) -> None:
@@ -107,7 +108,9 @@ class _Stage:
         self.placement = training.placement
         self.split = training.split_backward
         self.virtual = [stage_of(self.stage, k, p, self.placement) for k in range(v)]
-        self.layers_per_chunk = scenario.model.num_layers // (p * v)
+        counts = scenario.chunk_layers[self.stage]
+        # rank-local layer indices: chunk k's follow chunk k-1's
+        self.chunk_starts = [sum(counts[:k]) for k in range(v + 1)]
         self.sequence_parallel = scenario.parallel.sequence_parallel
         self.recompute = training.recompute_granularity
         # the async TP all-reduce needs the weight gradient right after the input's
@@ -174,7 +177,7 @@ class _Stage:
 
     def layers(self, chunk: int) -> list[int]:
         """The rank-local indices of a chunk's layers, in forward order."""
-        return list(range(chunk * self.layers_per_chunk, (chunk + 1) * self.layers_per_chunk))
+        return list(range(self.chunk_starts[chunk], self.chunk_starts[chunk + 1]))
 
     # -- the stage ----------------------------------------------------------------------
 

@@ -9,7 +9,8 @@ layers.
 Activations follow Korthikanti et al. 2022 (arXiv 2205.05198, Sec 4), bytes
 per layer and micro-batch, times the activations the schedule keeps in flight:
 a chunk's worth of layers (all the rank's layers when it runs one chunk) for
-each forward whose backward (or, when split, weight gradient) has not yet run.
+each forward whose backward (or, when split, weight gradient) has not yet run; with
+chunks of unequal size (an uneven split), each forward counts its own chunk's layers.
 
 "Stage" below is a pipeline rank: with v chunks per rank it holds v of the
 p x v virtual stages (schedules.stage_of).
@@ -69,9 +70,9 @@ def stage_params_per_rank(scenario: Scenario, stage: int) -> float:
     The output layer shares the word embedding; when it sits on another stage that
     stage keeps its own copy, as Megatron-LM does.
     """
-    m, p = scenario.model, scenario.parallel.pipeline_model_parallel_size
+    m = scenario.model
     t = scenario.parallel.tensor_model_parallel_size
-    params = layer_params_per_rank(scenario) * (m.num_layers // p)
+    params = layer_params_per_rank(scenario) * scenario.rank_layers(stage)
     if stage == 0:
         params += m.vocab_size * m.hidden_size / t + m.seq_length * m.hidden_size
     if stage == output_rank(scenario):
@@ -140,7 +141,7 @@ class StageMemory:
 
 
 def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> StageMemory:
-    m, p = scenario.model, scenario.parallel.pipeline_model_parallel_size
+    m = scenario.model
     t = scenario.parallel.tensor_model_parallel_size
     params = stage_params_per_rank(scenario, stage)
     d = scenario.parallel.data_parallel_size
@@ -155,11 +156,14 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
         # the one being gathered ahead, and one layer's full gradients
         # (the embedding/output weights are gathered with the first layer of each pass)
         layer = layer_params_per_rank(scenario)
-        rest = params - layer * (m.num_layers // p)
+        rest = params - layer * scenario.rank_layers(stage)
         weights = weights / d + (2 * layer + rest) * WEIGHT_BYTES_PER_PARAM
         gradients = gradients / d + (layer + rest) * GRADIENT_BYTES_PER_PARAM
-    layers_per_chunk = m.num_layers // (p * scenario.parallel.virtual_pipeline_model_parallel_size)
-    activations = activation_bytes_per_layer(scenario) * layers_per_chunk * inflight_activations
+    chunks = scenario.chunk_layers[stage]
+    if len(set(chunks)) == 1:  # every chunk alike: the peak in flight times a chunk's layers
+        activations = activation_bytes_per_layer(scenario) * chunks[0] * inflight_activations
+    else:  # chunks of unequal size (an uneven split with chunks): walk the rank's order
+        activations = activation_bytes_per_layer(scenario) * inflight_layers(scenario, stage)
     if scenario.training.recompute_granularity == RECOMPUTE_FULL:
         # the layer being recomputed holds all its activations during its backward
         activations += activation_bytes_per_layer(scenario, RECOMPUTE_NONE)
@@ -175,6 +179,26 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
         activations_bytes=activations,
         inflight_activations=inflight_activations,
     )
+
+
+def inflight_layers(scenario: Scenario, stage: int) -> int:
+    """Most transformer layers whose activations a rank holds at once under its schedule:
+    each forward adds its chunk's layers, the backward (or, when split, the weight
+    gradient) of the same chunk and micro-batch takes them off (schedules.peak_inflight,
+    weighted by `Scenario.chunk_layers`)."""
+    from .lowering import stage_orders  # lowering imports this module
+
+    order = stage_orders(scenario)[stage]
+    counts = scenario.chunk_layers[stage]
+    release = "W" if any(step.kind == "W" for step in order) else "B"
+    alive = peak = 0
+    for step in order:
+        if step.kind == "F":
+            alive += counts[step.chunk]
+            peak = max(peak, alive)
+        elif step.kind == release:
+            alive -= counts[step.chunk]
+    return peak
 
 
 def out_of_memory(scenario: Scenario, memory: list[StageMemory]) -> str | None:

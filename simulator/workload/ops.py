@@ -155,13 +155,15 @@ def abstract_pipeline(
     p2p_latency_s: float = 0.0,
     num_chunks: int = 1,
     placement: str = "looped",
+    rank_scale: Sequence[float] | None = None,
 ) -> Workload:
     """A pipeline with fixed op times and a fixed latency on every rank-to-rank hop.
 
     This is the setting of the reference pipeline vectors: rank r runs its order
     strictly; F of a micro-batch on stage s waits for its F on stage s-1, B waits for
     its B on stage s+1, plus the latency when the two stages sit on different ranks.
-    Durations are per op (one chunk's share).
+    Durations are per op (one chunk's share); ``rank_scale`` multiplies rank r's by
+    ``rank_scale[r]`` (its layers, when the times are per layer: an uneven split).
     """
     builder = WorkloadBuilder()
     num_ranks = len(orders)
@@ -179,6 +181,7 @@ def abstract_pipeline(
     kind_of = {"F": FORWARD, "B": BACKWARD, "W": WEIGHT}
     for rank, order in enumerate(orders):
         lane = builder.lane(gpu=rank, stream=COMPUTE_STREAM, stage=rank)
+        scale = 1 if rank_scale is None else rank_scale[rank]
         for step in order:
             stage = stage_of(rank, step.chunk, num_ranks, placement)
             deps = []
@@ -191,7 +194,9 @@ def abstract_pipeline(
                 kind_of[step.kind],
                 step_label(step, num_chunks),
                 microbatch=step.microbatch,
-                duration_s=duration[step.kind],
+                duration_s=duration[step.kind]
+                if rank_scale is None
+                else duration[step.kind] * scale,
                 deps=deps,
             )
             target = stage + 1 if step.kind == "F" else stage - 1
