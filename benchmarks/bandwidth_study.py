@@ -22,7 +22,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from simulator.plan.sweep import run_sweep  # noqa: E402
 from simulator.results import SweepPoint  # noqa: E402
 from simulator.run import run  # noqa: E402
-from simulator.scenario.loader import load_scenario  # noqa: E402
+from simulator.scenario import load_scenario  # noqa: E402
 from simulator.vocabulary import BREAKDOWN_KEYS  # noqa: E402
 
 SCENARIO = ROOT / "scenarios" / "bigscience-175b-v100.toml"

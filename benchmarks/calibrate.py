@@ -53,7 +53,7 @@ from simulator.calibration.validation import (  # noqa: E402
     megatron_scenario,
 )
 from simulator.run import run  # noqa: E402
-from simulator.scenario.loader import read_validation_set  # noqa: E402
+from simulator.scenario import read_validation_set  # noqa: E402
 from simulator.scenario.presets import CALIBRATED_GPUS, GPUS  # noqa: E402
 from simulator.workload.compute import ComputeModel  # noqa: E402
 

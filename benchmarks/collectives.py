@@ -25,7 +25,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from simulator.engine.core import simulate  # noqa: E402
 from simulator.engine.network import FairShareNetwork  # noqa: E402
 from simulator.run import build_cluster  # noqa: E402
-from simulator.scenario.loader import scenario_from_dict  # noqa: E402
+from simulator.scenario import scenario_from_dict  # noqa: E402
 from simulator.units import us_to_s  # noqa: E402
 from simulator.vocabulary import TP_COMM  # noqa: E402
 from simulator.workload import collectives  # noqa: E402

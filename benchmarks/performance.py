@@ -105,7 +105,7 @@ def _allreduce_1024() -> float:
     from simulator.engine.core import simulate
     from simulator.engine.network import FairShareNetwork
     from simulator.run import build_cluster
-    from simulator.scenario.loader import scenario_from_dict
+    from simulator.scenario import scenario_from_dict
     from simulator.units import us_to_s
     from simulator.vocabulary import TP_COMM
     from simulator.workload import collectives

@@ -22,7 +22,7 @@ from schedules import SCHEDULES  # noqa: E402
 from simulator.bubble import OpTimes, run_schedule  # noqa: E402
 from simulator.report.timeline import pipeline_figure, timeline_figure  # noqa: E402
 from simulator.run import run  # noqa: E402
-from simulator.scenario.loader import load_scenario  # noqa: E402
+from simulator.scenario import load_scenario  # noqa: E402
 from simulator.workload.compute import ComputeModel  # noqa: E402
 
 SCENARIO = ROOT / "scenarios" / "gpt3-175b-128nodes.toml"

@@ -20,7 +20,7 @@ from schedules.custom import sizes_of
 
 from .engine.core import simulate
 from .results import Trace
-from .scenario.spec import ScenarioError
+from .scenario import ScenarioError
 from .vocabulary import COMPUTE_STREAM, MODEL_KINDS
 from .workload.ops import abstract_pipeline
 

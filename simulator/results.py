@@ -18,7 +18,7 @@ from .vocabulary import BREAKDOWN_COLUMN, BREAKDOWN_KEYS, EXPOSED_COMM_KEYS
 if TYPE_CHECKING:
     from topologies import Cluster
 
-    from .scenario.spec import Scenario
+    from .scenario import Scenario
     from .workload.memory import StageMemory
     from .workload.ops import Lane, Workload
 

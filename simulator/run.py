@@ -16,7 +16,7 @@ from .engine.network import AnalyticalNetwork, FairShareNetwork
 from .report.linkstats import mean_utilization
 from .report.metrics import summarize
 from .results import LinkLoad, Result, Trace
-from .scenario.spec import ClusterSpec, Scenario, ScenarioError
+from .scenario import ClusterSpec, Scenario, ScenarioError
 from .units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
 from .vocabulary import ANALYTICAL, FAIR_SHARE
 from .workload.collectives import LayoutError

@@ -1,6 +1,6 @@
 """Small builders shared by tests."""
 
-from simulator.scenario.loader import scenario_from_dict
+from simulator.scenario import scenario_from_dict
 
 
 def scenario(**sections):

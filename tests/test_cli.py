@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from simulator.cli import main
-from simulator.scenario.loader import load_scenario
+from simulator.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "scenarios" / "tiny-2gpu.toml")

@@ -8,7 +8,7 @@ from simulator.cli import main
 from simulator.engine.core import simulate
 from simulator.engine.network import FairShareNetwork
 from simulator.run import build_cluster, run
-from simulator.scenario.spec import ScenarioError
+from simulator.scenario import ScenarioError
 from simulator.vocabulary import TP_COMM
 from simulator.workload import collectives
 from simulator.workload.collectives import Fabric, LayoutError

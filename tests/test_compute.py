@@ -10,9 +10,8 @@ import pytest
 
 from simulator.calibration.fit import GemmTiming, MemoryTiming, fit_constants
 from simulator.cli import main
-from simulator.scenario.loader import load_scenario, read_calibration
+from simulator.scenario import KernelConstants, ScenarioError, load_scenario, read_calibration
 from simulator.scenario.presets import GPUS
-from simulator.scenario.spec import KernelConstants, ScenarioError
 from simulator.workload.compute import ComputeModel, gemm_efficiency, gemm_seconds
 from tests.helpers import load
 

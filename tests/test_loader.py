@@ -2,7 +2,7 @@
 
 import pytest
 
-from simulator.scenario.loader import (
+from simulator.scenario import (
     ScenarioError,
     apply_override,
     dumps_toml,

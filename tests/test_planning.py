@@ -23,7 +23,7 @@ from simulator.plan.search import (
     search,
 )
 from simulator.plan.space import SearchSpace
-from simulator.scenario.loader import load_scenario
+from simulator.scenario import load_scenario
 
 # 2 nodes of 4 A100s, a 4-layer model: every simulation takes milliseconds
 CLUSTER = {"node": "dgx-a100", "num_nodes": 2, "gpus_per_node": 4, "nics_per_node": 4}
@@ -369,7 +369,7 @@ def test_weak_scaling_keeps_the_microbatches_per_pipeline():
 
 def test_space_from_flags_parses_lists_and_names_the_flag_in_errors():
     from simulator.plan.space import space_from_flags
-    from simulator.scenario.spec import ScenarioError
+    from simulator.scenario import ScenarioError
 
     flags = {
         "tp": "1, 2",
@@ -419,7 +419,7 @@ def test_the_journal_header_leaves_out_the_layout_and_reads_back_equal():
 
 def test_check_fits_names_the_stage_without_the_allow_oom_hint():
     from simulator.plan.questions import check_fits
-    from simulator.scenario.spec import ScenarioError
+    from simulator.scenario import ScenarioError
 
     check_fits(load_scenario(TINY))  # fits: no error
     big = load_scenario(TINY, ["model.num_layers=400", "model.hidden_size=8192"])

@@ -5,9 +5,8 @@ import dataclasses
 import pytest
 
 from simulator.calibration.fit import calibration_toml
-from simulator.scenario.loader import read_calibration
+from simulator.scenario import GpuSpec, KernelConstants, read_calibration
 from simulator.scenario.presets import CALIBRATED_GPU, CALIBRATED_GPUS, GPUS, NODES
-from simulator.scenario.spec import GpuSpec, KernelConstants
 from simulator.workload.compute import ComputeModel, constants_for
 from tests.helpers import load
 
@@ -115,7 +114,7 @@ def test_every_run_says_how_its_gpus_constants_were_obtained(tmp_path):
     GPU, or the --calibration file."""
     from simulator.report.summary import summary_text
     from simulator.run import run
-    from simulator.scenario.loader import dumps_toml, load_scenario
+    from simulator.scenario import dumps_toml, load_scenario
     from tests.helpers import scenario
 
     fitted = run(load())

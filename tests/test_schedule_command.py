@@ -138,7 +138,7 @@ def test_a_v_placement_needs_two_chunks(tmp_path, capsys):
 
 def test_op_times_are_checked_before_anything_runs():
     from simulator.bubble import OpTimes, op_times
-    from simulator.scenario.spec import ScenarioError
+    from simulator.scenario import ScenarioError
 
     assert op_times(1.0, 2.0, None, 0.5) == OpTimes(
         forward=1.0, backward=2.0, weight=0.0, p2p_latency=0.5
@@ -153,7 +153,7 @@ def test_op_times_are_checked_before_anything_runs():
 
 def test_sizes_and_the_op_limit():
     from simulator.bubble import MAX_OPS, OpTimes, check_sizes, studies_of_schedules
-    from simulator.scenario.spec import ScenarioError
+    from simulator.scenario import ScenarioError
 
     check_sizes({"--stages": 100_000, "--chunks": None})
     with pytest.raises(ScenarioError, match=r"^--stages=0 must be between 1 and 100000$"):
@@ -169,7 +169,7 @@ def test_sizes_and_the_op_limit():
 
 def test_named_schedules_resolve_their_chunks_and_check_the_weight():
     from simulator.bubble import OpTimes, studies_of_schedules
-    from simulator.scenario.spec import ScenarioError
+    from simulator.scenario import ScenarioError
 
     times = OpTimes(forward=1.0, backward=2.0, weight=1.0)
     studies = studies_of_schedules(

@@ -6,8 +6,7 @@ import pytest
 from schedules import SCHEDULES, build, parse_label, peak_inflight, step_label
 from simulator.engine.core import simulate
 from simulator.run import run
-from simulator.scenario.loader import dumps_toml, load_scenario, scenario_to_dict
-from simulator.scenario.spec import ScenarioError
+from simulator.scenario import ScenarioError, dumps_toml, load_scenario, scenario_to_dict
 from simulator.vocabulary import BACKWARD, DP_SYNC, FORWARD, PP_SEND, WEIGHT
 from simulator.workload.compute import ComputeModel
 from simulator.workload.ops import abstract_pipeline

@@ -6,7 +6,7 @@ import pytest
 
 from simulator.cli import main
 from simulator.plan.sweep import grid, split_axes
-from simulator.scenario.loader import ScenarioError
+from simulator.scenario import ScenarioError
 
 TINY = "scenarios/tiny-2gpu.toml"
 
@@ -61,7 +61,7 @@ def test_sweep_writes_csv_with_swept_and_metric_columns(tmp_path, capsys):
 def test_a_bad_point_fails_before_anything_runs():
     with pytest.raises(ScenarioError, match="sweep point parallel.pipeline_model_parallel_size=3"):
         from simulator.plan.sweep import run_sweep
-        from simulator.scenario.loader import load_scenario
+        from simulator.scenario import load_scenario
 
         run_sweep(
             lambda o: load_scenario(TINY, o),

@@ -15,7 +15,7 @@ from simulator.calibration.validation import (
 )
 from simulator.cli import main
 from simulator.run import run
-from simulator.scenario.loader import read_validation_set
+from simulator.scenario import read_validation_set
 from tests.helpers import load
 
 ROWS = read_validation_set(Path(__file__).resolve().parents[1] / "scenarios" / "validation")

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
-from ..scenario.spec import GpuSpec, KernelConstants
+from ..scenario import GpuSpec, KernelConstants
 from ..units import gbytes_per_s_to_bytes_per_s
 from ..workload.compute import gemm_seconds
 

@@ -34,8 +34,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 from ..results import Trace
-from ..scenario.loader import scenario_from_dict
-from ..scenario.spec import KernelConstants, Scenario
+from ..scenario import KernelConstants, Scenario, scenario_from_dict
 from ..vocabulary import BACKWARD, FORWARD
 
 Row = Mapping[str, str]

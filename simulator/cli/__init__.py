@@ -13,7 +13,7 @@ import sys
 
 from .. import __version__
 from ..engine.core import DeadlockError
-from ..scenario.loader import ScenarioError
+from ..scenario import ScenarioError
 from . import plan, run, schedule, search, sweep, topology, validate
 from .common import EXIT_FAILED, EXIT_USAGE, Parser, Progress
 

@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..scenario.loader import ScenarioError, load_scenario
-from ..scenario.spec import Scenario
+from ..scenario import Scenario, ScenarioError, load_scenario
 
 EXIT_USAGE = 2  # bad input: one line naming the key, the value and the rule
 EXIT_FAILED = 1  # a deadlock or a file that cannot be read or written

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from ..plan.questions import SCALE_KEEPS
-from ..scenario.loader import ScenarioError
+from ..scenario import ScenarioError
 from .common import (
     Parser,
     Workers,

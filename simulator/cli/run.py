@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..scenario.loader import ScenarioError, dumps_toml, scenario_to_dict
+from ..scenario import ScenarioError, dumps_toml, scenario_to_dict
 from .common import load, progress_for, quiet_argument, scenario_arguments
 
 OUTPUT_FILES = "metrics.json timeline.png breakdown.png trace.json scenario.resolved.toml"

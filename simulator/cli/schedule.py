@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..scenario.loader import read_schedule_file
+from ..scenario import read_schedule_file
 from ..vocabulary import PLACEMENTS
 
 

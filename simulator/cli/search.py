@@ -9,7 +9,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from ..scenario.loader import ScenarioError
+from ..scenario import ScenarioError
 from .common import (
     EXIT_INTERRUPTED,
     Workers,
@@ -58,7 +58,7 @@ def command(args: argparse.Namespace) -> int:
         search,
     )
     from ..plan.text import search_text
-    from ..scenario.loader import read_search_journal
+    from ..scenario import read_search_journal
 
     base = load(args)
     space = space_of(args)

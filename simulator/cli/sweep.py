@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..scenario.loader import load_scenario
+from ..scenario import load_scenario
 from .common import progress_for, quiet_argument, scenario_arguments, write_csv
 
 

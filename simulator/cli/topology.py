@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..scenario.loader import ScenarioError
+from ..scenario import ScenarioError
 from .common import load, scenario_arguments
 
 

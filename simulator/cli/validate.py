@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..scenario.loader import ScenarioError
+from ..scenario import ScenarioError
 from .common import progress_for, quiet_argument
 
 # the calibration set, shipped with the project (an editable install finds it here)
@@ -54,7 +54,7 @@ def command(args: argparse.Namespace) -> int:
     from ..calibration.validation import compare, summary
     from ..report.text import validation_markdown, validation_text
     from ..run import run
-    from ..scenario.loader import read_calibration, read_validation_set
+    from ..scenario import read_calibration, read_validation_set
     from ..scenario.presets import CALIBRATED_GPUS
 
     rows = read_validation_set(args.data)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..scenario.spec import Scenario
+from ..scenario import Scenario
 from ..workload.compute import ComputeModel
 from ..workload.memory import StageMemory, output_rank, stage_memory, stage_params_per_rank
 

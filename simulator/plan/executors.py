@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
 
-from ..scenario.spec import Scenario, ScenarioError
+from ..scenario import Scenario, ScenarioError
 from .search import Done, serial_executor, simulate_row
 
 

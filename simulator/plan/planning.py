@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from ..scenario.spec import ModelSpec, ParallelConfig, Scenario, TrainingConfig
+from ..scenario import ModelSpec, ParallelConfig, Scenario, TrainingConfig
 from ..workload.memory import stage_params_per_rank
 from .space import SCHEDULE_BOUND_KEYS, Layout
 

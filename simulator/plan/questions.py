@@ -9,9 +9,8 @@ from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from ..results import MetricsRow
-from ..scenario import ScenarioError
+from ..scenario import Scenario, ScenarioError
 from ..scenario.presets import MODEL_FAMILIES
-from ..scenario.spec import Scenario
 from ..workload.memory import out_of_memory
 from .planning import model_params, with_model, with_nodes
 from .search import Candidate, fits

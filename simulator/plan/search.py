@@ -37,8 +37,7 @@ from typing import Any, NamedTuple
 
 from .. import __version__
 from ..results import MetricsRow
-from ..scenario.loader import ScenarioError, scenario_to_dict
-from ..scenario.spec import Scenario
+from ..scenario import Scenario, ScenarioError, scenario_to_dict
 from ..units import bytes_to_gib
 from .bound import Inflight, iteration_lower_bound_s, memory_of
 from .planning import apply_layout

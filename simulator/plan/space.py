@@ -10,8 +10,7 @@ from typing import Any
 
 import schedules
 
-from ..scenario.loader import ScenarioError
-from ..scenario.spec import Scenario
+from ..scenario import Scenario, ScenarioError
 from ..vocabulary import DATA_PARALLEL_SHARDING, RECOMPUTE_GRANULARITIES
 
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)

@@ -11,8 +11,7 @@ import itertools
 from collections.abc import Callable, Sequence
 
 from ..results import Metrics, SweepPoint
-from ..scenario.loader import ScenarioError, parse_override
-from ..scenario.spec import Scenario
+from ..scenario import Scenario, ScenarioError, parse_override
 
 
 def split_axes(overrides: Sequence[str]) -> tuple[list[str], list[tuple[str, list[str]]]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..results import MetricsRow
-from ..scenario.spec import Scenario
+from ..scenario import Scenario
 from ..vocabulary import CATEGORIES, SHARDING_NAMES
 from .questions import (
     KEEP_GLOBAL_BATCH,

@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from ..results import LinkLoad, Metrics, StageMetrics, Trace
-from ..scenario.spec import Scenario
+from ..scenario import Scenario
 from ..units import bytes_to_gib
 from ..vocabulary import (
     BREAKDOWN_KEYS,

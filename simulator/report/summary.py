@@ -6,8 +6,8 @@ import itertools
 from collections.abc import Sequence
 
 from ..results import Result, StageMetrics
+from ..scenario import Scenario
 from ..scenario.rules import is_uneven
-from ..scenario.spec import Scenario
 from ..units import bytes_to_gib
 from ..vocabulary import BREAKDOWN_KEYS, CATEGORIES
 

@@ -28,11 +28,8 @@ from .errors import ScenarioError
 from .files import (
     read_calibration,
     read_schedule_file,
-    read_search_journal,
     read_toml,
-    read_validation_set,
 )
-from .rules import MAX_SIMULATED_OPS
 from .spec import (
     ClusterSpec,
     GpuSpec,
@@ -43,17 +40,11 @@ from .spec import (
     TrainingConfig,
 )
 
-__all__ = [  # the readers of other files are imported from here too
-    "MAX_SIMULATED_OPS",
-    "ScenarioError",
+__all__ = [
     "apply_override",
     "dumps_toml",
     "load_scenario",
     "parse_override",
-    "read_calibration",
-    "read_schedule_file",
-    "read_search_journal",
-    "read_validation_set",
     "scenario_from_dict",
     "scenario_to_dict",
 ]

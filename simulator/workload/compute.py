@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..scenario.spec import (
+from ..scenario import (
     GpuSpec,
     KernelConstants,
     ModelSpec,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..scenario.spec import Scenario
+from ..scenario import Scenario
 from ..vocabulary import (
     ALL_GATHER,
     ALL_REDUCE,

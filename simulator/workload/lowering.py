@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from schedules import Step, holder_of, peak_inflight, stage_of, step_label
 from schedules import build as build_schedule
 
-from ..scenario.spec import Scenario
+from ..scenario import Scenario
 from ..units import us_to_s
 from ..vocabulary import (
     ALL_GATHER,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from schedules import holder_of
 
-from ..scenario.spec import Scenario
+from ..scenario import Scenario
 from ..units import bytes_to_gib
 from ..vocabulary import (
     NO_SHARDING,

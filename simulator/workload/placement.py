@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..engine.flows import Collective, Transfer
-from ..scenario.spec import Scenario
+from ..scenario import Scenario
 from ..vocabulary import ALL_REDUCE
 from . import collectives
 from .collectives import Fabric
