@@ -1,6 +1,7 @@
 """The Perfetto trace: whole-nanosecond boundaries, one track per concurrent slot,
 pipeline sends linked to their receives, and nothing Perfetto would drop."""
 
+import gzip
 import json
 import random
 from decimal import Decimal
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from schedules import SCHEDULES
+from simulator.cli import main
 from simulator.report.trace import chrome_trace, slots, to_ns, us
 from simulator.results import Span
 from simulator.run import run
@@ -209,3 +211,27 @@ def test_concurrent_gradient_collectives_get_tracks_of_their_own():
         assert track in names
         for (_, end, _), (start, _, _) in zip(found, found[1:], strict=False):
             assert end <= start
+
+
+# -- the run command's trace files ----------------------------------------------------------
+
+
+def test_run_writes_a_gzipped_trace_or_none(tmp_path, capsys):
+    assert main(["run", str(TINY), "--out", str(tmp_path / "gz"), "--trace", "gz"]) == 0
+    assert "trace.json.gz" in capsys.readouterr().out
+    assert not (tmp_path / "gz" / "trace.json").exists()
+    packed = (tmp_path / "gz" / "trace.json.gz").read_bytes()
+    trace = json.loads(gzip.decompress(packed))
+    assert trace_check.problems(trace) == [] and trace["otherData"]["scenario"] == "tiny-2gpu"
+    assert main(["run", str(TINY), "--out", str(tmp_path / "gz"), "--trace", "gz"]) == 0
+    assert (tmp_path / "gz" / "trace.json.gz").read_bytes() == packed  # deterministic
+    assert main(["run", str(TINY), "--out", str(tmp_path / "none"), "--no-trace"]) == 0
+    assert "trace" not in capsys.readouterr().out.split("wrote")[-1]
+    written = sorted(p.name for p in (tmp_path / "none").iterdir())
+    assert written == ["breakdown.png", "metrics.json", "scenario.resolved.toml", "timeline.png"]
+
+
+def test_trace_and_no_trace_exclude_each_other(capsys):
+    with pytest.raises(SystemExit, match="2"):
+        main(["run", str(TINY), "--trace", "gz", "--no-trace"])
+    assert "not allowed with argument" in capsys.readouterr().err
