@@ -66,8 +66,10 @@ def slots(spans: list[Span], starts: list[int], ends: list[int]) -> list[int]:
     slot_of = [0] * len(spans)
     busy_until: dict[tuple[int, str], list[int]] = defaultdict(list)
     for i in sorted(range(len(spans)), key=lambda i: (starts[i], ends[i], i)):
-        track = busy_until[(spans[i].gpu, spans[i].stream)]
-        slot = next((s for s, end in enumerate(track) if end <= starts[i]), len(track))
+        track, start = busy_until[(spans[i].gpu, spans[i].stream)], starts[i]
+        slot = 0  # most streams never run two things at once: slot 0 is free
+        while slot < len(track) and track[slot] > start:
+            slot += 1
         if slot == len(track):
             track.append(ends[i])
         else:
