@@ -33,6 +33,7 @@ class Span(NamedTuple):
     microbatch: int
     start_s: float
     end_s: float
+    op: int  # the op it belongs to (a wait: the op that waited); workload.ops index
 
 
 class Trace(NamedTuple):

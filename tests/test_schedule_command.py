@@ -9,6 +9,7 @@ import pytest
 from schedules import build, step_label
 from schedules.custom import check_orders, parse_orders
 from simulator.cli import main
+from tests import trace_check
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "pipeline_vectors.json").read_text())
 
@@ -47,6 +48,7 @@ def test_compare_prints_a_table_and_draws_the_picture(tmp_path, capsys):
     ops = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     # 4 schedules x 4 ranks x 8 micro-batches x (F, B[, W]) x chunks
     assert len(ops) == 4 * 8 * (2 + 2 * 2 + 3 + 3 * 2)
+    assert trace_check.problems(trace) == []  # whole nanoseconds: nothing Perfetto drops
     assert main(args + ["--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["schedule"] for r in rows] == ["1f1b", "interleaved", "zbh1", "zbv"]

@@ -146,7 +146,7 @@ class _Engine:
         start, now = self.start_s[index], self.env.now
         if now > start:
             self.spans.append(
-                Span(lane.gpu, lane.stream, op.kind, op.label, op.microbatch, start, now)
+                Span(lane.gpu, lane.stream, op.kind, op.label, op.microbatch, start, now, index)
             )
         self._done(index)
         self.position[lane_index] = position + 1
@@ -228,7 +228,7 @@ class _Engine:
         if self.env.now > start:
             stream = STREAM_OF_COMM[op.kind]
             self.spans.append(
-                Span(gpu, stream, op.kind, op.label, op.microbatch, start, self.env.now)
+                Span(gpu, stream, op.kind, op.label, op.microbatch, start, self.env.now, index)
             )
 
     def _transfer_done_callback(self, index: int, gpu: int):
@@ -256,10 +256,12 @@ class _Engine:
             busy_from = max(waited_from, self.start_s[dep])
         if busy_from > waited_from:
             self.spans.append(
-                Span(gpu, stream, IDLE, op.label, op.microbatch, waited_from, busy_from)
+                Span(gpu, stream, IDLE, op.label, op.microbatch, waited_from, busy_from, op.index)
             )
         if now > busy_from:
-            self.spans.append(Span(gpu, stream, wait_kind, op.label, op.microbatch, busy_from, now))
+            self.spans.append(
+                Span(gpu, stream, wait_kind, op.label, op.microbatch, busy_from, now, op.index)
+            )
 
     def _check_finished(self) -> None:
         ops = self.workload.ops

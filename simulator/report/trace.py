@@ -1,64 +1,172 @@
 """Chrome/Perfetto traces: a simulated iteration (a process per simulated GPU, a
-thread per stream, counters for the busiest links) and the bubble study's schedules.
-Dicts only; the CLI writes them as JSON."""
+thread per stream and concurrent slot, counters for the busiest links, pipeline sends
+linked to the ops that receive them) and the bubble study's schedules. Dicts only; the
+CLI writes them as JSON.
+
+Written so that Perfetto shows every slice (docs/design.md, "Traces"):
+
+- Times are whole nanoseconds. Each boundary (a span's start or end, in seconds) is
+  rounded to an integer number of nanoseconds once, and ``ts`` and ``dur`` are written
+  as ``start_ns / 1000`` and ``(end_ns - start_ns) / 1000`` microseconds. Perfetto's
+  JSON importer reads each of them back as ``llround(value * 1000)`` ns
+  (importers/json), so back-to-back slices share their boundary exactly; float
+  microseconds rounded separately used to cross by 1 ns, and Perfetto drops a slice
+  that starts inside another and ends after it.
+- A thread track is a stack: slices nest or are disjoint. A stream that runs several
+  transfers at once (gradient collectives of different buckets on the data-parallel
+  stream, overlapping pipeline sends) is split into one track per concurrent slot:
+  each span takes the lowest-numbered slot free at its start.
+"""
 
 from __future__ import annotations
 
-from ..results import Result
-from ..vocabulary import BACKWARD, FORWARD, STREAM_ORDER, WEIGHT
+from collections import defaultdict
+
+from ..results import Result, Span
+from ..vocabulary import (
+    BACKWARD,
+    COMPUTE_STREAM,
+    DP_STREAM,
+    FORWARD,
+    PP_SEND,
+    PP_STREAM,
+    STREAM_ORDER,
+    TP_STREAM,
+    WEIGHT,
+)
 from .metrics import compute_lanes
+
+# the name of a stream's track in the trace (its first slot; the next are "#2", "#3"...)
+TRACK_TITLES = {
+    COMPUTE_STREAM: "compute",
+    PP_STREAM: "pp send",
+    DP_STREAM: "dp comm",
+    TP_STREAM: "tp comm",
+}
+
+
+def to_ns(seconds: float) -> int:
+    """A boundary in whole nanoseconds: rounded once, shared by the spans that meet there."""
+    return round(seconds * 1e9)
+
+
+def us(nanoseconds: int) -> float:
+    """Whole nanoseconds as trace microseconds. ``n / 1000`` is the double nearest to
+    the decimal with three places, and JSON writes the shortest repr that reads back as
+    that double (Python's float repr), so the text is exactly ``n / 1000`` while doubles
+    near it are closer than 1e-4 apart (n up to 1e15 ns, 11 days simulated) and
+    ``round(value * 1000)`` gives n back."""
+    return nanoseconds / 1000
+
+
+def slots(spans: list[Span], starts: list[int], ends: list[int]) -> list[int]:
+    """Each span's slot on its (GPU, stream): the lowest one whose last span has ended
+    by the span's start (in whole ns), taken in order of start; a new slot when all are
+    busy. Deterministic, and no two spans of a slot overlap."""
+    slot_of = [0] * len(spans)
+    busy_until: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for i in sorted(range(len(spans)), key=lambda i: (starts[i], ends[i], i)):
+        track, start = busy_until[(spans[i].gpu, spans[i].stream)], starts[i]
+        slot = 0  # most streams never run two things at once: slot 0 is free
+        while slot < len(track) and track[slot] > start:
+            slot += 1
+        if slot == len(track):
+            track.append(ends[i])
+        else:
+            track[slot] = ends[i]
+        slot_of[i] = slot
+    return slot_of
 
 
 def chrome_trace(result: Result) -> dict:
-    """Chrome trace event format: a process per simulated GPU, a thread per stream.
-    Opens in Perfetto (ui.perfetto.dev) and chrome://tracing."""
+    """Chrome trace event format: a process per simulated GPU, a thread per stream and
+    concurrent slot. Opens in Perfetto (ui.perfetto.dev) and chrome://tracing."""
+    spans = result.trace.spans
+    starts = [to_ns(sp.start_s) for sp in spans]
+    ends = [to_ns(sp.end_s) for sp in spans]
+    slot_of = slots(spans, starts, ends)
+    lanes = compute_lanes(result.trace.lanes)
+    tracks = {(lane.gpu, COMPUTE_STREAM, 0) for lane in lanes}
+    tracks |= {(sp.gpu, sp.stream, slot) for sp, slot in zip(spans, slot_of, strict=True)}
+    tid_of = _thread_ids(tracks)
     events: list[dict] = []
-    streams = sorted({sp.stream for sp in result.trace.spans}, key=lambda s: STREAM_ORDER.get(s, 9))
-    tids = {stream: i for i, stream in enumerate(streams)}
-    for lane in compute_lanes(result.trace.lanes):
+    for lane in lanes:
         name = f"GPU {lane.gpu} (stage {lane.stage}"
         name += f", stands for {lane.stands_for} GPUs)" if lane.stands_for > 1 else ")"
-        events.append(
-            {"ph": "M", "name": "process_name", "pid": lane.gpu, "tid": 0, "args": {"name": name}}
-        )
-        events.append(
-            {
-                "ph": "M",
-                "name": "process_sort_index",
-                "pid": lane.gpu,
-                "tid": 0,
-                "args": {"sort_index": lane.stage},
-            }
-        )
-        for stream, tid in tids.items():
-            events.append(
-                {
-                    "ph": "M",
-                    "name": "thread_name",
-                    "pid": lane.gpu,
-                    "tid": tid,
-                    "args": {"name": stream},
-                }
-            )
-    for sp in result.trace.spans:
-        events.append(
-            {
-                "ph": "X",
-                "name": f"{sp.label} {sp.kind}",
-                "cat": sp.kind,
-                "pid": sp.gpu,
-                "tid": tids[sp.stream],
-                "ts": sp.start_s * 1e6,
-                "dur": (sp.end_s - sp.start_s) * 1e6,
-                "args": {"microbatch": sp.microbatch},
-            }
-        )
+        events.append(_meta(lane.gpu, 0, "process_name", name=name))
+        events.append(_meta(lane.gpu, 0, "process_sort_index", sort_index=lane.stage))
+    for track, tid in sorted(tid_of.items(), key=lambda item: (item[0][0], item[1])):
+        gpu, stream, slot = track
+        title = TRACK_TITLES.get(stream, stream) + (f" #{slot + 1}" if slot else "")
+        events.append(_meta(gpu, tid, "thread_name", name=title))
+        events.append(_meta(gpu, tid, "thread_sort_index", sort_index=tid))
+    flows = _pipeline_flows(result, spans, starts)
+    for i, sp in enumerate(spans):
+        event = {
+            "ph": "X",
+            "name": f"{sp.label} {sp.kind}",
+            "cat": sp.kind,
+            "pid": sp.gpu,
+            "tid": tid_of[(sp.gpu, sp.stream, slot_of[i])],
+            "ts": us(starts[i]),
+            "dur": us(ends[i] - starts[i]),
+            "args": {"microbatch": sp.microbatch},
+        }
+        if i in flows:
+            bind_id, direction = flows[i]
+            event["bind_id"] = bind_id
+            event[direction] = True
+        events.append(event)
     events += _link_counters(result)
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
         "otherData": {"scenario": result.scenario.name},
     }
+
+
+def _meta(pid: int, tid: int, event: str, **args) -> dict:
+    """A metadata event: a process's or thread's name or sort index."""
+    return {"ph": "M", "name": event, "pid": pid, "tid": tid, "args": args}
+
+
+def _thread_ids(tracks: set[tuple[int, str, int]]) -> dict[tuple[int, str, int], int]:
+    """Thread ids per GPU, numbered in stream order (compute first, tid 0), slots in order."""
+    ordered = sorted(tracks, key=lambda t: (t[0], STREAM_ORDER.get(t[1], 9), t[1], t[2]))
+    tid_of, next_tid = {}, defaultdict(int)
+    for track in ordered:
+        tid_of[track] = next_tid[track[0]]
+        next_tid[track[0]] += 1
+    return tid_of
+
+
+def _pipeline_flows(result: Result, spans: list[Span], starts: list[int]) -> dict:
+    """Span index -> (bind_id, "flow_out" | "flow_in"): each pipeline send's span linked
+    to the span of the op on another GPU that consumes what it sent (a forward, a
+    backward...). Chrome trace format flow events, version 2 (``bind_id`` with
+    ``flow_out`` / ``flow_in`` on the complete events, as Perfetto's JSON importer
+    reads them). An op fed by several sends keeps the first; a pair is linked only when
+    the receive starts after the send does, so the importer meets the send first."""
+    ops, lanes = result.workload.ops, result.workload.lanes
+    consumer: dict[int, int] = {}  # send op -> the first op on another GPU that needs it
+    for op in ops:
+        for dep in op.deps:
+            sent = ops[dep]
+            if sent.kind == PP_SEND and lanes[sent.lane].gpu != lanes[op.lane].gpu:
+                consumer.setdefault(dep, op.index)
+    send_span, own_span = {}, {}  # op -> index of its span (the op's own kind, not a wait)
+    for i, sp in enumerate(spans):
+        if sp.kind == ops[sp.op].kind:
+            (send_span if sp.kind == PP_SEND else own_span).setdefault(sp.op, i)
+    flows: dict[int, tuple[int, str]] = {}
+    for send, i in sorted(send_span.items()):
+        j = own_span.get(consumer.get(send, -1))
+        if j is None or j in flows or starts[j] <= starts[i]:
+            continue
+        bind_id = len(flows) // 2 + 1
+        flows[i] = (bind_id, "flow_out")
+        flows[j] = (bind_id, "flow_in")
+    return flows
 
 
 NETWORK_PID = 1_000_000_000  # a process of its own for the link counters
@@ -77,13 +185,7 @@ def _link_counters(result: Result, top: int = 8, bins: int = 400) -> list[dict]:
         result.trace.link_intervals, capacities, chosen, result.trace.end_s, bins
     )
     events: list[dict] = [
-        {
-            "ph": "M",
-            "name": "process_name",
-            "pid": NETWORK_PID,
-            "tid": 0,
-            "args": {"name": "network: busiest links (utilization %)"},
-        }
+        _meta(NETWORK_PID, 0, "process_name", name="network: busiest links (utilization %)")
     ]
     for link in busiest:
         for start, value in zip(edges[:-1], series[link.index], strict=True):
@@ -92,32 +194,26 @@ def _link_counters(result: Result, top: int = 8, bins: int = 400) -> list[dict]:
                     "ph": "C",
                     "name": link.link,
                     "pid": NETWORK_PID,
-                    "ts": start * 1e6,
+                    "ts": us(to_ns(start)),
                     "args": {"utilization %": round(100 * float(value), 3)},
                 }
             )
     return events
 
 
-def study_trace(studies: list, time_unit_us: float = 1000.0) -> dict:
+def study_trace(studies: list, time_unit_ns: int = 1_000_000) -> dict:
     """A Chrome/Perfetto trace: a process per schedule, a thread per rank; abstract time
-    units are written as milliseconds."""
+    units are written as milliseconds, boundaries in whole nanoseconds as above."""
     events: list[dict] = []
     for pid, study in enumerate(studies):
-        events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": study.name}})
+        events.append(_meta(pid, 0, "process_name", name=study.name))
         for rank in range(study.num_ranks):
-            events.append(
-                {
-                    "ph": "M",
-                    "pid": pid,
-                    "tid": rank,
-                    "name": "thread_name",
-                    "args": {"name": f"rank {rank}"},
-                }
-            )
+            events.append(_meta(pid, rank, "thread_name", name=f"rank {rank}"))
         for span in study.trace.spans:
             if span.kind not in (FORWARD, BACKWARD, WEIGHT):
                 continue  # the gaps are the bubble
+            start = round(span.start_s * time_unit_ns)
+            end = round(span.end_s * time_unit_ns)
             events.append(
                 {
                     "ph": "X",
@@ -125,8 +221,8 @@ def study_trace(studies: list, time_unit_us: float = 1000.0) -> dict:
                     "tid": span.gpu,
                     "name": span.label,
                     "cat": span.kind,
-                    "ts": span.start_s * time_unit_us,
-                    "dur": (span.end_s - span.start_s) * time_unit_us,
+                    "ts": us(start),
+                    "dur": us(end - start),
                     "args": {"microbatch": span.microbatch},
                 }
             )
