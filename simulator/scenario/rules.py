@@ -80,7 +80,8 @@ def check_cluster(cluster: ClusterSpec) -> None:
 
 
 def check_training_alone(training: TrainingConfig) -> None:
-    """A custom schedule needs its orders; its file and placement suit it alone."""
+    """A custom schedule needs its orders; its file and placement suit it alone; bf16
+    gradients accumulate in fp32."""
     if training.schedule != CUSTOM:
         for name in CUSTOM_SCHEDULE_KEYS:
             value = getattr(training, name)
