@@ -255,3 +255,46 @@ def test_fused_accumulation_charges_2g_minus_2_bytes_per_weight_to_the_dw_gemm()
     assert plain == pytest.approx(2 * (H * tokens + tokens * F + H * F) / stream)  # memory bound
     assert fp16 - plain == pytest.approx(2 * H * F / stream)  # g = 2: 2 more bytes
     assert bf16 - plain == pytest.approx(6 * H * F / stream)  # g = 4: 6 more bytes
+
+
+def _end_of_iteration(order):
+    """p = 2, m = 1, D = 4: (stage 0's last backward end, each stage's sync spans by label)."""
+    scenario = load(
+        cluster={"num_nodes": 2},
+        parallel={
+            "tensor_model_parallel_size": 2,
+            "pipeline_model_parallel_size": 2,
+            "data_parallel_size": 4,
+        },
+        training={"global_batch_size": 4, "tied_grad_reduce_order": order},
+    )
+    result = run(scenario)
+    first = {0: 0, 1: 8}  # tensor rank 0 of replica 0 of each stage
+    spans = {stage: {} for stage in first}
+    backward_end = {}
+    for span in result.trace.spans:
+        for stage, gpu in first.items():
+            if span.gpu != gpu or span.stream != COMPUTE_STREAM:
+                continue
+            if span.kind in (DP_SYNC, OPTIMIZER):
+                spans[stage][span.label] = span
+            elif span.kind in ("backward", "tp_comm"):  # a backward ends with its TP all-reduce
+                backward_end[stage] = max(backward_end.get(stage, 0.0), span.end_s)
+    return backward_end, spans, result.trace.end_s
+
+
+def test_megatron_reduces_then_ties_deepspeed_ties_then_reduces():
+    """§3(d): Megatron ends at t_end(stage 0) + A0 + E + O, stage 1's reduction starting
+    at its own last backward; DeepSpeed's stage 1 cannot start its reduction before
+    t_end(stage 0) + E."""
+    tied, grads, step = "tied embedding grads all-reduce", "grads all-reduce", "optimizer"
+    end, spans, _ = _end_of_iteration("after-dp")
+    assert spans[1][grads].start_s == end[1] < end[0]
+    assert spans[0][grads].start_s == end[0]
+    assert spans[0][tied].start_s == spans[0][grads].end_s
+    assert spans[0][step].start_s == spans[0][tied].end_s == spans[1][tied].end_s
+    end, spans, _ = _end_of_iteration("before-dp")
+    assert spans[0][tied].start_s == spans[1][tied].start_s == end[0]
+    for stage in (0, 1):
+        assert spans[stage][grads].start_s == spans[stage][tied].end_s
+        assert spans[stage][step].start_s == spans[stage][grads].end_s
