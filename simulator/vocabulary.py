@@ -63,6 +63,16 @@ NO_SHARDING, SHARD_OPTIMIZER, SHARD_FULL = "none", "optimizer", "full"
 DATA_PARALLEL_SHARDING: tuple[str, ...] = (NO_SHARDING, SHARD_OPTIMIZER, SHARD_FULL)
 SHARDING_NAMES = {NO_SHARDING: "-", SHARD_OPTIMIZER: "ZeRO-1", SHARD_FULL: "FSDP"}  # in tables
 ALL_REDUCE_ALGORITHMS: tuple[str, ...] = ("ring", "tree", "hierarchical", "auto")
+# the gradient path (docs/frameworks.md §4-§6): dtypes and their bytes, how ZeRO-1's
+# gradients meet, when the tied embedding's gradient all-reduce runs
+DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
+PARAMS_DTYPES: tuple[str, ...] = ("fp16", "bf16")
+COMMUNICATION_DTYPES: tuple[str, ...] = ("fp16", "bf16", "fp32")
+ZERO_REDUCE_SCATTER, ZERO_ALL_REDUCE = "reduce-scatter", "all-reduce"
+ZERO_GRAD_COLLECTIVES: tuple[str, ...] = (ZERO_REDUCE_SCATTER, ZERO_ALL_REDUCE)
+TIED_AFTER_DP, TIED_BEFORE_DP = "after-dp", "before-dp"
+TIED_BEFORE_REDUCE_SCATTER = "before-reduce-scatter"
+TIED_GRAD_ORDERS: tuple[str, ...] = (TIED_AFTER_DP, TIED_BEFORE_REDUCE_SCATTER, TIED_BEFORE_DP)
 
 
 # -- the breakdown of a GPU's iteration -------------------------------------------------

@@ -4,7 +4,8 @@ On scenarios whose replicas are identical the two must agree: the same iteration
 time and the same per-stage breakdown, and in exact mode every GPU of a stage has
 its stage's breakdown. The cases are chosen for contention: pipeline sends and
 gradient buckets sharing a NIC, an oversubscribed fat tree, FSDP's side stream,
-zero-bubble V with ZeRO-1 and sequence parallelism, the async all-reduce with trees.
+zero-bubble V with ZeRO-1 and sequence parallelism, the async all-reduce with trees,
+DeepSpeed's gradient path (the tied embedding's all-reduce first, bucketed ZeRO-1).
 """
 
 import pytest
@@ -64,6 +65,21 @@ CASES = {
     "async-allreduce-tree-buckets": _case(
         training={"async_tensor_model_parallel_allreduce": True, "overlap_grad_reduce": True},
         network={"collective_algorithm": "tree"},
+    ),
+    # DeepSpeed's gradient path: the tied embedding's all-reduce (a rendezvous of the
+    # first and last stage) before ZeRO-1's bucketed all-reduce of bf16 gradients
+    "deepspeed-tied-zero1-buckets": _case(
+        cluster={"nic_gbps": 25.0},
+        training={
+            "params_dtype": "bf16",
+            "communication_data_type": "bf16",
+            "data_parallel_sharding": "optimizer",
+            "zero_grad_collective": "all-reduce",
+            "reduce_bucket_size": 20_000_000,
+            "allgather_bucket_size": 20_000_000,
+            "tied_grad_reduce_order": "before-dp",
+            "gradient_accumulation_fusion": False,
+        },
     ),
 }
 # where sharing links must matter: fair-share slower than "analytical" by this much

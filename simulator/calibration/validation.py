@@ -97,7 +97,8 @@ def megatron_scenario(
     """A Table 1 row on DGX A100 nodes: the model, layout and batch of the row, full
     recomputation, the schedule of the row's ``schedule`` column (``chunks_of``,
     unless ``chunks`` says otherwise), gradients all-reduced after the last backward
-    (not overlapped), fair-share network."""
+    (not overlapped) and accumulated by a separate kernel (no fusion in 2021),
+    fair-share network."""
     p = int(row["pipeline_parallel"])
     if chunks is None:
         chunks = chunks_of(row) if p > 1 else 1
@@ -133,6 +134,8 @@ def megatron_scenario(
             "global_batch_size": int(row["global_batch_size"]),
             "schedule": "interleaved" if chunks > 1 else "1f1b",
             "recompute_granularity": row["recompute"],
+            # Megatron-LM 2021 had no gradient-accumulation fusion (docs/frameworks.md §8)
+            "gradient_accumulation_fusion": False,
         },
         "network": {"model": "fair-share"},
     }
@@ -193,6 +196,7 @@ def dgx2_scenario(row: Row, calibration: KernelConstants | None = None) -> Scena
             "micro_batch_size": int(row["micro_batch_size"]),
             "global_batch_size": int(row["global_batch_size"]),
             "recompute_granularity": "full",
+            "gradient_accumulation_fusion": False,  # Megatron-LM 2020: no fusion
         },
         "network": {"model": "fair-share"},
     }

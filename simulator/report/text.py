@@ -199,13 +199,15 @@ _SET_NOTES = {
         "96 B s l h² (1 + s/6h + V/16lh) / (GPUs × measured TFLOP/s); full "
         "recomputation; the schedule of NVIDIA's reproduction script "
         "(examples/sc21/run_table_1.sh): 39B and 1T without interleaving, the others "
-        "with the chunks per stage shown as v.",
+        "with the chunks per stage shown as v; no gradient-accumulation fusion "
+        "(Megatron-LM 2021).",
         "- Table 4 rows (Korthikanti et al. 2022, arXiv 2205.05198): one 22B layer, "
         "TP 8 on one DGX A100; forward and backward shown, their total scored.",
     ],
     "v100": [
         "- The Megatron-LM README's DGX-2 table (2020): one DGX-2 (16 × V100 SXM3 32 GB "
-        "on NVSwitch), batch 8, full recomputation; measured iteration time as printed.",
+        "on NVSwitch), batch 8, full recomputation, no gradient-accumulation fusion; "
+        "measured iteration time as printed.",
     ],
     "h100": [
         "- Megatron-Core r0.8.0 weak scaling (NVIDIA/Megatron-LM README, 2024), compared "

@@ -80,7 +80,8 @@ def check_cluster(cluster: ClusterSpec) -> None:
 
 
 def check_training_alone(training: TrainingConfig) -> None:
-    """A custom schedule needs its orders; its file and placement suit it alone."""
+    """A custom schedule needs its orders; its file and placement suit it alone; bf16
+    gradients accumulate in fp32."""
     if training.schedule != CUSTOM:
         for name in CUSTOM_SCHEDULE_KEYS:
             value = getattr(training, name)
@@ -96,6 +97,20 @@ def check_training_alone(training: TrainingConfig) -> None:
             "training.schedule='custom'",
             key="training.schedule_file",
             rule="required for training.schedule='custom'",
+        )
+    check_precision(training)
+
+
+def check_precision(training: TrainingConfig) -> None:
+    """bf16 gradients accumulate in fp32: Megatron-LM's arguments.py forces
+    accumulate_allreduce_grads_in_fp32 with --bf16, and DeepSpeed's BF16_Optimizer keeps
+    an fp32 gradient buffer (docs/frameworks.md §4)."""
+    if training.params_dtype == "bf16" and training.accumulate_allreduce_grads_in_fp32 is False:
+        raise ScenarioError(
+            key="training.accumulate_allreduce_grads_in_fp32",
+            value=False,
+            rule="must be true with training.params_dtype='bf16' (Megatron-LM forces it)",
+            fix="leave it out or set it true",
         )
 
 

@@ -24,10 +24,15 @@ from topologies import FABRICS, NVLINK_TOPOLOGIES
 
 from ..vocabulary import (
     ALL_REDUCE_ALGORITHMS,
+    COMMUNICATION_DTYPES,
     DATA_PARALLEL_SHARDING,
+    DTYPE_BYTES,
     NETWORK_MODELS,
+    PARAMS_DTYPES,
     PLACEMENTS,
     RECOMPUTE_GRANULARITIES,
+    TIED_GRAD_ORDERS,
+    ZERO_GRAD_COLLECTIVES,
 )
 from . import rules
 from .errors import ScenarioError
@@ -382,6 +387,70 @@ class TrainingConfig:
         default="none",
         choices=DATA_PARALLEL_SHARDING,
     )
+    # -- the gradient path (docs/frameworks.md §3-§6, §8) ---------------------------------
+    params_dtype: str = key(
+        "16-bit type of weights and activations (`--fp16` / `--bf16`); bf16 needs an A100 or newer",
+        default="fp16",
+        choices=PARAMS_DTYPES,
+    )
+    accumulate_allreduce_grads_in_fp32: bool | None = key(
+        "Megatron-LM's flag: gradients accumulate (and, unless `communication_data_type` "
+        "says otherwise, are reduced) in an fp32 buffer, 4 bytes per parameter, instead of "
+        "the params dtype; bf16 requires it (Megatron forces it, DeepSpeed's BF16_Optimizer "
+        "always accumulates in fp32)",
+        default=None,
+        derived="`true` with bf16, else `false`",
+    )
+    communication_data_type: str | None = key(
+        "dtype of the data-parallel gradient collectives (DeepSpeed's key); bf16 "
+        "DeepSpeed sends `bf16` although it accumulates in fp32",
+        default=None,
+        choices=COMMUNICATION_DTYPES,
+        derived="the accumulation dtype",
+    )
+    zero_grad_collective: str = key(
+        '`data_parallel_sharding = "optimizer"` only: `reduce-scatter` (Megatron-LM\'s '
+        "distributed optimizer) or `all-reduce` of every gradient, each replica then "
+        "keeping its 1/DP (DeepSpeed ZeRO-1 and BF16_Optimizer with the pipeline engine)",
+        default="reduce-scatter",
+        choices=ZERO_GRAD_COLLECTIVES,
+    )
+    reduce_bucket_size: int = key(
+        "elements per data-parallel gradient collective after the flush (DeepSpeed's "
+        "`reduce_bucket_size`, 5e8); 0: one call for the whole stage",
+        unit="elements",
+        default=0,
+        may_be_zero=True,
+        high=10**12,
+    )
+    allgather_bucket_size: int = key(
+        "elements per parameter all-gather after a ZeRO-1 step (DeepSpeed's "
+        "`allgather_bucket_size`, 5e8); 0: one call",
+        unit="elements",
+        default=0,
+        may_be_zero=True,
+        high=10**12,
+    )
+    share_embeddings_and_output_weights: bool = key(
+        "the output layer reuses the word embedding: with the two on different pipeline "
+        "stages their gradients are all-reduced between the first and the last stage, "
+        "V/TP x h elements per (TP rank, replica)",
+        default=True,
+    )
+    tied_grad_reduce_order: str = key(
+        "when the tied embedding's all-reduce runs: `after-dp` every data-parallel gradient "
+        "collective (Megatron-LM 2021, Megatron-Core), `before-reduce-scatter` after an "
+        "all-reduce but before the distributed optimizer's blocking reduce-scatter "
+        "(Megatron-LM 2022), `before-dp` every one (DeepSpeed's ReduceTiedGrads)",
+        default="after-dp",
+        choices=TIED_GRAD_ORDERS,
+    )
+    gradient_accumulation_fusion: bool = key(
+        "Megatron-LM's fusion: each weight-gradient GEMM accumulates into the gradient "
+        "buffer (reads and writes it); `false`: a separate add kernel per layer and "
+        "micro-batch reads the 2-byte gradient and the buffer and writes the buffer",
+        default=True,
+    )
 
     def __post_init__(self) -> None:
         rules.check_values(self, "training")
@@ -393,6 +462,25 @@ class TrainingConfig:
         if self.custom_orders is not None:
             return any(step.kind == "W" for order in self.custom_orders for step in order)
         return schedules.SCHEDULES[self.schedule].split_backward
+
+    @property
+    def accumulates_in_fp32(self) -> bool:
+        """Whether gradients accumulate in an fp32 buffer (derived: with bf16)."""
+        if self.accumulate_allreduce_grads_in_fp32 is None:
+            return self.params_dtype == "bf16"
+        return self.accumulate_allreduce_grads_in_fp32
+
+    @property
+    def gradient_bytes(self) -> int:
+        """Bytes per parameter of the gradient buffer (g in docs/frameworks.md)."""
+        return DTYPE_BYTES["fp32" if self.accumulates_in_fp32 else self.params_dtype]
+
+    @property
+    def communication_bytes(self) -> int:
+        """Bytes per parameter of a data-parallel gradient collective (c)."""
+        if self.communication_data_type is None:
+            return self.gradient_bytes
+        return DTYPE_BYTES[self.communication_data_type]
 
     @property
     def placement(self) -> str:

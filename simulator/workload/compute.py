@@ -26,6 +26,14 @@ gradient) and dW = X^T dY (W, the weight gradient), each with its own shape.
 Zero-bubble schedules run them apart; everything else in a backward (the
 attention core's gradients and every element-wise backward) belongs to B.
 
+Each weight gradient is added to the gradient buffer (g bytes per weight:
+``training.gradient_bytes``) every micro-batch, as Megatron-LM does
+(docs/frameworks.md §8): with ``gradient_accumulation_fusion`` inside the dW GEMM,
+whose output is then read and written in g bytes instead of written in 2 (2g - 2
+more bytes per weight in its memory term; ``wgrad_gemm_accum_fp32``); without it a
+separate element-wise add reads the 2-byte gradient and the buffer and writes the
+buffer (2 + 2g bytes per weight; the DDP hook's ``main_grad.add_``).
+
 The first stage adds the embedding, the one holding the last virtual stage the
 final layernorm, logits GEMM and cross-entropy; the optimizer step (mixed
 precision Adam) is memory bound.
@@ -151,16 +159,25 @@ def gemm_efficiency(c: KernelConstants, m: float, n: float, k: float, batch: int
 
 
 def gemm_seconds(
-    gpu: GpuSpec, c: KernelConstants, m: float, n: float, k: float, batch: int = 1
+    gpu: GpuSpec,
+    c: KernelConstants,
+    m: float,
+    n: float,
+    k: float,
+    batch: int = 1,
+    extra_bytes: float = 0.0,
 ) -> float:
     """An m x k by k x n GEMM (``batch`` of them): the slower of its FLOPs at the
-    shape's efficiency and its operands' bytes at the HBM streaming rate."""
+    shape's efficiency and its operands' bytes (plus ``extra_bytes``, an epilogue's)
+    at the HBM streaming rate."""
     flops = 2.0 * batch * m * n * k
     compute_s = flops / (
         tflops_to_flops_per_s(gpu.peak_tflops) * gemm_efficiency(c, m, n, k, batch)
     )
     stream_bytes_per_s = gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s) * c.memory_efficiency
-    memory_s = BYTES_PER_ELEMENT * batch * (m * k + k * n + m * n) / stream_bytes_per_s
+    memory_s = (BYTES_PER_ELEMENT * batch * (m * k + k * n + m * n) + extra_bytes) / (
+        stream_bytes_per_s
+    )
     return max(compute_s, memory_s)
 
 
@@ -180,11 +197,21 @@ class ComputeModel:
 
     # -- kernels ------------------------------------------------------------------------
 
-    def gemm(self, m: float, n: float, k: float, batch: int = 1) -> Work:
+    def gemm(self, m: float, n: float, k: float, batch: int = 1, extra_bytes: float = 0.0) -> Work:
         return Work(
-            duration_s=gemm_seconds(self.gpu, self.constants, m, n, k, batch),
+            duration_s=gemm_seconds(self.gpu, self.constants, m, n, k, batch, extra_bytes),
             flops=2.0 * batch * m * n * k,
         )
+
+    def weight_gradient(self, k_in: float, n_out: float, tokens: float) -> tuple[Work, Work]:
+        """The dW GEMM of a k_in x n_out weight and the accumulation of its result into
+        the gradient buffer: fused into the GEMM (more bytes in its memory term) or a
+        separate add kernel (the second Work; ZERO when fused)."""
+        g = self.training.gradient_bytes
+        weights = k_in * n_out
+        if self.training.gradient_accumulation_fusion:
+            return self.gemm(k_in, n_out, tokens, extra_bytes=(2 * g - 2) * weights), ZERO
+        return self.gemm(k_in, n_out, tokens), self.memory_bound((2 + 2 * g) * weights)
 
     def memory_bound(self, num_bytes: float) -> Work:
         return Work(duration_s=num_bytes / self._stream_bytes_per_s, flops=0.0)
@@ -211,11 +238,13 @@ class ComputeModel:
         g, mem = self.gemm, self.memory_bound
 
         def linear(block: str, name: str, k_in: int, n_out: int) -> list[Kernel]:
-            """Y[tokens, n_out] = X[tokens, k_in] W: forward, input and weight gradients."""
+            """Y[tokens, n_out] = X[tokens, k_in] W: forward, input and weight gradients
+            (the last with its accumulation into the gradient buffer)."""
+            weight, accumulate = self.weight_gradient(k_in, n_out, tokens)
             return [
                 Kernel(block, "forward", name, g(tokens, n_out, k_in)),
                 Kernel(block, "input", name + " dX", g(tokens, k_in, n_out)),
-                Kernel(block, "weight", name + " dW", g(k_in, n_out, tokens)),
+                Kernel(block, "weight", name + " dW", weight + accumulate),
             ]
 
         qkv = linear("attention", "QKV", h, 3 * h // t)
@@ -299,7 +328,8 @@ class ComputeModel:
         # the embedding's gradient is a scatter-add of the incoming gradient into the
         # table's rows: read it (2) and read-modify-write the fp32 rows (8)
         embedding_weight = self.memory_bound(10.0 * tokens * h)
-        output_weight = self.gemm(h, v / t, tokens)  # dW of the logits GEMM
+        weight, accumulate = self.weight_gradient(h, v / t, tokens)
+        output_weight = weight + accumulate  # dW of the logits GEMM, accumulated
         return StageExtras(
             embedding_forward=embedding,
             embedding_backward=embedding_weight

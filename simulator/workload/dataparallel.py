@@ -23,11 +23,24 @@ The modes (`strategy_for` picks one):
   backward and each layer's gradient reduce-scatter; the embedding and output weights
   ride with the gathers and reduce-scatters of the chunk that holds them.
 
-Gradients travel in 2-byte precision (memory.GRADIENT_BYTES_PER_PARAM), parameters too.
+Gradient collectives move ``training.communication_bytes`` per parameter (the
+accumulation dtype unless ``communication_data_type`` says otherwise), parameter
+all-gathers 2 (memory.WEIGHT_BYTES_PER_PARAM). After the flush a stage's gradients go in
+calls of at most ``reduce_bucket_size`` elements, ZeRO-1's parameters in
+max(1, N // ``allgather_bucket_size``) calls (DeepSpeed's buckets; 0: one call). ZeRO-1
+reduce-scatters (Megatron-LM's distributed optimizer) or, with ``zero_grad_collective =
+"all-reduce"``, all-reduces the gradients and keeps its 1/D (DeepSpeed's stage 1).
+
+With ``share_embeddings_and_output_weights`` and the output layer on another rank than
+the embedding, those two ranks all-reduce the word embedding's gradient (V/T x h
+elements of the gradient buffer's dtype) per (tensor rank, replica), as a rendezvous of
+the two stages' lanes, before or after the data-parallel collective as
+``tied_grad_reduce_order`` says (docs/frameworks.md §3-§6).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from ..scenario import Scenario
@@ -41,11 +54,19 @@ from ..vocabulary import (
     SHARD_FULL,
     SHARD_OPTIMIZER,
     STREAM_OF_COMM,
+    TIED_AFTER_DP,
+    TIED_BEFORE_DP,
+    ZERO_ALL_REDUCE,
 )
 from .compute import ComputeModel
 from .gpuops import GpuOps
-from .keys import BucketKey, LayerKey, ShardKey
-from .memory import GRADIENT_BYTES_PER_PARAM, layer_params_per_rank, stage_params_per_rank
+from .keys import BucketKey, LayerKey, ShardKey, TiedKey, TiedReadyKey
+from .memory import (
+    WEIGHT_BYTES_PER_PARAM,
+    layer_params_per_rank,
+    output_rank,
+    stage_params_per_rank,
+)
 
 
 class Pass:
@@ -90,6 +111,19 @@ class DataParallel:
         # the embedding/output weights of the stage, if it has any
         self.rest_params = self.params - scenario.rank_layers(gpu.stage) * self.layer_params
         self.buckets: list[BucketKey] = []
+        training = scenario.training
+        self.grad_bytes = training.communication_bytes  # per parameter, DP collectives
+        self.reduce_bucket = training.reduce_bucket_size
+        self.gather_bucket = training.allgather_bucket_size
+        self.tied_order = training.tied_grad_reduce_order
+        # the tied embedding's gradient all-reduce: the rank with the embedding and the
+        # one with the output layer, when they differ; elements of the gradient buffer
+        m, out = scenario.model, output_rank(scenario)
+        self.tied_with: int | None = None
+        if training.share_embeddings_and_output_weights and out != 0 and gpu.stage in (0, out):
+            self.tied_with = out if gpu.stage == 0 else 0
+        t = par.tensor_model_parallel_size
+        self.tied_bytes = m.vocab_size * m.hidden_size / t * training.gradient_bytes
 
     # -- hooks --------------------------------------------------------------------------
 
@@ -110,9 +144,41 @@ class DataParallel:
         return NO_PASS
 
     def finish(self) -> None:
-        """At the end of the stage: the gradient sync still to do, the optimizer step."""
+        """At the end of the stage: the gradient sync still to do (and the tied
+        embedding's all-reduce, before or after it), the optimizer step."""
+        if self.tied_with is not None:
+            self.gpu.builder.name_last(self.gpu.lane, TiedReadyKey(self.gpu.who, self.gpu.stage))
+        tied_first = self.tied_order == TIED_BEFORE_DP or (
+            self.tied_order != TIED_AFTER_DP and self.reduce_scatters_after_flush
+        )
+        if tied_first:
+            self.tie()
         self.sync()
+        if not tied_first:
+            self.tie()
         self.step()
+
+    # a blocking reduce-scatter after the flush (Megatron-LM 2022's distributed
+    # optimizer, which all-reduces the tied gradient before it)
+    reduce_scatters_after_flush = False
+
+    def tie(self) -> None:
+        """The tied embedding's gradient all-reduce with the other end of the pipeline: a
+        rendezvous of the two ranks' compute lanes. Each first waits for the other's last
+        pass (a barrier, so the wait is pipeline idle, not communication)."""
+        if self.tied_with is None:
+            return
+        gpu = self.gpu
+        other = TiedReadyKey(gpu.who, self.tied_with)
+        gpu.barrier(f"wait for stage {self.tied_with} (tied embedding)", [other])
+        transfer = gpu.comm.tied(self.tied_with, self.tied_bytes, gpu.j, gpu.d)
+        gpu.builder.add(
+            gpu.lane,
+            DP_SYNC,
+            f"tied embedding grads {COLLECTIVE_LABELS[ALL_REDUCE]}",
+            transfer=transfer,
+            rendezvous=TiedKey(gpu.who),
+        )
 
     def sync(self) -> None:
         pass
@@ -131,10 +197,18 @@ class DataParallel:
         self.gpu.collective(lane, DP_SYNC, label, transfer, **fields)
 
     def reduce_after_flush(self) -> None:
-        """Every gradient of the stage in one blocking collective."""
+        """Every gradient of the stage in blocking collectives of at most
+        ``reduce_bucket_size`` elements each, one after the other (one with 0)."""
         kind = self.gradient_kind
-        message_bytes = self.params * GRADIENT_BYTES_PER_PARAM
-        self.collective(self.gpu.lane, f"grads {COLLECTIVE_LABELS[kind]}", kind, message_bytes)
+        calls = 1 if self.reduce_bucket == 0 else math.ceil(self.params / self.reduce_bucket)
+        label = f"grads {COLLECTIVE_LABELS[kind]}"
+        self.in_calls(label, kind, self.params * self.grad_bytes, calls)
+
+    def in_calls(self, label: str, kind: str, message_bytes: float, calls: int) -> None:
+        """One blocking collective of ``message_bytes``, or ``calls`` equal ones in turn."""
+        for n in range(calls):
+            name = label if calls == 1 else f"{label} {n + 1}/{calls}"
+            self.collective(self.gpu.lane, name, kind, message_bytes / calls)
 
     def bucket(self, label: str, mb: int, num_params: float) -> None:
         """A non-blocking gradient collective on the compute lane, kept in ``buckets``."""
@@ -143,7 +217,7 @@ class DataParallel:
             self.gpu.lane,
             label,
             self.gradient_kind,
-            num_params * GRADIENT_BYTES_PER_PARAM,
+            num_params * self.grad_bytes,
             microbatch=mb,
             blocking=False,
             key=key,
@@ -196,17 +270,19 @@ class OverlappedBuckets(DataParallel):
 
 
 class DistributedOptimizer(OverlappedBuckets):
-    """ZeRO-1: gradients reduce-scattered, per layer in buckets when ``overlap`` (as
-    `OverlappedBuckets` does), else in one collective after the last backward; each
-    replica steps the optimizer on its 1/D of the parameters, then all-gathers them."""
-
-    gradient_kind = REDUCE_SCATTER
+    """ZeRO-1: gradients reduce-scattered (or all-reduced, DeepSpeed's stage 1), per
+    layer in buckets when ``overlap`` (as `OverlappedBuckets` does), else after the last
+    backward; each replica steps the optimizer on its 1/D of the parameters, then
+    all-gathers them."""
 
     def __init__(
         self, gpu: GpuOps, scenario: Scenario, compute: ComputeModel, *, overlap: bool
     ) -> None:
         super().__init__(gpu, scenario, compute)
         self.overlap = overlap
+        all_reduce = scenario.training.zero_grad_collective == ZERO_ALL_REDUCE
+        self.gradient_kind = ALL_REDUCE if all_reduce else REDUCE_SCATTER
+        self.reduce_scatters_after_flush = not overlap and not all_reduce
 
     def sync(self) -> None:
         if self.overlap:
@@ -216,9 +292,10 @@ class DistributedOptimizer(OverlappedBuckets):
 
     def step(self) -> None:
         self.optimize(self.params / self.data)
-        message_bytes = self.params * GRADIENT_BYTES_PER_PARAM
+        message_bytes = self.params * WEIGHT_BYTES_PER_PARAM
         label = f"params {COLLECTIVE_LABELS[ALL_GATHER]}"
-        self.collective(self.gpu.lane, label, ALL_GATHER, message_bytes)
+        calls = 1 if self.gather_bucket == 0 else max(1, int(self.params // self.gather_bucket))
+        self.in_calls(label, ALL_GATHER, message_bytes, calls)
 
 
 class FullySharded(DataParallel):
@@ -239,6 +316,9 @@ class FullySharded(DataParallel):
         super().__init__(gpu, scenario, compute)
         self.side = gpu.new_lane(STREAM_OF_COMM[DP_SYNC])
         self.stray_buckets = stray_buckets
+        # the tied embedding's gradient all-reduce is not modelled under FSDP (its
+        # sharded gradient and the other stage's do not pair up as whole tensors)
+        self.tied_with = None
         # the chunk whose passes carry the embedding/output weights
         self.rest_chunk = 0 if gpu.stage == 0 else self.num_chunks - 1
 
@@ -271,11 +351,12 @@ class FullySharded(DataParallel):
         with ``rest`` it also carries the stage's embedding/output weights."""
         key = ShardKey(self.gpu.who, self.gpu.stage, label, kind, index)
         params = self.layer_params + (self.rest_params if rest else 0.0)
+        per_param = WEIGHT_BYTES_PER_PARAM if kind == ALL_GATHER else self.grad_bytes
         self.collective(
             self.side,
             f"{label} {COLLECTIVE_LABELS[kind]} layer {index}",
             kind,
-            params * GRADIENT_BYTES_PER_PARAM,
+            params * per_param,
             microbatch=mb,
             deps=deps,
             key=key,

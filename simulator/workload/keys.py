@@ -90,3 +90,22 @@ class RendezvousKey:
     stage: int
     group: int
     count: int
+
+
+@dataclass(frozen=True, slots=True)
+class TiedKey:
+    """The tied embedding's gradient all-reduce between the first and the last pipeline
+    stage of one (tensor rank, replica): a rendezvous of the two stages' GPUs ``who``,
+    in symmetric mode too."""
+
+    who: Who
+
+
+@dataclass(frozen=True, slots=True)
+class TiedReadyKey:
+    """The last op of GPU ``who`` of pipeline rank ``stage`` before its gradient sync: the
+    other end of the tied embedding's all-reduce waits for it (as pipeline idle) before
+    joining the collective."""
+
+    who: Who
+    stage: int

@@ -1,8 +1,11 @@
 """Parameters and memory per GPU, stage by stage.
 
 Weights, gradients and optimizer states follow mixed-precision Adam as counted
-by Rajbhandari et al. 2020 (ZeRO, Sec 3.1): 2 bytes of fp16 weights, 2 of fp16
+by Rajbhandari et al. 2020 (ZeRO, Sec 3.1): 2 bytes of 16-bit weights, g of
 gradients and 12 of fp32 master weights, momentum and variance per parameter.
+g is the gradient buffer's dtype (`TrainingConfig.gradient_bytes`): 2 for fp16,
+4 when gradients accumulate in fp32 (Megatron-LM's bf16, 18 bytes per parameter in
+all; docs/frameworks.md §4).
 The distributed optimizer (ZeRO-1) divides the 12 by the data-parallel size;
 full sharding (ZeRO-3 / FSDP) divides all 16, plus a working set of gathered
 layers.
@@ -39,7 +42,6 @@ from ..vocabulary import (
 # fragmentation. One round figure for every GPU; it is a budget, not a measurement.
 WORKSPACE_BYTES = 2.0 * 2**30
 WEIGHT_BYTES_PER_PARAM = 2.0
-GRADIENT_BYTES_PER_PARAM = 2.0
 OPTIMIZER_BYTES_PER_PARAM = 12.0
 
 
@@ -147,7 +149,8 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
     d = scenario.parallel.data_parallel_size
     sharding = scenario.training.data_parallel_sharding if d > 1 else NO_SHARDING
     weights = params * WEIGHT_BYTES_PER_PARAM
-    gradients = params * GRADIENT_BYTES_PER_PARAM
+    gradient_bytes = scenario.training.gradient_bytes
+    gradients = params * gradient_bytes
     optimizer = params * OPTIMIZER_BYTES_PER_PARAM
     if sharding in (SHARD_OPTIMIZER, SHARD_FULL):
         optimizer /= d
@@ -158,7 +161,7 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
         layer = layer_params_per_rank(scenario)
         rest = params - layer * scenario.rank_layers(stage)
         weights = weights / d + (2 * layer + rest) * WEIGHT_BYTES_PER_PARAM
-        gradients = gradients / d + (layer + rest) * GRADIENT_BYTES_PER_PARAM
+        gradients = gradients / d + (layer + rest) * gradient_bytes
     chunks = scenario.chunk_layers[stage]
     if len(set(chunks)) == 1:  # every chunk alike: the peak in flight times a chunk's layers
         activations = activation_bytes_per_layer(scenario) * chunks[0] * inflight_activations

@@ -84,6 +84,18 @@ class StageComm:
             self._dp[key] = self._collective(kind, groups, message_bytes)
         return self._dp[key]
 
+    def tied(self, other: int, message_bytes: float, j: int, d: int) -> Collective:
+        """An all-reduce between this stage and pipeline rank ``other`` of each (tensor
+        rank, replica) pair: the tied embedding's gradient (symmetric: every pair's)."""
+        placement = self.placement
+        if self.exact:
+            ranks = [(j, d)]
+        else:
+            ranks = [(t, r) for r in range(placement.data) for t in range(placement.tensor)]
+        low, high = sorted((self.stage, other))
+        groups = [[placement.gpu(t, r, low), placement.gpu(t, r, high)] for t, r in ranks]
+        return self._collective(ALL_REDUCE, groups, message_bytes)
+
     def send_to(self, other: int, j: int, d: int) -> Transfer:
         """Activations or gradients of one micro-batch to pipeline rank ``other``."""
         key = (other, *((j, d) if self.exact else (0, 0)))
