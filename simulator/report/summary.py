@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from ..results import Result, StageMetrics
 from ..scenario import Scenario
 from ..scenario.rules import is_uneven
+from ..scenario.softmax import SOURCE as SOFTMAX_SOURCE
+from ..scenario.softmax import scenario_softmax_path
 from ..units import bytes_to_gib
 from ..vocabulary import BREAKDOWN_KEYS, CATEGORIES
 
@@ -59,6 +61,9 @@ def summary_text(result: Result) -> str:
         f"{m.gpu_memory_gib:g} GiB (peak on stage {m.memory_peak_stage})",
         f"  kernel constants          {m.calibration}",
     ]
+    softmax = scenario_softmax_path(s)
+    if not softmax.fused:
+        lines.append(f"  attention softmax unfused: {softmax.reason} ({SOFTMAX_SOURCE})")
     if m.out_of_memory:
         lines.append(f"  WARNING: {m.out_of_memory}")
     iteration = m.iteration_time_s

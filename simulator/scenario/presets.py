@@ -54,6 +54,18 @@ def _scaled(family: str) -> str:
     return f"uncalibrated: scaled from {CALIBRATED_GPUS[family]}"
 
 
+# Dense FP16/BF16 tensor-core FLOPs per SM per clock (peak / (SMs x boost clock):
+# V100 8 tensor cores x 64 FMA x 2; A100 and H100 4 x 256 and 4 x 512 FMA x 2, NVIDIA's
+# A100 and H100 architecture white papers) over the 16 exponentials (ex2, the MUFU
+# special-function units) an SM issues per clock on compute capability 7.0-9.0 (CUDA C++
+# Programming Guide, "Arithmetic Instructions" throughput table). Both run on the SM
+# clock, so the ratio holds whatever clock the power cap leaves. Shah et al. 2024
+# (FlashAttention-3, arXiv 2407.08608, Sec 3) give the H100's: 989 TFLOP/s of matmul
+# against 3.9 TFLOP/s of exponentials, 256.
+_TENSOR_FLOPS_PER_SM_CLOCK = {"v100": 1024, "a100": 2048, "h100": 4096}
+EXPONENTIALS_PER_SM_CLOCK = 16
+
+
 def _gpu(
     name: str,
     *,
@@ -82,6 +94,7 @@ def _gpu(
         peak_tflops_fp8=peak_tflops_fp8,
         memory_gib=memory_gib,
         hbm_gbytes_per_s=hbm_gbytes_per_s,
+        tensor_flops_per_exp=_TENSOR_FLOPS_PER_SM_CLOCK[family] / EXPONENTIALS_PER_SM_CLOCK,
         kernels=kernels,
     )
 

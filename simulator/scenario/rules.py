@@ -23,6 +23,8 @@ from schedules import holder_of
 from schedules.custom import sizes_of
 
 from .errors import ScenarioError
+from .softmax import SOURCE as SOFTMAX_SOURCE
+from .softmax import scenario_softmax_path
 
 if TYPE_CHECKING:
     from .spec import ClusterSpec, ModelSpec, ParallelConfig, Scenario, TrainingConfig
@@ -104,6 +106,20 @@ def check_scenario(scenario: Scenario) -> None:
     check_layout(scenario.model, scenario.parallel, scenario.cluster)
     check_schedule(scenario.model, scenario.parallel, scenario.training)
     check_size(scenario.model, scenario.parallel, scenario.training)
+    check_softmax(scenario)
+
+
+def check_softmax(scenario: Scenario) -> None:
+    """A shape Megatron's fused-softmax check lets through but its kernel rejects (the
+    2022 rule's causal sequence above 2048) stops the run: say so rather than simulate."""
+    path = scenario_softmax_path(scenario)
+    if path.aborts:
+        raise ScenarioError(
+            key="training.masked_softmax_fusion",
+            value=True,
+            rule=f"{path.reason}; Megatron stops on the assertion ({SOFTMAX_SOURCE})",
+            fix="set training.masked_softmax_fusion = false or attention_kernel = 'flash'",
+        )
 
 
 def check_model_split(model: ModelSpec, parallel: ParallelConfig) -> None:

@@ -2,8 +2,9 @@
 
 One transformer layer is two blocks, each ending in a tensor-parallel
 all-reduce (Megatron-LM's f/g operators), and each block is its kernels, as
-Megatron-LM runs them (fused softmax, fused bias-GeLU, fused
-bias-dropout-add; no flash attention):
+Megatron-LM runs them (fused bias-GeLU, fused bias-dropout-add; the attention
+core as ``workload.attention`` builds it: unfused, with Megatron's softmax rule, or
+one flash kernel):
 
 - attention: layernorm, QKV GEMM, scores Q K^T (batched GEMM), scale + mask +
   softmax, attention dropout, probabilities x V (batched GEMM), output
@@ -173,6 +174,7 @@ class ComputeModel:
         self.parallel: ParallelConfig = scenario.parallel
         self.training: TrainingConfig = scenario.training
         self.gpu: GpuSpec = gpu
+        self.scenario = scenario
         self.constants = constants_for(scenario)
         self._stream_bytes_per_s = (
             gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s) * self.constants.memory_efficiency
@@ -193,22 +195,21 @@ class ComputeModel:
         """One layer's kernels on one tensor-parallel rank, forward then backward
         (backward in execution order: MLP first)."""
         m, t = self.model, self.parallel.tensor_model_parallel_size
-        b, s, h, f, a = (
+        b, s, h, f = (
             self.training.micro_batch_size,
             m.seq_length,
             m.hidden_size,
             m.ffn_hidden_size,
-            m.num_attention_heads,
         )
         e, mask = BYTES_PER_ELEMENT, MASK_BYTES
         tokens = b * s
-        head = h // a
-        heads = b * a // t  # batched attention GEMMs per rank
         # layernorm, dropout and residual elements per rank (sharded only under SP)
         hidden = tokens * h / (t if self.parallel.sequence_parallel else 1)
-        scores = heads * s * s  # attention score elements per rank
         ffn = tokens * f / t
         g, mem = self.gemm, self.memory_bound
+        from .attention import core_kernels  # attention.py builds on this module
+
+        core_forward, core_backward = core_kernels(self)
 
         def linear(block: str, name: str, k_in: int, n_out: int) -> list[Kernel]:
             """Y[tokens, n_out] = X[tokens, k_in] W: forward, input and weight gradients."""
@@ -225,10 +226,7 @@ class ComputeModel:
         forward = [
             Kernel("attention", "forward", "layernorm", mem(2 * e * hidden)),
             qkv[0],
-            Kernel("attention", "forward", "scores", g(s, s, head, heads), core=True),
-            Kernel("attention", "forward", "softmax", mem(2 * e * scores), core=True),
-            Kernel("attention", "forward", "dropout", mem((2 * e + mask) * scores), core=True),
-            Kernel("attention", "forward", "context", g(s, head, s, heads), core=True),
+            *core_forward,
             proj[0],
             Kernel("attention", "forward", "bias-dropout-add", mem((3 * e + mask) * hidden)),
             Kernel("mlp", "forward", "layernorm", mem(2 * e * hidden)),
@@ -250,12 +248,7 @@ class ComputeModel:
             Kernel("attention", "input", "bias-dropout-add", mem((2 * e + mask) * hidden)),
             proj[1],
             proj[2],
-            Kernel("attention", "input", "context dP", g(s, s, head, heads)),
-            Kernel("attention", "input", "context dV", g(s, head, s, heads)),
-            Kernel("attention", "input", "dropout", mem((2 * e + mask) * scores)),
-            Kernel("attention", "input", "softmax", mem(3 * e * scores)),
-            Kernel("attention", "input", "scores dQ", g(s, head, s, heads)),
-            Kernel("attention", "input", "scores dK", g(s, head, s, heads)),
+            *core_backward,
             qkv[1],
             qkv[2],
             Kernel("attention", "input", "layernorm", mem(4 * e * hidden)),
