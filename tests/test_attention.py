@@ -176,3 +176,55 @@ def test_default_is_the_unfused_core():
     assert s.training.attention_kernel == "unfused"
     assert s.training.masked_softmax_fusion is True
     assert dataclasses.replace(s.training, attention_kernel="flash").attention_kernel == "flash"
+
+
+# -- --tp-comm-overlap -----------------------------------------------------------------------
+
+
+def _tp2(**training):
+    return load(
+        parallel={"tensor_model_parallel_size": 2, "sequence_parallel": True},
+        training={"micro_batch_size": 1, "global_batch_size": 1, **training},
+    )
+
+
+def test_tp_comm_overlap_hides_each_collective_behind_its_gemm():
+    """One stage, TP 2 with SP, one micro-batch, four layers; every op runs one after the
+    other, so the iteration is the sum of its parts. Each block's all-gather (a) and
+    reduce-scatter (r) cost what they cost without the overlap; with it, a forward block
+    takes max(a, G) + (W - G - S) + max(r, S') instead of a + W + r (G the GEMM the
+    gather feeds, S the GEMM feeding the scatter, S' the same on 16 fewer SMs), a
+    backward block max(a, G_b) + (W_b - G_b - L) + max(r, L) instead of a + W_b + r
+    (G_b the projection's or fc2's dX, L the weight gradient of QKV or fc1)."""
+    base, overlapped = _tp2(), _tp2(tp_comm_overlap=True)
+    result = simulate(base)
+    comm = [sp.end_s - sp.start_s for sp in result.trace.spans if sp.kind == "tp_comm"]
+    a, r = comm[0], comm[1]  # the first block's all-gather and reduce-scatter
+    assert comm[:4] == pytest.approx([a, r, a, r])
+    layer = ComputeModel(base).layer()
+    saved = 0.0
+    for w, wb, last, g in (
+        (
+            layer.attention_forward,
+            layer.attention_backward,
+            layer.attention_last_weight,
+            layer.attention_overlap,
+        ),
+        (layer.mlp_forward, layer.mlp_backward, layer.mlp_last_weight, layer.mlp_overlap),
+    ):
+        G, S, S2 = g.gather.duration_s, g.scatter.duration_s, g.scatter_shared.duration_s
+        Gb, L = g.gather_backward.duration_s, last.duration_s
+        forward = max(a, G) + (w.duration_s - G - S) + max(r, S2)
+        backward = max(a, Gb) + (wb.duration_s - Gb - L) + max(r, L)
+        saved += (a + w.duration_s + r - forward) + (a + wb.duration_s + r - backward)
+    assert S2 > S  # the GEMM runs on 92 of the A100's 108 SMs
+    expected = result.metrics.iteration_time_s - 4 * saved
+    assert simulate(overlapped).metrics.iteration_time_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_tp_comm_overlap_needs_sequence_parallelism():
+    with pytest.raises(ScenarioError, match=r"training\.tp_comm_overlap=True overlaps sequence"):
+        load(
+            parallel={"tensor_model_parallel_size": 2},
+            training={"tp_comm_overlap": True},
+        )

@@ -101,12 +101,29 @@ def check_training_alone(training: TrainingConfig) -> None:
         )
 
 
+def check_tp_comm_overlap(parallel: ParallelConfig, training: TrainingConfig) -> None:
+    """Userbuffers overlap the SP all-gather and reduce-scatter; without SP there are
+    none (Megatron-Core's TE layers take the overlap only with sequence parallelism)."""
+    if (
+        training.tp_comm_overlap
+        and parallel.tensor_model_parallel_size > 1
+        and not parallel.sequence_parallel
+    ):
+        raise ScenarioError(
+            key="training.tp_comm_overlap",
+            value=True,
+            rule="overlaps sequence parallelism's all-gather and reduce-scatter",
+            fix="set parallel.sequence_parallel = true",
+        )
+
+
 def check_scenario(scenario: Scenario) -> None:
     """Every rule across specs, in the order the errors are reported."""
     check_layout(scenario.model, scenario.parallel, scenario.cluster)
     check_schedule(scenario.model, scenario.parallel, scenario.training)
     check_size(scenario.model, scenario.parallel, scenario.training)
     check_softmax(scenario)
+    check_tp_comm_overlap(scenario.parallel, scenario.training)
 
 
 def check_softmax(scenario: Scenario) -> None:

@@ -381,6 +381,15 @@ class TrainingConfig:
         "that split the backward",
         default=False,
     )
+    tp_comm_overlap: bool = key(
+        "Megatron-Core's `--tp-comm-overlap` (Transformer Engine userbuffers), with sequence "
+        "parallelism: each SP all-gather runs pipelined with the GEMM it feeds (QKV, fc1; "
+        "backward: projection and fc2 dX), each forward reduce-scatter with the GEMM "
+        "producing it, which then runs on 16 fewer SMs; exposed only where longer than "
+        "the GEMM. The backward reduce-scatter overlaps the weight gradient as with "
+        "`async_tensor_model_parallel_allreduce`",
+        default=False,
+    )
     data_parallel_sharding: str = key(
         "`optimizer` is ZeRO-1, `full` ZeRO-3 / FSDP; no effect with DP 1",
         default="none",

@@ -34,6 +34,7 @@ precision Adam) is memory bound.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -98,6 +99,26 @@ class Kernel(NamedTuple):
     core: bool = False
 
 
+# SMs Transformer Engine's userbuffers reserve for a pipelined reduce-scatter's
+# reduction kernels while the GEMM feeding it runs on the rest (method "pipeline":
+# num_sm 16, set_sm_margin; the ring-exchange all-gathers use copy engines and one SM).
+# transformer_engine/pytorch/module/base.py initialize_ub, default config (TE 1.x).
+UB_REDUCE_SCATTER_SMS = 16
+
+
+class OverlapGemms(NamedTuple):
+    """The GEMMs of a block that --tp-comm-overlap pipelines with its SP collectives:
+    ``gather`` is fed by the forward all-gather (QKV, fc1), ``scatter`` feeds the
+    forward reduce-scatter (projection, fc2), ``scatter_shared`` is that GEMM on the
+    SMs the reduce-scatter leaves, ``gather_backward`` is fed by the backward's gradient
+    all-gather (projection dX, fc2 dX)."""
+
+    gather: Work
+    scatter: Work
+    scatter_shared: Work
+    gather_backward: Work
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayerWork:
     """One layer on one tensor-parallel rank, for one micro-batch."""
@@ -113,6 +134,8 @@ class LayerWork:
     # block's backward, which Megatron-LM's async all-reduce of the input gradient hides
     attention_last_weight: Work
     mlp_last_weight: Work
+    attention_overlap: OverlapGemms
+    mlp_overlap: OverlapGemms
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -188,6 +211,12 @@ class ComputeModel:
             flops=2.0 * batch * m * n * k,
         )
 
+    def gemm_sharing(self, m: float, n: float, k: float, reserved_sms: int) -> Work:
+        """A GEMM on the SMs left when ``reserved_sms`` run a communication kernel."""
+        c = self.constants
+        fewer = dataclasses.replace(c, num_sms=max(1, c.num_sms - reserved_sms))
+        return Work(duration_s=gemm_seconds(self.gpu, fewer, m, n, k), flops=2.0 * m * n * k)
+
     def memory_bound(self, num_bytes: float) -> Work:
         return Work(duration_s=num_bytes / self._stream_bytes_per_s, flops=0.0)
 
@@ -259,6 +288,7 @@ class ComputeModel:
 
     def layer(self) -> LayerWork:
         kernels = self.kernels()
+        h, t = self.model.hidden_size, self.parallel.tensor_model_parallel_size
 
         def total(block: str, parts: tuple[str, ...], core_only: bool = False) -> Work:
             work = ZERO
@@ -281,6 +311,23 @@ class ComputeModel:
             mlp_weight=total("mlp", ("weight",)),
             attention_last_weight=next(k.work for k in kernels if k.name == "QKV dW"),
             mlp_last_weight=next(k.work for k in kernels if k.name == "fc1 dW"),
+            attention_overlap=self._overlap(kernels, "QKV", "projection", h // t),
+            mlp_overlap=self._overlap(kernels, "fc1", "fc2", self.model.ffn_hidden_size // t),
+        )
+
+    def _overlap(self, kernels: list[Kernel], first: str, last: str, k_in: int) -> OverlapGemms:
+        """``last`` is a row-parallel GEMM, [tokens, k_in] x [k_in, h]."""
+
+        def work(name: str, part: str) -> Work:
+            return next(k.work for k in kernels if k.name == name and k.part == part)
+
+        tokens = self.training.micro_batch_size * self.model.seq_length
+        h = self.model.hidden_size
+        return OverlapGemms(
+            gather=work(first, "forward"),
+            scatter=work(last, "forward"),
+            scatter_shared=self.gemm_sharing(tokens, h, k_in, UB_REDUCE_SCATTER_SMS),
+            gather_backward=work(last + " dX", "input"),
         )
 
     def extras(self) -> StageExtras:
