@@ -164,6 +164,7 @@ def test_flash_attention_keeps_no_score_matrix():
 def test_flash_attention_ignores_the_softmax_rule():
     text = summary_text(simulate(_a100(b=1, attention_kernel="flash")))
     assert "softmax unfused" not in text
+    assert " · flash attention" in text
 
 
 def test_bad_attention_kernel_is_a_one_line_error():

@@ -11,7 +11,7 @@ from ..scenario.rules import is_uneven
 from ..scenario.softmax import SOURCE as SOFTMAX_SOURCE
 from ..scenario.softmax import scenario_softmax_path
 from ..units import bytes_to_gib
-from ..vocabulary import BREAKDOWN_KEYS, CATEGORIES
+from ..vocabulary import ATTENTION_FLASH, BREAKDOWN_KEYS, CATEGORIES
 
 
 def layer_counts(scenario: Scenario) -> str:
@@ -47,6 +47,8 @@ def summary_text(result: Result) -> str:
             else ""
         )
         + f" · recompute {tr.recompute_granularity}"
+        + (" · flash attention" if tr.attention_kernel == ATTENTION_FLASH else "")
+        + (" · TP comm overlapped with GEMMs" if tr.tp_comm_overlap else "")
         + (" · overlapped grad reduce" if tr.overlap_grad_reduce else "")
         + f" · {s.network.model} network"
         + ("" if s.network.symmetry else " · exact mode (every GPU simulated)"),
