@@ -56,6 +56,8 @@ COLLECTIVE_LABELS = {
 PLACEMENTS: tuple[str, ...] = ("looped", "v")  # schedules.stage_of
 RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL = "none", "selective", "full"
 RECOMPUTE_GRANULARITIES: tuple[str, ...] = (RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL)
+ATTENTION_UNFUSED, ATTENTION_FLASH = "unfused", "flash"  # workload.attention's two cores
+ATTENTION_KERNELS: tuple[str, ...] = (ATTENTION_UNFUSED, ATTENTION_FLASH)
 FAIR_SHARE, ANALYTICAL = "fair-share", "analytical"  # engine.network's two models
 NETWORK_MODELS: tuple[str, ...] = (FAIR_SHARE, ANALYTICAL)
 # replicated, ZeRO-1 (the optimizer state sharded), ZeRO-3/FSDP (everything sharded)

@@ -21,9 +21,13 @@ def test_every_gpu_preset_is_complete_and_in_range(name):
         "peak_tflops_fp8",
         "memory_gib",
         "hbm_gbytes_per_s",
+        "tensor_flops_per_exp",
         "kernels",
     }, "a new GpuSpec field needs a check here"
     assert gpu.peak_tflops > 0 and gpu.memory_gib > 0 and gpu.hbm_gbytes_per_s > 0
+    # 16 exponentials per SM per clock against the tensor FLOPs per SM per clock:
+    # 64 (Volta), 128 (Ampere), 256 (Hopper)
+    assert gpu.tensor_flops_per_exp in (64, 128, 256)
     # FP8 tensor cores (Hopper) run twice the FP16/BF16 rate; older GPUs have none
     assert gpu.peak_tflops_fp8 is None or gpu.peak_tflops_fp8 == pytest.approx(
         2 * gpu.peak_tflops, rel=1e-4

@@ -8,8 +8,10 @@ from collections.abc import Sequence
 from ..results import Result, StageMetrics
 from ..scenario import Scenario
 from ..scenario.rules import is_uneven
+from ..scenario.softmax import SOURCE as SOFTMAX_SOURCE
+from ..scenario.softmax import scenario_softmax_path
 from ..units import bytes_to_gib
-from ..vocabulary import BREAKDOWN_KEYS, CATEGORIES
+from ..vocabulary import ATTENTION_FLASH, BREAKDOWN_KEYS, CATEGORIES
 
 
 def layer_counts(scenario: Scenario) -> str:
@@ -45,6 +47,8 @@ def summary_text(result: Result) -> str:
             else ""
         )
         + f" · recompute {tr.recompute_granularity}"
+        + (" · flash attention" if tr.attention_kernel == ATTENTION_FLASH else "")
+        + (" · TP comm overlapped with GEMMs" if tr.tp_comm_overlap else "")
         + (" · overlapped grad reduce" if tr.overlap_grad_reduce else "")
         + f" · {s.network.model} network"
         + ("" if s.network.symmetry else " · exact mode (every GPU simulated)"),
@@ -59,6 +63,9 @@ def summary_text(result: Result) -> str:
         f"{m.gpu_memory_gib:g} GiB (peak on stage {m.memory_peak_stage})",
         f"  kernel constants          {m.calibration}",
     ]
+    softmax = scenario_softmax_path(s)
+    if not softmax.fused:
+        lines.append(f"  attention softmax unfused: {softmax.reason} ({SOFTMAX_SOURCE})")
     if m.out_of_memory:
         lines.append(f"  WARNING: {m.out_of_memory}")
     iteration = m.iteration_time_s

@@ -213,10 +213,11 @@ _SET_NOTES = {
         "- Megatron-Core r0.8.0 weak scaling (NVIDIA/Megatron-LM README, 2024), compared "
         "as model TFLOP/s per GPU: the times shown are the table's FLOPs "
         "72 B s l h² (1 + s/6h + V/12lh) (stepsim's model FLOPs count the same) over GPUs × "
-        "TFLOP/s, measured and simulated. Assumed (unpublished): micro-batch 1, no "
-        "recomputation, sequence parallelism, no interleaving, overlapped gradient "
-        "reduce, distributed optimizer, async TP all-reduce; --tp-comm-overlap is not "
-        "modelled (calibration.md).",
+        "TFLOP/s, measured and simulated. As Megatron-Core r0.8.0 runs (its source and "
+        "the table's notes): Transformer Engine's fused attention (`attention_kernel = "
+        '"flash"`), --tp-comm-overlap, overlapped gradient reduce, distributed optimizer. '
+        "Assumed (unpublished): micro-batch 1, no recomputation, sequence parallelism, "
+        "no interleaving (calibration.md).",
     ],
 }
 

@@ -23,6 +23,8 @@ from schedules import holder_of
 from schedules.custom import sizes_of
 
 from .errors import ScenarioError
+from .softmax import SOURCE as SOFTMAX_SOURCE
+from .softmax import scenario_softmax_path
 
 if TYPE_CHECKING:
     from .spec import ClusterSpec, ModelSpec, ParallelConfig, Scenario, TrainingConfig
@@ -114,11 +116,42 @@ def check_precision(training: TrainingConfig) -> None:
         )
 
 
+def check_tp_comm_overlap(parallel: ParallelConfig, training: TrainingConfig) -> None:
+    """Userbuffers overlap the SP all-gather and reduce-scatter; without SP there are
+    none (Megatron-Core's TE layers take the overlap only with sequence parallelism)."""
+    if (
+        training.tp_comm_overlap
+        and parallel.tensor_model_parallel_size > 1
+        and not parallel.sequence_parallel
+    ):
+        raise ScenarioError(
+            key="training.tp_comm_overlap",
+            value=True,
+            rule="overlaps sequence parallelism's all-gather and reduce-scatter",
+            fix="set parallel.sequence_parallel = true",
+        )
+
+
 def check_scenario(scenario: Scenario) -> None:
     """Every rule across specs, in the order the errors are reported."""
     check_layout(scenario.model, scenario.parallel, scenario.cluster)
     check_schedule(scenario.model, scenario.parallel, scenario.training)
     check_size(scenario.model, scenario.parallel, scenario.training)
+    check_softmax(scenario)
+    check_tp_comm_overlap(scenario.parallel, scenario.training)
+
+
+def check_softmax(scenario: Scenario) -> None:
+    """A shape Megatron's fused-softmax check lets through but its kernel rejects (the
+    2022 rule's causal sequence above 2048) stops the run: say so rather than simulate."""
+    path = scenario_softmax_path(scenario)
+    if path.aborts:
+        raise ScenarioError(
+            key="training.masked_softmax_fusion",
+            value=True,
+            rule=f"{path.reason}; Megatron stops on the assertion ({SOFTMAX_SOURCE})",
+            fix="set training.masked_softmax_fusion = false or attention_kernel = 'flash'",
+        )
 
 
 def check_model_split(model: ModelSpec, parallel: ParallelConfig) -> None:

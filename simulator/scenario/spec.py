@@ -24,6 +24,7 @@ from topologies import FABRICS, NVLINK_TOPOLOGIES
 
 from ..vocabulary import (
     ALL_REDUCE_ALGORITHMS,
+    ATTENTION_KERNELS,
     COMMUNICATION_DTYPES,
     DATA_PARALLEL_SHARDING,
     DTYPE_BYTES,
@@ -127,6 +128,9 @@ class GpuSpec:
     peak_tflops_fp8: float | None  # dense FP8 tensor-core peak; None: no FP8 tensor cores
     memory_gib: float
     hbm_gbytes_per_s: float
+    # tensor-core FLOPs an SM does in the time its special-function units do one
+    # exponential: what flash attention's softmax costs in matmul time (workload.attention)
+    tensor_flops_per_exp: float
     kernels: KernelConstants  # the compute model's constants for this GPU (gpu == name)
 
     @property
@@ -382,6 +386,15 @@ class TrainingConfig:
         "that split the backward",
         default=False,
     )
+    tp_comm_overlap: bool = key(
+        "Megatron-Core's `--tp-comm-overlap` (Transformer Engine userbuffers), with sequence "
+        "parallelism: each SP all-gather runs pipelined with the GEMM it feeds (QKV, fc1; "
+        "backward: projection and fc2 dX), each forward reduce-scatter with the GEMM "
+        "producing it, which then runs on 16 fewer SMs; exposed only where longer than "
+        "the GEMM. The backward reduce-scatter overlaps the weight gradient as with "
+        "`async_tensor_model_parallel_allreduce`",
+        default=False,
+    )
     data_parallel_sharding: str = key(
         "`optimizer` is ZeRO-1, `full` ZeRO-3 / FSDP; no effect with DP 1",
         default="none",
@@ -449,6 +462,21 @@ class TrainingConfig:
         "Megatron-LM's fusion: each weight-gradient GEMM accumulates into the gradient "
         "buffer (reads and writes it); `false`: a separate add kernel per layer and "
         "micro-batch reads the 2-byte gradient and the buffer and writes the buffer",
+        default=True,
+    )
+    attention_kernel: str = key(
+        "the attention core: `unfused` (Megatron-LM's GEMMs, softmax and dropout with the "
+        "s x s scores through HBM) or `flash` (one fused kernel, FlashAttention-2 / cuDNN "
+        "through Transformer Engine, as Megatron-Core runs it: no s x s tensors, the "
+        "backward recomputes the scores; see docs/calibration.md)",
+        default="unfused",
+        choices=ATTENTION_KERNELS,
+    )
+    masked_softmax_fusion: bool = key(
+        "`unfused` attention only: Megatron's fused scale-mask-softmax kernel where its "
+        "shape rule allows (heads per TP rank x micro-batch divisible by 4, sequence "
+        "length limits; docs/frameworks.md §9), else PyTorch's fp32 softmax; `false` is "
+        "`--no-masked-softmax-fusion`",
         default=True,
     )
 

@@ -2,8 +2,9 @@
 
 One transformer layer is two blocks, each ending in a tensor-parallel
 all-reduce (Megatron-LM's f/g operators), and each block is its kernels, as
-Megatron-LM runs them (fused softmax, fused bias-GeLU, fused
-bias-dropout-add; no flash attention):
+Megatron-LM runs them (fused bias-GeLU, fused bias-dropout-add; the attention
+core as ``workload.attention`` builds it: unfused, with Megatron's softmax rule, or
+one flash kernel):
 
 - attention: layernorm, QKV GEMM, scores Q K^T (batched GEMM), scale + mask +
   softmax, attention dropout, probabilities x V (batched GEMM), output
@@ -41,6 +42,7 @@ precision Adam) is memory bound.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -105,6 +107,26 @@ class Kernel(NamedTuple):
     core: bool = False
 
 
+# SMs Transformer Engine's userbuffers reserve for a pipelined reduce-scatter's
+# reduction kernels while the GEMM feeding it runs on the rest (method "pipeline":
+# num_sm 16, set_sm_margin; the ring-exchange all-gathers use copy engines and one SM).
+# transformer_engine/pytorch/module/base.py initialize_ub, default config (TE 1.x).
+UB_REDUCE_SCATTER_SMS = 16
+
+
+class OverlapGemms(NamedTuple):
+    """The GEMMs of a block that --tp-comm-overlap pipelines with its SP collectives:
+    ``gather`` is fed by the forward all-gather (QKV, fc1), ``scatter`` feeds the
+    forward reduce-scatter (projection, fc2), ``scatter_shared`` is that GEMM on the
+    SMs the reduce-scatter leaves, ``gather_backward`` is fed by the backward's gradient
+    all-gather (projection dX, fc2 dX)."""
+
+    gather: Work
+    scatter: Work
+    scatter_shared: Work
+    gather_backward: Work
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LayerWork:
     """One layer on one tensor-parallel rank, for one micro-batch."""
@@ -120,6 +142,8 @@ class LayerWork:
     # block's backward, which Megatron-LM's async all-reduce of the input gradient hides
     attention_last_weight: Work
     mlp_last_weight: Work
+    attention_overlap: OverlapGemms
+    mlp_overlap: OverlapGemms
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -190,6 +214,7 @@ class ComputeModel:
         self.parallel: ParallelConfig = scenario.parallel
         self.training: TrainingConfig = scenario.training
         self.gpu: GpuSpec = gpu
+        self.scenario = scenario
         self.constants = constants_for(scenario)
         self._stream_bytes_per_s = (
             gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s) * self.constants.memory_efficiency
@@ -213,6 +238,12 @@ class ComputeModel:
             return self.gemm(k_in, n_out, tokens, extra_bytes=(2 * g - 2) * weights), ZERO
         return self.gemm(k_in, n_out, tokens), self.memory_bound((2 + 2 * g) * weights)
 
+    def gemm_sharing(self, m: float, n: float, k: float, reserved_sms: int) -> Work:
+        """A GEMM on the SMs left when ``reserved_sms`` run a communication kernel."""
+        c = self.constants
+        fewer = dataclasses.replace(c, num_sms=max(1, c.num_sms - reserved_sms))
+        return Work(duration_s=gemm_seconds(self.gpu, fewer, m, n, k), flops=2.0 * m * n * k)
+
     def memory_bound(self, num_bytes: float) -> Work:
         return Work(duration_s=num_bytes / self._stream_bytes_per_s, flops=0.0)
 
@@ -220,22 +251,21 @@ class ComputeModel:
         """One layer's kernels on one tensor-parallel rank, forward then backward
         (backward in execution order: MLP first)."""
         m, t = self.model, self.parallel.tensor_model_parallel_size
-        b, s, h, f, a = (
+        b, s, h, f = (
             self.training.micro_batch_size,
             m.seq_length,
             m.hidden_size,
             m.ffn_hidden_size,
-            m.num_attention_heads,
         )
         e, mask = BYTES_PER_ELEMENT, MASK_BYTES
         tokens = b * s
-        head = h // a
-        heads = b * a // t  # batched attention GEMMs per rank
         # layernorm, dropout and residual elements per rank (sharded only under SP)
         hidden = tokens * h / (t if self.parallel.sequence_parallel else 1)
-        scores = heads * s * s  # attention score elements per rank
         ffn = tokens * f / t
         g, mem = self.gemm, self.memory_bound
+        from .attention import core_kernels  # attention.py builds on this module
+
+        core_forward, core_backward = core_kernels(self)
 
         def linear(block: str, name: str, k_in: int, n_out: int) -> list[Kernel]:
             """Y[tokens, n_out] = X[tokens, k_in] W: forward, input and weight gradients
@@ -254,10 +284,7 @@ class ComputeModel:
         forward = [
             Kernel("attention", "forward", "layernorm", mem(2 * e * hidden)),
             qkv[0],
-            Kernel("attention", "forward", "scores", g(s, s, head, heads), core=True),
-            Kernel("attention", "forward", "softmax", mem(2 * e * scores), core=True),
-            Kernel("attention", "forward", "dropout", mem((2 * e + mask) * scores), core=True),
-            Kernel("attention", "forward", "context", g(s, head, s, heads), core=True),
+            *core_forward,
             proj[0],
             Kernel("attention", "forward", "bias-dropout-add", mem((3 * e + mask) * hidden)),
             Kernel("mlp", "forward", "layernorm", mem(2 * e * hidden)),
@@ -279,12 +306,7 @@ class ComputeModel:
             Kernel("attention", "input", "bias-dropout-add", mem((2 * e + mask) * hidden)),
             proj[1],
             proj[2],
-            Kernel("attention", "input", "context dP", g(s, s, head, heads)),
-            Kernel("attention", "input", "context dV", g(s, head, s, heads)),
-            Kernel("attention", "input", "dropout", mem((2 * e + mask) * scores)),
-            Kernel("attention", "input", "softmax", mem(3 * e * scores)),
-            Kernel("attention", "input", "scores dQ", g(s, head, s, heads)),
-            Kernel("attention", "input", "scores dK", g(s, head, s, heads)),
+            *core_backward,
             qkv[1],
             qkv[2],
             Kernel("attention", "input", "layernorm", mem(4 * e * hidden)),
@@ -295,6 +317,7 @@ class ComputeModel:
 
     def layer(self) -> LayerWork:
         kernels = self.kernels()
+        h, t = self.model.hidden_size, self.parallel.tensor_model_parallel_size
 
         def total(block: str, parts: tuple[str, ...], core_only: bool = False) -> Work:
             work = ZERO
@@ -317,6 +340,23 @@ class ComputeModel:
             mlp_weight=total("mlp", ("weight",)),
             attention_last_weight=next(k.work for k in kernels if k.name == "QKV dW"),
             mlp_last_weight=next(k.work for k in kernels if k.name == "fc1 dW"),
+            attention_overlap=self._overlap(kernels, "QKV", "projection", h // t),
+            mlp_overlap=self._overlap(kernels, "fc1", "fc2", self.model.ffn_hidden_size // t),
+        )
+
+    def _overlap(self, kernels: list[Kernel], first: str, last: str, k_in: int) -> OverlapGemms:
+        """``last`` is a row-parallel GEMM, [tokens, k_in] x [k_in, h]."""
+
+        def work(name: str, part: str) -> Work:
+            return next(k.work for k in kernels if k.name == name and k.part == part)
+
+        tokens = self.training.micro_batch_size * self.model.seq_length
+        h = self.model.hidden_size
+        return OverlapGemms(
+            gather=work(first, "forward"),
+            scatter=work(last, "forward"),
+            scatter_shared=self.gemm_sharing(tokens, h, k_in, UB_REDUCE_SCATTER_SMS),
+            gather_backward=work(last + " dX", "input"),
         )
 
     def extras(self) -> StageExtras:

@@ -46,7 +46,7 @@ from ..vocabulary import (
     WEIGHT,
 )
 from .collectives import Fabric
-from .compute import ComputeModel, Work
+from .compute import ComputeModel, OverlapGemms, Work
 from .dataparallel import strategy_for
 from .gpuops import GpuOps
 from .keys import AsyncTpKey, PipelineKey
@@ -115,6 +115,12 @@ class _Stage:
         self.recompute = training.recompute_granularity
         # the async TP all-reduce needs the weight gradient right after the input's
         self.async_tp = training.async_tensor_model_parallel_allreduce and not self.split
+        # userbuffers overlap: only SP's collectives, only where there is a TP group
+        self.overlap_tp = (
+            training.tp_comm_overlap
+            and self.sequence_parallel
+            and gpu.comm.tp(ALL_GATHER, gpu.d) is not None
+        )
         self.async_count = 0
         self.layer, self.extras = compute.layer(), compute.extras()
         self.dp = strategy_for(gpu, scenario, compute)
@@ -129,32 +135,67 @@ class _Stage:
         self.gpu.collective(self.gpu.lane, TP_COMM, label, transfer, microbatch=mb, deps=deps)
         return ()
 
-    def block(self, kind: str, label: str, mb: int, w: Work, deps: Sequence[object] = ()) -> None:
+    def block(
+        self,
+        kind: str,
+        label: str,
+        mb: int,
+        w: Work,
+        gemms: OverlapGemms,
+        deps: Sequence[object] = (),
+    ) -> None:
         """A block and its TP collective (an all-gather before it under SP). ``deps`` go
-        on the block's first op, so nothing starts before its input arrives."""
-        if self.sequence_parallel:
-            deps = self.tp(label, mb, ALL_GATHER, deps)
-        self.gpu.work(kind, label, mb, w, deps)
-        self.tp(label, mb, REDUCE_SCATTER if self.sequence_parallel else ALL_REDUCE, ())
-
-    def backward_block(self, label: str, mb: int, w: Work, last_weight: Work, deps) -> None:
-        """A block's backward. With the async TP all-reduce, the input gradient's
-        collective runs while the weight gradient of the block's first GEMM computes,
-        and what follows waits for it (an all-gather under SP stays in front)."""
-        kind = REDUCE_SCATTER if self.sequence_parallel else ALL_REDUCE
-        transfer = self.gpu.comm.tp(kind, self.gpu.d)
-        if not self.async_tp or transfer is None:
-            self.block(BACKWARD, label, mb, w, deps)
+        on the block's first op, so nothing starts before its input arrives. With
+        --tp-comm-overlap the all-gather runs alongside the GEMM it feeds and the
+        reduce-scatter alongside the GEMM producing it (on the SMs it leaves)."""
+        if not self.overlap_tp:
+            if self.sequence_parallel:
+                deps = self.tp(label, mb, ALL_GATHER, deps)
+            self.gpu.work(kind, label, mb, w, deps)
+            self.tp(label, mb, REDUCE_SCATTER if self.sequence_parallel else ALL_REDUCE, ())
             return
-        if self.sequence_parallel:
-            deps = self.tp(label, mb, ALL_GATHER, deps)
+        self.alongside(kind, label, mb, ALL_GATHER, gemms.gather, deps)
+        self.gpu.work(kind, label, mb, w - gemms.gather - gemms.scatter)
+        self.alongside(kind, label, mb, REDUCE_SCATTER, gemms.scatter_shared)
+
+    def alongside(
+        self, kind: str, label: str, mb: int, collective: str, w: Work, deps: Sequence[object] = ()
+    ) -> None:
+        """A TP collective and the compute ``w`` at once; what follows waits for both."""
         gpu = self.gpu
-        gpu.work(BACKWARD, label, mb, w - last_weight, deps)
         self.async_count += 1
         key = AsyncTpKey(self.who, self.stage, self.async_count)
-        gpu.collective(gpu.lane, TP_COMM, label, transfer, microbatch=mb, blocking=False, key=key)
-        gpu.work(BACKWARD, label, mb, last_weight)
+        transfer = gpu.comm.tp(collective, gpu.d)
+        gpu.collective(
+            gpu.lane, TP_COMM, label, transfer, microbatch=mb, blocking=False, key=key, deps=deps
+        )
+        gpu.work(kind, label, mb, w)
         gpu.barrier(label, [key], mb)
+
+    def backward_block(
+        self, label: str, mb: int, w: Work, last_weight: Work, gemms: OverlapGemms, deps
+    ) -> None:
+        """A block's backward. With the async TP all-reduce (and with --tp-comm-overlap,
+        TE's bulk overlap), the input gradient's collective runs while the weight
+        gradient of the block's first GEMM computes, and what follows waits for it; an
+        all-gather under SP stays in front, or with --tp-comm-overlap runs alongside the
+        GEMM it feeds (the projection's or fc2's dX)."""
+        kind = REDUCE_SCATTER if self.sequence_parallel else ALL_REDUCE
+        gpu = self.gpu
+        if gpu.comm.tp(kind, gpu.d) is None:  # no TP group
+            gpu.work(BACKWARD, label, mb, w, deps)
+            return
+        if self.overlap_tp:
+            self.alongside(BACKWARD, label, mb, ALL_GATHER, gemms.gather_backward, deps)
+            w, deps = w - gemms.gather_backward, ()
+        elif self.sequence_parallel:
+            deps = self.tp(label, mb, ALL_GATHER, deps)
+        if not (self.async_tp or (self.overlap_tp and not self.split)):
+            gpu.work(BACKWARD, label, mb, w, deps)
+            self.tp(label, mb, kind, ())
+            return
+        gpu.work(BACKWARD, label, mb, w - last_weight, deps)
+        self.alongside(BACKWARD, label, mb, kind, last_weight)
 
     def hand_over(self, label: str, mb: int, kind: str, virtual: int, to: int) -> None:
         """Make this pass's output available to virtual stage ``to``: a pipeline send, or
@@ -206,9 +247,14 @@ class _Stage:
             recv = []
         for n, index in enumerate(layers):
             self.block(
-                FORWARD, label, mb, self.layer.attention_forward, recv + dp.before_layer(index)
+                FORWARD,
+                label,
+                mb,
+                self.layer.attention_forward,
+                self.layer.attention_overlap,
+                recv + dp.before_layer(index),
             )
-            self.block(FORWARD, label, mb, self.layer.mlp_forward)
+            self.block(FORWARD, label, mb, self.layer.mlp_forward, self.layer.mlp_overlap)
             dp.after_layer(n, index)
             recv = []
         if last:
@@ -237,14 +283,18 @@ class _Stage:
         for n, index in enumerate(order):
             recv = recv + dp.before_layer(index)
             if self.recompute == RECOMPUTE_FULL:
-                self.block(RECOMPUTE, label, mb, layer.attention_forward, recv)
-                self.block(RECOMPUTE, label, mb, layer.mlp_forward)
+                self.block(
+                    RECOMPUTE, label, mb, layer.attention_forward, layer.attention_overlap, recv
+                )
+                self.block(RECOMPUTE, label, mb, layer.mlp_forward, layer.mlp_overlap)
                 recv = []
             elif self.recompute == RECOMPUTE_SELECTIVE:
                 self.gpu.work(RECOMPUTE, label, mb, layer.attention_core_forward, recv)
                 recv = []
-            self.backward_block(label, mb, mlp, layer.mlp_last_weight, recv)
-            self.backward_block(label, mb, attention, layer.attention_last_weight, ())
+            self.backward_block(label, mb, mlp, layer.mlp_last_weight, layer.mlp_overlap, recv)
+            self.backward_block(
+                label, mb, attention, layer.attention_last_weight, layer.attention_overlap, ()
+            )
             dp.after_layer(n, index)
             recv = []
         if first and not split:

@@ -10,7 +10,9 @@ The distributed optimizer (ZeRO-1) divides the 12 by the data-parallel size;
 full sharding (ZeRO-3 / FSDP) divides all 16, plus a working set of gathered
 layers.
 Activations follow Korthikanti et al. 2022 (arXiv 2205.05198, Sec 4), bytes
-per layer and micro-batch, times the activations the schedule keeps in flight:
+per layer and micro-batch (the attention core's s x s terms as its kernel keeps
+them: fp32 softmax output on Megatron's unfused fallback, none under flash
+attention), times the activations the schedule keeps in flight:
 a chunk's worth of layers (all the rank's layers when it runs one chunk) for
 each forward whose backward (or, when split, weight gradient) has not yet run; with
 chunks of unequal size (an uneven split), each forward counts its own chunk's layers.
@@ -26,8 +28,10 @@ from dataclasses import dataclass
 from schedules import holder_of
 
 from ..scenario import Scenario
+from ..scenario.softmax import scenario_softmax_path
 from ..units import bytes_to_gib
 from ..vocabulary import (
+    ATTENTION_FLASH,
     NO_SHARDING,
     RECOMPUTE_FULL,
     RECOMPUTE_NONE,
@@ -102,7 +106,14 @@ def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None)
     sbh = s * b * h
     if recompute == RECOMPUTE_FULL:
         return 2 * sbh / (t if sp else 1)  # only the layer's input is kept
-    attention_core = 5 * a * s / (h * t)  # scores, softmax, dropout mask and output
+    # softmax output, dropout mask and dropout output: 2 + 1 + 2 bytes per score element
+    attention_core = 5 * a * s / (h * t)
+    if scenario.training.attention_kernel == ATTENTION_FLASH:
+        # one fp32 log-sum-exp per query row and head; nothing s x s (workload.attention)
+        attention_core = 4 * a / (h * t)
+    elif not scenario_softmax_path(scenario).fused:
+        # PyTorch's softmax in fp32 keeps its fp32 output: 4 bytes per score, not 2
+        attention_core = 7 * a * s / (h * t)
     if recompute == RECOMPUTE_SELECTIVE:
         attention_core = 0.0
     if sp:
