@@ -81,7 +81,7 @@ def main() -> None:
     )
     for study in studies:
         d = study.as_dict()
-        print(f"  {study.name:<15} makespan {d['makespan']:.0f} ms, bubble {d['bubble_ratio']:.1%}")
+        print(f"  {study.name:<15} makespan {d['makespan']:.0f} ms, bubble {d['bubble_fraction']:.1%} of the makespan")
     print(f"\n{time.perf_counter() - started:.0f} s")
 
 

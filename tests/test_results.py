@@ -17,6 +17,7 @@ TWO_GPUS = {
 }
 
 JSON_KEYS = [
+    "schema_version",
     "name",
     "iteration_time_s",
     "hardware_tflops_per_gpu",
@@ -161,3 +162,14 @@ def test_the_stage_table_elides_the_middle_of_a_long_pipeline(result):
     table = lines.split("per stage (seconds)")[1].split("\n\n")[0].splitlines()[1:]
     shown = [line.split()[1] if line.strip() != "..." else "..." for line in table]
     assert shown == ["0", "1", "2", "3", "4", "...", "8", "9", "10", "11", "12"]
+
+
+def test_metrics_json_and_schedule_json_carry_the_schema_version(result):
+    from simulator.bubble import op_times, run_schedule
+    from simulator.results import SCHEMA_VERSION
+
+    assert result.metrics.to_json()["schema_version"] == SCHEMA_VERSION >= 2
+    studied = run_schedule("1f1b", 2, 2, op_times(1.0, 2.0, None, 0.0)).as_dict()
+    assert studied["schema_version"] == SCHEMA_VERSION
+    # 1f1b, p 2, m 2: makespan (m + p - 1)(F + B) = 9, ideal m(F + B) = 6
+    assert studied["bubble_fraction"] == 3 / 9 and studied["bubble_over_ideal"] == 3 / 6
