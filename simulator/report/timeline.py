@@ -267,8 +267,9 @@ def pipeline_figure(studies: list) -> Figure:
         d = study.as_dict()
         chunks = f", {study.num_chunks} chunks" if study.num_chunks > 1 else ""
         ax.set_title(
-            f"{study.name}{chunks}: makespan {d['makespan']:.4g}, bubble {d['bubble_fraction']:.1%} "
-            f"of the makespan, peak {max(d['per_rank_peak_inflight_w'])} chunk activations",
+            f"{study.name}{chunks}: makespan {d['makespan']:.4g}, "
+            f"bubble {d['bubble_fraction']:.1%} of the makespan, "
+            f"peak {max(d['per_rank_peak_inflight_w'])} chunk activations",
             fontsize=9,
             loc="left",
         )
