@@ -50,14 +50,17 @@ class Trace(NamedTuple):
 
 
 class LinkLoad(NamedTuple):
-    """One of the busiest links: its name, kind, index in the cluster's links, mean
-    utilization over the iteration and the gigabytes it carried."""
+    """One of the busiest links of its role: its name, role (topologies.describe.LINK_ROLES:
+    nvlink, pcie, nic, uplink), index in the cluster's links, mean utilization over the
+    iteration, the gigabytes it carried, and its peak: the mean utilization of its
+    busiest hundredth of the iteration."""
 
     link: str
     kind: str
     index: int
     utilization: float
     gbytes: float
+    peak_utilization: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,6 +10,7 @@ from simulator.plan.questions import scale_points, training_time
 from simulator.results import LinkLoad, MetricsRow, SweepPoint
 from simulator.run import run
 from simulator.vocabulary import BREAKDOWN_KEYS, DP_SYNC, EXPOSED_COMM_KEYS, IDLE_TIME
+from topologies.describe import LINK_ROLES
 
 TWO_GPUS = {
     "cluster": {"num_nodes": 1, "gpus_per_node": 2, "nics_per_node": 1},
@@ -67,7 +68,14 @@ def test_to_json_keeps_the_key_order_and_types_of_metrics_json(result):
         ["stage", "gpu", "stands_for_gpus", "breakdown_s", "memory_gib", "inflight_activations"]
     ] * 2
     assert data["out_of_memory"] is None
-    assert list(data["busiest_links"][0]) == ["link", "kind", "index", "utilization", "gbytes"]
+    assert list(data["busiest_links"][0]) == [
+        "link",
+        "kind",
+        "index",
+        "utilization",
+        "gbytes",
+        "peak_utilization",
+    ]
     # plain JSON types only: what json.dumps writes reads back equal
     assert json.loads(json.dumps(data)) == data
 
@@ -81,9 +89,8 @@ def test_stage_memory_in_json_is_the_memory_model_in_gib(result):
 def test_busiest_links_are_typed_at_construction(result):
     links = result.metrics.busiest_links
     assert links and all(isinstance(link, LinkLoad) for link in links)
-    assert [link.utilization for link in links] == sorted(
-        (link.utilization for link in links), reverse=True
-    )
+    kinds = [link.kind for link in links]
+    assert kinds == sorted(set(kinds), key=LINK_ROLES.index)  # one per kind, in order
 
 
 def test_row_is_flat_in_csv_order_and_reads_back_equal(result):

@@ -72,11 +72,15 @@ def summary_text(result: Result) -> str:
         lines.append(f"    {category.label:<34}{value:>10.{places}f}{share:>8.1f}")
     lines += ["", _stage_table(m.stages, places)]
     if m.busiest_links:
-        lines += ["", "  busiest links (mean utilization over the iteration)"]
+        lines += [
+            "",
+            "  busiest links of each kind     mean    peak  (utilization: over the iteration; "
+            "in its busiest 1 %)",
+        ]
         for link in m.busiest_links:
             lines.append(
-                f"    {100 * link.utilization:5.1f} %  {link.gbytes:>10.3g} GB  "
-                f"{link.kind:<7}{link.link}"
+                f"    {link.kind:<7}{link.gbytes:>10.3g} GB  {100 * link.utilization:5.1f} %  "
+                f"{100 * link.peak_utilization:5.1f} %  {link.link}"
             )
     return "\n".join(lines)
 
