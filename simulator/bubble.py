@@ -19,7 +19,7 @@ from schedules import build as build_schedule
 from schedules.custom import sizes_of
 
 from .engine.core import simulate
-from .results import Trace
+from .results import SCHEMA_VERSION, Trace
 from .scenario import ScenarioError
 from .vocabulary import COMPUTE_STREAM, MODEL_KINDS
 from .workload.ops import abstract_pipeline
@@ -82,6 +82,7 @@ class Study:
         t = self.times
         layers = {} if self.stage_layers is None else {"stage_layers": list(self.stage_layers)}
         return {
+            "schema_version": SCHEMA_VERSION,
             "schedule": self.name,
             "p": self.num_ranks,
             "m": self.num_microbatches,
@@ -95,8 +96,11 @@ class Study:
             **layers,
             "makespan": makespan,
             "ideal": ideal,
-            "bubble_ratio": (makespan - ideal) / ideal,
-            "bubble_rate": (makespan - ideal) / makespan,
+            # the two meanings of "bubble", named apart: the idle share of the makespan
+            # (what `stepsim run` reports as bubble_fraction) and Narayanan et al.'s
+            # (makespan - ideal) / ideal (the reference vectors' bubble_ratio)
+            "bubble_fraction": (makespan - ideal) / makespan,
+            "bubble_over_ideal": (makespan - ideal) / ideal,
             "per_rank_busy": self.per_rank_busy,
             "per_rank_bubble": self.per_rank_bubble,
             "per_rank_peak_inflight_b": self.peak_inflight("B"),

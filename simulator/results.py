@@ -15,6 +15,12 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .vocabulary import BREAKDOWN_COLUMN, BREAKDOWN_KEYS, EXPOSED_COMM_KEYS
 
+# The version of every JSON document stepsim writes (metrics.json and each command's
+# --json). Raised when a key is renamed or removed or its meaning changes; keys may be
+# added without raising it. 1: until 2026-11; 2: the field itself, and `stepsim schedule`'s
+# bubble_ratio/bubble_rate renamed bubble_over_ideal/bubble_fraction.
+SCHEMA_VERSION = 2
+
 if TYPE_CHECKING:
     from topologies import Cluster
 
@@ -45,14 +51,17 @@ class Trace(NamedTuple):
 
 
 class LinkLoad(NamedTuple):
-    """One of the busiest links: its name, kind, index in the cluster's links, mean
-    utilization over the iteration and the gigabytes it carried."""
+    """One of the busiest links of its role: its name, role (topologies.describe.LINK_ROLES:
+    nvlink, pcie, nic, uplink), index in the cluster's links, mean utilization over the
+    iteration, the gigabytes it carried, and its peak: the mean utilization of its
+    busiest hundredth of the iteration."""
 
     link: str
     kind: str
     index: int
     utilization: float
     gbytes: float
+    peak_utilization: float
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -104,7 +113,8 @@ class Metrics:
 
     def to_json(self) -> dict[str, Any]:
         """metrics.json as a dict (json.dumps writes the file)."""
-        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in fields(self)}
+        out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
+        out.update({f.name: getattr(self, f.name) for f in fields(self)})
         out["breakdown_s"] = dict(self.breakdown_s)
         out["stages"] = [stage.to_json() for stage in self.stages]
         out["busiest_links"] = [link._asdict() for link in self.busiest_links]

@@ -9,11 +9,11 @@ from contextlib import contextmanager
 import numpy as np
 
 from topologies import Cluster, FabricShape, NodeShape, build_graph
-from topologies.describe import link_name
+from topologies.describe import LINK_ROLES, link_name, link_role
 
 from .engine.core import simulate
 from .engine.network import AnalyticalNetwork, FairShareNetwork
-from .report.linkstats import mean_utilization
+from .report.linkstats import mean_utilization, utilization_over_time
 from .report.metrics import summarize
 from .results import LinkLoad, Result, Trace
 from .scenario import ClusterSpec, Scenario, ScenarioError
@@ -104,23 +104,41 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
     return Result(scenario, cluster, workload, trace, memory, metrics)
 
 
-def busiest_links(cluster: Cluster, trace: Trace, top: int = 5) -> list[LinkLoad]:
-    """The links that carried the most bytes relative to what they could carry.
+# the busiest links shown per role, and the time bins their peak is the busiest of
+BUSIEST_PER_ROLE = 1
+PEAK_BINS = 100
+
+
+def busiest_links(
+    cluster: Cluster, trace: Trace, per_role: int = BUSIEST_PER_ROLE
+) -> list[LinkLoad]:
+    """The links of each role (NVLink, PCIe, NIC, switch uplink) that carried the most
+    bytes relative to what they could carry, in LINK_ROLES order, with their peak.
 
     In symmetric mode these are the representative GPUs' links, each charged for
     every flow it carries (multiplicities included); in exact mode any link.
     """
-    capacities = [link.bandwidth_bytes_per_s for link in cluster.links]
+    links = cluster.links
+    capacities = [link.bandwidth_bytes_per_s for link in links]
     utilization = mean_utilization(trace.link_intervals, capacities, trace.end_s)
-    order = np.argsort(-utilization, kind="stable")[:top]  # ties: lower index first
+    roles = [link_role(link.kind, link.src, link.dst) for link in links]
+    order = np.argsort(-utilization, kind="stable").tolist()  # ties: lower index first
+    chosen = [
+        i
+        for role in LINK_ROLES
+        for i in [i for i in order if roles[i] == role and utilization[i] > 0][:per_role]
+    ]
+    _, series = utilization_over_time(
+        trace.link_intervals, capacities, chosen, trace.end_s, PEAK_BINS
+    )
     return [
         LinkLoad(
-            link=link_name(cluster.links[i].src, cluster.links[i].dst),
-            kind=cluster.links[i].kind,
+            link=link_name(links[i].src, links[i].dst),
+            kind=roles[i],
             index=i,
             utilization=float(utilization[i]),
             gbytes=float(utilization[i] * capacities[i] * trace.end_s / 1e9),
+            peak_utilization=float(series[i].max()),
         )
-        for i in order.tolist()
-        if utilization[i] > 0
+        for i in chosen
     ]

@@ -23,3 +23,12 @@ def tflops_to_flops_per_s(tflops: float) -> float:
 
 def bytes_to_gib(num_bytes: float) -> float:
     return num_bytes / BYTES_PER_GIB
+
+
+def count_text(n: float) -> str:
+    """A large count as people in the field write it: 300e9 -> "300B", 1.5e12 -> "1.5T",
+    2048 -> "2,048"."""
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M")):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g}{suffix}"
+    return f"{n:,.0f}"

@@ -113,7 +113,7 @@ KIND_STYLES = {
     FORWARD: KindStyle("#4C72B0", "forward"),
     BACKWARD: KindStyle("#DD8452", "backward (input gradient when split)"),
     WEIGHT: KindStyle("#CCB974", "weight gradient"),
-    RECOMPUTE: KindStyle("#8172B3", "recompute"),
+    RECOMPUTE: KindStyle("#DA8BC3", "recompute"),  # pink: apart from forward's blue
     TP_COMM: KindStyle("#55A868", "tensor-parallel comm"),
     TP_WAIT: KindStyle("#55A868", None),
     PP_SEND: KindStyle("#C44E52", "pipeline p2p (send / exposed wait)"),

@@ -151,6 +151,8 @@ def test_same_output_in_separate_processes_with_different_hash_seeds():
 
 
 def test_large_runs_draw_the_timeline_as_an_image(tmp_path, monkeypatch):
+    from matplotlib.colors import to_rgb
+
     from simulator.report import timeline as figures
     from simulator.run import run
 
@@ -160,7 +162,14 @@ def test_large_runs_draw_the_timeline_as_an_image(tmp_path, monkeypatch):
     (axes,) = figure.axes
     assert len(axes.images) == 4  # a compute band and a transfer band per GPU
     image = axes.images[0].get_array()
-    assert image.shape == (1, figures.RASTER_COLUMNS, 3)
+    assert image.shape == (figures.RASTER_PIXELS[0], figures.RASTER_COLUMNS, 3)
+    # stage 0's compute band: its first micro-batches' forwards on top, idle below none
+    # of it at the start; the optimizer (black) in its last columns
+    assert tuple(image[0, 0]) == to_rgb(figures.COLORS["forward"])
+    assert tuple(image[-1, -1]) == to_rgb(figures.COLORS["optimizer"])
+    legend = {t.get_text() for t in figure.legends[0].get_texts()}
+    assert "weight gradient" not in legend and "tensor-parallel comm" not in legend
+    assert {"forward", "optimizer", "idle (bubble)"} <= legend
     figure.savefig(tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 10_000
 

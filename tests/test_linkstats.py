@@ -53,12 +53,42 @@ def test_busiest_links_reach_the_summary_and_the_trace():
         )
     )
     busiest = result.metrics.busiest_links
-    assert len(busiest) == 5
-    assert [b.utilization for b in busiest] == sorted(
-        (b.utilization for b in busiest), reverse=True
-    )
-    assert all(0 < b.utilization <= 1 for b in busiest)
+    # TP 8 inside each node, DP 2 across the two: NVLink, PCIe and NIC links all carry
+    # bytes; one switch, so no uplink
+    assert [b.kind for b in busiest] == ["nvlink", "pcie", "nic"]
+    assert all(0 < b.utilization <= b.peak_utilization <= 1 + 1e-9 for b in busiest)
     assert "busiest links" in summary_text(result)
     counters = [e for e in chrome_trace(result)["traceEvents"] if e["ph"] == "C"]
     assert {e["name"] for e in counters} == {b.link for b in busiest}
     assert max(e["args"]["utilization %"] for e in counters) <= 100.0 + 1e-9
+
+
+def test_busiest_links_give_each_kind_its_mean_and_its_peak():
+    from types import SimpleNamespace
+
+    from simulator.results import Trace
+    from simulator.run import PEAK_BINS, busiest_links
+
+    gpu, nic, sw = ("gpu", 0), ("nic", 0, 0), ("switch", 1, 0)
+    spine = ("switch", 2, 0)
+    links = [  # capacities 10, 10, 10, 20 B/s
+        SimpleNamespace(kind="nvlink", src=gpu, dst=("nvswitch", 0), bandwidth_bytes_per_s=10.0),
+        SimpleNamespace(kind="ib", src=nic, dst=sw, bandwidth_bytes_per_s=10.0),
+        SimpleNamespace(kind="ib", src=nic, dst=sw, bandwidth_bytes_per_s=10.0),
+        SimpleNamespace(kind="ib", src=sw, dst=spine, bandwidth_bytes_per_s=20.0),
+    ]
+    # over 100 s: the NVLink half full all along (mean 0.5, peak 0.5); NIC link 1 full for
+    # the first second only (mean 0.01, peak 1 in the busiest 1 s); NIC link 2 idle; the
+    # uplink at 5 B/s for 10 s (mean 0.025, peak 0.25)
+    intervals = [
+        Interval((0,), (1,), 5.0, 0.0, 100.0),
+        Interval((1,), (1,), 10.0, 0.0, 1.0),
+        Interval((3,), (1,), 5.0, 20.0, 30.0),
+    ]
+    trace = Trace(spans=[], lanes=(), end_s=100.0, num_transfers=3, link_intervals=intervals)
+    got = busiest_links(SimpleNamespace(links=links), trace)
+    assert PEAK_BINS == 100
+    assert [(b.kind, b.index) for b in got] == [("nvlink", 0), ("nic", 1), ("uplink", 3)]
+    assert [b.utilization for b in got] == pytest.approx([0.5, 0.01, 0.025])
+    assert [b.peak_utilization for b in got] == pytest.approx([0.5, 1.0, 0.25])
+    assert [b.gbytes for b in got] == pytest.approx([500e-9, 10e-9, 50e-9])

@@ -10,6 +10,7 @@ from simulator.plan.questions import scale_points, training_time
 from simulator.results import LinkLoad, MetricsRow, SweepPoint
 from simulator.run import run
 from simulator.vocabulary import BREAKDOWN_KEYS, DP_SYNC, EXPOSED_COMM_KEYS, IDLE_TIME
+from topologies.describe import LINK_ROLES
 
 TWO_GPUS = {
     "cluster": {"num_nodes": 1, "gpus_per_node": 2, "nics_per_node": 1},
@@ -17,6 +18,7 @@ TWO_GPUS = {
 }
 
 JSON_KEYS = [
+    "schema_version",
     "name",
     "iteration_time_s",
     "hardware_tflops_per_gpu",
@@ -66,7 +68,14 @@ def test_to_json_keeps_the_key_order_and_types_of_metrics_json(result):
         ["stage", "gpu", "stands_for_gpus", "breakdown_s", "memory_gib", "inflight_activations"]
     ] * 2
     assert data["out_of_memory"] is None
-    assert list(data["busiest_links"][0]) == ["link", "kind", "index", "utilization", "gbytes"]
+    assert list(data["busiest_links"][0]) == [
+        "link",
+        "kind",
+        "index",
+        "utilization",
+        "gbytes",
+        "peak_utilization",
+    ]
     # plain JSON types only: what json.dumps writes reads back equal
     assert json.loads(json.dumps(data)) == data
 
@@ -80,9 +89,8 @@ def test_stage_memory_in_json_is_the_memory_model_in_gib(result):
 def test_busiest_links_are_typed_at_construction(result):
     links = result.metrics.busiest_links
     assert links and all(isinstance(link, LinkLoad) for link in links)
-    assert [link.utilization for link in links] == sorted(
-        (link.utilization for link in links), reverse=True
-    )
+    kinds = [link.kind for link in links]
+    assert kinds == sorted(set(kinds), key=LINK_ROLES.index)  # one per kind, in order
 
 
 def test_row_is_flat_in_csv_order_and_reads_back_equal(result):
@@ -161,3 +169,14 @@ def test_the_stage_table_elides_the_middle_of_a_long_pipeline(result):
     table = lines.split("per stage (seconds)")[1].split("\n\n")[0].splitlines()[1:]
     shown = [line.split()[1] if line.strip() != "..." else "..." for line in table]
     assert shown == ["0", "1", "2", "3", "4", "...", "8", "9", "10", "11", "12"]
+
+
+def test_metrics_json_and_schedule_json_carry_the_schema_version(result):
+    from simulator.bubble import op_times, run_schedule
+    from simulator.results import SCHEMA_VERSION
+
+    assert result.metrics.to_json()["schema_version"] == SCHEMA_VERSION >= 2
+    studied = run_schedule("1f1b", 2, 2, op_times(1.0, 2.0, None, 0.0)).as_dict()
+    assert studied["schema_version"] == SCHEMA_VERSION
+    # 1f1b, p 2, m 2: makespan (m + p - 1)(F + B) = 9, ideal m(F + B) = 6
+    assert studied["bubble_fraction"] == 3 / 9 and studied["bubble_over_ideal"] == 3 / 6

@@ -32,7 +32,9 @@ def test_json_reproduces_every_reference_vector(case, capsys):
     assert got["rank_order"] == case["rank_order"]
     assert got["makespan"] == pytest.approx(case["makespan"], abs=1e-9)
     assert got["per_rank_bubble"] == pytest.approx(case["per_rank_bubble"], abs=1e-9)
-    assert got["bubble_ratio"] == pytest.approx(case["bubble_ratio"], abs=1e-8)
+    assert got["bubble_over_ideal"] == pytest.approx(case["bubble_ratio"], abs=1e-8)
+    fraction = (case["makespan"] - got["ideal"]) / case["makespan"]
+    assert got["bubble_fraction"] == pytest.approx(fraction, abs=1e-8)
     assert got["per_rank_peak_inflight_w"] == case["per_rank_peak_inflight_w"]
 
 

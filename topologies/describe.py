@@ -88,3 +88,14 @@ def endpoint_name(n: tuple) -> str:
 
 def link_name(src: tuple, dst: tuple) -> str:
     return f"{endpoint_name(src)} -> {endpoint_name(dst)}"
+
+
+# what a link does, finer than its kind: "ib" cables are a NIC's own link to its leaf or a
+# switch's uplink, which a 135 vs 400 Gb/s study tells apart
+LINK_ROLES = ("nvlink", "pcie", "nic", "uplink")
+
+
+def link_role(kind: str, src: tuple, dst: tuple) -> str:
+    if kind != "ib":
+        return kind
+    return "nic" if NIC in (src[0], dst[0]) else "uplink"

@@ -9,13 +9,14 @@ cause print one line and exit with status 2; no traceback.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .. import __version__
 from ..engine.core import DeadlockError
 from ..scenario import ScenarioError
 from . import plan, run, schedule, search, sweep, topology, validate
-from .common import EXIT_FAILED, EXIT_USAGE, Parser, Progress
+from .common import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_USAGE, Parser, Progress
 
 __all__ = ["EXIT_USAGE", "Progress", "build_parser", "main"]
 
@@ -40,6 +41,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.handler(args)
+    except BrokenPipeError:
+        # the reader went away (`stepsim run X | head`): stop quietly, as Unix tools do
+        # on SIGPIPE, and keep Python from complaining when it flushes stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except ScenarioError as exc:
         print(f"stepsim: error: {exc}", file=sys.stderr)
         return EXIT_USAGE

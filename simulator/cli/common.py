@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import sys
 import time
 from pathlib import Path
@@ -16,6 +17,7 @@ from ..scenario import Scenario, ScenarioError, load_scenario
 EXIT_USAGE = 2  # bad input: one line naming the key, the value and the rule
 EXIT_FAILED = 1  # a deadlock or a file that cannot be read or written
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it
+EXIT_BROKEN_PIPE = 141  # stdout's reader went away (128 + SIGPIPE, as Unix tools exit)
 
 
 class Parser(argparse.ArgumentParser):
@@ -90,6 +92,17 @@ def scenario_arguments(parser: argparse.ArgumentParser, metavar: str, help_text:
 def load(args: argparse.Namespace) -> Scenario:
     """The scenario of the command's SCENARIO, --set and --calibration."""
     return load_scenario(args.scenario, args.overrides, calibration=args.calibration)
+
+
+def json_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--json", action="store_true", help="print the results as one JSON document instead"
+    )
+
+
+def print_json(document: Any) -> None:
+    """A command's --json output: one document on stdout (json.dumps, indent 2)."""
+    print(json.dumps(document, indent=2))
 
 
 def quiet_argument(parser: argparse.ArgumentParser, help_text: str = "no progress line") -> None:

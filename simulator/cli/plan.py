@@ -11,7 +11,9 @@ from ..scenario import ScenarioError
 from .common import (
     Parser,
     Workers,
+    json_argument,
     load,
+    print_json,
     progress_for,
     quiet_argument,
     scenario_arguments,
@@ -58,6 +60,7 @@ def add_command(sub) -> None:
         "--no-simulate", action="store_true", help="memory only: skip finding the fastest layout"
     )
     space_arguments(fit)
+    json_argument(fit)
     worker_arguments(fit)
     fit.set_defaults(handler=fit_command)
     for name, text in (
@@ -73,8 +76,9 @@ def add_command(sub) -> None:
             metavar="T",
             help="training tokens, e.g. 300e9",
         )
+        json_argument(q)
         quiet_argument(q)
-        q.set_defaults(handler=throughput_command)
+        q.set_defaults(handler=throughput_command, question=name)
     scale = questions.add_parser(
         "scale",
         help="iteration time and throughput against node count (data parallelism)",
@@ -94,6 +98,7 @@ def add_command(sub) -> None:
     )
     scale.add_argument("--tokens", type=float, metavar="T", help="add days and GPU-hours")
     scale.add_argument("--out", metavar="DIR", help="write scale.csv and scale.png to DIR")
+    json_argument(scale)
     worker_arguments(scale)
     scale.set_defaults(handler=scale_command)
 
@@ -129,7 +134,12 @@ def fit_command(args: argparse.Namespace) -> int:
         best = None
         if nodes and not args.no_simulate:
             best = _fastest(with_nodes(base, nodes), space, args)
-        print(min_nodes_text(base, model_params(base), nodes, fitting, best, args.max_nodes))
+        if args.json:
+            from ..plan.records import min_nodes_record
+
+            print_json(min_nodes_record(base, nodes, fitting, best, args.max_nodes))
+        else:
+            print(min_nodes_text(base, model_params(base), nodes, fitting, best, args.max_nodes))
         return 0
     check_family(args.family)
     if args.nodes < 1:
@@ -140,7 +150,12 @@ def fit_command(args: argparse.Namespace) -> int:
     best = None
     if largest is not None and not args.no_simulate:
         best = _fastest(largest.scenario, space, args)
-    print(fit_text(cluster_base, rows, args.nodes, best))
+    if args.json:
+        from ..plan.records import fit_record
+
+        print_json(fit_record(cluster_base, rows, args.nodes, best))
+    else:
+        print(fit_text(cluster_base, rows, args.nodes, best))
     return 0
 
 
@@ -173,7 +188,16 @@ def throughput_command(args: argparse.Namespace) -> int:
         estimate = narayanan_days(
             params, args.tokens, metrics.num_gpus, metrics.hardware_tflops_per_gpu, factor
         )
-    print(throughput_text(scenario, params, metrics, args.tokens, times, estimate, factor))
+    if args.json:
+        from ..plan.records import throughput_record
+
+        print_json(throughput_record(scenario, params, metrics, args.tokens, times, estimate))
+    else:
+        print(
+            throughput_text(
+                scenario, params, metrics, args.tokens, times, estimate, factor, args.question
+            )
+        )
     return 0
 
 
@@ -206,7 +230,12 @@ def scale_command(args: argparse.Namespace) -> int:
     finally:
         progress.clear()
     points = scale_points(entries, results, args.tokens)
-    print(scale_text(base, points, args.keep, args.tokens))
+    if args.json:
+        from ..plan.records import scale_record
+
+        print_json(scale_record(base, points, args.keep))
+    else:
+        print(scale_text(base, points, args.keep, args.tokens))
     if args.out:
         from ..report.figures import scale_figure
 
@@ -216,5 +245,6 @@ def scale_command(args: argparse.Namespace) -> int:
         scale_figure(points, f"{base.name}: scaling with data parallelism").savefig(
             out / "scale.png", dpi=110
         )
-        print(f"\n  wrote {args.out}/: {' '.join(written)} scale.png")
+        if not args.json:
+            print(f"\n  wrote {args.out}/: {' '.join(written)} scale.png")
     return 0

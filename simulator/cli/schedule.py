@@ -48,10 +48,36 @@ def add_command(sub) -> None:
         default=PLACEMENTS[0],
         help="--schedule-file only: chunk k of rank r is stage k*p+r (looped) or a V",
     )
-    sched.add_argument("--forward", type=float, required=True, metavar="F")
-    sched.add_argument("--backward", type=float, required=True, metavar="B")
-    sched.add_argument("--weight", type=float, default=None, metavar="W")
-    sched.add_argument("--p2p-latency", type=float, default=0.0, metavar="C")
+    sched.add_argument(
+        "--forward",
+        type=float,
+        required=True,
+        metavar="F",
+        help="time of one micro-batch's forward on one stage (any unit; all times share it)",
+    )
+    sched.add_argument(
+        "--backward",
+        type=float,
+        required=True,
+        metavar="B",
+        help="time of one micro-batch's backward on one stage: the input gradient only when "
+        "--weight is given, else the whole backward",
+    )
+    sched.add_argument(
+        "--weight",
+        type=float,
+        default=None,
+        metavar="W",
+        help="time of the weight-gradient pass, for schedules that run it apart (zbh1, zbh2, "
+        "interleaved_zb, zbv); others run B + W as one backward",
+    )
+    sched.add_argument(
+        "--p2p-latency",
+        type=float,
+        default=0.0,
+        metavar="C",
+        help="time of one send between neighbouring stages (default 0)",
+    )
     sched.add_argument(
         "--stage-layers",
         metavar="L0,L1,...",

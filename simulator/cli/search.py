@@ -7,13 +7,17 @@ import argparse
 import json
 import shlex
 import sys
+import time
 from pathlib import Path
 
 from ..scenario import ScenarioError
 from .common import (
+    EXIT_FAILED,
     EXIT_INTERRUPTED,
     Workers,
+    json_argument,
     load,
+    print_json,
     progress_for,
     scenario_arguments,
     space_arguments,
@@ -43,6 +47,7 @@ def add_command(sub) -> None:
         help="write search.csv (and search.parquet with pyarrow) of every layout to DIR, and "
         "keep finished results in DIR/search.jsonl to resume from",
     )
+    json_argument(search)
     worker_arguments(search)
     search.set_defaults(handler=command)
 
@@ -84,13 +89,31 @@ def command(args: argparse.Namespace) -> int:
             journal.flush()
     progress = progress_for(args)
     progress.begin("searching")
+    todo = [0]
+
+    def on_start(enumerated: int, fitting: int, resumed: int) -> None:
+        todo[0] = fitting - resumed
+        if args.quiet:
+            return
+        progress.clear()
+        journal_path = f"{args.out}/search.jsonl"
+        again = (
+            f"; resuming: {resumed:,} done by the earlier run ({journal_path})" if resumed else ""
+        )
+        print(
+            f"stepsim search: {enumerated:,} layouts, {fitting:,} fit in memory; simulating at "
+            f"most {fitting - resumed:,}, fewest bound first, the rest pruned when they cannot "
+            f"win{again}",
+            file=sys.stderr,
+        )
+        progress.begin("searching")
 
     def on_result(candidate, i: int, n: int) -> None:
         if journal is not None:
             journal.write(json.dumps(journal_entry(candidate)) + "\n")
             journal.flush()
-        progress.task = f"simulated {i} (of at most {n})"
-        progress.update(i / n)
+        progress.task = f"simulated {i} (of at most {todo[0]}){eta(progress, i, todo[0])}"
+        progress.update(i / max(todo[0], 1))
 
     try:
         with Workers(args) as workers:
@@ -102,6 +125,7 @@ def command(args: argparse.Namespace) -> int:
                 prune=not args.no_prune,
                 known=known,
                 on_result=on_result,
+                on_start=on_start,
             )
             rule_entry = rule_of_thumb_entry(base, result, known)
     except KeyboardInterrupt:
@@ -117,14 +141,35 @@ def command(args: argparse.Namespace) -> int:
         progress.clear()
         if journal is not None:
             journal.close()
-    text = search_text(
-        base, model_params(base), result, args.top, rule_entry, workers.where, run_command(args)
-    )
-    print(text)
+    if args.json:
+        from ..plan.records import search_record
+
+        print_json(search_record(base, result, rule_entry, run_command(args)))
+    else:
+        print(
+            search_text(
+                base,
+                model_params(base),
+                result,
+                args.top,
+                rule_entry,
+                workers.where,
+                run_command(args),
+            )
+        )
     if args.out:
         written = write_rows(Path(args.out), "search", result_rows(result))
-        print(f"\n  wrote {args.out}/: {' '.join(written)} search.jsonl")
-    return 0
+        if not args.json:
+            print(f"\n  wrote {args.out}/: {' '.join(written)} search.jsonl")
+    return 0 if result.ranked else EXIT_FAILED
+
+
+def eta(progress, done: int, total: int) -> str:
+    """`, ~N s left at most` at the pace so far (pruning usually stops it sooner)."""
+    if done < 1 or total <= done:
+        return ""
+    left_s = (time.monotonic() - progress.started) / done * (total - done)
+    return f", ~{left_s:.0f} s left at most"
 
 
 def run_command(args: argparse.Namespace) -> str:

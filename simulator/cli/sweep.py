@@ -5,8 +5,16 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..results import SCHEMA_VERSION
 from ..scenario import load_scenario
-from .common import progress_for, quiet_argument, scenario_arguments, write_csv
+from .common import (
+    json_argument,
+    print_json,
+    progress_for,
+    quiet_argument,
+    scenario_arguments,
+    write_csv,
+)
 
 
 def add_command(sub) -> None:
@@ -19,6 +27,7 @@ def add_command(sub) -> None:
     )
     scenario_arguments(sweep, "SECTION.KEY=V1[,V2,...]", "a fixed or swept key")
     sweep.add_argument("--out", metavar="DIR", help="write sweep.csv and sweep.png to DIR")
+    json_argument(sweep)
     quiet_argument(sweep, "no progress line on the terminal while it runs")
     sweep.set_defaults(handler=command)
 
@@ -43,12 +52,24 @@ def command(args: argparse.Namespace) -> int:
         )
     finally:
         progress.clear()
-    print(sweep_table_text(keys, points))
+    if args.json:
+        print_json(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "command": "sweep",
+                "scenario": load_scenario(args.scenario).name,
+                "swept": keys,
+                "points": [point.row() for point in points],
+            }
+        )
+    else:
+        print(sweep_table_text(keys, points))
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         write_csv(out / "sweep.csv", [point.row() for point in points])
         name = load_scenario(args.scenario).name
         sweep_figure(keys, points, f"{name}: sweep").savefig(out / "sweep.png", dpi=110)
-        print(f"\n  wrote {args.out}/: sweep.csv sweep.png")
+        if not args.json:
+            print(f"\n  wrote {args.out}/: sweep.csv sweep.png")
     return 0

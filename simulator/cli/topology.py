@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from ..results import SCHEMA_VERSION
 from ..scenario import ScenarioError
-from .common import load, scenario_arguments
+from .common import json_argument, load, print_json, scenario_arguments
 
 
 def add_command(sub) -> None:
@@ -16,6 +17,7 @@ def add_command(sub) -> None:
     )
     scenario_arguments(topo, "SECTION.KEY=VALUE", "override a scenario key")
     topo.add_argument("--png", metavar="FILE", help="draw the graph (clusters of up to 128 GPUs)")
+    json_argument(topo)
     topo.set_defaults(handler=command)
 
 
@@ -33,8 +35,14 @@ def command(args: argparse.Namespace) -> int:
             f"--png draws clusters of up to {MAX_DRAWN_GPUS} GPUs; this one has "
             f"{cluster.num_gpus} (try --set cluster.num_nodes=4)"
         )
-    print(topology_text(scenario, summarize(cluster.graph, scenario.cluster.gpus_per_node)))
+    summary = summarize(cluster.graph, scenario.cluster.gpus_per_node)
+    if args.json:
+        head = {"schema_version": SCHEMA_VERSION, "command": "topology", "scenario": scenario.name}
+        print_json({**head, **summary})
+    else:
+        print(topology_text(scenario, summary))
     if args.png:
         topology_figure(cluster.graph, scenario.name).savefig(args.png, dpi=110)
-        print(f"\n  wrote {args.png}")
+        if not args.json:
+            print(f"\n  wrote {args.png}")
     return 0

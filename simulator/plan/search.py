@@ -41,7 +41,14 @@ from ..scenario import Scenario, ScenarioError, scenario_to_dict
 from ..units import bytes_to_gib
 from .bound import Inflight, iteration_lower_bound_s, memory_of
 from .planning import apply_layout
-from .space import SCHEDULE_BOUND_KEYS, Layout, SearchSpace, divisors, layouts
+from .space import (
+    SCHEDULE_BOUND_KEYS,
+    Layout,
+    SearchSpace,
+    divisors,
+    layouts,
+    pipeline_sizes,
+)
 
 ROUND_SIZE = 16  # layouts simulated between two prunings (fixed: results must not
 # depend on the number of workers)
@@ -85,6 +92,34 @@ def _rule_of(message: str) -> str:
     """The key a loader error names first: what the report groups invalid layouts by."""
     head = message.split(" ", 1)[0]
     return head.split("=", 1)[0] if "=" in head else message.split(":", 1)[0][:60]
+
+
+def _nothing_valid(
+    base: Scenario, space: SearchSpace, invalid: Mapping[str, int], enumerated: int
+) -> str:
+    """Why a search has no layout to weigh: none uses the whole cluster, or every one
+    breaks a rule (the rule that rejected most, with one of its messages)."""
+    gpus = base.cluster.num_gpus
+    if not enumerated:
+        tps = space.tp if space.tp is not None else tuple(divisors(base.cluster.gpus_per_node))
+        pps = space.pp if space.pp is not None else tuple(pipeline_sizes(base.model.num_layers))
+        return (
+            f"search: no layout: no TP in {list(tps)} times PP in {list(pps)} divides the "
+            f"cluster's {gpus} GPUs (TP x PP x DP must equal them); give other --tp/--pp"
+        )
+    rule = max(invalid, key=lambda k: (invalid[k], k))
+    example = ""
+    for layout in layouts(base, space):  # the first layout that rule rejected, again
+        try:
+            apply_layout(base, layout)
+        except ScenarioError as exc:
+            if _rule_of(str(exc)) == rule:
+                example = str(exc)
+                break
+    return (
+        f"search: no valid layout: all {enumerated} layouts break a rule, most often "
+        f"{rule} ({invalid[rule]}): {example}"
+    )
 
 
 def candidates(base: Scenario, space: SearchSpace) -> tuple[list[Candidate], dict[str, int], int]:
@@ -150,18 +185,25 @@ def search(
     prune: bool = True,
     known: Mapping[str, MetricsRow] | None = None,
     on_result: Callable[[Candidate, int, int], None] | None = None,
+    on_start: Callable[[int, int, int], None] | None = None,
 ) -> SearchResult:
     """Rank the space's layouts for the base scenario's model and cluster by simulated
     iteration time (see the module notes). ``known`` maps layout keys to metrics from an
     earlier run of the same search (they are not simulated again); ``on_result(candidate,
-    i, n)`` is told of each newly simulated layout, the i-th of at most n."""
+    i, n)`` is told of each newly simulated layout, the i-th of at most n;
+    ``on_start(enumerated, fitting, known)`` once the layouts are weighed, before the
+    first simulation (``known``: fitting layouts the earlier run simulated)."""
     if top < 1:
         raise ScenarioError(f"search top={top} must be >= 1")
     found, invalid, enumerated = candidates(base, space)
+    if not found:
+        raise ScenarioError(_nothing_valid(base, space, invalid, enumerated))
     known = known or {}
     fitting = sorted(
         (c for c in found if c.status != OUT_OF_MEMORY), key=lambda c: (c.bound_s, c.layout.key)
     )
+    if on_start is not None:
+        on_start(enumerated, len(fitting), sum(c.layout.key in known for c in fitting))
     best: list[float] = []  # simulated iteration times, sorted
     position = 0
     simulated = 0

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from ..results import MetricsRow
 from ..scenario import Scenario
+from ..units import count_text
 from ..vocabulary import CATEGORIES, SHARDING_NAMES
 from .questions import (
     KEEP_GLOBAL_BATCH,
@@ -239,8 +240,9 @@ def throughput_text(
     times: TrainingTime | None,
     estimate_days: float | None,
     factor: int,
+    question: str = "throughput",
 ) -> str:
-    lines = [f"stepsim plan throughput · {scenario.name}", *describe_base(scenario, params)]
+    lines = [f"stepsim plan {question} · {scenario.name}", *describe_base(scenario, params)]
     par, tr = scenario.parallel, scenario.training
     lines += [
         f"  layout: TP {par.tensor_model_parallel_size}, PP {par.pipeline_model_parallel_size}, "
@@ -258,7 +260,7 @@ def throughput_text(
     if tokens is not None and times is not None:
         lines += [
             "",
-            f"  {tokens:.4g} tokens: {times.days:.1f} days on {m.num_gpus:,} GPUs, "
+            f"  {count_text(tokens)} tokens: {times.days:.1f} days on {m.num_gpus:,} GPUs, "
             f"{times.gpu_hours:,.0f} GPU-hours",
             f"  (tokens / simulated tokens per second; Narayanan et al. 2021's estimate "
             f"{factor} T P / (n X) with the simulated hardware TFLOP/s gives "

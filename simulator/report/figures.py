@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from ..results import MetricsRow, SweepPoint
 from ..vocabulary import BACKWARD, FORWARD, PP_SEND, TP_COMM
@@ -37,17 +38,27 @@ def sweep_figure(keys: list[str], points: Sequence[SweepPoint], title: str) -> F
     for point in points:
         series.setdefault(tuple(point.settings[k] for k in other), []).append(point)
     for ax, (metric, label) in zip(axes, panels, strict=True):
-        for name, members in series.items():
+        for j, (name, members) in enumerate(series.items()):
+            # side by side at a category, so that equal values do not hide each other
+            dodge = (j - (len(series) - 1) / 2) * min(0.08, 0.6 / len(series))
             x = [
-                p.settings[x_key] if numeric else categories.index(p.settings[x_key])
+                p.settings[x_key] if numeric else categories.index(p.settings[x_key]) + dodge
                 for p in members
             ]
             y = [metric(p.metrics) for p in members]
             legend = ", ".join(f"{k}={v}" for k, v in zip(other, name, strict=True))
-            ax.plot(x, y, marker="o", label=legend or None)
+            # categories are not a scale: markers only, no line between them
+            ax.plot(
+                x,
+                y,
+                marker="o",
+                linestyle="-" if numeric else "none",
+                label=legend or None,
+                clip_on=False,
+            )
         ax.set_xlabel(x_key)
         ax.set_ylabel(label)
-        ax.set_ylim(bottom=0)
+        ax.margins(x=0.08, y=0.12)  # the effect fills the panel; markers stay whole
         if not numeric:
             ax.set_xticks(range(len(categories)))
             ax.set_xticklabels([str(c) for c in categories])
@@ -106,9 +117,18 @@ def topology_figure(graph, title: str) -> Figure:
             node_size=60 if kind != SWITCH else 120,
             ax=ax,
         )
-    ax.set_title(
-        title + "  (top: GPUs, then NVSwitches, NICs, switch levels; edge width ~ bandwidth)"
-    )
+    names = {GPU: "GPUs", NVSWITCH: "NVSwitches", NIC: "NICs"}
+    for depth, row in rows.items():
+        kind = row[0][0]
+        name = names.get(kind) or f"level-{row[0][1]} switches"
+        ax.text(-0.02, -depth, f"{name} ({len(row)})", ha="right", va="center", fontsize=9)
+        if len(row) <= 64:  # each node's index where there is room for it
+            for n in row:
+                x, y = positions[n]
+                label = str(n[1]) if kind in (GPU, NVSWITCH) else ".".join(map(str, n[1:]))
+                ax.text(x, y - 0.12, label, ha="center", va="top", fontsize=6)
+    ax.set_xlim(-0.2, 1.0)
+    ax.set_title(title + "  (edge width ~ bandwidth; NIC k.j: node k's NIC j)")
     ax.legend(loc="upper right", fontsize=8)
     ax.set_axis_off()
     return fig
@@ -162,12 +182,14 @@ def validation_figure(by_set):
                 color=COLORS[FORWARD] if marker == "o" else COLORS[BACKWARD],
                 zorder=3,
             )
-            for c in pts:
+            # labels alternate below-right and above-left along the diagonal, so that
+            # neighbours (rows of similar size) do not print over each other
+            for i, c in enumerate(sorted(pts, key=lambda c: c.measured_s)):
                 ax.annotate(
                     c.id,
                     (scale * c.measured_s, scale * c.simulated_s),
                     fontsize=7,
-                    xytext=(4, -8),
+                    xytext=(5, -9) if i % 2 == 0 else (-16, 5),
                     textcoords="offset points",
                 )
         ax.set_xscale("log")
@@ -196,16 +218,20 @@ def scale_figure(points: Sequence[ScalePoint], title: str) -> Figure:
         left.plot(nodes, tokens, marker="o", label="simulated")
         right.plot(nodes, [100 * p.scaled.efficiency for p in done], marker="o")
     left.set_xlabel("nodes")
-    left.set_ylabel("tokens/s")
+    left.set_ylabel("tokens/s (log scale)")
     left.legend()
     right.set_xlabel("nodes")
     right.set_ylabel("scaling efficiency (%)")
     right.set_ylim(0, 105)
+    # log-log on the left: linear scaling is a straight line of slope 1
+    left.set_yscale("log")
+    # ticks at the simulated throughputs (log axes leave too few of their own)
+    left.set_yticks(tokens, [f"{v / 1e3:,.0f}k" if v >= 1e4 else f"{v:,.0f}" for v in tokens])
+    left.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     for ax in (left, right):
         ax.set_xscale("log", base=2)
         ax.set_xticks(nodes, [str(n) for n in nodes])
         ax.minorticks_off()
         ax.grid(alpha=0.3)
-        ax.set_ylim(bottom=0)
     fig.suptitle(title)
     return fig

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 
 from ..results import Result, StageMetrics
@@ -27,7 +28,8 @@ def layer_counts(scenario: Scenario) -> str:
 def summary_text(result: Result) -> str:
     s, m = result.scenario, result.metrics
     par, tr, cl = s.parallel, s.training, s.cluster
-    node = f"{cl.node} nodes" if cl.node else f"nodes of {cl.gpus_per_node}"
+    plural = "s" if cl.num_nodes != 1 else ""
+    node = f"{cl.node} node{plural}" if cl.node else f"node{plural} of {cl.gpus_per_node} GPUs"
     used = f"{m.num_gpus} GPUs"
     if m.num_gpus < cl.num_gpus:
         used += f" of {cl.num_gpus}"
@@ -69,23 +71,37 @@ def summary_text(result: Result) -> str:
     if m.out_of_memory:
         lines.append(f"  WARNING: {m.out_of_memory}")
     iteration = m.iteration_time_s
+    places = decimal_places(iteration)
     lines += ["", "  where the time goes, mean per GPU      seconds       %"]
     for category in CATEGORIES:
         value = m.breakdown_s[category.key]
         share = 100 * value / iteration if iteration else 0.0
-        lines.append(f"    {category.label:<34}{value:>10.4g}{share:>8.1f}")
-    lines += ["", _stage_table(m.stages)]
+        lines.append(f"    {category.label:<34}{value:>10.{places}f}{share:>8.1f}")
+    lines += ["", _stage_table(m.stages, places)]
     if m.busiest_links:
-        lines += ["", "  busiest links (mean utilization over the iteration)"]
+        lines += [
+            "",
+            "  busiest links of each kind     mean    peak  (utilization: over the iteration; "
+            "in its busiest 1 %)",
+        ]
         for link in m.busiest_links:
             lines.append(
-                f"    {100 * link.utilization:5.1f} %  {link.gbytes:>10.3g} GB  "
-                f"{link.kind:<7}{link.link}"
+                f"    {link.kind:<7}{link.gbytes:>10.3g} GB  {100 * link.utilization:5.1f} %  "
+                f"{100 * link.peak_utilization:5.1f} %  {link.link}"
             )
     return "\n".join(lines)
 
 
-def _stage_table(stages: Sequence[StageMetrics]) -> str:
+def decimal_places(total_s: float, digits: int = 4) -> int:
+    """Decimals that show ``total_s`` to ``digits`` significant digits: every part of it
+    in a table is then printed with the same places, so columns line up and a small part
+    reads as small (0.07 next to 7.09, not 0.07314 next to 7)."""
+    if total_s <= 0 or not math.isfinite(total_s):
+        return digits
+    return max(0, digits - 1 - math.floor(math.log10(total_s)))
+
+
+def _stage_table(stages: Sequence[StageMetrics], places: int) -> str:
     head = "  per stage (seconds)  " + "".join(f"{k:>10}" for k in BREAKDOWN_KEYS) + "   mem GiB"
     rows = [head]
     shown = list(stages) if len(stages) <= 12 else [*stages[:5], None, *stages[-5:]]
@@ -93,7 +109,7 @@ def _stage_table(stages: Sequence[StageMetrics]) -> str:
         if stage is None:
             rows.append("    ...")
             continue
-        values = "".join(f"{stage.breakdown_s[k]:>10.3g}" for k in BREAKDOWN_KEYS)
+        values = "".join(f"{stage.breakdown_s[k]:>10.{places}f}" for k in BREAKDOWN_KEYS)
         rows.append(
             f"    stage {stage.stage:<3} x{stage.stands_for_gpus:<5}  {values}"
             f"{bytes_to_gib(stage.memory.total_bytes):>10.1f}"

@@ -104,19 +104,19 @@ def study_text(studies: list) -> str:
         "and stage)",
         "",
         f"  {'schedule':<16}{'chunks':>7}{'makespan':>11}{'ideal':>9}{'bubble':>9}"
-        f"{'of span':>9}{'peak act.':>11}",
+        f"{'/ ideal':>9}{'peak act.':>11}",
     ]
     for study in studies:
         d = study.as_dict()
         peak = max(d["per_rank_peak_inflight_w"]) / study.num_chunks
         lines.append(
             f"  {study.name:<16}{study.num_chunks:>7}{d['makespan']:>11.4g}{d['ideal']:>9.4g}"
-            f"{d['bubble_ratio']:>8.1%} {d['bubble_rate']:>8.1%}{peak:>11.3g}"
+            f"{d['bubble_fraction']:>8.1%} {d['bubble_over_ideal']:>8.1%}{peak:>11.3g}"
         )
     lines += [
         "",
-        "  bubble: (makespan - ideal) / ideal, ideal = m(F + B + W); of span: the same over the "
-        "makespan;",
+        "  bubble: idle share of the makespan (as `stepsim run`'s bubble), (makespan - ideal) / "
+        "makespan with ideal = m(F + B + W); / ideal: (makespan - ideal) / ideal;",
         "  peak act.: most micro-batch activations a rank holds at once, in whole stages "
         "(chunk activations / chunks)",
     ]

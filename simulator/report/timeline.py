@@ -15,13 +15,18 @@ from ..vocabulary import (
     BACKWARD,
     CATEGORIES,
     COMPUTE_STREAM,
+    DP_SYNC,
     DP_WAIT,
     FORWARD,
+    IDLE,
     KIND_STYLES,
+    OPTIMIZER,
+    PP_SEND,
     PP_STREAM,
     PP_WAIT,
     RECOMPUTE,
     STREAM_ORDER,
+    TP_COMM,
     TP_WAIT,
     WEIGHT,
 )
@@ -30,6 +35,11 @@ from .metrics import compute_lanes
 # One colour per span kind; waits share their communication's colour, hatched.
 COLORS = {kind: style.color for kind, style in KIND_STYLES.items()}
 LEGEND = [(kind, style.legend) for kind, style in KIND_STYLES.items() if style.legend]
+# a wait kind's legend entry is its communication's: the last kind before it with one
+LEGEND_OF = {
+    kind: [k for k, style in list(KIND_STYLES.items())[: i + 1] if style.legend][-1]
+    for i, kind in enumerate(KIND_STYLES)
+}
 
 
 def timeline_figure(result: Result) -> Figure:
@@ -54,9 +64,9 @@ def timeline_figure(result: Result) -> Figure:
     ax = fig.add_subplot()
     few = len(lanes) <= 16 and result.scenario.num_microbatches <= 32
     if len(trace.spans) > RASTER_ABOVE_SPANS:
-        _draw_raster(ax, trace, row_of, scale)
+        drawn = _draw_raster(ax, trace, row_of, scale)
     else:
-        _draw_bars(ax, trace, row_of, scale)
+        drawn = _draw_bars(ax, trace, row_of, scale)
     if few:
         _label_microbatches(ax, trace, row_of, scale)
     ax.set_yticks(range(len(lanes)))
@@ -75,8 +85,10 @@ def timeline_figure(result: Result) -> Figure:
         f"{result.scenario.name}: one iteration, {trace.end_s * scale:.4g} {unit}"
         f" (rows: {rows_note}; thin band: background transfers)"
     )
+    # the legend names what is drawn (a wait shares its communication's entry), and idle
+    shown = drawn | {LEGEND_OF[k] for k in drawn} | {IDLE}
     fig.legend(
-        handles=[Patch(facecolor=COLORS[k], label=name) for k, name in LEGEND],
+        handles=[Patch(facecolor=COLORS[k], label=name) for k, name in LEGEND if k in shown],
         loc="outside lower center",
         ncol=4,
         fontsize=8,
@@ -91,6 +103,21 @@ RASTER_ABOVE_SPANS = 20_000
 
 
 RASTER_COLUMNS = 1400
+RASTER_PIXELS = (20, 5)  # pixel rows of a compute band and of a background band
+# top to bottom in a raster column: compute kinds, then what waits or talks
+STACK_ORDER = (
+    FORWARD,
+    RECOMPUTE,
+    BACKWARD,
+    WEIGHT,
+    TP_COMM,
+    TP_WAIT,
+    PP_SEND,
+    PP_WAIT,
+    DP_SYNC,
+    DP_WAIT,
+    OPTIMIZER,
+)
 
 
 def _sorted_groups(trace: Trace):
@@ -105,8 +132,15 @@ def _band(row: int, stream: str) -> tuple[float, float]:
     return (row - 0.38, 0.6) if stream == COMPUTE_STREAM else (row + 0.26, 0.14)
 
 
-def _draw_bars(ax, trace: Trace, row_of: dict[int, int], scale: float) -> None:
+def _draw_bars(ax, trace: Trace, row_of: dict[int, int], scale: float) -> set[str]:
+    """Each span group as bars, over an idle background from 0 to the end: the kinds drawn."""
+    for row in row_of.values():
+        ax.broken_barh(
+            [(0, trace.end_s * scale)], _band(row, COMPUTE_STREAM), facecolors=COLORS[IDLE]
+        )
+    drawn = set()
     for (gpu, stream, kind), spans in _sorted_groups(trace):
+        drawn.add(kind)
         bars = _merge([(sp.start_s * scale, sp.end_s * scale) for sp in spans])
         ax.broken_barh(
             [(a, b - a) for a, b in bars],
@@ -115,17 +149,24 @@ def _draw_bars(ax, trace: Trace, row_of: dict[int, int], scale: float) -> None:
             edgecolor="none",
             hatch="///" if kind in (PP_WAIT, DP_WAIT, TP_WAIT) else None,
         )
+    return drawn
 
 
-def _draw_raster(ax, trace: Trace, row_of: dict[int, int], scale: float) -> None:
+def _draw_raster(ax, trace: Trace, row_of: dict[int, int], scale: float) -> set[str]:
+    """Each band as an image whose pixel columns are time slices, each column stacked
+    from the kinds that ran in it in proportion to their time (a kind with at least
+    2 % of the slice gets a pixel row), the rest idle: at the scale of a large run a
+    1-in-20 share such as tensor-parallel comm stays visible. The kinds drawn."""
     import numpy as np
     from matplotlib.colors import to_rgb
 
     edges = np.linspace(0.0, trace.end_s, RASTER_COLUMNS + 1)
     # time per (row band, kind, column); bands: 2 per GPU (compute, background)
-    kinds = list(COLORS)
+    kinds = [kind for kind in STACK_ORDER if kind in COLORS]
     time = np.zeros((2 * len(row_of), len(kinds), RASTER_COLUMNS))
     for (gpu, stream, kind), spans in _sorted_groups(trace):
+        if kind not in kinds:
+            continue
         spans = list(spans)
         band = 2 * row_of[gpu] + (stream != COMPUTE_STREAM)
         times = np.array([sp.start_s for sp in spans] + [sp.end_s for sp in spans])
@@ -136,21 +177,32 @@ def _draw_raster(ax, trace: Trace, row_of: dict[int, int], scale: float) -> None
         covered = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times))])
         at_edges = np.interp(edges, times, covered)
         time[band, kinds.index(kind)] += np.diff(at_edges)
-    busy = time.sum(axis=1)
-    dominant = time.argmax(axis=1)
-    image = np.ones((2 * len(row_of), RASTER_COLUMNS, 3))
+    share = np.clip(time / np.diff(edges)[None, None, :], 0.0, 1.0)
     palette = np.array([to_rgb(COLORS[k]) for k in kinds])
-    has = busy > 0.3 * np.diff(edges)[None, :]  # mostly empty columns stay white
-    image[has] = palette[dominant[has]]
-    for band in range(image.shape[0]):
+    idle = np.array(to_rgb(COLORS[IDLE]))
+    for band in range(share.shape[0]):
         row, background = divmod(band, 2)
+        pixels = RASTER_PIXELS[background]
+        counts = np.round(share[band] * pixels).astype(int)
+        counts[(counts == 0) & (share[band] >= 0.02)] = 1
+        overflow = counts.sum(axis=0) - pixels  # rounding up past the band: trim the largest
+        for column in np.nonzero(overflow > 0)[0]:
+            counts[np.argmax(counts[:, column]), column] -= overflow[column]
+        top_of = np.concatenate([np.zeros((1, RASTER_COLUMNS), int), np.cumsum(counts, axis=0)])
+        rows = np.arange(pixels)[:, None]
+        image = np.ones((pixels, RASTER_COLUMNS, 3)) * (1.0 if background else idle)
+        for k in range(len(kinds)):
+            inside = (rows >= top_of[k]) & (rows < top_of[k + 1])
+            image[inside] = palette[k]
         top, height = _band(row, PP_STREAM if background else COMPUTE_STREAM)
         ax.imshow(
-            image[band : band + 1],
+            image,
             aspect="auto",
             interpolation="nearest",
             extent=(0, trace.end_s * scale, top + height, top),
         )
+    drawn = share.reshape(-1, len(kinds), RASTER_COLUMNS).max(axis=(0, 2)) >= 0.02
+    return {kind for kind, on in zip(kinds, drawn, strict=True) if on}
 
 
 def breakdown_figure(result: Result) -> Figure:
@@ -267,8 +319,9 @@ def pipeline_figure(studies: list) -> Figure:
         d = study.as_dict()
         chunks = f", {study.num_chunks} chunks" if study.num_chunks > 1 else ""
         ax.set_title(
-            f"{study.name}{chunks}: makespan {d['makespan']:.4g}, bubble {d['bubble_ratio']:.1%} "
-            f"of ideal, peak {max(d['per_rank_peak_inflight_w'])} chunk activations",
+            f"{study.name}{chunks}: makespan {d['makespan']:.4g}, "
+            f"bubble {d['bubble_fraction']:.1%} of the makespan, "
+            f"peak {max(d['per_rank_peak_inflight_w'])} chunk activations",
             fontsize=9,
             loc="left",
         )

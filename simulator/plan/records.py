@@ -1,0 +1,116 @@
+"""`--json` documents of `stepsim search` and `stepsim plan`: what their tables show, as
+plain JSON types, each with the schema version (results.SCHEMA_VERSION)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..results import SCHEMA_VERSION, MetricsRow
+from ..scenario import Scenario
+from .questions import FitRow, ScalePoint, TrainingTime
+from .search import (
+    OUT_OF_MEMORY,
+    PRUNED,
+    SIMULATED,
+    Candidate,
+    RuleOfThumb,
+    SearchResult,
+    result_rows,
+)
+
+
+def _head(command: str, base: Scenario) -> dict[str, Any]:
+    return {"schema_version": SCHEMA_VERSION, "command": command, "scenario": base.name}
+
+
+def candidate_record(c: Candidate | None) -> dict[str, Any] | None:
+    """A layout with its memory and, when simulated, its metrics row."""
+    if c is None:
+        return None
+    out: dict[str, Any] = {"layout": c.layout.key, **c.layout.as_dict(), "memory_gib": c.memory_gib}
+    if c.metrics is not None:
+        out["metrics"] = c.metrics.row()
+    return out
+
+
+def search_record(
+    base: Scenario, result: SearchResult, rule: RuleOfThumb | None, command: str
+) -> dict[str, Any]:
+    return {
+        **_head("search", base),
+        "enumerated": result.enumerated,
+        "break_a_rule": dict(result.invalid),
+        "out_of_memory": result.count(OUT_OF_MEMORY),
+        "simulated": result.count(SIMULATED),
+        "pruned": result.count(PRUNED),
+        "layouts": result_rows(result),
+        "rule_of_thumb": None
+        if rule is None
+        else {"layout": rule.layout.key, "rank": rule.rank, "metrics": rule.metrics.row()},
+        "run_best": command if result.ranked else None,
+    }
+
+
+def fit_record(base: Scenario, rows: Sequence[FitRow], nodes: int, best: Candidate | None):
+    return {
+        **_head("plan fit", base),
+        "nodes": nodes,
+        "models": [
+            {
+                "name": r.name,
+                "params": r.params,
+                "fitting_layouts": r.num_fitting,
+                "leanest": candidate_record(r.leanest),
+            }
+            for r in rows
+        ],
+        "fastest_of_largest": candidate_record(best),
+    }
+
+
+def min_nodes_record(
+    base: Scenario, nodes: int, fitting: Sequence[Candidate], best: Candidate | None, max_nodes: int
+) -> dict[str, Any]:
+    from .questions import leanest_of
+
+    return {
+        **_head("plan fit --min-nodes", base),
+        "max_nodes": max_nodes,
+        "min_nodes": nodes or None,
+        "fitting_layouts": len(fitting),
+        "leanest": candidate_record(leanest_of(fitting)),
+        "fastest": candidate_record(best),
+    }
+
+
+def throughput_record(
+    base: Scenario,
+    params: float,
+    metrics: MetricsRow,
+    tokens: float | None,
+    time: TrainingTime | None,
+    estimate_days: float | None,
+) -> dict[str, Any]:
+    return {
+        **_head("plan throughput" if tokens is None else "plan time-to-train", base),
+        "params": params,
+        "metrics": metrics.row(),
+        "tokens": tokens,
+        "days": None if time is None else time.days,
+        "gpu_hours": None if time is None else time.gpu_hours,
+        "narayanan_estimate_days": estimate_days,
+    }
+
+
+def scale_record(base: Scenario, points: Sequence[ScalePoint], keep: str) -> dict[str, Any]:
+    return {
+        **_head("plan scale", base),
+        "keep": keep,
+        "points": [
+            p.row()
+            if p.metrics is not None and p.scaled is not None
+            else {"nodes": p.nodes, "not_simulated": p.why}
+            for p in points
+        ],
+    }
