@@ -29,7 +29,7 @@ from ..vocabulary import (
     PLACEMENTS,
     RECOMPUTE_GRANULARITIES,
 )
-from . import rules
+from . import frameworks, rules
 from .errors import ScenarioError
 
 RecomputeGranularity = Literal["none", "selective", "full"]
@@ -52,6 +52,7 @@ def key(
     preset: bool = False,
     derived: str | None = None,
     toml_type: type | None = None,
+    compare: bool = True,
 ) -> Any:
     """A scenario key: a dataclass field whose metadata the schema reads.
 
@@ -65,6 +66,8 @@ def key(
     key's type in the file when it differs from the field's (cluster.gpu is a preset
     name that the loader turns into a GpuSpec). A field without ``key`` metadata is
     not a scenario key (TrainingConfig.custom_orders, Scenario.calibration).
+    ``compare=False``: equality ignores the key as given (the framework's mechanism
+    keys compare by their resolved values, `TrainingConfig.resolved`).
     """
     metadata = {
         "help": help,
@@ -77,7 +80,7 @@ def key(
         "derived": derived,
         "toml_type": toml_type,
     }
-    return field(default=default, metadata=metadata)
+    return field(default=default, metadata=metadata, compare=compare)
 
 
 def _presets(table: str) -> Callable[[], tuple[str, ...]]:
@@ -383,9 +386,80 @@ class TrainingConfig:
         choices=DATA_PARALLEL_SHARDING,
     )
 
+    framework: str = key(
+        "the training framework whose pipeline engine the run used; each mechanism key "
+        "below that the scenario leaves out takes this framework's default "
+        "(simulator/scenario/frameworks.py, [docs/frameworks.md](../docs/frameworks.md))",
+        default="megatron",
+        choices=frameworks.FRAMEWORKS,
+    )
+    framework_version: str | None = key(
+        "the framework's version: megatron `2021` (v2.5/v2.6), `2022` (e1c334b), `2024` "
+        "(Megatron-Core r0.8.0); deepspeed `0.5.0` (v0.5.0-v0.5.3), `0.5.4` (v0.5.4-v0.7.7)",
+        default=None,
+        choices=frameworks.ALL_VERSIONS,
+        derived="megatron `2021`, deepspeed `0.5.4`",
+        compare=False,
+    )
+    pipeline_p2p: str | None = key(
+        "`overlapped`: a non-blocking send when the pass ends; `batched-blocking` "
+        "(Megatron): one blocking op per p2p call site holding its sends and receives, a "
+        "transfer starting when both stages reach theirs; `sequential-blocking` "
+        "(DeepSpeed): one blocking op per send or receive in TrainSchedule order (a small "
+        "meta message first for partitioned tensors); blocking modes: 1f1b (both), gpipe "
+        "(batched)",
+        default=None,
+        choices=frameworks.PIPELINE_P2P_MODES,
+        derived="the framework's (overlapped where its mode is not modelled)",
+        compare=False,
+    )
+    scatter_gather_tensors_in_pipeline: bool | None = key(
+        "TP > 1: each tensor rank sends 1/TP of a pipeline tensor and the receiver "
+        "all-gathers it over TP (blocking); `false`: each sends the whole tensor; no effect "
+        "under sequence parallelism (the tensor already is 1/TP, no all-gather)",
+        default=None,
+        derived="the framework's",
+        compare=False,
+    )
+    pipeline_grads_partitioned: bool | None = key(
+        "gradients go between stages scattered like activations (with "
+        "`scatter_gather_tensors_in_pipeline`); `false`: whole, from every tensor rank",
+        default=None,
+        derived="the framework's",
+        compare=False,
+    )
+    pipeline_regather_output: bool | None = key(
+        "DeepSpeed: a stage frees its partitioned output after sending it and all-gathers "
+        "it over TP again before the backward (before the gradient's receive when "
+        "gradients go whole)",
+        default=None,
+        derived="the framework's",
+        compare=False,
+    )
+    # the framework's version and every mechanism key as resolved (not keys): set when
+    # built, compared instead of the keys as given
+    resolved: tuple[tuple[str, Any], ...] = field(init=False, default=())
+    framework_note: str = field(init=False, default="", compare=False)
+
     def __post_init__(self) -> None:
         rules.check_values(self, "training")
+        given = {name: getattr(self, name) for name in frameworks.MECHANISMS}
+        version = self.framework_version
+        rules.check_framework(self.framework, version, given, self.schedule)
+        version, values, note = frameworks.resolve(self.framework, version, given, self.schedule)
+        resolved = (("framework_version", version), *values.items())
+        object.__setattr__(self, "resolved", resolved)
+        object.__setattr__(self, "framework_note", note)
         rules.check_training_alone(self)
+
+    def mechanism(self, name: str) -> Any:
+        """A mechanism key (or ``framework_version``) as resolved."""
+        return dict(self.resolved)[name]
+
+    @property
+    def engine_label(self) -> str:
+        """e.g. "megatron 2021" (reports name the engine by it)."""
+        return frameworks.label(self.framework, self.mechanism("framework_version"))
 
     @property
     def split_backward(self) -> bool:
