@@ -60,19 +60,16 @@ def per_microbatch(result, stage: int) -> dict[str, float]:
     direction's data transfer and, where the framework sends one, its meta message."""
     gpu = result.workload.lanes[stage].gpu
     spans = [s for s in result.trace.spans if s.gpu == gpu and s.microbatch == 1]
-    sends: dict[str, list[float]] = {}
     out: dict[str, float] = {}
     for s in spans:
         if s.kind == PP_SEND and s.stream == "pp":
-            what = s.label.split()[-1][0]  # "send F1" / "recv B1" / "F1"
-            sends.setdefault(f"p2p {what}", []).append(s.end_s - s.start_s)
+            # "send F1", "recv B1 meta" (blocking calls) or "F1" (overlapped sends)
+            words = s.label.split()
+            key = f"p2p {words[1 if len(words) > 1 else 0][0]}" + (" meta" * (words[-1] == "meta"))
+            out[key] = max(out.get(key, 0.0), s.end_s - s.start_s)
         elif s.kind == TP_COMM and s.label.endswith("gather"):
             key = f"{s.label.split()[-1]} {s.label[0]}"
             out[key] = out.get(key, 0.0) + s.end_s - s.start_s
-    for key, durations in sends.items():
-        out[key] = max(durations)
-        if len(set(durations)) > 1:
-            out[f"{key} meta"] = min(durations)
     return out
 
 

@@ -212,7 +212,7 @@ class _Stage:
         gpu, p = self.gpu, self.pipeline
         sequential = self.p2p == frameworks.SEQUENTIAL_BLOCKING
         first = call.transfers[0]
-        label = f"{first.direction} {first.kind}{first.microbatch}"
+        label = " + ".join(f"{x.direction} {x.kind}{x.microbatch}" for x in call.transfers)
         receives_whole_grad = (
             first.kind == "B" and first.direction == "recv" and not self.gather["B"]
         )
@@ -230,10 +230,11 @@ class _Stage:
                 receiver = sender + step
                 assert 0 <= sender < p and 0 <= receiver < p, x
                 nbytes = self.p2p_bytes[x.kind] if part == "data" else meta_bytes(gpu)
+                name = f"{x.direction} {x.kind}{x.microbatch}" + (" meta" if part == "meta" else "")
                 gpu.builder.add(
                     gpu.lane,
                     PP_SEND,
-                    label,
+                    name,
                     microbatch=x.microbatch,
                     transfer=gpu.comm.between(sender, receiver, gpu.j, gpu.d, nbytes),
                     blocking=False,
