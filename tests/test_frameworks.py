@@ -236,3 +236,23 @@ def test_deepspeed_train_schedule_runs_the_1f1b_order(p, m):
     for stage in range(p):
         passes = [x for x in deepspeed_calls(stage, p, m) if isinstance(x, Step)]
         assert passes == order[stage]
+
+
+def test_gpipe_with_batched_blocking_p2p_adds_two_transfers_at_two_microbatches():
+    """GPipe, m = 2 (X shorter than every pass): overlapped ends at
+    f0 + max(f0, f1) + f1 + b1 + max(b0, b1) + b0 + 2X + O (stage 1's second forward
+    waits for its input or its first forward; stage 0's second backward for its
+    gradient or its first backward). Batched blocking: stage 0's call holding send F1
+    and receive B0 ends only with B0's gradient, which moves after the activation: + 2X
+    (derived for either stage the slower)."""
+    runs = {
+        mode: _two_stages(2, mode, schedule="gpipe") for mode in ("overlapped", "batched-blocking")
+    }
+    r = runs["overlapped"]
+    f0, b0, f1, b1 = (_pass_s(r, g, k) for g in (0, 1) for k in "FB")
+    x = _transfer_s(r)
+    assert x < min(f0, b0, f1, b1)
+    base = f0 + max(f0, f1) + f1 + b1 + max(b0, b1) + b0 + 2 * x + _optimizer_s(r, 0)
+    assert r.metrics.iteration_time_s == pytest.approx(base, rel=1e-9)
+    blocking = runs["batched-blocking"].metrics.iteration_time_s
+    assert blocking == pytest.approx(base + 2 * x, rel=1e-9)
