@@ -64,7 +64,8 @@ MECHANISMS: dict[str, tuple[tuple[Any, ...], str]] = {
         "Megatron p2p_communication.py _communicate; DeepSpeed pipe/p2p.py, pipe/schedule.py",
     ),
     # Megatron --scatter-gather-tensors-in-pipeline default on since 27fc468 (2021-02);
-    # DeepSpeed is_pipe_partitioned = is_model_parallel, every version. §2.
+    # 2024 kept as 2022 (not verified for Megatron-Core; moot under SP); DeepSpeed
+    # is_pipe_partitioned = is_model_parallel, every version. §2.
     "scatter_gather_tensors_in_pipeline": (
         (True,) * 5,
         "Megatron arguments.py, p2p_communication.py; DeepSpeed pipe/engine.py __init__",
