@@ -83,6 +83,12 @@ def key(
     return field(default=default, metadata=metadata, compare=compare)
 
 
+def _mechanism(help: str, **metadata: Any) -> Any:
+    """A framework mechanism key (frameworks.py): None means the framework's default;
+    scenarios compare by the resolved value (`TrainingConfig.resolved`)."""
+    return key(help, default=None, compare=False, **{"derived": "the framework's", **metadata})
+
+
 def _presets(table: str) -> Callable[[], tuple[str, ...]]:
     """The names of a preset table, looked up when the schema asks (presets imports
     this module, so the names cannot be read at import time)."""
@@ -401,40 +407,27 @@ class TrainingConfig:
         derived="megatron `2021`, deepspeed `0.5.4`",
         compare=False,
     )
-    pipeline_p2p: str | None = key(
+    pipeline_p2p: str | None = _mechanism(
         "`overlapped`: a non-blocking send when the pass ends; `batched-blocking` "
-        "(Megatron): one blocking op per p2p call site holding its sends and receives, a "
+        "(Megatron): one blocking op per p2p call site holding its sends and receives, each "
         "transfer starting when both stages reach theirs; `sequential-blocking` "
-        "(DeepSpeed): one blocking op per send or receive in TrainSchedule order (a small "
-        "meta message first for partitioned tensors); blocking modes: 1f1b (both), gpipe "
-        "(batched)",
-        default=None,
+        "(DeepSpeed): one per send or receive in TrainSchedule order, partitioned tensors "
+        "after a meta message; blocking: 1f1b (both), gpipe (batched)",
         choices=frameworks.PIPELINE_P2P_MODES,
         derived="the framework's (overlapped where its mode is not modelled)",
-        compare=False,
     )
-    scatter_gather_tensors_in_pipeline: bool | None = key(
-        "TP > 1: each tensor rank sends 1/TP of a pipeline tensor and the receiver "
-        "all-gathers it over TP (blocking); `false`: each sends the whole tensor; no effect "
-        "under sequence parallelism (the tensor already is 1/TP, no all-gather)",
-        default=None,
-        derived="the framework's",
-        compare=False,
+    scatter_gather_tensors_in_pipeline: bool | None = _mechanism(
+        "TP > 1: each tensor rank sends 1/TP of a pipeline tensor, the receiver all-gathers "
+        "it over TP (blocking); `false`: each sends all of it; no effect under sequence "
+        "parallelism (the tensor already is 1/TP, no all-gather)"
     )
-    pipeline_grads_partitioned: bool | None = key(
-        "gradients go between stages scattered like activations (with "
-        "`scatter_gather_tensors_in_pipeline`); `false`: whole, from every tensor rank",
-        default=None,
-        derived="the framework's",
-        compare=False,
+    pipeline_grads_partitioned: bool | None = _mechanism(
+        "gradients between stages go scattered like activations (with "
+        "`scatter_gather_tensors_in_pipeline`); `false`: whole, from every tensor rank"
     )
-    pipeline_regather_output: bool | None = key(
-        "DeepSpeed: a stage frees its partitioned output after sending it and all-gathers "
-        "it over TP again before the backward (before the gradient's receive when "
-        "gradients go whole)",
-        default=None,
-        derived="the framework's",
-        compare=False,
+    pipeline_regather_output: bool | None = _mechanism(
+        "DeepSpeed: a stage frees its partitioned output once sent and all-gathers it over "
+        "TP again before the backward (before the gradient's receive if gradients go whole)"
     )
     # the framework's version and every mechanism key as resolved (not keys): set when
     # built, compared instead of the keys as given
