@@ -104,6 +104,8 @@ class Metrics:
     memory_peak_stage: int
     gpu_memory_gib: float
     calibration: str  # how the GPU's kernel constants were obtained (fitted, file, or scaled)
+    framework: str  # the engine simulated, e.g. "megatron 2021"
+    framework_mechanisms: dict[str, Any]  # its mechanism keys as resolved (frameworks.py)
     breakdown_s: dict[str, float]  # mean per GPU, in vocabulary.BREAKDOWN_KEYS order
     stages: tuple[StageMetrics, ...]
     simulated_transfers: int
@@ -116,6 +118,7 @@ class Metrics:
         out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
         out.update({f.name: getattr(self, f.name) for f in fields(self)})
         out["breakdown_s"] = dict(self.breakdown_s)
+        out["framework_mechanisms"] = dict(self.framework_mechanisms)
         out["stages"] = [stage.to_json() for stage in self.stages]
         out["busiest_links"] = [link._asdict() for link in self.busiest_links]
         return out

@@ -266,7 +266,13 @@ def _end_of_iteration(order):
             "pipeline_model_parallel_size": 2,
             "data_parallel_size": 4,
         },
-        training={"global_batch_size": 4, "tied_grad_reduce_order": order},
+        # overlapped p2p: a stage's last op is its last backward, as §3(d) assumes (a
+        # blocking send would end it later; tests/test_frameworks.py covers that)
+        training={
+            "global_batch_size": 4,
+            "tied_grad_reduce_order": order,
+            "pipeline_p2p": "overlapped",
+        },
     )
     result = run(scenario)
     first = {0: 0, 1: 8}  # tensor rank 0 of replica 0 of each stage

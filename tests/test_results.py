@@ -32,6 +32,8 @@ JSON_KEYS = [
     "memory_peak_stage",
     "gpu_memory_gib",
     "calibration",
+    "framework",
+    "framework_mechanisms",
     "breakdown_s",
     "stages",
     "simulated_transfers",
@@ -68,6 +70,8 @@ def test_to_json_keeps_the_key_order_and_types_of_metrics_json(result):
         ["stage", "gpu", "stands_for_gpus", "breakdown_s", "memory_gib", "inflight_activations"]
     ] * 2
     assert data["out_of_memory"] is None
+    assert data["framework"] == "megatron 2021"
+    assert data["framework_mechanisms"]["pipeline_p2p"] == "batched-blocking"
     assert list(data["busiest_links"][0]) == [
         "link",
         "kind",

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.scenario import ScenarioError, scenario_to_dict
+from simulator.scenario import ScenarioError, frameworks, scenario_to_dict
 from simulator.scenario.schema import SECTIONS, TOP_LEVEL, check_value, keys, markdown_table
 from tests.helpers import load
 from topologies import FABRICS
@@ -19,6 +19,7 @@ def test_the_readme_holds_exactly_the_generated_key_tables():
         assert markdown_table(section) in text, "regenerate: python -m simulator.scenario"
     # no other key table: one header per section
     assert text.count("| Key | Type | Unit | Default | Values | Meaning |") == len(keys())
+    assert frameworks.markdown_table() in text, "regenerate: python -m simulator.scenario"
 
 
 def test_keys_are_the_spec_fields_with_key_metadata_in_field_order():

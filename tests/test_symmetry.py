@@ -5,7 +5,8 @@ time and the same per-stage breakdown, and in exact mode every GPU of a stage ha
 its stage's breakdown. The cases are chosen for contention: pipeline sends and
 gradient buckets sharing a NIC, an oversubscribed fat tree, FSDP's side stream,
 zero-bubble V with ZeRO-1 and sequence parallelism, the async all-reduce with trees,
-DeepSpeed's gradient path (the tied embedding's all-reduce first, bucketed ZeRO-1).
+DeepSpeed's gradient path (the tied embedding's all-reduce first, bucketed ZeRO-1), and
+DeepSpeed's blocking p2p (Megatron's is the default of the 1F1B cases).
 """
 
 import pytest
@@ -61,6 +62,12 @@ CASES = {
             "data_parallel_sharding": "optimizer",
             "recompute_granularity": "selective",
         },
+    ),
+    # DeepSpeed's sequential blocking p2p (rendezvous of two stage lanes), meta messages,
+    # whole gradients from every tensor rank and the re-gather, on one NIC per node
+    "deepspeed-0.5.0-sequential-p2p": _case(
+        cluster={"nics_per_node": 1, "nic_gbps": 25.0},
+        training={"framework": "deepspeed", "framework_version": "0.5.0"},
     ),
     "async-allreduce-tree-buckets": _case(
         training={"async_tensor_model_parallel_allreduce": True, "overlap_grad_reduce": True},

@@ -131,7 +131,10 @@ def test_tiny_pipeline_sends_flow_to_their_receives(tiny):
     names = _thread_names(trace)
     for key, send in out.items():
         receive = into[key]
-        assert send["cat"] == "pp_send" and names[(send["pid"], send["tid"])] == "pp send"
+        # Megatron's batched blocking p2p (tiny's default engine) holds a send and a
+        # receive on the pp stream at once: the send may sit on its second track
+        assert send["cat"] == "pp_send" and names[(send["pid"], send["tid"])].startswith("pp send")
+        assert send["name"].startswith("send")
         assert receive["pid"] == 1 - send["pid"]
         assert receive["cat"] == ("forward" if send["pid"] == 0 else "backward")
         assert trace_check.ns(receive["ts"]) >= trace_check.ns(send["ts"]) + trace_check.ns(

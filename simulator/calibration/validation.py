@@ -136,6 +136,9 @@ def megatron_scenario(
             "recompute_granularity": row["recompute"],
             # Megatron-LM 2021 had no gradient-accumulation fusion (docs/frameworks.md §8)
             "gradient_accumulation_fusion": False,
+            # Table 1 ran NVIDIA's examples/sc21 scripts on the Megatron-LM of 2021
+            "framework": "megatron",
+            "framework_version": "2021",
         },
         "network": {"model": "fair-share"},
     }
@@ -172,6 +175,8 @@ def layer_scenario(
             "global_batch_size": int(row["micro_batch_size"]) * (8 // t),
             "recompute_granularity": row["recompute"],
             "async_tensor_model_parallel_allreduce": async_allreduce,
+            "framework": "megatron",
+            "framework_version": "2022",  # Korthikanti et al. 2022's code
         },
         "network": {"model": "fair-share"},
     }
@@ -197,6 +202,10 @@ def dgx2_scenario(row: Row, calibration: KernelConstants | None = None) -> Scena
             "global_batch_size": int(row["global_batch_size"]),
             "recompute_granularity": "full",
             "gradient_accumulation_fusion": False,  # Megatron-LM 2020: no fusion
+            # the README's table is of 2020; the table's oldest version is 2021 (v2.0's
+            # p2p was batched and blocking too, and these rows have no pipeline)
+            "framework": "megatron",
+            "framework_version": "2021",
         },
         "network": {"model": "fair-share"},
     }
@@ -272,6 +281,8 @@ def h100_scenario(
             "attention_kernel": choices.attention_kernel,
             # --tp-comm-overlap (the table's notes); userbuffers overlap SP's collectives
             "tp_comm_overlap": choices.tp_comm_overlap and parallel["sequence_parallel"],
+            "framework": "megatron",
+            "framework_version": "2024",  # Megatron-Core r0.8.0
         },
         "network": {"model": "fair-share"},
     }
@@ -332,9 +343,10 @@ def layer_times(trace: Trace) -> tuple[float, float]:
 
 # the calibration sets: name -> (title, the GPU preset it ran on)
 SETS = {
-    "a100": "A100 · Narayanan et al. 2021 Table 1 + Korthikanti et al. 2022 Table 4",
-    "v100": "V100 · Megatron-LM README 2020, one DGX-2",
-    "h100": "H100 · Megatron-Core r0.8.0 weak scaling (2024)",
+    "a100": "A100 · Narayanan et al. 2021 Table 1 (megatron 2021 engine) + Korthikanti et al. "
+    "2022 Table 4 (megatron 2022)",
+    "v100": "V100 · Megatron-LM README 2020, one DGX-2 (megatron 2021 engine)",
+    "h100": "H100 · Megatron-Core r0.8.0 weak scaling (2024, megatron 2024 engine)",
 }
 
 

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import simpy
 
 from ..results import Span, Trace
-from ..vocabulary import BARRIER, COMPUTE_KINDS, IDLE, STREAM_OF_COMM, WAIT_OF_COMM
+from ..vocabulary import BARRIER, COMPUTE_KINDS, IDLE, PP_SEND, STREAM_OF_COMM, WAIT_OF_COMM
 from ..workload.ops import Workload
 from .network import FairShareNetwork, NetworkFactory
 
@@ -206,6 +206,9 @@ class _Engine:
         self.arrived[first] = count
         if count == len(self.members[first]):
             del self.arrived[first]
+            if op.kind == PP_SEND:  # a blocking p2p pair: its span starts with the transfer
+                for index in self.members[first]:
+                    self.start_s[index] = self.env.now
             self.network.start(op.transfer, lambda: self._collective_done(first))
 
     def _collective_done(self, first: int) -> None:
@@ -249,10 +252,11 @@ class _Engine:
         wait_kind = WAIT_OF_COMM.get(dep_op.kind)
         if wait_kind is None:
             busy_from = now  # waited on another GPU's compute: all of it is bubble
-        elif self.workload.lanes[dep_op.lane].gpu == gpu:
+        elif self.workload.lanes[dep_op.lane].gpu == gpu and dep_op.kind != PP_SEND:
             busy_from = waited_from  # own transfer, queued or in flight: all exposed comm
         else:
-            # Until another GPU starts sending, this one waits on the pipeline, not the wire.
+            # Until another GPU starts sending (or, blocking p2p, both sides reach the
+            # call), this one waits on the pipeline, not the wire.
             busy_from = max(waited_from, self.start_s[dep])
         if busy_from > waited_from:
             self.spans.append(

@@ -116,6 +116,8 @@ def summarize(
         memory_peak_stage=peak.stage,
         gpu_memory_gib=scenario.cluster.gpu.memory_gib,
         calibration=(scenario.calibration or scenario.cluster.gpu.kernels).source,
+        framework=scenario.training.engine_label,
+        framework_mechanisms=dict(scenario.training.resolved[1:]),
         breakdown_s=mean,
         stages=tuple(
             StageMetrics(

@@ -25,6 +25,17 @@ def layer_counts(scenario: Scenario) -> str:
     return ", ".join(f"{c} x{n}" if n > 1 else str(c) for c, n in runs)
 
 
+def _p2p_text(training) -> str:
+    """How the run's pipeline p2p and scatter-gather were simulated, in a few words."""
+    mode = training.mechanism("pipeline_p2p")
+    text = f"{mode} p2p"
+    if training.framework_note:
+        text += f", {training.framework_note.split(':')[0].replace(' p2p', '')}"
+    if not training.mechanism("scatter_gather_tensors_in_pipeline"):
+        text += ", whole tensors"
+    return text
+
+
 def summary_text(result: Result) -> str:
     s, m = result.scenario, result.metrics
     par, tr, cl = s.parallel, s.training, s.cluster
@@ -52,6 +63,7 @@ def summary_text(result: Result) -> str:
         + (" · flash attention" if tr.attention_kernel == ATTENTION_FLASH else "")
         + (" · TP comm overlapped with GEMMs" if tr.tp_comm_overlap else "")
         + (" · overlapped grad reduce" if tr.overlap_grad_reduce else "")
+        + f" · {tr.engine_label} engine ({_p2p_text(tr)})"
         + f" · {s.network.model} network"
         + ("" if s.network.symmetry else " · exact mode (every GPU simulated)"),
         "",

@@ -30,6 +30,7 @@ from ..vocabulary import (
     FORWARD,
     PP_SEND,
     PP_STREAM,
+    RECOMPUTE,
     STREAM_ORDER,
     TP_STREAM,
     WEIGHT,
@@ -158,6 +159,31 @@ def _pipeline_flows(result: Result, spans: list[Span], starts: list[int]) -> dic
     for i, sp in enumerate(spans):
         if sp.kind == ops[sp.op].kind:
             (send_span if sp.kind == PP_SEND else own_span).setdefault(sp.op, i)
+    # Blocking p2p (a framework's pipeline_p2p): the send is a rendezvous of the sending
+    # and the receiving stage's ops ("send F3" / "recv F3", the same transfer); what
+    # consumes it is the receiving GPU's first pass of that micro-batch after it.
+    passes: dict[tuple[int, int], list[int]] = defaultdict(list)  # (gpu, mb) -> spans
+    for i, sp in enumerate(spans):
+        if sp.kind in (FORWARD, BACKWARD, RECOMPUTE, WEIGHT) and sp.kind == ops[sp.op].kind:
+            passes[(sp.gpu, sp.microbatch)].append(i)
+    members: dict[int, list[int]] = defaultdict(list)
+    for op in ops:
+        if op.kind == PP_SEND and op.rendezvous >= 0:
+            members[op.rendezvous].append(op.index)
+    for group in members.values():
+        sender = [o for o in group if ops[o].label.startswith("send")]
+        for send in sender:
+            for other in group:
+                if lanes[ops[other].lane].gpu == lanes[ops[send].lane].gpu:
+                    continue
+                gpu, end = lanes[ops[other].lane].gpu, spans[send_span[send]].end_s
+                after = [
+                    k
+                    for k in passes.get((gpu, ops[send].microbatch), ())
+                    if spans[k].start_s >= end
+                ]
+                if after:
+                    consumer.setdefault(send, spans[min(after, key=starts.__getitem__)].op)
     flows: dict[int, tuple[int, str]] = {}
     for send, i in sorted(send_span.items()):
         j = own_span.get(consumer.get(send, -1))

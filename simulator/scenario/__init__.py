@@ -3,6 +3,7 @@ the rules across keys (rules.py), and the files it is read from and written to
 (loader.py: the scenario's TOML and overrides; files.py: the other files it refers
 to). Other packages import the scenario API from here."""
 
+from . import frameworks
 from .files import read_calibration, read_schedule_file, read_search_journal, read_validation_set
 from .loader import (
     apply_override,
@@ -39,6 +40,7 @@ __all__ = [
     "apply_override",
     "check_scenario",
     "dumps_toml",
+    "frameworks",
     "load_scenario",
     "parse_override",
     "read_calibration",

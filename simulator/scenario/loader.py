@@ -250,6 +250,8 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
 
     def table(spec: object, section: str) -> dict[str, Any]:
         values = {name: _file_value(getattr(spec, name)) for name in schema.keys()[section]}
+        if isinstance(spec, TrainingConfig):  # the framework's mechanism keys as resolved
+            values.update(spec.resolved)
         return {k: v for k, v in values.items() if v is not None}
 
     top = table(scenario, schema.TOP_LEVEL)

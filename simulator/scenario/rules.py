@@ -132,6 +132,28 @@ def check_tp_comm_overlap(parallel: ParallelConfig, training: TrainingConfig) ->
         )
 
 
+def check_framework(framework: str, version: str | None, given: dict, schedule: str) -> None:
+    """The version must be one of the framework's; a blocking p2p mode asked for
+    explicitly needs a schedule whose call sites it models (frameworks.py)."""
+    from . import frameworks  # spec imports both
+
+    if version is not None and version not in frameworks.versions(framework):
+        raise ScenarioError(
+            key="training.framework_version",
+            value=version,
+            rule=f"must be one of {framework}'s: {', '.join(frameworks.versions(framework))}",
+        )
+    mode = given.get("pipeline_p2p")
+    if mode is not None and not frameworks.p2p_modelled(mode, schedule):
+        raise ScenarioError(
+            key="training.pipeline_p2p",
+            value=mode,
+            rule=f"is modelled for training.schedule in "
+            f"{', '.join(frameworks.BLOCKING_SCHEDULES[mode])} only (found {schedule!r})",
+            fix='use "overlapped" or one of those schedules',
+        )
+
+
 def check_scenario(scenario: Scenario) -> None:
     """Every rule across specs, in the order the errors are reported."""
     check_layout(scenario.model, scenario.parallel, scenario.cluster)

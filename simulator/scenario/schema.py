@@ -15,6 +15,7 @@ from dataclasses import MISSING, dataclass, fields
 from functools import cache
 from typing import Any
 
+from . import frameworks
 from .errors import ScenarioError
 from .spec import ClusterSpec, ModelSpec, NetworkConfig, ParallelConfig, Scenario, TrainingConfig
 
@@ -206,4 +207,5 @@ def markdown_tables() -> str:
     for section in keys():
         title = f"[{section}]" if section else "Top level"
         parts.append(f"#### {title} keys\n\n{markdown_table(section)}\n")
+    parts.append(f"#### Framework defaults\n\n{frameworks.markdown_table()}\n")
     return "\n".join(parts)

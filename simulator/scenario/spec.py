@@ -35,7 +35,7 @@ from ..vocabulary import (
     TIED_GRAD_ORDERS,
     ZERO_GRAD_COLLECTIVES,
 )
-from . import rules
+from . import frameworks, rules
 from .errors import ScenarioError
 
 RecomputeGranularity = Literal["none", "selective", "full"]
@@ -58,6 +58,7 @@ def key(
     preset: bool = False,
     derived: str | None = None,
     toml_type: type | None = None,
+    compare: bool = True,
 ) -> Any:
     """A scenario key: a dataclass field whose metadata the schema reads.
 
@@ -71,6 +72,8 @@ def key(
     key's type in the file when it differs from the field's (cluster.gpu is a preset
     name that the loader turns into a GpuSpec). A field without ``key`` metadata is
     not a scenario key (TrainingConfig.custom_orders, Scenario.calibration).
+    ``compare=False``: equality ignores the key as given (the framework's mechanism
+    keys compare by their resolved values, `TrainingConfig.resolved`).
     """
     metadata = {
         "help": help,
@@ -83,7 +86,13 @@ def key(
         "derived": derived,
         "toml_type": toml_type,
     }
-    return field(default=default, metadata=metadata)
+    return field(default=default, metadata=metadata, compare=compare)
+
+
+def _mechanism(help: str, **metadata: Any) -> Any:
+    """A framework mechanism key (frameworks.py): None means the framework's default;
+    scenarios compare by the resolved value (`TrainingConfig.resolved`)."""
+    return key(help, default=None, compare=False, **{"derived": "the framework's", **metadata})
 
 
 def _presets(table: str) -> Callable[[], tuple[str, ...]]:
@@ -480,9 +489,67 @@ class TrainingConfig:
         default=True,
     )
 
+    framework: str = key(
+        "the training framework whose pipeline engine the run used; each mechanism key "
+        "below that the scenario leaves out takes this framework's default "
+        "(simulator/scenario/frameworks.py, [docs/frameworks.md](../docs/frameworks.md))",
+        default="megatron",
+        choices=frameworks.FRAMEWORKS,
+    )
+    framework_version: str | None = key(
+        "the framework's version: megatron `2021` (v2.5/v2.6), `2022` (e1c334b), `2024` "
+        "(Megatron-Core r0.8.0); deepspeed `0.5.0` (v0.5.0-v0.5.3), `0.5.4` (v0.5.4-v0.7.7)",
+        default=None,
+        choices=frameworks.ALL_VERSIONS,
+        derived="megatron `2021`, deepspeed `0.5.4`",
+        compare=False,
+    )
+    pipeline_p2p: str | None = _mechanism(
+        "`overlapped`: a non-blocking send when the pass ends; `batched-blocking` "
+        "(Megatron): one blocking op per p2p call site holding its sends and receives, each "
+        "transfer starting when both stages reach theirs; `sequential-blocking` "
+        "(DeepSpeed): one per send or receive in TrainSchedule order, partitioned tensors "
+        "after a meta message; blocking: 1f1b (both), gpipe (batched)",
+        choices=frameworks.PIPELINE_P2P_MODES,
+        derived="the framework's (overlapped where its mode is not modelled)",
+    )
+    scatter_gather_tensors_in_pipeline: bool | None = _mechanism(
+        "TP > 1: each tensor rank sends 1/TP of a pipeline tensor, the receiver all-gathers "
+        "it over TP (blocking); `false`: each sends all of it; no effect under sequence "
+        "parallelism (the tensor already is 1/TP, no all-gather)"
+    )
+    pipeline_grads_partitioned: bool | None = _mechanism(
+        "gradients between stages go scattered like activations (with "
+        "`scatter_gather_tensors_in_pipeline`); `false`: whole, from every tensor rank"
+    )
+    pipeline_regather_output: bool | None = _mechanism(
+        "DeepSpeed: a stage frees its partitioned output once sent and all-gathers it over "
+        "TP again before the backward (before the gradient's receive if gradients go whole)"
+    )
+    # the framework's version and every mechanism key as resolved (not keys): set when
+    # built, compared instead of the keys as given
+    resolved: tuple[tuple[str, Any], ...] = field(init=False, default=())
+    framework_note: str = field(init=False, default="", compare=False)
+
     def __post_init__(self) -> None:
         rules.check_values(self, "training")
+        given = {name: getattr(self, name) for name in frameworks.MECHANISMS}
+        version = self.framework_version
+        rules.check_framework(self.framework, version, given, self.schedule)
+        version, values, note = frameworks.resolve(self.framework, version, given, self.schedule)
+        resolved = (("framework_version", version), *values.items())
+        object.__setattr__(self, "resolved", resolved)
+        object.__setattr__(self, "framework_note", note)
         rules.check_training_alone(self)
+
+    def mechanism(self, name: str) -> Any:
+        """A mechanism key (or ``framework_version``) as resolved."""
+        return dict(self.resolved)[name]
+
+    @property
+    def engine_label(self) -> str:
+        """e.g. "megatron 2021" (reports name the engine by it)."""
+        return frameworks.label(self.framework, self.mechanism("framework_version"))
 
     @property
     def split_backward(self) -> bool:

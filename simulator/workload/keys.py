@@ -109,3 +109,18 @@ class TiedReadyKey:
 
     who: Who
     stage: int
+
+
+@dataclass(frozen=True, slots=True)
+class P2PKey:
+    """A blocking pipeline transfer (framework p2p modes): what micro-batch ``microbatch``
+    sends from pipeline stage ``sender`` (``kind`` F: its activation, B: its gradient),
+    ``part`` "data" or DeepSpeed's "meta" message before it. The sender's and the
+    receiver's ops share it as their rendezvous; ``who`` is the GPU pair's (tensor rank,
+    replica)."""
+
+    who: Who
+    sender: int
+    kind: str
+    microbatch: int
+    part: str = "data"

@@ -16,11 +16,15 @@ Per micro-batch and stage (Megatron-LM):
 - with sequence parallelism each all-reduce becomes an all-gather before the
   block and a reduce-scatter after it, with layernorm and dropout sharded.
 
-Pipeline sends are b*s*h elements per stage boundary, split across the tensor
-ranks (each sends its 1/T shard over its own NIC, Megatron's scatter-gather
-optimisation; the all-gather that follows on NVLink is left out). How gradients
-meet across data-parallel replicas, and the optimizer step, is the data-parallel
-strategy's (dataparallel.py).
+Pipeline tensors are b*s*h elements per stage boundary. With
+`scatter_gather_tensors_in_pipeline` each tensor rank sends its 1/T shard over its
+own NIC and the receiver all-gathers the tensor over TP (a blocking collective at
+the start of the pass that needs it); without, each sends the whole tensor. How the
+transfers meet the stages' lanes is `pipeline_p2p`: a non-blocking send when the pass
+ends (`overlapped`), or the framework's blocking calls (`schedules.p2p`), each a
+rendezvous of the sender's and the receiver's ops. docs/frameworks.md has the sources.
+How gradients meet across data-parallel replicas, and the optimizer step, is the
+data-parallel strategy's (dataparallel.py).
 """
 
 from __future__ import annotations
@@ -29,8 +33,9 @@ from collections.abc import Sequence
 
 from schedules import Step, holder_of, peak_inflight, stage_of, step_label
 from schedules import build as build_schedule
+from schedules.p2p import Call, deepspeed_calls, megatron_calls
 
-from ..scenario import Scenario
+from ..scenario import Scenario, frameworks
 from ..units import us_to_s
 from ..vocabulary import (
     ALL_GATHER,
@@ -49,7 +54,7 @@ from .collectives import Fabric
 from .compute import ComputeModel, OverlapGemms, Work
 from .dataparallel import strategy_for
 from .gpuops import GpuOps
-from .keys import AsyncTpKey, PipelineKey
+from .keys import AsyncTpKey, P2PKey, PipelineKey
 from .ops import Workload, WorkloadBuilder
 from .placement import StageComm, placement_of
 
@@ -124,6 +129,20 @@ class _Stage:
         self.async_count = 0
         self.layer, self.extras = compute.layer(), compute.extras()
         self.dp = strategy_for(gpu, scenario, compute)
+        self.p2p = training.mechanism("pipeline_p2p")
+        self.blocking = self.p2p != frameworks.OVERLAPPED
+        self.num_microbatches = scenario.num_microbatches
+        # what crosses a stage boundary per tensor rank, and whether the receiver
+        # all-gathers it over TP (frameworks.md §2); under SP the tensor already is 1/T
+        comm, sp = gpu.comm, self.sequence_parallel
+        scatter = training.mechanism("scatter_gather_tensors_in_pipeline") and not sp
+        grads = scatter and training.mechanism("pipeline_grads_partitioned")
+        self.gather = {"F": scatter, "B": grads}
+        self.p2p_bytes = {
+            kind: comm.shard_bytes if partitioned or sp else comm.activation_bytes
+            for kind, partitioned in self.gather.items()
+        }
+        self.regather = scatter and training.mechanism("pipeline_regather_output")
 
     # -- small builders -----------------------------------------------------------------
 
@@ -206,15 +225,64 @@ class _Stage:
         if other == self.stage:
             gpu.builder.name_last(gpu.lane, key)
             return
+        if self.blocking:
+            return  # sent by the framework's call after the pass (self.call)
         gpu.builder.add(
             gpu.lane,
             PP_SEND,
             label,
             microbatch=mb,
-            transfer=gpu.comm.send_to(other, gpu.j, gpu.d),
+            transfer=gpu.comm.send_to(other, gpu.j, gpu.d, self.p2p_bytes[kind]),
             blocking=False,
             key=key,
         )
+
+    def receive(self, label: str, mb: int, kind: str, deps: Sequence[object]) -> list[object]:
+        """At the start of a pass that received ``kind`` (F: an activation, B: a
+        gradient): the TP all-gather of the 1/T shards when the tensor came scattered;
+        returns the deps the pass's first op still needs."""
+        if self.gather[kind] and self.gpu.comm.tp(ALL_GATHER, self.gpu.d) is not None:
+            return list(self.tp(f"{label} gather", mb, ALL_GATHER, deps))
+        return list(deps)
+
+    def call(self, call: Call) -> None:
+        """One blocking p2p call of the framework: a member op per transfer (its
+        rendezvous with the other stage's op for it, P2PKey), then the lane waits for all
+        of them. DeepSpeed sends a partitioned tensor's meta message first, as a call of
+        its own (frameworks.md §1(b), §2(b))."""
+        gpu, p = self.gpu, self.pipeline
+        sequential = self.p2p == frameworks.SEQUENTIAL_BLOCKING
+        first = call.transfers[0]
+        label = " + ".join(f"{x.direction} {x.kind}{x.microbatch}" for x in call.transfers)
+        receives_whole_grad = (
+            first.kind == "B" and first.direction == "recv" and not self.gather["B"]
+        )
+        if sequential and self.regather and receives_whole_grad:
+            # DeepSpeed <= 0.5.3 re-gathers its output in _exec_recv_grads, before receiving
+            self.tp(f"B{first.microbatch} regather", first.microbatch, ALL_GATHER, ())
+        parts = ["data"]
+        if sequential and self.gather[first.kind] and gpu.comm.tp(ALL_GATHER, gpu.d):
+            parts = ["meta", "data"]
+        for part in parts:
+            keys = []
+            for x in call.transfers:
+                step = 1 if x.kind == "F" else -1
+                sender = self.stage if x.direction == "send" else self.stage - step
+                receiver = sender + step
+                assert 0 <= sender < p and 0 <= receiver < p, x
+                nbytes = self.p2p_bytes[x.kind] if part == "data" else meta_bytes(gpu)
+                name = f"{x.direction} {x.kind}{x.microbatch}" + (" meta" if part == "meta" else "")
+                gpu.builder.add(
+                    gpu.lane,
+                    PP_SEND,
+                    name,
+                    microbatch=x.microbatch,
+                    transfer=gpu.comm.between(sender, receiver, gpu.j, gpu.d, nbytes),
+                    blocking=False,
+                    rendezvous=P2PKey(self.who, sender, x.kind, x.microbatch, part),
+                )
+                keys.append(gpu.last_key(gpu.lane))
+            gpu.barrier(label, keys, first.microbatch)
 
     def layers(self, chunk: int) -> list[int]:
         """The rank-local indices of a chunk's layers, in forward order."""
@@ -225,7 +293,17 @@ class _Stage:
     def lower(self, order: Sequence[Step]) -> None:
         grad = "W" if self.split else "B"
         last_grad = {s.chunk: i for i, s in enumerate(order) if s.kind == grad}
-        for position, step in enumerate(order):
+        items: list[Step | Call] = list(order)
+        if self.p2p == frameworks.BATCHED_BLOCKING:
+            items = megatron_calls(list(order), self.stage, self.pipeline)
+        elif self.p2p == frameworks.SEQUENTIAL_BLOCKING:
+            items = deepspeed_calls(self.stage, self.pipeline, self.num_microbatches)
+        position = -1
+        for step in items:
+            if isinstance(step, Call):
+                self.call(step)
+                continue
+            position += 1
             last = last_grad[step.chunk] == position
             if step.kind == "F":
                 self.forward(step)
@@ -239,7 +317,10 @@ class _Stage:
         mb, virtual = step.microbatch, self.virtual[step.chunk]
         label = step_label(step, self.num_chunks)
         first, last = virtual == 0, virtual == self.num_virtual - 1
-        recv: list[object] = [] if first else [PipelineKey(self.who, virtual - 1, "F", mb)]
+        recv: list[object] = []
+        if not first:
+            own = [] if self.blocking else [PipelineKey(self.who, virtual - 1, "F", mb)]
+            recv = self.receive(label, mb, "F", own)
         layers = self.layers(step.chunk)
         dp = self.dp.forward_pass(label, mb, step.chunk, layers)
         if first:
@@ -267,7 +348,12 @@ class _Stage:
         mb, virtual, layer = step.microbatch, self.virtual[step.chunk], self.layer
         label = step_label(step, self.num_chunks)
         first, last = virtual == 0, virtual == self.num_virtual - 1
-        recv: list[object] = [] if last else [PipelineKey(self.who, virtual + 1, "B", mb)]
+        recv: list[object] = []
+        if not last:
+            own = [] if self.blocking else [PipelineKey(self.who, virtual + 1, "B", mb)]
+            if self.regather and (self.gather["B"] or self.p2p != frameworks.SEQUENTIAL_BLOCKING):
+                own = list(self.tp(f"{label} regather", mb, ALL_GATHER, own))  # own output
+            recv = self.receive(label, mb, "B", own)
         order = list(reversed(self.layers(step.chunk)))
         dp = self.dp.backward_pass(label, mb, step.chunk, order, last_microbatch)
         split = self.split
@@ -318,6 +404,13 @@ class _Stage:
             if virtual == 0 and n == len(order) - 1:
                 self.gpu.work(WEIGHT, label, mb, self.extras.embedding_weight)
             dp.after_layer(n, index)
+
+
+def meta_bytes(gpu: GpuOps) -> float:
+    """DeepSpeed's PartitionedTensor meta message, a LongTensor of the tensor's rank,
+    shape, part count and part bounds: about (8 + T) int64 (pipe/engine.py `to_meta`;
+    the exact length is not verified, and only its latency matters)."""
+    return 8.0 * (8 + gpu.comm.placement.tensor)
 
 
 def inflight_per_stage(scenario: Scenario) -> list[int]:

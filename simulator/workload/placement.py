@@ -59,10 +59,10 @@ class StageComm:
         m, b = scenario.model, scenario.training.micro_batch_size
         self.activation_bytes = b * m.seq_length * m.hidden_size * BYTES_PER_ELEMENT
         self.shard_bytes = self.activation_bytes / placement.tensor
-        # by (kind, replica), (kind, message bytes, tensor rank), (other stage, j, d)
+        # by (kind, replica), (kind, message bytes, tensor rank), (src, dst, bytes, j, d)
         self._tp: dict[tuple[str, int], Collective | None] = {}
         self._dp: dict[tuple[str, float, int], Collective | None] = {}
-        self._sends: dict[tuple[int, int, int], Transfer] = {}
+        self._sends: dict[tuple[int, int, float, int, int], Transfer] = {}
 
     def tp(self, kind: str, d: int) -> Collective | None:
         """A tensor-parallel collective (a vocabulary collective kind) of one
@@ -96,19 +96,27 @@ class StageComm:
         groups = [[placement.gpu(t, r, low), placement.gpu(t, r, high)] for t, r in ranks]
         return self._collective(ALL_REDUCE, groups, message_bytes)
 
-    def send_to(self, other: int, j: int, d: int) -> Transfer:
-        """Activations or gradients of one micro-batch to pipeline rank ``other``."""
-        key = (other, *((j, d) if self.exact else (0, 0)))
+    def send_to(self, other: int, j: int, d: int, message_bytes: float | None = None) -> Transfer:
+        """Activations or gradients of one micro-batch to pipeline rank ``other``, each
+        tensor rank sending ``message_bytes`` (default: its 1/T shard)."""
+        return self.between(self.stage, other, j, d, message_bytes)
+
+    def between(
+        self, src: int, dst: int, j: int, d: int, message_bytes: float | None = None
+    ) -> Transfer:
+        """Pipeline rank ``src`` to ``dst``, each tensor rank sending ``message_bytes``
+        (default: its 1/T shard); the receiver of a blocking p2p builds the same transfer
+        as its sender."""
+        nbytes = self.shard_bytes if message_bytes is None else message_bytes
+        key = (src, dst, nbytes, *((j, d) if self.exact else (0, 0)))
         if key not in self._sends:
             placement = self.placement
             if self.exact:
                 ranks = [(j, d)]
             else:
                 ranks = [(t, r) for r in range(placement.data) for t in range(placement.tensor)]
-            pairs = [
-                (placement.gpu(t, r, self.stage), placement.gpu(t, r, other)) for t, r in ranks
-            ]
-            self._sends[key] = collectives.point_to_point(pairs, self.shard_bytes, self.fabric)
+            pairs = [(placement.gpu(t, r, src), placement.gpu(t, r, dst)) for t, r in ranks]
+            self._sends[key] = collectives.point_to_point(pairs, nbytes, self.fabric)
         return self._sends[key]
 
     def _collective(

@@ -1,0 +1,136 @@
+"""What each training framework does by default, per version: one table.
+
+`[training] framework` and `framework_version` name the software a run used; each
+mechanism key of `[training]` that the scenario leaves out (None) takes the value
+below for that framework and version. The sources are in docs/frameworks.md (file,
+commit and version for every entry); a short pointer sits beside each row.
+
+Adding a mechanism is one row of `MECHANISMS` (its value for every version, in the
+order of `VERSIONS`) plus its `key(...)` field in `spec.TrainingConfig` with
+``default=None``; resolution, the resolved TOML, the run summary and metrics.json
+follow (a test checks that every row has its field).
+
+Versions: Megatron-LM "2021" is tags v2.5/v2.6 (Aug 2021), "2022" main at e1c334b
+(Dec 2022), "2024" Megatron-Core r0.8.0 (what the H100 calibration set ran).
+DeepSpeed "0.5.0" is the PipelineEngine of v0.5.0-v0.5.3, "0.5.4" that of v0.5.4
+(e2fdd25, "Big science related changes") to v0.7.7, both as Megatron-DeepSpeed
+drives it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+MEGATRON, DEEPSPEED = "megatron", "deepspeed"
+FRAMEWORKS: tuple[str, ...] = (MEGATRON, DEEPSPEED)
+
+# (framework, version), the columns of every row below, in this order
+VERSIONS: tuple[tuple[str, str], ...] = (
+    (MEGATRON, "2021"),
+    (MEGATRON, "2022"),
+    (MEGATRON, "2024"),
+    (DEEPSPEED, "0.5.0"),
+    (DEEPSPEED, "0.5.4"),
+)
+# Megatron 2021: the A100 (Narayanan et al. 2021) and V100 calibration sets and the
+# GPT-3 / MT-NLG-shaped scenarios are of that code. DeepSpeed 0.5.4: the first
+# version with BigScience's changes (PR #1407), the earliest of the 0.5.4-0.7.7
+# PipelineEngine that MT-NLG's and BLOOM's Megatron-DeepSpeed ran (the exact commits
+# are not in any source read, docs/frameworks.md "Not verified").
+DEFAULT_VERSION: dict[str, str] = {MEGATRON: "2021", DEEPSPEED: "0.5.4"}
+
+OVERLAPPED, BATCHED_BLOCKING, SEQUENTIAL_BLOCKING = (
+    "overlapped",
+    "batched-blocking",
+    "sequential-blocking",
+)
+PIPELINE_P2P_MODES: tuple[str, ...] = (OVERLAPPED, BATCHED_BLOCKING, SEQUENTIAL_BLOCKING)
+# the schedules whose p2p call sites each blocking mode models (others: a rule refuses
+# an explicit blocking mode; a framework default falls back to `overlapped`, labelled)
+BLOCKING_SCHEDULES: dict[str, tuple[str, ...]] = {
+    BATCHED_BLOCKING: ("1f1b", "gpipe"),  # Megatron's call sites, from the op order
+    SEQUENTIAL_BLOCKING: ("1f1b",),  # DeepSpeed's TrainSchedule is 1F1B
+}
+
+# mechanism key: (value per VERSIONS column), source (docs/frameworks.md section)
+MECHANISMS: dict[str, tuple[tuple[Any, ...], str]] = {
+    # Megatron p2p_communication.py `_communicate`: batch_isend_irecv + wait +
+    # cuda.synchronize (v2.5 e269e20, e1c334b; Megatron-Core r0.8.0 batch_p2p_comm and
+    # batch_p2p_sync default on); DeepSpeed pipe/p2p.py blocking send/recv, one per
+    # TrainSchedule instruction (v0.5.0 f284324, v0.7.7 2076bf2). frameworks.md §1.
+    "pipeline_p2p": (
+        (BATCHED_BLOCKING,) * 3 + (SEQUENTIAL_BLOCKING,) * 2,
+        "Megatron p2p_communication.py _communicate; DeepSpeed pipe/p2p.py, pipe/schedule.py",
+    ),
+    # Megatron --scatter-gather-tensors-in-pipeline default on since 27fc468 (2021-02);
+    # 2024 kept as 2022 (not verified for Megatron-Core; moot under SP); DeepSpeed
+    # is_pipe_partitioned = is_model_parallel, every version. §2.
+    "scatter_gather_tensors_in_pipeline": (
+        (True,) * 5,
+        "Megatron arguments.py, p2p_communication.py; DeepSpeed pipe/engine.py __init__",
+    ),
+    # Megatron scatters gradients like activations; DeepSpeed is_grad_partitioned False
+    # up to v0.5.3, = is_model_parallel from v0.5.4 (e2fdd25). §2(b).
+    "pipeline_grads_partitioned": (
+        (True,) * 3 + (False, True),
+        "Megatron p2p_communication.py; DeepSpeed pipe/engine.py (v0.5.0 vs v0.5.10)",
+    ),
+    # DeepSpeed frees a stage's partitioned output after sending it and all-gathers it
+    # again for the backward (_exec_recv_grads up to v0.5.3, _exec_backward_pass from
+    # v0.5.4); Megatron keeps it. §2(b).
+    "pipeline_regather_output": (
+        (False,) * 3 + (True, True),
+        "DeepSpeed pipe/engine.py _exec_forward_pass, _exec_backward_pass, _exec_recv_grads",
+    ),
+}
+
+
+def versions(framework: str) -> tuple[str, ...]:
+    """The versions the table knows for a framework, oldest first."""
+    return tuple(v for f, v in VERSIONS if f == framework)
+
+
+ALL_VERSIONS: tuple[str, ...] = tuple(v for _, v in VERSIONS)
+
+
+def defaults(framework: str, version: str) -> dict[str, Any]:
+    """Every mechanism key's value for this framework and version."""
+    column = VERSIONS.index((framework, version))
+    return {name: values[column] for name, (values, _source) in MECHANISMS.items()}
+
+
+def p2p_modelled(mode: str, schedule: str) -> bool:
+    """Whether the lowering models this p2p mode's call sites for the schedule."""
+    return mode == OVERLAPPED or schedule in BLOCKING_SCHEDULES[mode]
+
+
+def resolve(
+    framework: str, version: str | None, given: Mapping[str, Any], schedule: str
+) -> tuple[str, dict[str, Any], str]:
+    """(version, every mechanism key's value, a note) for a scenario that sets
+    ``given`` (None: not set). A framework's blocking p2p default on a schedule whose
+    call sites are not modelled falls back to `overlapped`; the note says so."""
+    version = version or DEFAULT_VERSION[framework]
+    table = defaults(framework, version)
+    values = {name: table[name] if given.get(name) is None else given[name] for name in table}
+    note = ""
+    if given.get("pipeline_p2p") is None and not p2p_modelled(values["pipeline_p2p"], schedule):
+        note = f"{values['pipeline_p2p']} p2p not modelled for {schedule}: overlapped"
+        values["pipeline_p2p"] = OVERLAPPED
+    return version, values, note
+
+
+def label(framework: str, version: str) -> str:
+    """How reports name the engine, e.g. "megatron 2021"."""
+    return f"{framework} {version}"
+
+
+def markdown_table() -> str:
+    """The table as scenarios/README.md shows it (``python -m simulator.scenario``)."""
+    head = " | ".join(f"{f} {v}" for f, v in VERSIONS)
+    lines = [f"| Key | {head} | Source |", "|---" * (len(VERSIONS) + 2) + "|"]
+    for name, (values, source) in MECHANISMS.items():
+        cells = " | ".join(f"`{str(v).lower() if isinstance(v, bool) else v}`" for v in values)
+        lines.append(f"| `{name}` | {cells} | {source} |")
+    return "\n".join(lines)
