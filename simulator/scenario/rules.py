@@ -9,8 +9,9 @@ choices of what the user typed (`schema`), presets, derived defaults and reading
 custom schedule's file.
 
 Where several rules fail, the first in this order is reported: the model, the
-cluster, the training keys alone, then the layout (`check_layout`), the batch and
-schedule (`check_schedule`) and the size of the simulation (`check_size`).
+cluster, the training keys alone, then the name (`check_name`), the layout
+(`check_layout`), the batch and schedule (`check_schedule`), the size of the
+simulation (`check_size`) and the GPU of the kernel constants (`check_calibration`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 from schedules import SCHEDULES as SCHEDULE_INFO
 from schedules import check as schedule_problem
 from schedules import holder_of
-from schedules.custom import sizes_of
+from schedules.custom import check_orders, sizes_of
 
 from .errors import ScenarioError
 
@@ -58,6 +59,16 @@ def check_model(model: ModelSpec) -> None:
 
 
 def check_cluster(cluster: ClusterSpec) -> None:
+    from .spec import GpuSpec  # spec imports this module
+
+    if not isinstance(cluster.gpu, GpuSpec):
+        # the file names a preset and the loader looks it up; in Python, the record itself
+        raise ScenarioError(
+            key="cluster.gpu",
+            value=cluster.gpu,
+            rule="must be a GpuSpec (a GPU record such as "
+            "simulator.scenario.presets.GPUS['a100-sxm4-80gb']), not a name",
+        )
     gpn, topology = cluster.gpus_per_node, cluster.nvlink_topology
     if topology == "all-to-all" and gpn > 7:
         raise ScenarioError(
@@ -80,7 +91,9 @@ def check_cluster(cluster: ClusterSpec) -> None:
 
 
 def check_training_alone(training: TrainingConfig) -> None:
-    """A custom schedule needs its orders; its file and placement suit it alone."""
+    """A custom schedule needs its orders, and they must be able to run (the checks a
+    schedule file gets, `schedules.custom.check_orders`); its file, placement and
+    orders suit it alone."""
     if training.schedule != CUSTOM:
         for name in CUSTOM_SCHEDULE_KEYS:
             value = getattr(training, name)
@@ -90,6 +103,13 @@ def check_training_alone(training: TrainingConfig) -> None:
                     value=value,
                     rule="applies to training.schedule='custom' only",
                 )
+        if training.custom_orders is not None:
+            raise ScenarioError(
+                key="training.schedule",
+                value=training.schedule,
+                rule="must be 'custom' to run the per-rank orders given as "
+                "TrainingConfig.custom_orders",
+            )
     elif training.custom_orders is None:
         raise ScenarioError(
             "missing key training.schedule_file (per-rank op orders) for "
@@ -97,13 +117,53 @@ def check_training_alone(training: TrainingConfig) -> None:
             key="training.schedule_file",
             rule="required for training.schedule='custom'",
         )
+    else:
+        _check_orders(training)
+
+
+def _check_orders(training: TrainingConfig) -> None:
+    """The custom orders run every op once, in an order that can run, without deadlock.
+    A file's orders were checked when read (files.read_schedule_file), under the name
+    the user wrote; this is for orders built in Python."""
+    try:
+        check_orders(training.custom_orders, training.placement)
+        return
+    except ValueError as exc:
+        problem = str(exc)
+    file = training.schedule_file
+    raise ScenarioError(
+        f"training.schedule_file={file!r}: {problem}",
+        key="training.schedule_file",
+        value=file,
+        rule=problem,
+    )
+
+
+def check_name(name: object) -> None:
+    """A scenario is called something: reports and tables show its name."""
+    if not isinstance(name, str) or not name:
+        raise ScenarioError(key="name", value=name, rule="must be a non-empty string")
+
+
+def check_calibration(scenario: Scenario) -> None:
+    """Kernel constants hold for the GPU they were measured on (KernelConstants.gpu)."""
+    calibration, gpu = scenario.calibration, scenario.cluster.gpu.name
+    if calibration is not None and calibration.gpu != gpu:
+        raise ScenarioError(
+            key="calibration.gpu",
+            value=calibration.gpu,
+            rule=f"must be the scenario's cluster.gpu={gpu!r} (kernel constants hold for "
+            "the GPU they were measured on)",
+        )
 
 
 def check_scenario(scenario: Scenario) -> None:
     """Every rule across specs, in the order the errors are reported."""
+    check_name(scenario.name)
     check_layout(scenario.model, scenario.parallel, scenario.cluster)
     check_schedule(scenario.model, scenario.parallel, scenario.training)
     check_size(scenario.model, scenario.parallel, scenario.training)
+    check_calibration(scenario)
 
 
 def check_model_split(model: ModelSpec, parallel: ParallelConfig) -> None:
