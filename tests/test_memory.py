@@ -78,3 +78,23 @@ def test_a_sweep_marks_the_points_that_do_not_fit(capsys):
     )
     out = capsys.readouterr().out
     assert out.count(" OOM\n") == 2 and "OOM: does not fit" in out
+
+
+def test_the_allow_oom_hint_is_a_field_of_its_own(capsys):
+    """run's line is the memory model's problem, then its --allow-oom hint; plan's is
+    the problem alone (no string surgery on run's line)."""
+    from simulator.plan.questions import check_fits
+    from simulator.scenario import ScenarioError
+
+    s = load(model={"hidden_size": 16384, "num_attention_heads": 128, "num_layers": 32})
+    problem = out_of_memory(s, memory_per_stage(s))
+    assert problem.override == "--allow-oom simulates it anyway"
+    assert problem.problem.startswith("out of memory: pipeline stage 0 needs")
+    assert problem.problem.endswith("a sharded optimizer would help")
+    assert str(problem) == f"{problem.problem}; {problem.override}"
+    with pytest.raises(ScenarioError, match=r"would help$") as err:
+        check_fits(s)
+    assert str(err.value) == problem.problem
+    assert main(["run", "scenarios/tiny-2gpu.toml", *BIG]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.endswith("would help; --allow-oom simulates it anyway")

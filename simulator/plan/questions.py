@@ -203,12 +203,12 @@ def scale_points(
 
 def check_fits(scenario: Scenario) -> None:
     """A one-line ScenarioError when the scenario does not fit in GPU memory: the
-    memory model's message without the --allow-oom hint, which plan does not take."""
+    memory model's problem without the --allow-oom hint, which plan does not take."""
     from ..run import memory_per_stage
 
     problem = out_of_memory(scenario, memory_per_stage(scenario))
     if problem:
-        raise ScenarioError(problem.split(" --allow-oom")[0].rstrip(";").rstrip())
+        raise ScenarioError(problem.problem)
 
 
 def check_tokens(tokens: float | None) -> None:

@@ -201,21 +201,34 @@ def inflight_layers(scenario: Scenario, stage: int) -> int:
     return peak
 
 
-def out_of_memory(scenario: Scenario, memory: list[StageMemory]) -> str | None:
-    """None when every stage fits its GPU, else one line: which stage, by how much, what
-    fills it, and what to change."""
+@dataclass(frozen=True, slots=True)
+class OutOfMemory:
+    """Why a layout does not fit: ``problem`` says which stage, by how much, what fills
+    it and what to change; ``override`` how `stepsim run --allow-oom` simulates it
+    anyway, a hint `plan` (which simulates nothing that does not fit) leaves out.
+    ``str()`` is the whole line, as run's error, warning and metrics.json carry it."""
+
+    problem: str
+    override: str = "--allow-oom simulates it anyway"
+
+    def __str__(self) -> str:
+        return f"{self.problem}; {self.override}"
+
+
+def out_of_memory(scenario: Scenario, memory: list[StageMemory]) -> OutOfMemory | None:
+    """None when every stage fits its GPU, else what is wrong (`OutOfMemory`)."""
     capacity_gib = scenario.cluster.gpu.memory_gib
     worst = max(memory, key=lambda m: (m.total_bytes, -m.stage))
     parts = worst.as_gib()
     if parts["total"] <= capacity_gib:
         return None
     over = [stage.stage for stage in memory if stage.as_gib()["total"] > capacity_gib]
-    return (
+    return OutOfMemory(
         f"out of memory: pipeline stage {worst.stage} needs {parts['total']:.1f} GiB of the "
         f"{scenario.cluster.gpu.name}'s {capacity_gib:g} GiB ({parts['total'] - capacity_gib:.1f} "
         f"GiB over; "
         + ", ".join(f"{k} {parts[k]:.1f}" for k in parts if k != "total")
         + f"); {len(over)} of {len(memory)} stages do not fit. More pipeline or tensor "
         "parallelism, recomputation, a smaller micro-batch or a sharded optimizer would "
-        "help; --allow-oom simulates it anyway"
+        "help"
     )
