@@ -98,3 +98,21 @@ def test_the_allow_oom_hint_is_a_field_of_its_own(capsys):
     assert main(["run", "scenarios/tiny-2gpu.toml", *BIG]) == 2
     line = capsys.readouterr().err.strip()
     assert line.endswith("would help; --allow-oom simulates it anyway")
+
+
+def test_sharding_takes_effect_with_more_than_one_replica_only():
+    """One decision for the memory model and the search's bound: ZeRO-1 and FSDP shard
+    the optimizer over D replicas; with D = 1 there is nothing to shard over."""
+    from simulator.workload.memory import optimizer_sharded, sharding_of
+
+    two = {"cluster": {"num_nodes": 1, "gpus_per_node": 2, "nics_per_node": 1}}
+    for sharding, sharded in (("none", False), ("optimizer", True), ("full", True)):
+        training = {"data_parallel_sharding": sharding}
+        one = load(**two, training=training)
+        assert (sharding_of(one), optimizer_sharded(one)) == ("none", False)
+        dp2 = load(**two, parallel={"data_parallel_size": 2}, training=training)
+        assert (sharding_of(dp2), optimizer_sharded(dp2)) == (sharding, sharded)
+        (replicated,) = memory_per_stage(load(**two, parallel={"data_parallel_size": 2}))
+        (mine,) = memory_per_stage(dp2)
+        halved = replicated.optimizer_bytes / 2 if sharded else replicated.optimizer_bytes
+        assert mine.optimizer_bytes == halved

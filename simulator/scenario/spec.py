@@ -447,6 +447,14 @@ class Scenario:
         rules.check_scenario(self)
 
     @property
+    def kernel_constants(self) -> KernelConstants:
+        """The compute model's constants: the scenario's own calibration (a
+        ``--calibration`` file), or its GPU's record's."""
+        if self.calibration is not None:
+            return self.calibration
+        return self.cluster.gpu.kernels
+
+    @property
     def num_microbatches(self) -> int:
         """Micro-batches each pipeline runs per iteration."""
         return rules.microbatches_per_pipeline(self.parallel, self.training)

@@ -140,18 +140,31 @@ class StageMemory:
         }
 
 
+def sharding_of(scenario: Scenario) -> str:
+    """The data-parallel sharding in effect: the scenario's, or none with one replica
+    (there is nothing to shard over)."""
+    if scenario.parallel.data_parallel_size > 1:
+        return scenario.training.data_parallel_sharding
+    return NO_SHARDING
+
+
+def optimizer_sharded(scenario: Scenario) -> bool:
+    """Whether each replica holds 1/D of the optimizer state and steps on 1/D of the
+    parameters (ZeRO-1 and FSDP): the memory here and the bound (plan.bound) read it."""
+    return sharding_of(scenario) in (SHARD_OPTIMIZER, SHARD_FULL)
+
+
 def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> StageMemory:
     m = scenario.model
     t = scenario.parallel.tensor_model_parallel_size
     params = stage_params_per_rank(scenario, stage)
     d = scenario.parallel.data_parallel_size
-    sharding = scenario.training.data_parallel_sharding if d > 1 else NO_SHARDING
     weights = params * WEIGHT_BYTES_PER_PARAM
     gradients = params * GRADIENT_BYTES_PER_PARAM
     optimizer = params * OPTIMIZER_BYTES_PER_PARAM
-    if sharding in (SHARD_OPTIMIZER, SHARD_FULL):
+    if optimizer_sharded(scenario):
         optimizer /= d
-    if sharding == SHARD_FULL:
+    if sharding_of(scenario) == SHARD_FULL:
         # sharded weights and gradients, plus FSDP's working set: the layer in use and
         # the one being gathered ahead, and one layer's full gradients
         # (the embedding/output weights are gathered with the first layer of each pass)
