@@ -23,9 +23,11 @@ DP_SYNC = "dp_sync"
 BARRIER = "barrier"  # waits for its dependencies, nothing else
 
 COMPUTE_KINDS = frozenset({FORWARD, BACKWARD, WEIGHT, RECOMPUTE, OPTIMIZER})
-COMM_KINDS = frozenset({TP_COMM, PP_SEND, DP_SYNC})
-# what counts as model work (MFU): recomputation and the optimizer do not
-MODEL_KINDS = frozenset({FORWARD, BACKWARD, WEIGHT})
+# a schedule's passes (F, B, W), drawn as boxes in the schedule study's pictures and trace
+PASS_KINDS: tuple[str, ...] = (FORWARD, BACKWARD, WEIGHT)
+# what counts as model work (MFU): the passes; recomputation and the optimizer do not
+MODEL_KINDS = frozenset(PASS_KINDS)
+# the communication kinds are the keys of WAIT_OF_COMM and STREAM_OF_COMM below
 
 # -- waits the engine records on a lane (engine.core explains when each applies) --------
 IDLE = "idle"
@@ -33,6 +35,7 @@ PP_WAIT = "pp_wait"
 DP_WAIT = "dp_wait"
 TP_WAIT = "tp_wait"
 WAIT_OF_COMM = {PP_SEND: PP_WAIT, DP_SYNC: DP_WAIT, TP_COMM: TP_WAIT}
+COMM_WAITS = frozenset(WAIT_OF_COMM.values())  # a lane waiting on a transfer in flight
 
 # -- streams: a GPU's compute stream, and the bands its non-blocking transfers run in --
 COMPUTE_STREAM = "compute"

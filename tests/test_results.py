@@ -77,9 +77,33 @@ def test_stage_memory_in_json_is_the_memory_model_in_gib(result):
         assert stage["inflight_activations"] == memory.inflight_activations
 
 
-def test_busiest_links_are_typed_at_construction(result):
-    links = result.metrics.busiest_links
-    assert links and all(isinstance(link, LinkLoad) for link in links)
+def test_busiest_links_carry_the_pipeline_sends_worked_out_by_hand(result):
+    """Two stages on one NVSwitch, no tensor or data parallelism: the only traffic is
+    each micro-batch's activation (GPU 0 -> 1) and its gradient (GPU 1 -> 0), b s h
+    2-byte values each. So exactly the four NVLink directions they cross are busy, each
+    with m b s h 2 bytes, at that over what the link could carry in the iteration."""
+    s, m = result.scenario, result.metrics
+    sent_gbytes = (
+        m.num_microbatches
+        * s.training.micro_batch_size
+        * s.model.seq_length
+        * s.model.hidden_size
+        * 2
+        / 1e9
+    )
+    links = m.busiest_links
+    assert sorted(link.link for link in links) == [
+        "GPU 0 -> NVSwitch of node 0",
+        "GPU 1 -> NVSwitch of node 0",
+        "NVSwitch of node 0 -> GPU 0",
+        "NVSwitch of node 0 -> GPU 1",
+    ]
+    for link in links:
+        assert isinstance(link, LinkLoad) and link.kind == "nvlink"
+        assert link.gbytes == pytest.approx(sent_gbytes, rel=1e-12)
+        capacity = result.cluster.links[link.index].bandwidth_bytes_per_s
+        expected = sent_gbytes * 1e9 / (capacity * m.iteration_time_s)
+        assert link.utilization == pytest.approx(expected, rel=1e-12)
     assert [link.utilization for link in links] == sorted(
         (link.utilization for link in links), reverse=True
     )

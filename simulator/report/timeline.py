@@ -14,15 +14,14 @@ from ..results import Result, Trace
 from ..vocabulary import (
     BACKWARD,
     CATEGORIES,
+    COMM_WAITS,
     COMPUTE_STREAM,
-    DP_WAIT,
     FORWARD,
     KIND_STYLES,
+    PASS_KINDS,
     PP_STREAM,
-    PP_WAIT,
     RECOMPUTE,
     STREAM_ORDER,
-    TP_WAIT,
     WEIGHT,
 )
 from .metrics import compute_lanes
@@ -113,7 +112,7 @@ def _draw_bars(ax, trace: Trace, row_of: dict[int, int], scale: float) -> None:
             _band(row_of[gpu], stream),
             facecolors=COLORS.get(kind, "#999999"),
             edgecolor="none",
-            hatch="///" if kind in (PP_WAIT, DP_WAIT, TP_WAIT) else None,
+            hatch="///" if kind in COMM_WAITS else None,
         )
 
 
@@ -235,7 +234,7 @@ def pipeline_figure(studies: list) -> Figure:
     axes = fig.subplots(len(studies), 1, sharex=True, squeeze=False)[:, 0]
     end = max(s.makespan for s in studies)
     for ax, study in zip(axes, studies, strict=True):
-        boxes = [sp for sp in study.trace.spans if sp.kind in (FORWARD, BACKWARD, WEIGHT)]
+        boxes = [sp for sp in study.trace.spans if sp.kind in PASS_KINDS]
         width_px = 12 * 100 * 0.85
         groups: dict[tuple[int, str, int], list[tuple[float, float]]] = {}
         for sp in boxes:

@@ -5,7 +5,7 @@ Dicts only; the CLI writes them as JSON."""
 from __future__ import annotations
 
 from ..results import Result
-from ..vocabulary import BACKWARD, FORWARD, STREAM_ORDER, WEIGHT
+from ..vocabulary import PASS_KINDS, STREAM_ORDER
 from .metrics import compute_lanes
 
 
@@ -116,7 +116,7 @@ def study_trace(studies: list, time_unit_us: float = 1000.0) -> dict:
                 }
             )
         for span in study.trace.spans:
-            if span.kind not in (FORWARD, BACKWARD, WEIGHT):
+            if span.kind not in PASS_KINDS:
                 continue  # the gaps are the bubble
             events.append(
                 {
