@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from .pipeline import Step, parse_label, step_label, upstream
+from .pipeline import LOOPED, V_SHAPE, Step, parse_label, step_label, upstream
 
 _RANK_PREFIX = re.compile(r"^\s*rank\s*(\d+)\s*:", re.IGNORECASE)
 NO_ORDERS = "no op orders found: write one line per rank, e.g. 'F0 F1 B0 B1'"
@@ -61,13 +61,13 @@ def sizes_of(orders: Sequence[Sequence[Step]]) -> tuple[int, int, int, bool]:
     )
 
 
-def check_orders(orders: Sequence[Sequence[Step]], placement: str = "looped") -> None:
+def check_orders(orders: Sequence[Sequence[Step]], placement: str = LOOPED) -> None:
     """Raise ValueError (one line) unless every rank runs every op once, each after the
     ops it needs on its own rank, and the ranks together cannot deadlock."""
     if not any(orders):
         raise ValueError(NO_ORDERS)
     p, m, v, split = sizes_of(orders)
-    if placement == "v" and v != 2:
+    if placement == V_SHAPE and v != 2:
         raise ValueError(f"a V placement holds exactly 2 chunks per rank; the orders have {v}")
     kinds = ("F", "B", "W") if split else ("F", "B")
     for rank, order in enumerate(orders):

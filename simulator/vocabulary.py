@@ -1,7 +1,8 @@
 """One vocabulary for what runs and where the time goes.
 
-Op kinds, the waits the engine records, streams, collective kinds, chunk placements,
-data-parallel sharding modes and the breakdown categories are named here once; the
+Op kinds, the waits the engine records, streams, collective kinds, data-parallel
+sharding modes and the breakdown categories are named here once (schedule names and
+chunk placements in the `schedules` package, which owns them); the
 lowering, the engine, the metrics, the text and figures, the CSV files and the traces
 all read them from this module. A new kind of communication is one row in each table
 below (its op kind, its wait, its stream, its category).
@@ -56,7 +57,6 @@ COLLECTIVE_LABELS = {
 }
 
 # -- choices a scenario makes -----------------------------------------------------------
-PLACEMENTS: tuple[str, ...] = ("looped", "v")  # schedules.stage_of
 RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL = "none", "selective", "full"
 RECOMPUTE_GRANULARITIES: tuple[str, ...] = (RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL)
 FAIR_SHARE, ANALYTICAL = "fair-share", "analytical"  # engine.network's two models
@@ -65,7 +65,8 @@ NETWORK_MODELS: tuple[str, ...] = (FAIR_SHARE, ANALYTICAL)
 NO_SHARDING, SHARD_OPTIMIZER, SHARD_FULL = "none", "optimizer", "full"
 DATA_PARALLEL_SHARDING: tuple[str, ...] = (NO_SHARDING, SHARD_OPTIMIZER, SHARD_FULL)
 SHARDING_NAMES = {NO_SHARDING: "-", SHARD_OPTIMIZER: "ZeRO-1", SHARD_FULL: "FSDP"}  # in tables
-ALL_REDUCE_ALGORITHMS: tuple[str, ...] = ("ring", "tree", "hierarchical", "auto")
+RING, TREE, HIERARCHICAL, AUTO = "ring", "tree", "hierarchical", "auto"  # collectives.all_reduce
+ALL_REDUCE_ALGORITHMS: tuple[str, ...] = (RING, TREE, HIERARCHICAL, AUTO)
 
 
 # -- the breakdown of a GPU's iteration -------------------------------------------------

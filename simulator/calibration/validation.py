@@ -33,9 +33,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
+from schedules import INTERLEAVED, ONE_F_ONE_B
+
 from ..results import Trace
 from ..scenario import KernelConstants, Scenario, scenario_from_dict
-from ..vocabulary import BACKWARD, FORWARD
+from ..vocabulary import (
+    BACKWARD,
+    FAIR_SHARE,
+    FORWARD,
+    RECOMPUTE_FULL,
+    RECOMPUTE_NONE,
+    SHARD_OPTIMIZER,
+)
 
 Row = Mapping[str, str]
 
@@ -131,10 +140,10 @@ def megatron_scenario(
         "training": {
             "micro_batch_size": int(row["micro_batch_size"]),
             "global_batch_size": int(row["global_batch_size"]),
-            "schedule": "interleaved" if chunks > 1 else "1f1b",
+            "schedule": INTERLEAVED if chunks > 1 else ONE_F_ONE_B,
             "recompute_granularity": row["recompute"],
         },
-        "network": {"model": "fair-share"},
+        "network": {"model": FAIR_SHARE},
     }
     return _with_calibration(scenario_from_dict(raw), calibration)
 
@@ -170,7 +179,7 @@ def layer_scenario(
             "recompute_granularity": row["recompute"],
             "async_tensor_model_parallel_allreduce": async_allreduce,
         },
-        "network": {"model": "fair-share"},
+        "network": {"model": FAIR_SHARE},
     }
     return _with_calibration(scenario_from_dict(raw), calibration)
 
@@ -192,9 +201,9 @@ def dgx2_scenario(row: Row, calibration: KernelConstants | None = None) -> Scena
         "training": {
             "micro_batch_size": int(row["micro_batch_size"]),
             "global_batch_size": int(row["global_batch_size"]),
-            "recompute_granularity": "full",
+            "recompute_granularity": RECOMPUTE_FULL,
         },
-        "network": {"model": "fair-share"},
+        "network": {"model": FAIR_SHARE},
     }
     return _with_calibration(scenario_from_dict(raw), calibration)
 
@@ -212,7 +221,7 @@ class H100Choices(NamedTuple):
     shows what interleaving and recomputation would change."""
 
     micro_batch_size: int = 1
-    recompute: str = "none"
+    recompute: str = RECOMPUTE_NONE
     sequence_parallel: bool = True
     chunks: int = 1
 
@@ -251,13 +260,13 @@ def h100_scenario(
         "training": {
             "micro_batch_size": choices.micro_batch_size,
             "global_batch_size": int(row["global_batch_size"]),
-            "schedule": "interleaved" if chunks > 1 else "1f1b",
+            "schedule": INTERLEAVED if chunks > 1 else ONE_F_ONE_B,
             "recompute_granularity": choices.recompute,
             "overlap_grad_reduce": True,
-            "data_parallel_sharding": "optimizer",
+            "data_parallel_sharding": SHARD_OPTIMIZER,
             "async_tensor_model_parallel_allreduce": True,
         },
-        "network": {"model": "fair-share"},
+        "network": {"model": FAIR_SHARE},
     }
     return _with_calibration(scenario_from_dict(raw), calibration)
 

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from schedules import LOOPED
 from schedules import SCHEDULES as SCHEDULE_INFO
 from schedules.custom import sizes_of
 
@@ -210,7 +211,7 @@ def _build_training(table: dict[str, Any], base_dir: Path | None) -> TrainingCon
         path = Path(written)
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
-        placement = table.get("schedule_placement", "looped")
+        placement = table.get("schedule_placement", LOOPED)
         orders = read_schedule_file(path, f"training.schedule_file={written!r}", placement)
         values["schedule_file"] = str(path.resolve())
         values["custom_orders"] = tuple(tuple(order) for order in orders)

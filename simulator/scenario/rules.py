@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from schedules import SCHEDULES as SCHEDULE_INFO
+from schedules import V_SHAPE, holder_of
 from schedules import check as schedule_problem
-from schedules import holder_of
 from schedules.custom import check_orders, sizes_of
 
 from .errors import ScenarioError
@@ -477,7 +477,7 @@ def _check_named(parallel: ParallelConfig, training: TrainingConfig) -> None:
             rule=f"needs a schedule with chunks ({', '.join(chunked)}); "
             f"training.schedule={schedule!r} runs one per stage",
         )
-    if info.placement == "v" and v != 2:
+    if info.placement == V_SHAPE and v != 2:
         raise ScenarioError(
             key=v_key,
             value=v,

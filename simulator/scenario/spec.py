@@ -24,10 +24,13 @@ from topologies import FABRICS, NVLINK_TOPOLOGIES
 
 from ..vocabulary import (
     ALL_REDUCE_ALGORITHMS,
+    AUTO,
     DATA_PARALLEL_SHARDING,
+    FAIR_SHARE,
     NETWORK_MODELS,
-    PLACEMENTS,
+    NO_SHARDING,
     RECOMPUTE_GRANULARITIES,
+    RECOMPUTE_NONE,
 )
 from . import rules
 from .errors import ScenarioError
@@ -35,7 +38,7 @@ from .errors import ScenarioError
 RecomputeGranularity = Literal["none", "selective", "full"]
 NetworkModelName = Literal["fair-share", "analytical"]
 
-SCHEDULES: tuple[str, ...] = (*schedules.SCHEDULES, "custom")  # custom: from a file
+SCHEDULES: tuple[str, ...] = (*schedules.SCHEDULES, rules.CUSTOM)  # custom: from a file
 
 __all__ = ["SCHEDULES", "ScenarioError", "key"]
 
@@ -333,7 +336,7 @@ class TrainingConfig:
     schedule: str = key(
         "pipeline schedule (see [docs/schedules.md](../docs/schedules.md)), or `custom` "
         "(from `schedule_file`)",
-        default="1f1b",
+        default=schedules.ONE_F_ONE_B,
         choices=SCHEDULES,
     )
     microbatch_group_size_per_vp_stage: int | None = key(
@@ -354,14 +357,14 @@ class TrainingConfig:
         "`custom` only: chunk k of rank r holds stage k x PP + r (`looped`) or, with 2 "
         "chunks, stages r and 2 PP - 1 - r (`v`); named schedules fix theirs",
         default=None,
-        choices=PLACEMENTS,
-        derived='`"looped"`',
+        choices=schedules.PLACEMENTS,
+        derived=f'`"{schedules.LOOPED}"`',
     )
     # a custom schedule's per-rank orders, read from schedule_file (not a key)
     custom_orders: tuple[tuple[schedules.Step, ...], ...] | None = None
     recompute_granularity: RecomputeGranularity = key(
         "`selective` recomputes the attention core, `full` each layer's forward",
-        default="none",
+        default=RECOMPUTE_NONE,
         choices=RECOMPUTE_GRANULARITIES,
     )
     overlap_grad_reduce: bool = key(
@@ -379,7 +382,7 @@ class TrainingConfig:
     )
     data_parallel_sharding: str = key(
         "`optimizer` is ZeRO-1, `full` ZeRO-3 / FSDP; no effect with DP 1",
-        default="none",
+        default=NO_SHARDING,
         choices=DATA_PARALLEL_SHARDING,
     )
 
@@ -398,7 +401,7 @@ class TrainingConfig:
     def placement(self) -> str:
         """Which virtual stages a rank's chunks hold (schedules.stage_of)."""
         if self.custom_orders is not None:
-            return self.schedule_placement or "looped"
+            return self.schedule_placement or schedules.LOOPED
         return schedules.SCHEDULES[self.schedule].placement
 
 
@@ -407,13 +410,13 @@ class NetworkConfig:
     model: NetworkModelName = key(
         "`fair-share`: concurrent transfers share every link max-min fairly; `analytical`: "
         "each transfer runs as if alone (latency + bytes / its bottleneck)",
-        default="fair-share",
+        default=FAIR_SHARE,
         choices=NETWORK_MODELS,
     )
     collective_algorithm: str = key(
         "all-reduce algorithm (TP and DP all-reduces; reduce-scatters and all-gathers are "
         "always rings), see below",
-        default="auto",
+        default=AUTO,
         choices=ALL_REDUCE_ALGORITHMS,
     )
     symmetry: bool = key(
