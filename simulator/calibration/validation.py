@@ -360,22 +360,20 @@ def compare(
         if progress:
             progress(scenario.name)
 
+    def iteration(row: Row, scenario: Scenario, measured_s: float) -> Comparison:
+        """A row's measured iteration time against the simulated one."""
+        simulated_s = run(scenario).metrics.iteration_time_s
+        return Comparison(
+            row["id"], "iteration", row["model"], _setting(scenario), measured_s, simulated_s
+        )
+
     if "a100" in sets:
         found = out["a100"] = []
         constants = calibrations.get("a100")
         for row in rows["megatron"]:
             scenario = megatron_scenario(row, constants)
             tell(scenario)
-            found.append(
-                Comparison(
-                    row["id"],
-                    "iteration",
-                    row["model"],
-                    _setting(scenario),
-                    megatron_measured_s(row),
-                    run(scenario).metrics.iteration_time_s,
-                )
-            )
+            found.append(iteration(row, scenario, megatron_measured_s(row)))
         for row in rows["layers"]:
             scenario = layer_scenario(row, constants)
             tell(scenario)
@@ -401,16 +399,7 @@ def compare(
         for row in rows["dgx2"]:
             scenario = dgx2_scenario(row, calibrations.get("v100"))
             tell(scenario)
-            found.append(
-                Comparison(
-                    row["id"],
-                    "iteration",
-                    row["model"],
-                    _setting(scenario),
-                    float(row["measured_iteration_ms"]) / 1e3,
-                    run(scenario).metrics.iteration_time_s,
-                )
-            )
+            found.append(iteration(row, scenario, float(row["measured_iteration_ms"]) / 1e3))
     if "h100" in sets:
         found = out["h100"] = []
         for row in h100_rows(rows["h100"]):
