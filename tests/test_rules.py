@@ -2,8 +2,6 @@
 one-line errors; planning edits scenarios with dataclasses.replace under them."""
 
 import copy
-import subprocess
-import sys
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -13,22 +11,14 @@ from schedules import Step
 from simulator.plan import planning, questions
 from simulator.scenario import ScenarioError, check_scenario, load_scenario, rules
 from simulator.scenario.presets import GPUS
+from tests.helpers import cli_error
 
 TINY = "scenarios/tiny-2gpu.toml"
 
 
 def _cli_error(*overrides: str, path: str | Path = TINY, args: tuple[str, ...] = ()) -> str:
     """The one line `stepsim run PATH --set ...` prints, without its prefix."""
-    args = (*args, *(x for item in overrides for x in ("--set", item)))
-    proc = subprocess.run(
-        [sys.executable, "-m", "simulator.cli", "run", str(path), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 2
-    (line,) = proc.stderr.strip().splitlines()
-    return line.removeprefix("stepsim: error: ")
+    return cli_error(path, *args, *(x for item in overrides for x in ("--set", item)))
 
 
 def test_a_bad_layout_built_in_python_raises_the_line_the_cli_prints():
