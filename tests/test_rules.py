@@ -205,3 +205,18 @@ def test_a_calibration_for_another_gpu_is_refused_in_python_and_from_a_file(tmp_
     with pytest.raises(ScenarioError) as from_file:
         load_scenario(TINY, calibration=file)
     assert (from_file.value.key, from_file.value.rule) == (err.value.key, err.value.rule)
+
+
+def test_kernel_constants_out_of_range_are_refused_in_python_as_in_a_file(tmp_path):
+    a100 = GPUS["a100-sxm4-80gb"].kernels
+    with pytest.raises(ScenarioError, match=r"^calibration\.gemm_efficiency=1\.5 must be") as err:
+        replace(a100, gemm_efficiency=1.5)
+    assert err.value.rule == "must be between 0.01 and 1"
+    with pytest.raises(ScenarioError, match=r"^calibration\.num_sms='108' must be a number$"):
+        replace(a100, num_sms="108")
+    file = tmp_path / "a100.toml"
+    lines = [f"{k} = {v!r}" for k, v in asdict(replace(a100, source="test")).items()]
+    text = "[constants]\n" + "\n".join(lines).replace("'", '"') + "\n"
+    file.write_text(text.replace("gemm_efficiency = 0.72", "gemm_efficiency = 1.5"))
+    line = _cli_error(args=("--calibration", str(file)))
+    assert line == f"constants.gemm_efficiency=1.5 {err.value.rule} (in {str(file)!r})"

@@ -17,6 +17,7 @@ from schedules.custom import check_orders, parse_orders
 
 from . import presets
 from .errors import ScenarioError
+from .rules import KERNEL_CONSTANT_RANGES
 from .spec import KernelConstants
 
 
@@ -56,14 +57,6 @@ _CALIBRATION_KEYS: dict[str, type] = {
     "memory_efficiency": float,
     "source": str,
 }
-_CALIBRATION_RANGES: dict[str, tuple[float, float]] = {
-    "num_sms": (1, 10_000),
-    "tile_m": (1, 4096),
-    "tile_n": (1, 4096),
-    "gemm_efficiency": (0.01, 1.0),
-    "gemm_k_half": (0.0, 1e6),
-    "memory_efficiency": (0.01, 1.0),
-}
 
 
 def read_calibration(path: str | Path) -> KernelConstants:
@@ -83,7 +76,7 @@ def read_calibration(path: str | Path) -> KernelConstants:
             raise ScenarioError(
                 f"constants.{key}={value!r} must be {wanted.__name__} (in {str(path)!r})"
             )
-        low, high = _CALIBRATION_RANGES.get(key, (None, None))
+        low, high = KERNEL_CONSTANT_RANGES.get(key, (None, None))
         if low is not None and not low <= value <= high:
             raise ScenarioError(
                 f"constants.{key}={value!r} must be between {low:g} and {high:g} (in {str(path)!r})"

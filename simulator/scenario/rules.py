@@ -26,13 +26,44 @@ from schedules.custom import check_orders, sizes_of
 from .errors import ScenarioError
 
 if TYPE_CHECKING:
-    from .spec import ClusterSpec, ModelSpec, ParallelConfig, Scenario, TrainingConfig
+    from .spec import (
+        ClusterSpec,
+        KernelConstants,
+        ModelSpec,
+        ParallelConfig,
+        Scenario,
+        TrainingConfig,
+    )
 
 # Ops per micro-batch and layer are about a dozen; beyond this a run takes hours.
 MAX_SIMULATED_OPS = 50_000_000
 OPS_PER_LAYER_AND_MICROBATCH = 12
 CUSTOM = "custom"  # training.schedule of a schedule read from a file
 CUSTOM_SCHEDULE_KEYS = ("schedule_file", "schedule_placement")  # custom schedules only
+
+
+# What kernel constants may be, in Python as in a calibration file (files.py).
+KERNEL_CONSTANT_RANGES: dict[str, tuple[float, float]] = {
+    "num_sms": (1, 10_000),
+    "tile_m": (1, 4096),
+    "tile_n": (1, 4096),
+    "gemm_efficiency": (0.01, 1.0),
+    "gemm_k_half": (0.0, 1e6),
+    "memory_efficiency": (0.01, 1.0),
+}
+
+
+def check_kernel_constants(constants: KernelConstants) -> None:
+    """Each constant a number in its range (a calibration file's values are checked
+    against the same ranges when read, with the file named)."""
+    for name, (low, high) in KERNEL_CONSTANT_RANGES.items():
+        value = getattr(constants, name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ScenarioError(key=f"calibration.{name}", value=value, rule="must be a number")
+        if not low <= value <= high:
+            raise ScenarioError(
+                key=f"calibration.{name}", value=value, rule=f"must be between {low:g} and {high:g}"
+            )
 
 
 def check_values(spec: object, section: str) -> None:

@@ -110,6 +110,9 @@ class KernelConstants:
     memory_efficiency: float  # fraction of the HBM bandwidth element-wise kernels stream at
     source: str  # where the numbers came from: fitted, measured, or uncalibrated
 
+    def __post_init__(self) -> None:
+        rules.check_kernel_constants(self)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuSpec:
