@@ -54,7 +54,7 @@ def iteration_lower_bound_s(scenario: Scenario) -> float:
     its embedding or output layer, its optimizer step). Rank s starts nothing before
     the first micro-batch's forward has passed virtual stages 0 .. s-1, held by ranks
     0 .. s-1 under both placements. Each rank counts its own layers (an uneven split,
-    rules.stage_layers, gives ranks different counts). The bound is the largest of those
+    stages.stage_layers, gives ranks different counts). The bound is the largest of those
     sums over ranks; communication, bubbles and waiting only add to the simulated time.
     """
     model = ComputeModel(scenario)

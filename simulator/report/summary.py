@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from ..results import Result, StageMetrics
 from ..scenario import Scenario
-from ..scenario.rules import is_uneven
+from ..scenario.stages import is_uneven
 from ..units import bytes_to_gib
 from ..vocabulary import BREAKDOWN_KEYS, CATEGORIES
 

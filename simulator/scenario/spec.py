@@ -34,6 +34,7 @@ from ..vocabulary import (
 )
 from . import rules
 from .errors import ScenarioError
+from .stages import virtual_stage_layers
 
 RecomputeGranularity = Literal["none", "selective", "full"]
 NetworkModelName = Literal["fair-share", "analytical"]
@@ -468,8 +469,8 @@ class Scenario:
     @property
     def chunk_layers(self) -> tuple[tuple[int, ...], ...]:
         """Transformer layers of chunk k of pipeline rank r, ``[r][k]``: L / (p v) each,
-        or as the uneven-split keys say (rules.stage_layers)."""
-        return rules.virtual_stage_layers(self.model, self.parallel, self.training.placement)
+        or as the uneven-split keys say (stages.stage_layers)."""
+        return virtual_stage_layers(self.model, self.parallel, self.training.placement)
 
     def rank_layers(self, rank: int) -> int:
         """Transformer layers on one pipeline rank, all its chunks together."""
