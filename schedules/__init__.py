@@ -1,7 +1,12 @@
 """Pipeline schedules as plain functions: (ranks, micro-batches, chunks) -> per-rank op order."""
 
 from .pipeline import (
+    INTERLEAVED,
+    LOOPED,
+    ONE_F_ONE_B,
+    PLACEMENTS,
     SCHEDULES,
+    V_SHAPE,
     ScheduleInfo,
     Step,
     build,
@@ -23,7 +28,12 @@ from .pipeline import (
 )
 
 __all__ = [
+    "INTERLEAVED",
+    "LOOPED",
+    "ONE_F_ONE_B",
+    "PLACEMENTS",
     "SCHEDULES",
+    "V_SHAPE",
     "ScheduleInfo",
     "Step",
     "build",

@@ -16,9 +16,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from .pipeline import Step, parse_label, step_label, upstream
+from .pipeline import LOOPED, V_SHAPE, Step, parse_label, step_label, upstream
 
 _RANK_PREFIX = re.compile(r"^\s*rank\s*(\d+)\s*:", re.IGNORECASE)
+NO_ORDERS = "no op orders found: write one line per rank, e.g. 'F0 F1 B0 B1'"
 
 
 def parse_orders(text: str) -> list[list[Step]]:
@@ -45,7 +46,7 @@ def parse_orders(text: str) -> list[list[Step]]:
                 raise ValueError(f"line {number}: {exc}") from None
         orders.append(order)
     if not orders:
-        raise ValueError("no op orders found: write one line per rank, e.g. 'F0 F1 B0 B1'")
+        raise ValueError(NO_ORDERS)
     return orders
 
 
@@ -60,11 +61,13 @@ def sizes_of(orders: Sequence[Sequence[Step]]) -> tuple[int, int, int, bool]:
     )
 
 
-def check_orders(orders: Sequence[Sequence[Step]], placement: str = "looped") -> None:
+def check_orders(orders: Sequence[Sequence[Step]], placement: str = LOOPED) -> None:
     """Raise ValueError (one line) unless every rank runs every op once, each after the
     ops it needs on its own rank, and the ranks together cannot deadlock."""
+    if not any(orders):
+        raise ValueError(NO_ORDERS)
     p, m, v, split = sizes_of(orders)
-    if placement == "v" and v != 2:
+    if placement == V_SHAPE and v != 2:
         raise ValueError(f"a V placement holds exactly 2 chunks per rank; the orders have {v}")
     kinds = ("F", "B", "W") if split else ("F", "B")
     for rank, order in enumerate(orders):

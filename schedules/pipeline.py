@@ -19,6 +19,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
+# Where a rank's chunks sit (stage_of): chunk k of rank r is virtual stage k*p + r
+# (LOOPED), or, with two chunks, rank r holds stages r and 2p-1-r (V_SHAPE, ZB-V's).
+LOOPED, V_SHAPE = "looped", "v"
+PLACEMENTS: tuple[str, ...] = (LOOPED, V_SHAPE)
+# the schedules other code names (the default one, and Megatron's interleaving)
+ONE_F_ONE_B, INTERLEAVED = "1f1b", "interleaved"
+
 
 class Step(NamedTuple):
     kind: str  # "F", "B" or "W"
@@ -214,9 +221,9 @@ def zbv(p: int, m: int, v: int = 2, group_size: int | None = None) -> list[list[
         """The op (rank, step) that ``step`` on ``rank`` waits for."""
         if step.kind == "W":
             return rank, Step("B", step.microbatch, step.chunk)
-        if step.kind == "B" and stage_of(rank, step.chunk, p, "v") == last_stage:
+        if step.kind == "B" and stage_of(rank, step.chunk, p, V_SHAPE) == last_stage:
             return rank, Step("F", step.microbatch, step.chunk)
-        return upstream(rank, step, p, 2, "v")
+        return upstream(rank, step, p, 2, V_SHAPE)
 
     def ready(rank: int, step: Step, now: int) -> bool:
         dep = source(rank, step)
@@ -280,19 +287,19 @@ class ScheduleInfo:
     build: Callable[..., list[list[Step]]]
     split_backward: bool  # B and W are separate ops
     chunked: bool  # runs v >= 2 chunks per rank
-    placement: str = "looped"  # "looped": chunk k of rank r is stage k*p + r
+    placement: str = LOOPED
     grouped: bool = False  # takes a micro-batch group size (Megatron's interleaving)
 
 
 SCHEDULES: dict[str, ScheduleInfo] = {
     "gpipe": ScheduleInfo(gpipe, split_backward=False, chunked=False),
-    "1f1b": ScheduleInfo(one_f_one_b, split_backward=False, chunked=False),
-    "interleaved": ScheduleInfo(interleaved, split_backward=False, chunked=True, grouped=True),
+    ONE_F_ONE_B: ScheduleInfo(one_f_one_b, split_backward=False, chunked=False),
+    INTERLEAVED: ScheduleInfo(interleaved, split_backward=False, chunked=True, grouped=True),
     "looped_bfs": ScheduleInfo(looped_bfs, split_backward=False, chunked=True),
     "zbh1": ScheduleInfo(zbh1, split_backward=True, chunked=False),
     "zbh2": ScheduleInfo(zbh2, split_backward=True, chunked=False),
     "interleaved_zb": ScheduleInfo(interleaved_zb, split_backward=True, chunked=True, grouped=True),
-    "zbv": ScheduleInfo(zbv, split_backward=True, chunked=True, placement="v"),
+    "zbv": ScheduleInfo(zbv, split_backward=True, chunked=True, placement=V_SHAPE),
 }
 
 
@@ -305,7 +312,7 @@ def check(name: str, p: int, m: int, v: int = 1, group_size: int | None = None) 
         return f"stages, micro-batches and chunks must be at least 1 (got {p}, {m}, {v})"
     if info.chunked and v < 2:
         return f"schedule {name!r} runs 2 or more chunks per rank, got {v}"
-    if info.placement == "v" and v != 2:
+    if info.placement == V_SHAPE and v != 2:
         return f"schedule {name!r} runs exactly 2 chunks per rank (a V), got {v}"
     if not info.chunked and v != 1:
         return f"schedule {name!r} runs one chunk per rank, got {v}"
@@ -334,7 +341,7 @@ def build(name: str, p: int, m: int, v: int = 1, group_size: int | None = None) 
 
 
 def upstream(
-    rank: int, step: Step, num_ranks: int, num_chunks: int, placement: str = "looped"
+    rank: int, step: Step, num_ranks: int, num_chunks: int, placement: str = LOOPED
 ) -> tuple[int, Step] | None:
     """The op on a neighbouring stage that ``step`` needs, as (rank, step): a forward
     waits for the forward on the stage before, a backward for the backward on the
@@ -349,15 +356,15 @@ def upstream(
     return other_rank, Step(step.kind, step.microbatch, other_chunk)
 
 
-def holder_of(stage: int, num_ranks: int, placement: str = "looped") -> tuple[int, int]:
+def holder_of(stage: int, num_ranks: int, placement: str = LOOPED) -> tuple[int, int]:
     """(rank, chunk) holding a virtual stage: the inverse of `stage_of`."""
-    if placement == "v":
+    if placement == V_SHAPE:
         return (stage, 0) if stage < num_ranks else (2 * num_ranks - 1 - stage, 1)
     return stage % num_ranks, stage // num_ranks
 
 
-def stage_of(rank: int, chunk: int, num_ranks: int, placement: str = "looped") -> int:
+def stage_of(rank: int, chunk: int, num_ranks: int, placement: str = LOOPED) -> int:
     """The pipeline stage that chunk ``chunk`` of rank ``rank`` holds."""
-    if placement == "v":
+    if placement == V_SHAPE:
         return rank if chunk == 0 else 2 * num_ranks - 1 - rank
     return chunk * num_ranks + rank

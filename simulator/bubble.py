@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schedules import SCHEDULES, Step, peak_inflight, step_label
+from schedules import LOOPED, SCHEDULES, V_SHAPE, Step, peak_inflight, step_label
 from schedules import build as build_schedule
 from schedules.custom import sizes_of
 
@@ -116,7 +116,7 @@ def run_orders(
     *,
     num_chunks: int,
     split_backward: bool,
-    placement: str = "looped",
+    placement: str = LOOPED,
     stage_layers: Sequence[int] | None = None,
 ) -> Study:
     """Simulate given per-rank orders (already checked) on abstract op times."""
@@ -293,7 +293,7 @@ def studies_of_schedules(
             )
         v = 1
         if info.chunked:
-            v = 2 if info.placement == "v" or chunks is None else chunks
+            v = 2 if info.placement == V_SHAPE or chunks is None else chunks
         if single and chunks not in (None, v):
             raise ScenarioError(f"--chunks={chunks}: schedule {name!r} runs {v} chunks")
         if single and group_size is not None and not info.grouped:

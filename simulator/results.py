@@ -47,7 +47,7 @@ class Trace(NamedTuple):
     lanes: tuple[Lane, ...]
     end_s: float  # when the last op finished
     num_transfers: int
-    link_intervals: list  # engine.network.Interval: which links carried what, when
+    link_intervals: list  # engine.flows.Interval: which links carried what, when
 
 
 class LinkLoad(NamedTuple):

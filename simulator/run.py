@@ -93,12 +93,13 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
             raise ScenarioError(str(exc)) from None
         trace = simulate(workload, network=network, progress=progress)
     memory = memory_per_stage(scenario)
+    problem = out_of_memory(scenario, memory)
     metrics = summarize(
         scenario,
         workload,
         trace,
         memory,
-        out_of_memory=out_of_memory(scenario, memory),
+        out_of_memory=str(problem) if problem is not None else None,
         busiest_links=busiest_links(cluster, trace),
     )
     return Result(scenario, cluster, workload, trace, memory, metrics)

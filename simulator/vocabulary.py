@@ -1,7 +1,8 @@
 """One vocabulary for what runs and where the time goes.
 
-Op kinds, the waits the engine records, streams, collective kinds, chunk placements,
-data-parallel sharding modes and the breakdown categories are named here once; the
+Op kinds, the waits the engine records, streams, collective kinds, data-parallel
+sharding modes and the breakdown categories are named here once (schedule names and
+chunk placements in the `schedules` package, which owns them); the
 lowering, the engine, the metrics, the text and figures, the CSV files and the traces
 all read them from this module. A new kind of communication is one row in each table
 below (its op kind, its wait, its stream, its category).
@@ -23,9 +24,11 @@ DP_SYNC = "dp_sync"
 BARRIER = "barrier"  # waits for its dependencies, nothing else
 
 COMPUTE_KINDS = frozenset({FORWARD, BACKWARD, WEIGHT, RECOMPUTE, OPTIMIZER})
-COMM_KINDS = frozenset({TP_COMM, PP_SEND, DP_SYNC})
-# what counts as model work (MFU): recomputation and the optimizer do not
-MODEL_KINDS = frozenset({FORWARD, BACKWARD, WEIGHT})
+# a schedule's passes (F, B, W), drawn as boxes in the schedule study's pictures and trace
+PASS_KINDS: tuple[str, ...] = (FORWARD, BACKWARD, WEIGHT)
+# what counts as model work (MFU): the passes; recomputation and the optimizer do not
+MODEL_KINDS = frozenset(PASS_KINDS)
+# the communication kinds are the keys of WAIT_OF_COMM and STREAM_OF_COMM below
 
 # -- waits the engine records on a lane (engine.core explains when each applies) --------
 IDLE = "idle"
@@ -33,6 +36,7 @@ PP_WAIT = "pp_wait"
 DP_WAIT = "dp_wait"
 TP_WAIT = "tp_wait"
 WAIT_OF_COMM = {PP_SEND: PP_WAIT, DP_SYNC: DP_WAIT, TP_COMM: TP_WAIT}
+COMM_WAITS = frozenset(WAIT_OF_COMM.values())  # a lane waiting on a transfer in flight
 
 # -- streams: a GPU's compute stream, and the bands its non-blocking transfers run in --
 COMPUTE_STREAM = "compute"
@@ -53,7 +57,6 @@ COLLECTIVE_LABELS = {
 }
 
 # -- choices a scenario makes -----------------------------------------------------------
-PLACEMENTS: tuple[str, ...] = ("looped", "v")  # schedules.stage_of
 RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL = "none", "selective", "full"
 RECOMPUTE_GRANULARITIES: tuple[str, ...] = (RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL)
 ATTENTION_UNFUSED, ATTENTION_FLASH = "unfused", "flash"  # workload.attention's two cores
@@ -64,7 +67,8 @@ NETWORK_MODELS: tuple[str, ...] = (FAIR_SHARE, ANALYTICAL)
 NO_SHARDING, SHARD_OPTIMIZER, SHARD_FULL = "none", "optimizer", "full"
 DATA_PARALLEL_SHARDING: tuple[str, ...] = (NO_SHARDING, SHARD_OPTIMIZER, SHARD_FULL)
 SHARDING_NAMES = {NO_SHARDING: "-", SHARD_OPTIMIZER: "ZeRO-1", SHARD_FULL: "FSDP"}  # in tables
-ALL_REDUCE_ALGORITHMS: tuple[str, ...] = ("ring", "tree", "hierarchical", "auto")
+RING, TREE, HIERARCHICAL, AUTO = "ring", "tree", "hierarchical", "auto"  # collectives.all_reduce
+ALL_REDUCE_ALGORITHMS: tuple[str, ...] = (RING, TREE, HIERARCHICAL, AUTO)
 # the gradient path (docs/frameworks.md §4-§6): dtypes and their bytes, how ZeRO-1's
 # gradients meet, when the tied embedding's gradient all-reduce runs
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}

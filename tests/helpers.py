@@ -1,6 +1,29 @@
 """Small builders shared by tests."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 from simulator.scenario import scenario_from_dict
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli_error(path: str | Path, *args: str) -> str:
+    """The one line `stepsim run PATH ARGS` prints on bad input (exit 2, nothing on
+    stdout), without its ``stepsim: error:`` prefix."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "simulator.cli", "run", str(path), *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("stepsim: error: ")
+    return line.removeprefix("stepsim: error: ")
 
 
 def scenario(**sections):

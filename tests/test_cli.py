@@ -10,6 +10,7 @@ import pytest
 
 from simulator.cli import main
 from simulator.scenario import load_scenario
+from tests.helpers import cli_error
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "scenarios" / "tiny-2gpu.toml")
@@ -88,17 +89,7 @@ def test_json_prints_only_json_and_set_overrides(capsys):
     ],
 )
 def test_bad_input_exits_2_with_one_line_naming_the_key(args, key):
-    proc = subprocess.run(
-        [sys.executable, "-m", "simulator.cli", "run", TINY, *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 2
-    assert proc.stdout == ""
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("stepsim: error:") and key in lines[0]
-    assert "Traceback" not in proc.stderr
+    assert key in cli_error(TINY, *args)  # one line: no traceback
 
 
 def test_missing_file_and_bad_flags_exit_2(capsys):

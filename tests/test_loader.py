@@ -193,3 +193,24 @@ def test_nvlink_mesh_rules():
     doc = scenario(cluster={"node": "dgx-1-v100", "gpus_per_node": 4, "nics_per_node": 4})
     with pytest.raises(ScenarioError, match="gpus_per_node=4 must be 8 for"):
         scenario_from_dict(doc)
+
+
+def test_files_that_cannot_be_read_are_one_line_each(tmp_path):
+    """Both readers (a TOML file, a schedule file) name the file and the reason."""
+    missing = tmp_path / "missing.toml"
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(missing)
+    assert (
+        str(err.value) == f"cannot read scenario file {str(missing)!r}: No such file or directory"
+    )
+    doc = scenario(training={"schedule": "custom", "schedule_file": "orders.txt"})
+    (tmp_path / "orders.txt").write_bytes(b"F0 \xff\n")
+    with pytest.raises(ScenarioError) as err:
+        scenario_from_dict(doc, base_dir=tmp_path)
+    assert str(err.value) == "training.schedule_file='orders.txt' is not UTF-8 text"
+    with pytest.raises(ScenarioError) as err:
+        scenario_from_dict(doc, base_dir=tmp_path / "elsewhere")
+    assert (
+        str(err.value)
+        == "training.schedule_file='orders.txt': cannot read: No such file or directory"
+    )

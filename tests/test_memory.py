@@ -78,3 +78,41 @@ def test_a_sweep_marks_the_points_that_do_not_fit(capsys):
     )
     out = capsys.readouterr().out
     assert out.count(" OOM\n") == 2 and "OOM: does not fit" in out
+
+
+def test_the_allow_oom_hint_is_a_field_of_its_own(capsys):
+    """run's line is the memory model's problem, then its --allow-oom hint; plan's is
+    the problem alone (no string surgery on run's line)."""
+    from simulator.plan.questions import check_fits
+    from simulator.scenario import ScenarioError
+
+    s = load(model={"hidden_size": 16384, "num_attention_heads": 128, "num_layers": 32})
+    problem = out_of_memory(s, memory_per_stage(s))
+    assert problem.override == "--allow-oom simulates it anyway"
+    assert problem.problem.startswith("out of memory: pipeline stage 0 needs")
+    assert problem.problem.endswith("a sharded optimizer would help")
+    assert str(problem) == f"{problem.problem}; {problem.override}"
+    with pytest.raises(ScenarioError, match=r"would help$") as err:
+        check_fits(s)
+    assert str(err.value) == problem.problem
+    assert main(["run", "scenarios/tiny-2gpu.toml", *BIG]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.endswith("would help; --allow-oom simulates it anyway")
+
+
+def test_sharding_takes_effect_with_more_than_one_replica_only():
+    """One decision for the memory model and the search's bound: ZeRO-1 and FSDP shard
+    the optimizer over D replicas; with D = 1 there is nothing to shard over."""
+    from simulator.workload.memory import optimizer_sharded, sharding_of
+
+    two = {"cluster": {"num_nodes": 1, "gpus_per_node": 2, "nics_per_node": 1}}
+    for sharding, sharded in (("none", False), ("optimizer", True), ("full", True)):
+        training = {"data_parallel_sharding": sharding}
+        one = load(**two, training=training)
+        assert (sharding_of(one), optimizer_sharded(one)) == ("none", False)
+        dp2 = load(**two, parallel={"data_parallel_size": 2}, training=training)
+        assert (sharding_of(dp2), optimizer_sharded(dp2)) == (sharding, sharded)
+        (replicated,) = memory_per_stage(load(**two, parallel={"data_parallel_size": 2}))
+        (mine,) = memory_per_stage(dp2)
+        halved = replicated.optimizer_bytes / 2 if sharded else replicated.optimizer_bytes
+        assert mine.optimizer_bytes == halved

@@ -7,7 +7,7 @@ import pytest
 from simulator.calibration.fit import calibration_toml
 from simulator.scenario import GpuSpec, KernelConstants, read_calibration
 from simulator.scenario.presets import CALIBRATED_GPU, CALIBRATED_GPUS, GPUS, NODES
-from simulator.workload.compute import ComputeModel, constants_for
+from simulator.workload.compute import ComputeModel
 from tests.helpers import load
 
 
@@ -96,7 +96,7 @@ def test_a_gpu_known_only_by_its_record_runs_on_its_own_constants():
     kernels = dataclasses.replace(a100.kernels, gpu="test-gpu", num_sms=54)
     gpu = dataclasses.replace(a100, name="test-gpu", kernels=kernels)
     scenario = dataclasses.replace(base, cluster=dataclasses.replace(base.cluster, gpu=gpu))
-    assert constants_for(scenario) is kernels
+    assert scenario.kernel_constants is kernels
     # 12 x 10 = 120 tiles of 256 x 128 (gemm_k_half 0, large k: no split-K): three
     # waves of which 120/162 busy on 54 SMs, two waves 120/216 busy on the A100's 108
     tiles = (256 * 12, 128 * 10, 4096)
@@ -109,8 +109,8 @@ def test_a_gpu_known_only_by_its_record_runs_on_its_own_constants():
 def test_a_calibration_overrides_the_gpu_records_constants():
     base = load()
     measured = dataclasses.replace(base.cluster.gpu.kernels, gemm_efficiency=0.5, source="test")
-    assert constants_for(base) is base.cluster.gpu.kernels
-    assert constants_for(dataclasses.replace(base, calibration=measured)) is measured
+    assert base.kernel_constants is base.cluster.gpu.kernels
+    assert dataclasses.replace(base, calibration=measured).kernel_constants is measured
 
 
 def test_every_run_says_how_its_gpus_constants_were_obtained(tmp_path):

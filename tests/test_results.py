@@ -10,7 +10,6 @@ from simulator.plan.questions import scale_points, training_time
 from simulator.results import LinkLoad, MetricsRow, SweepPoint
 from simulator.run import run
 from simulator.vocabulary import BREAKDOWN_KEYS, DP_SYNC, EXPOSED_COMM_KEYS, IDLE_TIME
-from topologies.describe import LINK_ROLES
 
 TWO_GPUS = {
     "cluster": {"num_nodes": 1, "gpus_per_node": 2, "nics_per_node": 1},
@@ -90,11 +89,35 @@ def test_stage_memory_in_json_is_the_memory_model_in_gib(result):
         assert stage["inflight_activations"] == memory.inflight_activations
 
 
-def test_busiest_links_are_typed_at_construction(result):
-    links = result.metrics.busiest_links
-    assert links and all(isinstance(link, LinkLoad) for link in links)
-    kinds = [link.kind for link in links]
-    assert kinds == sorted(set(kinds), key=LINK_ROLES.index)  # one per kind, in order
+def test_busiest_links_carry_the_pipeline_sends_worked_out_by_hand(result):
+    """Two stages on one NVSwitch, no tensor or data parallelism: the traffic is each
+    micro-batch's activation (GPU 0 -> 1) and its gradient (GPU 1 -> 0), b s h 2-byte
+    values each, plus the tied embedding's all-reduce between the two stages (a ring of
+    two: V h 2 bytes each way). So only NVLink links are busy, the busiest of them one
+    of the four directions those cross, with m b s h 2 + V h 2 bytes, at that over
+    what the link could carry in the iteration."""
+    s, m = result.scenario, result.metrics
+    model = s.model
+    sent_gbytes = (
+        (
+            m.num_microbatches * s.training.micro_batch_size * model.seq_length * model.hidden_size
+            + model.vocab_size * model.hidden_size
+        )
+        * 2
+        / 1e9
+    )
+    (link,) = m.busiest_links
+    assert link.link in (
+        "GPU 0 -> NVSwitch of node 0",
+        "GPU 1 -> NVSwitch of node 0",
+        "NVSwitch of node 0 -> GPU 0",
+        "NVSwitch of node 0 -> GPU 1",
+    )
+    assert isinstance(link, LinkLoad) and link.kind == "nvlink"
+    assert link.gbytes == pytest.approx(sent_gbytes, rel=1e-12)
+    capacity = result.cluster.links[link.index].bandwidth_bytes_per_s
+    expected = sent_gbytes * 1e9 / (capacity * m.iteration_time_s)
+    assert link.utilization == pytest.approx(expected, rel=1e-12)
 
 
 def test_row_is_flat_in_csv_order_and_reads_back_equal(result):

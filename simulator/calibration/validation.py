@@ -33,9 +33,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
+from schedules import INTERLEAVED, ONE_F_ONE_B
+
 from ..results import Trace
 from ..scenario import KernelConstants, Scenario, scenario_from_dict
-from ..vocabulary import BACKWARD, FORWARD
+from ..vocabulary import (
+    BACKWARD,
+    FAIR_SHARE,
+    FORWARD,
+    RECOMPUTE_FULL,
+    RECOMPUTE_NONE,
+    SHARD_OPTIMIZER,
+)
 
 Row = Mapping[str, str]
 
@@ -132,7 +141,7 @@ def megatron_scenario(
         "training": {
             "micro_batch_size": int(row["micro_batch_size"]),
             "global_batch_size": int(row["global_batch_size"]),
-            "schedule": "interleaved" if chunks > 1 else "1f1b",
+            "schedule": INTERLEAVED if chunks > 1 else ONE_F_ONE_B,
             "recompute_granularity": row["recompute"],
             # Megatron-LM 2021 had no gradient-accumulation fusion (docs/frameworks.md §8)
             "gradient_accumulation_fusion": False,
@@ -140,7 +149,7 @@ def megatron_scenario(
             "framework": "megatron",
             "framework_version": "2021",
         },
-        "network": {"model": "fair-share"},
+        "network": {"model": FAIR_SHARE},
     }
     return _with_calibration(scenario_from_dict(raw), calibration)
 
@@ -178,7 +187,7 @@ def layer_scenario(
             "framework": "megatron",
             "framework_version": "2022",  # Korthikanti et al. 2022's code
         },
-        "network": {"model": "fair-share"},
+        "network": {"model": FAIR_SHARE},
     }
     return _with_calibration(scenario_from_dict(raw), calibration)
 
@@ -200,14 +209,14 @@ def dgx2_scenario(row: Row, calibration: KernelConstants | None = None) -> Scena
         "training": {
             "micro_batch_size": int(row["micro_batch_size"]),
             "global_batch_size": int(row["global_batch_size"]),
-            "recompute_granularity": "full",
+            "recompute_granularity": RECOMPUTE_FULL,
             "gradient_accumulation_fusion": False,  # Megatron-LM 2020: no fusion
             # the README's table is of 2020; the table's oldest version is 2021 (v2.0's
             # p2p was batched and blocking too, and these rows have no pipeline)
             "framework": "megatron",
             "framework_version": "2021",
         },
-        "network": {"model": "fair-share"},
+        "network": {"model": FAIR_SHARE},
     }
     return _with_calibration(scenario_from_dict(raw), calibration)
 
@@ -225,7 +234,7 @@ class H100Choices(NamedTuple):
     shows what interleaving and recomputation would change."""
 
     micro_batch_size: int = 1
-    recompute: str = "none"
+    recompute: str = RECOMPUTE_NONE
     sequence_parallel: bool = True
     chunks: int = 1
     # Megatron-Core r0.8.0 (tag core_r0.8.0): megatron/training/arguments.py defaults
@@ -273,10 +282,10 @@ def h100_scenario(
         "training": {
             "micro_batch_size": choices.micro_batch_size,
             "global_batch_size": int(row["global_batch_size"]),
-            "schedule": "interleaved" if chunks > 1 else "1f1b",
+            "schedule": INTERLEAVED if chunks > 1 else ONE_F_ONE_B,
             "recompute_granularity": choices.recompute,
             "overlap_grad_reduce": True,
-            "data_parallel_sharding": "optimizer",
+            "data_parallel_sharding": SHARD_OPTIMIZER,
             "async_tensor_model_parallel_allreduce": True,
             "attention_kernel": choices.attention_kernel,
             # --tp-comm-overlap (the table's notes); userbuffers overlap SP's collectives
@@ -284,7 +293,7 @@ def h100_scenario(
             "framework": "megatron",
             "framework_version": "2024",  # Megatron-Core r0.8.0
         },
-        "network": {"model": "fair-share"},
+        "network": {"model": FAIR_SHARE},
     }
     return _with_calibration(scenario_from_dict(raw), calibration)
 
@@ -379,22 +388,20 @@ def compare(
         if progress:
             progress(scenario.name)
 
+    def iteration(row: Row, scenario: Scenario, measured_s: float) -> Comparison:
+        """A row's measured iteration time against the simulated one."""
+        simulated_s = run(scenario).metrics.iteration_time_s
+        return Comparison(
+            row["id"], "iteration", row["model"], _setting(scenario), measured_s, simulated_s
+        )
+
     if "a100" in sets:
         found = out["a100"] = []
         constants = calibrations.get("a100")
         for row in rows["megatron"]:
             scenario = megatron_scenario(row, constants)
             tell(scenario)
-            found.append(
-                Comparison(
-                    row["id"],
-                    "iteration",
-                    row["model"],
-                    _setting(scenario),
-                    megatron_measured_s(row),
-                    run(scenario).metrics.iteration_time_s,
-                )
-            )
+            found.append(iteration(row, scenario, megatron_measured_s(row)))
         for row in rows["layers"]:
             scenario = layer_scenario(row, constants)
             tell(scenario)
@@ -420,16 +427,7 @@ def compare(
         for row in rows["dgx2"]:
             scenario = dgx2_scenario(row, calibrations.get("v100"))
             tell(scenario)
-            found.append(
-                Comparison(
-                    row["id"],
-                    "iteration",
-                    row["model"],
-                    _setting(scenario),
-                    float(row["measured_iteration_ms"]) / 1e3,
-                    run(scenario).metrics.iteration_time_s,
-                )
-            )
+            found.append(iteration(row, scenario, float(row["measured_iteration_ms"]) / 1e3))
     if "h100" in sets:
         found = out["h100"] = []
         for row in h100_rows(rows["h100"]):

@@ -12,7 +12,20 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..plan.space import (
+    DEFAULT_CHUNKS,
+    DEFAULT_MICRO_BATCHES,
+    DEFAULT_SCHEDULES,
+    DEFAULT_SHARDING,
+)
 from ..scenario import Scenario, ScenarioError, load_scenario
+from ..vocabulary import (
+    DATA_PARALLEL_SHARDING,
+    RECOMPUTE_GRANULARITIES,
+    SHARD_FULL,
+    SHARD_OPTIMIZER,
+    SHARDING_NAMES,
+)
 
 EXIT_USAGE = 2  # bad input: one line naming the key, the value and the rule
 EXIT_FAILED = 1  # a deadlock or a file that cannot be read or written
@@ -109,25 +122,45 @@ def quiet_argument(parser: argparse.ArgumentParser, help_text: str = "no progres
     parser.add_argument("--quiet", action="store_true", help=help_text)
 
 
+def _listed(values: tuple) -> str:
+    """A search-space default as its flag takes it: comma-separated."""
+    return ",".join(str(value) for value in values)
+
+
 def space_arguments(parser: argparse.ArgumentParser) -> None:
+    """The search-space flags; their defaults are plan.space's, the names vocabulary's."""
     space = parser.add_argument_group("search space (comma-separated values)")
     space.add_argument("--tp", metavar="LIST", help="tensor parallel (default: divisors of a node)")
     space.add_argument("--pp", metavar="LIST", help="pipeline parallel (default: layer divisors)")
-    space.add_argument("--micro-batch", metavar="LIST", default="1,2,4,8", help="default 1,2,4,8")
+    micro_batches, schedules = _listed(DEFAULT_MICRO_BATCHES), _listed(DEFAULT_SCHEDULES)
     space.add_argument(
-        "--schedules", metavar="LIST", default="1f1b,interleaved", help="default 1f1b,interleaved"
+        "--micro-batch", metavar="LIST", default=micro_batches, help=f"default {micro_batches}"
     )
     space.add_argument(
-        "--chunks", metavar="LIST", default="2", help="chunks per rank of chunked schedules (2)"
+        "--schedules", metavar="LIST", default=schedules, help=f"default {schedules}"
+    )
+    chunks = _listed(DEFAULT_CHUNKS)
+    space.add_argument(
+        "--chunks",
+        metavar="LIST",
+        default=chunks,
+        help=f"chunks per rank of chunked schedules ({chunks})",
     )
     space.add_argument(
-        "--recompute", metavar="LIST", default="none,selective,full", help="default all three"
+        "--recompute",
+        metavar="LIST",
+        default=_listed(RECOMPUTE_GRANULARITIES),
+        help="default all three",
+    )
+    named = ", ".join(
+        f"{mode} ({SHARDING_NAMES[mode]})" if mode in (SHARD_OPTIMIZER, SHARD_FULL) else mode
+        for mode in DATA_PARALLEL_SHARDING
     )
     space.add_argument(
         "--sharding",
         metavar="LIST",
-        default="none,optimizer",
-        help="data-parallel sharding: none, optimizer (ZeRO-1), full (FSDP); default the first two",
+        default=_listed(DEFAULT_SHARDING),
+        help=f"data-parallel sharding: {named}; default the first two",
     )
     space.add_argument(
         "--sequence-parallel",

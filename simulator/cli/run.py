@@ -62,7 +62,7 @@ def command(args: argparse.Namespace) -> int:
     scenario = load(args)
     problem = out_of_memory(scenario, memory_per_stage(scenario))
     if problem and not args.allow_oom:
-        raise ScenarioError(problem)
+        raise ScenarioError(str(problem))
     if problem:
         print(f"warning: {problem}", file=sys.stderr)
     progress = progress_for(args)

@@ -6,8 +6,9 @@ import argparse
 import json
 from pathlib import Path
 
+from schedules import PLACEMENTS
+
 from ..scenario import read_schedule_file
-from ..vocabulary import PLACEMENTS
 
 
 def _schedule_names() -> list[str]:

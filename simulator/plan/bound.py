@@ -6,8 +6,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..scenario import Scenario
+from ..vocabulary import RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE
 from ..workload.compute import ComputeModel
-from ..workload.memory import StageMemory, output_rank, stage_memory, stage_params_per_rank
+from ..workload.memory import (
+    StageMemory,
+    optimizer_sharded,
+    output_rank,
+    stage_memory,
+    stage_params_per_rank,
+)
 
 
 class Inflight:
@@ -47,7 +54,7 @@ def iteration_lower_bound_s(scenario: Scenario) -> float:
     its embedding or output layer, its optimizer step). Rank s starts nothing before
     the first micro-batch's forward has passed virtual stages 0 .. s-1, held by ranks
     0 .. s-1 under both placements. Each rank counts its own layers (an uneven split,
-    rules.stage_layers, gives ranks different counts). The bound is the largest of those
+    stages.stage_layers, gives ranks different counts). The bound is the largest of those
     sums over ranks; communication, bubbles and waiting only add to the simulated time.
     """
     model = ComputeModel(scenario)
@@ -58,9 +65,9 @@ def iteration_lower_bound_s(scenario: Scenario) -> float:
     forward = (layer.attention_forward + layer.mlp_forward).duration_s
     backward = (layer.attention_backward + layer.mlp_backward).duration_s
     recompute = {
-        "none": 0.0,
-        "selective": layer.attention_core_forward.duration_s,
-        "full": forward,
+        RECOMPUTE_NONE: 0.0,
+        RECOMPUTE_SELECTIVE: layer.attention_core_forward.duration_s,
+        RECOMPUTE_FULL: forward,
     }[tr.recompute_granularity]
     split = tr.split_backward
     embedding = (
@@ -69,7 +76,7 @@ def iteration_lower_bound_s(scenario: Scenario) -> float:
     )
     output = (extras.output_forward + extras.output_backward).duration_s
     d = par.data_parallel_size
-    sharded = d > 1 and tr.data_parallel_sharding in ("optimizer", "full")
+    sharded = optimizer_sharded(scenario)
     last = output_rank(scenario)
     best = 0.0
     fill = 0.0  # the first micro-batch's forwards on ranks before this one

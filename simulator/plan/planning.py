@@ -9,7 +9,10 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from schedules import ONE_F_ONE_B
+
 from ..scenario import ModelSpec, ParallelConfig, Scenario, TrainingConfig
+from ..vocabulary import NO_SHARDING, RECOMPUTE_NONE
 from ..workload.memory import stage_params_per_rank
 from .space import SCHEDULE_BOUND_KEYS, Layout
 
@@ -51,9 +54,9 @@ def _one_gpu_layout(base: Scenario, **changes: Any) -> Scenario:
     training = _with_schedule(
         base.training,
         micro_batch_size=1,
-        schedule="1f1b",
-        recompute_granularity="none",
-        data_parallel_sharding="none",
+        schedule=ONE_F_ONE_B,
+        recompute_granularity=RECOMPUTE_NONE,
+        data_parallel_sharding=NO_SHARDING,
     )
     parallel = ParallelConfig(
         tensor_model_parallel_size=1, pipeline_model_parallel_size=1, data_parallel_size=1

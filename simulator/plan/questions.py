@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 from ..results import MetricsRow
 from ..scenario import Scenario, ScenarioError
 from ..scenario.presets import MODEL_FAMILIES
+from ..vocabulary import RECOMPUTE_FULL
 from ..workload.memory import out_of_memory
 from .planning import model_params, with_model, with_nodes
 from .search import Candidate, fits
@@ -138,7 +139,7 @@ def narayanan_days(
 def flops_factor(scenario: Scenario) -> int:
     """FLOPs per parameter and token in Narayanan et al.'s estimate: 8 with full
     recomputation (a second forward), 6 without."""
-    return 8 if scenario.training.recompute_granularity == "full" else 6
+    return 8 if scenario.training.recompute_granularity == RECOMPUTE_FULL else 6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -203,12 +204,12 @@ def scale_points(
 
 def check_fits(scenario: Scenario) -> None:
     """A one-line ScenarioError when the scenario does not fit in GPU memory: the
-    memory model's message without the --allow-oom hint, which plan does not take."""
+    memory model's problem without the --allow-oom hint, which plan does not take."""
     from ..run import memory_per_stage
 
     problem = out_of_memory(scenario, memory_per_stage(scenario))
     if problem:
-        raise ScenarioError(problem.split(" --allow-oom")[0].rstrip(";").rstrip())
+        raise ScenarioError(problem.problem)
 
 
 def check_tokens(tokens: float | None) -> None:

@@ -35,10 +35,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
+from schedules import ONE_F_ONE_B
+
 from .. import __version__
 from ..results import MetricsRow
 from ..scenario import Scenario, ScenarioError, scenario_to_dict
 from ..units import bytes_to_gib
+from ..vocabulary import NO_SHARDING, RECOMPUTE_FULL
 from .bound import Inflight, iteration_lower_bound_s, memory_of
 from .planning import apply_layout
 from .space import (
@@ -351,9 +354,9 @@ def rule_of_thumb(base: Scenario) -> Layout | None:
     space = SearchSpace(
         tp=(tp,),
         micro_batch=(1,),
-        schedules=("1f1b",),
-        recompute=("full",),
-        sharding=("none",),
+        schedules=(ONE_F_ONE_B,),
+        recompute=(RECOMPUTE_FULL,),
+        sharding=(NO_SHARDING,),
         sequence_parallel=(False,),
     )
     fitting = [c for c in fits(base, space) if num_gpus % (c.layout.tp * c.layout.pp) == 0]

@@ -11,18 +11,20 @@ from typing import Any
 import schedules
 
 from ..scenario import Scenario, ScenarioError
-from ..vocabulary import DATA_PARALLEL_SHARDING, RECOMPUTE_GRANULARITIES
+from ..vocabulary import (
+    DATA_PARALLEL_SHARDING,
+    NO_SHARDING,
+    RECOMPUTE_GRANULARITIES,
+    SHARD_OPTIMIZER,
+)
 
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 
 
-DEFAULT_SCHEDULES = ("1f1b", "interleaved")
-
-
+DEFAULT_SCHEDULES = (schedules.ONE_F_ONE_B, schedules.INTERLEAVED)
 DEFAULT_CHUNKS = (2,)  # chunks per rank for chunked schedules other than ZB-V (always 2)
+DEFAULT_SHARDING = (NO_SHARDING, SHARD_OPTIMIZER)  # FSDP on request
 # training keys that belong to one schedule and go when a layout replaces it
-
-
 SCHEDULE_BOUND_KEYS = ("schedule_file", "schedule_placement", "microbatch_group_size_per_vp_stage")
 
 
@@ -105,7 +107,7 @@ class SearchSpace:
     schedules: tuple[str, ...] = DEFAULT_SCHEDULES
     chunks: tuple[int, ...] = DEFAULT_CHUNKS
     recompute: tuple[str, ...] = RECOMPUTE_GRANULARITIES
-    sharding: tuple[str, ...] = ("none", "optimizer")
+    sharding: tuple[str, ...] = DEFAULT_SHARDING
     sequence_parallel: tuple[bool, ...] = (False, True)
 
     def check(self) -> None:
@@ -183,17 +185,17 @@ def layouts(base: Scenario, space: SearchSpace) -> list[Layout]:
             sorted(set(space.micro_batch)),
             space.schedules,
             space.recompute,
-            space.sharding if dp > 1 else ("none",),
+            space.sharding if dp > 1 else (NO_SHARDING,),
             sorted(set(space.sequence_parallel)) if tp > 1 else (False,),
         ):
             info = schedules.SCHEDULES[schedule]
             if not info.chunked:
                 chunk_values: Iterable[int] = (1,)
-            elif info.placement == "v":
+            elif info.placement == schedules.V_SHAPE:
                 chunk_values = (2,)
             else:
                 chunk_values = sorted(set(space.chunks))
-            if pp == 1 and schedule != "1f1b":
+            if pp == 1 and schedule != schedules.ONE_F_ONE_B:
                 continue  # with one stage every schedule is the same sequence of passes
             for chunks in chunk_values:
                 split = uneven_split(num_layers, pp, chunks) or (None, None)

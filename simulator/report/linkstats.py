@@ -1,6 +1,6 @@
 """How busy each link was: mean utilization over the iteration and over time.
 
-Works from the network's record of constant-rate stretches (`network.Interval`),
+Works from the network's record of constant-rate stretches (`engine.flows.Interval`),
 after the simulation, with numpy.
 """
 

@@ -115,7 +115,7 @@ def summarize(
         memory_per_gpu_gib=bytes_to_gib(peak.total_bytes),
         memory_peak_stage=peak.stage,
         gpu_memory_gib=scenario.cluster.gpu.memory_gib,
-        calibration=(scenario.calibration or scenario.cluster.gpu.kernels).source,
+        calibration=scenario.kernel_constants.source,
         framework=scenario.training.engine_label,
         framework_mechanisms=dict(scenario.training.resolved[1:]),
         breakdown_s=mean,

@@ -8,9 +8,9 @@ from collections.abc import Sequence
 
 from ..results import Result, StageMetrics
 from ..scenario import Scenario
-from ..scenario.rules import is_uneven
 from ..scenario.softmax import SOURCE as SOFTMAX_SOURCE
 from ..scenario.softmax import scenario_softmax_path
+from ..scenario.stages import is_uneven
 from ..units import bytes_to_gib
 from ..vocabulary import ATTENTION_FLASH, BREAKDOWN_KEYS, CATEGORIES
 

@@ -14,6 +14,7 @@ from ..results import Result, Trace
 from ..vocabulary import (
     BACKWARD,
     CATEGORIES,
+    COMM_WAITS,
     COMPUTE_STREAM,
     DP_SYNC,
     DP_WAIT,
@@ -21,6 +22,7 @@ from ..vocabulary import (
     IDLE,
     KIND_STYLES,
     OPTIMIZER,
+    PASS_KINDS,
     PP_SEND,
     PP_STREAM,
     PP_WAIT,
@@ -147,7 +149,7 @@ def _draw_bars(ax, trace: Trace, row_of: dict[int, int], scale: float) -> set[st
             _band(row_of[gpu], stream),
             facecolors=COLORS.get(kind, "#999999"),
             edgecolor="none",
-            hatch="///" if kind in (PP_WAIT, DP_WAIT, TP_WAIT) else None,
+            hatch="///" if kind in COMM_WAITS else None,
         )
     return drawn
 
@@ -287,7 +289,7 @@ def pipeline_figure(studies: list) -> Figure:
     axes = fig.subplots(len(studies), 1, sharex=True, squeeze=False)[:, 0]
     end = max(s.makespan for s in studies)
     for ax, study in zip(axes, studies, strict=True):
-        boxes = [sp for sp in study.trace.spans if sp.kind in (FORWARD, BACKWARD, WEIGHT)]
+        boxes = [sp for sp in study.trace.spans if sp.kind in PASS_KINDS]
         width_px = 12 * 100 * 0.85
         groups: dict[tuple[int, str, int], list[tuple[float, float]]] = {}
         for sp in boxes:

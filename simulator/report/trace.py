@@ -28,6 +28,7 @@ from ..vocabulary import (
     COMPUTE_STREAM,
     DP_STREAM,
     FORWARD,
+    PASS_KINDS,
     PP_SEND,
     PP_STREAM,
     RECOMPUTE,
@@ -236,7 +237,7 @@ def study_trace(studies: list, time_unit_ns: int = 1_000_000) -> dict:
         for rank in range(study.num_ranks):
             events.append(_meta(pid, rank, "thread_name", name=f"rank {rank}"))
         for span in study.trace.spans:
-            if span.kind not in (FORWARD, BACKWARD, WEIGHT):
+            if span.kind not in PASS_KINDS:
                 continue  # the gaps are the bubble
             start = round(span.start_s * time_unit_ns)
             end = round(span.end_s * time_unit_ns)

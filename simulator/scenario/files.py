@@ -17,6 +17,7 @@ from schedules.custom import check_orders, parse_orders
 
 from . import presets
 from .errors import ScenarioError
+from .rules import KERNEL_CONSTANT_RANGES
 from .spec import KernelConstants
 
 
@@ -24,13 +25,20 @@ def _known(keys: Iterable[str]) -> str:
     return ", ".join(sorted(keys))
 
 
-def read_toml(path: Path, what: str) -> dict[str, Any]:
+def _read_text(path: Path, named: str, cannot_read: str) -> str:
+    """The file's text, or a one-line ScenarioError: ``cannot_read`` and the system's
+    reason, or ``named`` is not UTF-8 text."""
     try:
-        text = path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ScenarioError(f"cannot read {what} {str(path)!r}: {exc.strerror}") from None
+        raise ScenarioError(f"{cannot_read}: {exc.strerror}") from None
     except UnicodeDecodeError:
-        raise ScenarioError(f"{what} {str(path)!r} is not UTF-8 text") from None
+        raise ScenarioError(f"{named} is not UTF-8 text") from None
+
+
+def read_toml(path: Path, what: str) -> dict[str, Any]:
+    named = f"{what} {str(path)!r}"
+    text = _read_text(path, named, f"cannot read {named}")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -48,14 +56,6 @@ _CALIBRATION_KEYS: dict[str, type] = {
     "gemm_k_half": float,
     "memory_efficiency": float,
     "source": str,
-}
-_CALIBRATION_RANGES: dict[str, tuple[float, float]] = {
-    "num_sms": (1, 10_000),
-    "tile_m": (1, 4096),
-    "tile_n": (1, 4096),
-    "gemm_efficiency": (0.01, 1.0),
-    "gemm_k_half": (0.0, 1e6),
-    "memory_efficiency": (0.01, 1.0),
 }
 
 
@@ -76,7 +76,7 @@ def read_calibration(path: str | Path) -> KernelConstants:
             raise ScenarioError(
                 f"constants.{key}={value!r} must be {wanted.__name__} (in {str(path)!r})"
             )
-        low, high = _CALIBRATION_RANGES.get(key, (None, None))
+        low, high = KERNEL_CONSTANT_RANGES.get(key, (None, None))
         if low is not None and not low <= value <= high:
             raise ScenarioError(
                 f"constants.{key}={value!r} must be between {low:g} and {high:g} (in {str(path)!r})"
@@ -99,12 +99,7 @@ def read_calibration(path: str | Path) -> KernelConstants:
 def read_schedule_file(path: Path, name: str, placement: str) -> list[list[Step]]:
     """Per-rank op orders from a file, checked (schedules.custom); ``name`` is how the
     one-line ScenarioError refers to the file (the key or the CLI flag)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ScenarioError(f"{name}: cannot read: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ScenarioError(f"{name} is not UTF-8 text") from None
+    text = _read_text(path, name, f"{name}: cannot read")
     try:
         orders = parse_orders(text)
         check_orders(orders, placement)

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from schedules import LOOPED
 from schedules import SCHEDULES as SCHEDULE_INFO
 from schedules.custom import sizes_of
 
@@ -63,16 +64,23 @@ def load_scenario(
     if calibration is None:
         return scenario
     constants = read_calibration(calibration)
-    if constants.gpu != scenario.cluster.gpu.name:
-        raise ScenarioError(
-            f"calibration file {str(calibration)!r} has gpu={constants.gpu!r} but the scenario "
-            f"runs on cluster.gpu={scenario.cluster.gpu.name!r}"
-        )
     # the label the run summary and metrics.json carry: which file, and what it says
     labelled = replace(
         constants, source=f"calibration file {str(calibration)!r}: {constants.source}"
     )
-    return replace(scenario, calibration=labelled)
+    try:
+        return replace(scenario, calibration=labelled)
+    except ScenarioError as exc:
+        if exc.key != "calibration.gpu":
+            raise
+        # rules.check_calibration; the user gave a file, so the line names it
+        raise ScenarioError(
+            f"calibration file {str(calibration)!r} has gpu={constants.gpu!r} but the scenario "
+            f"runs on cluster.gpu={scenario.cluster.gpu.name!r}",
+            key=exc.key,
+            value=exc.value,
+            rule=exc.rule,
+        ) from None
 
 
 def parse_override(item: str) -> tuple[str, str, Any]:
@@ -114,8 +122,7 @@ def scenario_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         if key not in allowed_top:
             raise ScenarioError(f"unknown key {key!r} at top level; known: {_known(allowed_top)}")
     name = raw.get("name")
-    if not isinstance(name, str) or not name:
-        raise ScenarioError(f"name={name!r} must be a non-empty string")
+    rules.check_name(name)  # first, as Scenario runs it only once the sections are built
     tables = {}
     for section in schema.SECTIONS:
         table = raw.get(section, {})
@@ -127,6 +134,7 @@ def scenario_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
     cluster = _build_cluster(tables["cluster"])
     training = _build_training(tables["training"], base_dir)
     parallel = _build_parallel(tables["parallel"], model, cluster, training)
+    _require("network", tables["network"])
     network = NetworkConfig(**tables["network"])
     try:
         return Scenario(
@@ -170,11 +178,17 @@ def _with_preset(section: str, table: dict[str, Any], named: Mapping[str, Mappin
     if preset is not None:
         values.update(named[preset])
     values.update({k: v for k, v in table.items() if k != preset_key})
+    _require(section, values)
+    return values
+
+
+def _require(section: str, values: Mapping[str, Any]) -> None:
+    """A ScenarioError naming the first key the spec requires (`schema.Key.required`)
+    that ``values`` lacks; for a key a preset may fill, where to set the preset."""
     for key in schema.keys()[section].values():
         if key.required and key.name not in values:
             hint = schema.PRESET_HINTS[section] if key.preset else ""
             raise ScenarioError(f"missing key {key.full_name}{hint}")
-    return values
 
 
 def _build_model(table: dict[str, Any]) -> ModelSpec:
@@ -197,12 +211,11 @@ def _build_training(table: dict[str, Any], base_dir: Path | None) -> TrainingCon
         path = Path(written)
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
-        placement = table.get("schedule_placement", "looped")
+        placement = table.get("schedule_placement", LOOPED)
         orders = read_schedule_file(path, f"training.schedule_file={written!r}", placement)
         values["schedule_file"] = str(path.resolve())
         values["custom_orders"] = tuple(tuple(order) for order in orders)
-    if "global_batch_size" not in values:
-        raise ScenarioError("missing key training.global_batch_size")
+    _require("training", values)
     return TrainingConfig(**values)
 
 
@@ -213,6 +226,7 @@ def _build_parallel(
     custom file's count, two for a chunked named schedule) and the data-parallel size
     that fills the cluster."""
     values = dict(table)
+    _require("parallel", values)
     if "virtual_pipeline_model_parallel_size" not in values:
         values["virtual_pipeline_model_parallel_size"] = default_chunks(training)
     if "data_parallel_size" not in values:

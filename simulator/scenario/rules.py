@@ -9,8 +9,9 @@ choices of what the user typed (`schema`), presets, derived defaults and reading
 custom schedule's file.
 
 Where several rules fail, the first in this order is reported: the model, the
-cluster, the training keys alone, then the layout (`check_layout`), the batch and
-schedule (`check_schedule`) and the size of the simulation (`check_size`).
+cluster, the training keys alone, then the name (`check_name`), the layout
+(`check_layout`), the batch and schedule (`check_schedule`), the size of the
+simulation (`check_size`) and the GPU of the kernel constants (`check_calibration`).
 """
 
 from __future__ import annotations
@@ -18,22 +19,54 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from schedules import SCHEDULES as SCHEDULE_INFO
+from schedules import V_SHAPE
 from schedules import check as schedule_problem
-from schedules import holder_of
-from schedules.custom import sizes_of
+from schedules.custom import check_orders, sizes_of
 
 from .errors import ScenarioError
 from .softmax import SOURCE as SOFTMAX_SOURCE
 from .softmax import scenario_softmax_path
+from .stages import stage_layers
 
 if TYPE_CHECKING:
-    from .spec import ClusterSpec, ModelSpec, ParallelConfig, Scenario, TrainingConfig
+    from .spec import (
+        ClusterSpec,
+        KernelConstants,
+        ModelSpec,
+        ParallelConfig,
+        Scenario,
+        TrainingConfig,
+    )
 
 # Ops per micro-batch and layer are about a dozen; beyond this a run takes hours.
 MAX_SIMULATED_OPS = 50_000_000
 OPS_PER_LAYER_AND_MICROBATCH = 12
 CUSTOM = "custom"  # training.schedule of a schedule read from a file
 CUSTOM_SCHEDULE_KEYS = ("schedule_file", "schedule_placement")  # custom schedules only
+
+
+# What kernel constants may be, in Python as in a calibration file (files.py).
+KERNEL_CONSTANT_RANGES: dict[str, tuple[float, float]] = {
+    "num_sms": (1, 10_000),
+    "tile_m": (1, 4096),
+    "tile_n": (1, 4096),
+    "gemm_efficiency": (0.01, 1.0),
+    "gemm_k_half": (0.0, 1e6),
+    "memory_efficiency": (0.01, 1.0),
+}
+
+
+def check_kernel_constants(constants: KernelConstants) -> None:
+    """Each constant a number in its range (a calibration file's values are checked
+    against the same ranges when read, with the file named)."""
+    for name, (low, high) in KERNEL_CONSTANT_RANGES.items():
+        value = getattr(constants, name)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ScenarioError(key=f"calibration.{name}", value=value, rule="must be a number")
+        if not low <= value <= high:
+            raise ScenarioError(
+                key=f"calibration.{name}", value=value, rule=f"must be between {low:g} and {high:g}"
+            )
 
 
 def check_values(spec: object, section: str) -> None:
@@ -60,6 +93,16 @@ def check_model(model: ModelSpec) -> None:
 
 
 def check_cluster(cluster: ClusterSpec) -> None:
+    from .spec import GpuSpec  # spec imports this module
+
+    if not isinstance(cluster.gpu, GpuSpec):
+        # the file names a preset and the loader looks it up; in Python, the record itself
+        raise ScenarioError(
+            key="cluster.gpu",
+            value=cluster.gpu,
+            rule="must be a GpuSpec (a GPU record such as "
+            "simulator.scenario.presets.GPUS['a100-sxm4-80gb']), not a name",
+        )
     gpn, topology = cluster.gpus_per_node, cluster.nvlink_topology
     if topology == "all-to-all" and gpn > 7:
         raise ScenarioError(
@@ -82,8 +125,9 @@ def check_cluster(cluster: ClusterSpec) -> None:
 
 
 def check_training_alone(training: TrainingConfig) -> None:
-    """A custom schedule needs its orders; its file and placement suit it alone; bf16
-    gradients accumulate in fp32."""
+    """A custom schedule needs its orders, and they must be able to run (the checks a
+    schedule file gets, `schedules.custom.check_orders`); its file, placement and
+    orders suit it alone; bf16 gradients accumulate in fp32."""
     if training.schedule != CUSTOM:
         for name in CUSTOM_SCHEDULE_KEYS:
             value = getattr(training, name)
@@ -93,6 +137,13 @@ def check_training_alone(training: TrainingConfig) -> None:
                     value=value,
                     rule="applies to training.schedule='custom' only",
                 )
+        if training.custom_orders is not None:
+            raise ScenarioError(
+                key="training.schedule",
+                value=training.schedule,
+                rule="must be 'custom' to run the per-rank orders given as "
+                "TrainingConfig.custom_orders",
+            )
     elif training.custom_orders is None:
         raise ScenarioError(
             "missing key training.schedule_file (per-rank op orders) for "
@@ -100,6 +151,8 @@ def check_training_alone(training: TrainingConfig) -> None:
             key="training.schedule_file",
             rule="required for training.schedule='custom'",
         )
+    else:
+        _check_orders(training)
     check_precision(training)
 
 
@@ -154,13 +207,51 @@ def check_framework(framework: str, version: str | None, given: dict, schedule: 
         )
 
 
+def _check_orders(training: TrainingConfig) -> None:
+    """The custom orders run every op once, in an order that can run, without deadlock.
+    A file's orders were checked when read (files.read_schedule_file), under the name
+    the user wrote; this is for orders built in Python."""
+    try:
+        check_orders(training.custom_orders, training.placement)
+        return
+    except ValueError as exc:
+        problem = str(exc)
+    file = training.schedule_file
+    raise ScenarioError(
+        f"training.schedule_file={file!r}: {problem}",
+        key="training.schedule_file",
+        value=file,
+        rule=problem,
+    )
+
+
+def check_name(name: object) -> None:
+    """A scenario is called something: reports and tables show its name."""
+    if not isinstance(name, str) or not name:
+        raise ScenarioError(key="name", value=name, rule="must be a non-empty string")
+
+
+def check_calibration(scenario: Scenario) -> None:
+    """Kernel constants hold for the GPU they were measured on (KernelConstants.gpu)."""
+    calibration, gpu = scenario.calibration, scenario.cluster.gpu.name
+    if calibration is not None and calibration.gpu != gpu:
+        raise ScenarioError(
+            key="calibration.gpu",
+            value=calibration.gpu,
+            rule=f"must be the scenario's cluster.gpu={gpu!r} (kernel constants hold for "
+            "the GPU they were measured on)",
+        )
+
+
 def check_scenario(scenario: Scenario) -> None:
     """Every rule across specs, in the order the errors are reported."""
+    check_name(scenario.name)
     check_layout(scenario.model, scenario.parallel, scenario.cluster)
     check_schedule(scenario.model, scenario.parallel, scenario.training)
     check_size(scenario.model, scenario.parallel, scenario.training)
     check_softmax(scenario)
     check_tp_comm_overlap(scenario.parallel, scenario.training)
+    check_calibration(scenario)
 
 
 def check_softmax(scenario: Scenario) -> None:
@@ -179,7 +270,7 @@ def check_softmax(scenario: Scenario) -> None:
 def check_model_split(model: ModelSpec, parallel: ParallelConfig) -> None:
     """Tensor parallelism splits heads and the MLP evenly; pipeline stages and chunks
     split the layers evenly, or as Megatron-Core's four uneven-split keys say
-    (`stage_layers`)."""
+    (`stages.stage_layers`)."""
     tp = parallel.tensor_model_parallel_size
     tp_key = "parallel.tensor_model_parallel_size"
     for what, size in (
@@ -189,163 +280,6 @@ def check_model_split(model: ModelSpec, parallel: ParallelConfig) -> None:
         if size % tp:
             raise ScenarioError(key=tp_key, value=tp, rule=f"must divide model.{what}={size}")
     stage_layers(model, parallel)
-
-
-FIRST_KEY = "parallel.decoder_first_pipeline_num_layers"
-LAST_KEY = "parallel.decoder_last_pipeline_num_layers"
-
-
-def is_uneven(parallel: ParallelConfig) -> bool:
-    """Whether any of the four uneven-split keys is set."""
-    return (
-        parallel.decoder_first_pipeline_num_layers is not None
-        or parallel.decoder_last_pipeline_num_layers is not None
-        or bool(parallel.account_for_embedding_in_pipeline_split)
-        or bool(parallel.account_for_loss_in_pipeline_split)
-    )
-
-
-def stage_layers(model: ModelSpec, parallel: ParallelConfig) -> tuple[tuple[int, ...], ...]:
-    """Layers per virtual stage as Megatron-Core splits them, checked.
-
-    Returns, for each pipeline rank r, a tuple of v counts: ``[r][k]`` is what chunk k of
-    rank r holds, counting the embedding and the loss as one layer each where the
-    ``account_for_*`` flags say so; `virtual_stage_layers` takes those off the chunks
-    that hold virtual stages 0 and p v - 1 (which depends on the placement).
-
-    Megatron-Core (megatron/core/transformer/transformer_block.py
-    ``get_num_layers_to_build`` and transformer_layer.py ``get_transformer_layer_offset``,
-    checked in transformer_config.py ``__post_init__``, 2024-2025):
-
-    - none of the keys: L / p per rank, L / (p v) per chunk; p and p v must divide L;
-    - ``decoder_first/last_pipeline_num_layers`` F, Z: the first (last) rank holds F (Z);
-      the other ranks share the rest evenly; each rank's count is split evenly over its
-      v chunks (F, Z and the middle count must be divisible by v); not together with
-      the ``account_for_*`` flags;
-    - ``account_for_embedding/loss_in_pipeline_split``: the embedding and the loss each
-      count as one layer: (L + e + l) / (p v) per virtual stage, one fewer on virtual
-      stage 0 (embedding) and on p v - 1 (loss); p must divide L + e + l and v the result.
-
-    stepsim also needs every virtual stage to hold at least one layer (Megatron-Core allows
-    an embedding-only stage; stepsim lowers the embedding with the first layer).
-    """
-    L, p = model.num_layers, parallel.pipeline_model_parallel_size
-    v = parallel.virtual_pipeline_model_parallel_size
-    first, last = (
-        parallel.decoder_first_pipeline_num_layers,
-        parallel.decoder_last_pipeline_num_layers,
-    )
-    embedding = bool(parallel.account_for_embedding_in_pipeline_split)
-    loss = bool(parallel.account_for_loss_in_pipeline_split)
-    v_key = "parallel.virtual_pipeline_model_parallel_size"
-    p_key = "parallel.pipeline_model_parallel_size"
-    if first is not None or last is not None:
-        edge_key, edge = (FIRST_KEY, first) if first is not None else (LAST_KEY, last)
-        if embedding or loss:
-            raise ScenarioError(
-                key=edge_key,
-                value=edge,
-                rule="cannot be set together with parallel.account_for_embedding_in_pipeline_"
-                "split or account_for_loss_in_pipeline_split (Megatron-Core refuses the mix)",
-            )
-        if p < 2:
-            raise ScenarioError(key=edge_key, value=edge, rule=f"needs {p_key} > 1 (found {p})")
-        for name, count in ((FIRST_KEY, first), (LAST_KEY, last)):
-            if count is not None and count % v:
-                raise ScenarioError(key=name, value=count, rule=f"must be divisible by {v_key}={v}")
-        middle_ranks = p - (first is not None) - (last is not None)
-        rest = L - (first or 0) - (last or 0)
-        if middle_ranks == 0 and rest != 0:
-            raise ScenarioError(
-                key=edge_key,
-                value=edge,
-                rule=f"plus {LAST_KEY}={last} must equal model.num_layers={L} with "
-                f"{p_key}={p} (no stage left between them)",
-            )
-        if middle_ranks and (rest < middle_ranks or rest % middle_ranks):
-            raise ScenarioError(
-                key=edge_key,
-                value=edge,
-                rule=f"leaves {rest} of model.num_layers={L} for the other {middle_ranks} "
-                f"of {p_key}={p} stages, which must split them evenly, at least one each",
-            )
-        middle = rest // middle_ranks if middle_ranks else 0
-        if middle % v:
-            raise ScenarioError(
-                key=v_key,
-                value=v,
-                rule=f"must divide the {middle} layers of each middle pipeline stage",
-            )
-        per_rank = [middle] * p
-        if first is not None:
-            per_rank[0] = first
-        if last is not None:
-            per_rank[-1] = last
-        return tuple((count // v,) * v for count in per_rank)
-    counted = L + embedding + loss
-    if embedding or loss:
-        extra = " + ".join(
-            what
-            for what, on in (("1 for the embedding", embedding), ("1 for the loss", loss))
-            if on
-        )
-        if counted % p:
-            raise ScenarioError(
-                key=p_key,
-                value=p,
-                rule=f"must divide model.num_layers + {extra} = {counted} "
-                "(account_for_*_in_pipeline_split)",
-            )
-        if counted // p % v:
-            raise ScenarioError(
-                key=v_key,
-                value=v,
-                rule=f"must divide the {counted // p} layers per pipeline stage counted with "
-                f"account_for_*_in_pipeline_split",
-            )
-        if p * v > 1 and counted // (p * v) < 2:
-            raise ScenarioError(
-                key=p_key,
-                value=p,
-                rule=f"leaves a virtual stage without a transformer layer: {counted} counted "
-                f"layers over {p * v} virtual stages, one fewer on the first and/or last",
-            )
-        per_chunk = counted // (p * v)
-        return tuple((per_chunk,) * v for _ in range(p))
-    if L % p:
-        raise ScenarioError(
-            key=p_key,
-            value=p,
-            rule=f"must divide model.num_layers={L}",
-        )
-    if L % (p * v):
-        raise ScenarioError(
-            f"parallel.virtual_pipeline_model_parallel_size={v} x "
-            f"pipeline_model_parallel_size={p} must divide model.num_layers={L} "
-            "(every chunk holds the same number of layers)",
-            key=v_key,
-            value=v,
-            rule="x pipeline_model_parallel_size must divide model.num_layers",
-        )
-    return tuple((L // (p * v),) * v for _ in range(p))
-
-
-def virtual_stage_layers(
-    model: ModelSpec, parallel: ParallelConfig, placement: str
-) -> tuple[tuple[int, ...], ...]:
-    """`stage_layers` with the embedding's and the loss's layer taken off the chunks that
-    hold virtual stages 0 and p v - 1 under ``placement`` (schedules.holder_of):
-    ``[r][k]`` is the transformer layers of chunk k of rank r."""
-    counts = [list(chunks) for chunks in stage_layers(model, parallel)]
-    p = parallel.pipeline_model_parallel_size
-    v = parallel.virtual_pipeline_model_parallel_size
-    if parallel.account_for_embedding_in_pipeline_split:
-        rank, chunk = holder_of(0, p, placement)
-        counts[rank][chunk] -= 1
-    if parallel.account_for_loss_in_pipeline_split:
-        rank, chunk = holder_of(p * v - 1, p, placement)
-        counts[rank][chunk] -= 1
-    return tuple(tuple(chunks) for chunks in counts)
 
 
 def check_layout(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> None:
@@ -487,7 +421,7 @@ def _check_named(parallel: ParallelConfig, training: TrainingConfig) -> None:
             rule=f"needs a schedule with chunks ({', '.join(chunked)}); "
             f"training.schedule={schedule!r} runs one per stage",
         )
-    if info.placement == "v" and v != 2:
+    if info.placement == V_SHAPE and v != 2:
         raise ScenarioError(
             key=v_key,
             value=v,

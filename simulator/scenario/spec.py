@@ -25,23 +25,27 @@ from topologies import FABRICS, NVLINK_TOPOLOGIES
 from ..vocabulary import (
     ALL_REDUCE_ALGORITHMS,
     ATTENTION_KERNELS,
+    AUTO,
     COMMUNICATION_DTYPES,
     DATA_PARALLEL_SHARDING,
     DTYPE_BYTES,
+    FAIR_SHARE,
     NETWORK_MODELS,
+    NO_SHARDING,
     PARAMS_DTYPES,
-    PLACEMENTS,
     RECOMPUTE_GRANULARITIES,
+    RECOMPUTE_NONE,
     TIED_GRAD_ORDERS,
     ZERO_GRAD_COLLECTIVES,
 )
 from . import frameworks, rules
 from .errors import ScenarioError
+from .stages import virtual_stage_layers
 
 RecomputeGranularity = Literal["none", "selective", "full"]
 NetworkModelName = Literal["fair-share", "analytical"]
 
-SCHEDULES: tuple[str, ...] = (*schedules.SCHEDULES, "custom")  # custom: from a file
+SCHEDULES: tuple[str, ...] = (*schedules.SCHEDULES, rules.CUSTOM)  # custom: from a file
 
 __all__ = ["SCHEDULES", "ScenarioError", "key"]
 
@@ -121,6 +125,9 @@ class KernelConstants:
     gemm_k_half: float  # inner dimension at which a GEMM reaches half of that
     memory_efficiency: float  # fraction of the HBM bandwidth element-wise kernels stream at
     source: str  # where the numbers came from: fitted, measured, or uncalibrated
+
+    def __post_init__(self) -> None:
+        rules.check_kernel_constants(self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -351,7 +358,7 @@ class TrainingConfig:
     schedule: str = key(
         "pipeline schedule (see [docs/schedules.md](../docs/schedules.md)), or `custom` "
         "(from `schedule_file`)",
-        default="1f1b",
+        default=schedules.ONE_F_ONE_B,
         choices=SCHEDULES,
     )
     microbatch_group_size_per_vp_stage: int | None = key(
@@ -372,14 +379,14 @@ class TrainingConfig:
         "`custom` only: chunk k of rank r holds stage k x PP + r (`looped`) or, with 2 "
         "chunks, stages r and 2 PP - 1 - r (`v`); named schedules fix theirs",
         default=None,
-        choices=PLACEMENTS,
-        derived='`"looped"`',
+        choices=schedules.PLACEMENTS,
+        derived=f'`"{schedules.LOOPED}"`',
     )
     # a custom schedule's per-rank orders, read from schedule_file (not a key)
     custom_orders: tuple[tuple[schedules.Step, ...], ...] | None = None
     recompute_granularity: RecomputeGranularity = key(
         "`selective` recomputes the attention core, `full` each layer's forward",
-        default="none",
+        default=RECOMPUTE_NONE,
         choices=RECOMPUTE_GRANULARITIES,
     )
     overlap_grad_reduce: bool = key(
@@ -406,7 +413,7 @@ class TrainingConfig:
     )
     data_parallel_sharding: str = key(
         "`optimizer` is ZeRO-1, `full` ZeRO-3 / FSDP; no effect with DP 1",
-        default="none",
+        default=NO_SHARDING,
         choices=DATA_PARALLEL_SHARDING,
     )
     # -- the gradient path (docs/frameworks.md §3-§6, §8) ---------------------------------
@@ -581,7 +588,7 @@ class TrainingConfig:
     def placement(self) -> str:
         """Which virtual stages a rank's chunks hold (schedules.stage_of)."""
         if self.custom_orders is not None:
-            return self.schedule_placement or "looped"
+            return self.schedule_placement or schedules.LOOPED
         return schedules.SCHEDULES[self.schedule].placement
 
 
@@ -590,13 +597,13 @@ class NetworkConfig:
     model: NetworkModelName = key(
         "`fair-share`: concurrent transfers share every link max-min fairly; `analytical`: "
         "each transfer runs as if alone (latency + bytes / its bottleneck)",
-        default="fair-share",
+        default=FAIR_SHARE,
         choices=NETWORK_MODELS,
     )
     collective_algorithm: str = key(
         "all-reduce algorithm (TP and DP all-reduces; reduce-scatters and all-gathers are "
         "always rings), see below",
-        default="auto",
+        default=AUTO,
         choices=ALL_REDUCE_ALGORITHMS,
     )
     symmetry: bool = key(
@@ -630,6 +637,14 @@ class Scenario:
         rules.check_scenario(self)
 
     @property
+    def kernel_constants(self) -> KernelConstants:
+        """The compute model's constants: the scenario's own calibration (a
+        ``--calibration`` file), or its GPU's record's."""
+        if self.calibration is not None:
+            return self.calibration
+        return self.cluster.gpu.kernels
+
+    @property
     def num_microbatches(self) -> int:
         """Micro-batches each pipeline runs per iteration."""
         return rules.microbatches_per_pipeline(self.parallel, self.training)
@@ -637,8 +652,8 @@ class Scenario:
     @property
     def chunk_layers(self) -> tuple[tuple[int, ...], ...]:
         """Transformer layers of chunk k of pipeline rank r, ``[r][k]``: L / (p v) each,
-        or as the uneven-split keys say (rules.stage_layers)."""
-        return rules.virtual_stage_layers(self.model, self.parallel, self.training.placement)
+        or as the uneven-split keys say (stages.stage_layers)."""
+        return virtual_stage_layers(self.model, self.parallel, self.training.placement)
 
     def rank_layers(self, rank: int) -> int:
         """Transformer layers on one pipeline rank, all its chunks together."""

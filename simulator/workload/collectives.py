@@ -42,7 +42,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ..engine.flows import Collective, Transfer
-from ..vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from ..vocabulary import ALL_GATHER, ALL_REDUCE, AUTO, HIERARCHICAL, REDUCE_SCATTER, RING, TREE
 
 Edge = tuple[int, int]
 
@@ -203,7 +203,7 @@ def _inter_phase(algorithm: str, groups, message_bytes: float, fabric: Fabric) -
     for lines in shards:
         edges: list[Edge] = []
         for line in lines:
-            if algorithm == "ring":
+            if algorithm == RING:
                 edges += _cycle(line)
             else:  # two trees, the second over the reversed order so leaves become inner nodes
                 for order in (line, line[::-1]):
@@ -211,7 +211,7 @@ def _inter_phase(algorithm: str, groups, message_bytes: float, fabric: Fabric) -
                     edges += up + [(b, a) for a, b in up]
         edge_sets.append(edges)
     hop = _hop_latency_s(edge_sets[0], fabric)
-    if algorithm == "ring":
+    if algorithm == RING:
         steps = 2 * (num_nodes - 1)
         bytes_per_flow = steps * shard_bytes / num_nodes
     else:
@@ -229,7 +229,7 @@ def two_level_all_reduce(
     nodes = _by_node(groups[0], fabric)
     if len(nodes) == 1 or len({len(m) for m in nodes}) != 1:
         return None
-    inter = "ring" if algorithm == "hierarchical" else "tree"
+    inter = RING if algorithm == HIERARCHICAL else TREE
     phases = (
         _intra_phase(REDUCE_SCATTER, groups, message_bytes, fabric),
         _inter_phase(inter, groups, message_bytes, fabric),
@@ -255,12 +255,12 @@ def all_reduce(
     """An all-reduce by ``algorithm``; ``tree`` and ``hierarchical`` fall back to the ring
     where they do not apply (a group inside one node), as NCCL does."""
     flat = ring(ALL_REDUCE, groups, message_bytes, fabric)
-    if flat is None or algorithm == "ring":
+    if flat is None or algorithm == RING:
         return flat
-    if algorithm != "auto":
+    if algorithm != AUTO:
         return two_level_all_reduce(algorithm, groups, message_bytes, fabric) or flat
     candidates = [flat]
-    for name in ("tree", "hierarchical"):
+    for name in (TREE, HIERARCHICAL):
         other = two_level_all_reduce(name, groups, message_bytes, fabric)
         if other is not None:
             candidates.append(other)

@@ -156,13 +156,6 @@ class StageExtras:
     output_weight: Work
 
 
-def constants_for(scenario: Scenario) -> KernelConstants:
-    """The scenario's own calibration (a ``--calibration`` file), or its GPU's record's."""
-    if scenario.calibration is not None:
-        return scenario.calibration
-    return scenario.cluster.gpu.kernels
-
-
 def gemm_efficiency(c: KernelConstants, m: float, n: float, k: float, batch: int = 1) -> float:
     """Fraction of the tensor peak a (batched) m x n x k GEMM reaches.
 
@@ -215,7 +208,7 @@ class ComputeModel:
         self.training: TrainingConfig = scenario.training
         self.gpu: GpuSpec = gpu
         self.scenario = scenario
-        self.constants = constants_for(scenario)
+        self.constants = scenario.kernel_constants
         self._stream_bytes_per_s = (
             gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s) * self.constants.memory_efficiency
         )

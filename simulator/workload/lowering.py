@@ -101,7 +101,7 @@ class _Stage:
 
     With v chunks per rank, chunk k holds virtual stage ``stage_of(rank, k)`` and
     ``scenario.chunk_layers[rank][k]`` layers (L / (p v), or Megatron-Core's uneven
-    split, rules.stage_layers); a chunk sends to the rank holding the next virtual stage, or,
+    split, stages.stage_layers); a chunk sends to the rank holding the next virtual stage, or,
     when that is itself (the turn of ZB-V's V), hands over with no transfer."""
 
     def __init__(self, gpu: GpuOps, scenario: Scenario, compute: ComputeModel) -> None:

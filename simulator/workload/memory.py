@@ -153,19 +153,32 @@ class StageMemory:
         }
 
 
+def sharding_of(scenario: Scenario) -> str:
+    """The data-parallel sharding in effect: the scenario's, or none with one replica
+    (there is nothing to shard over)."""
+    if scenario.parallel.data_parallel_size > 1:
+        return scenario.training.data_parallel_sharding
+    return NO_SHARDING
+
+
+def optimizer_sharded(scenario: Scenario) -> bool:
+    """Whether each replica holds 1/D of the optimizer state and steps on 1/D of the
+    parameters (ZeRO-1 and FSDP): the memory here and the bound (plan.bound) read it."""
+    return sharding_of(scenario) in (SHARD_OPTIMIZER, SHARD_FULL)
+
+
 def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> StageMemory:
     m = scenario.model
     t = scenario.parallel.tensor_model_parallel_size
     params = stage_params_per_rank(scenario, stage)
     d = scenario.parallel.data_parallel_size
-    sharding = scenario.training.data_parallel_sharding if d > 1 else NO_SHARDING
     weights = params * WEIGHT_BYTES_PER_PARAM
     gradient_bytes = scenario.training.gradient_bytes
     gradients = params * gradient_bytes
     optimizer = params * OPTIMIZER_BYTES_PER_PARAM
-    if sharding in (SHARD_OPTIMIZER, SHARD_FULL):
+    if optimizer_sharded(scenario):
         optimizer /= d
-    if sharding == SHARD_FULL:
+    if sharding_of(scenario) == SHARD_FULL:
         # sharded weights and gradients, plus FSDP's working set: the layer in use and
         # the one being gathered ahead, and one layer's full gradients
         # (the embedding/output weights are gathered with the first layer of each pass)
@@ -215,21 +228,34 @@ def inflight_layers(scenario: Scenario, stage: int) -> int:
     return peak
 
 
-def out_of_memory(scenario: Scenario, memory: list[StageMemory]) -> str | None:
-    """None when every stage fits its GPU, else one line: which stage, by how much, what
-    fills it, and what to change."""
+@dataclass(frozen=True, slots=True)
+class OutOfMemory:
+    """Why a layout does not fit: ``problem`` says which stage, by how much, what fills
+    it and what to change; ``override`` how `stepsim run --allow-oom` simulates it
+    anyway, a hint `plan` (which simulates nothing that does not fit) leaves out.
+    ``str()`` is the whole line, as run's error, warning and metrics.json carry it."""
+
+    problem: str
+    override: str = "--allow-oom simulates it anyway"
+
+    def __str__(self) -> str:
+        return f"{self.problem}; {self.override}"
+
+
+def out_of_memory(scenario: Scenario, memory: list[StageMemory]) -> OutOfMemory | None:
+    """None when every stage fits its GPU, else what is wrong (`OutOfMemory`)."""
     capacity_gib = scenario.cluster.gpu.memory_gib
     worst = max(memory, key=lambda m: (m.total_bytes, -m.stage))
     parts = worst.as_gib()
     if parts["total"] <= capacity_gib:
         return None
     over = [stage.stage for stage in memory if stage.as_gib()["total"] > capacity_gib]
-    return (
+    return OutOfMemory(
         f"out of memory: pipeline stage {worst.stage} needs {parts['total']:.1f} GiB of the "
         f"{scenario.cluster.gpu.name}'s {capacity_gib:g} GiB ({parts['total'] - capacity_gib:.1f} "
         f"GiB over; "
         + ", ".join(f"{k} {parts[k]:.1f}" for k in parts if k != "total")
         + f"); {len(over)} of {len(memory)} stages do not fit. More pipeline or tensor "
         "parallelism, recomputation, a smaller micro-batch or a sharded optimizer would "
-        "help; --allow-oom simulates it anyway"
+        "help"
     )

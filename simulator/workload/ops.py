@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from schedules import Step, holder_of, stage_of, step_label
+from schedules import LOOPED, Step, holder_of, stage_of, step_label
 
 from ..engine.flows import Transfer, delay
 from ..vocabulary import BACKWARD, COMPUTE_STREAM, FORWARD, PP_SEND, WEIGHT
@@ -154,7 +154,7 @@ def abstract_pipeline(
     weight_s: float = 0.0,
     p2p_latency_s: float = 0.0,
     num_chunks: int = 1,
-    placement: str = "looped",
+    placement: str = LOOPED,
     rank_scale: Sequence[float] | None = None,
 ) -> Workload:
     """A pipeline with fixed op times and a fixed latency on every rank-to-rank hop.

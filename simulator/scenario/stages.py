@@ -1,0 +1,171 @@
+"""How the layers split over pipeline stages and chunks, as Megatron-Core splits them,
+checked: evenly, or as its four uneven-split keys say (`stage_layers`). The layout
+rules (`rules.check_model_split`) run it; the specs, the memory model, the lowering and
+the summary read its counts."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from schedules import holder_of
+
+from .errors import ScenarioError
+
+if TYPE_CHECKING:
+    from .spec import ModelSpec, ParallelConfig
+
+FIRST_KEY = "parallel.decoder_first_pipeline_num_layers"
+LAST_KEY = "parallel.decoder_last_pipeline_num_layers"
+
+
+def is_uneven(parallel: ParallelConfig) -> bool:
+    """Whether any of the four uneven-split keys is set."""
+    return (
+        parallel.decoder_first_pipeline_num_layers is not None
+        or parallel.decoder_last_pipeline_num_layers is not None
+        or bool(parallel.account_for_embedding_in_pipeline_split)
+        or bool(parallel.account_for_loss_in_pipeline_split)
+    )
+
+
+def stage_layers(model: ModelSpec, parallel: ParallelConfig) -> tuple[tuple[int, ...], ...]:
+    """Layers per virtual stage as Megatron-Core splits them, checked.
+
+    Returns, for each pipeline rank r, a tuple of v counts: ``[r][k]`` is what chunk k of
+    rank r holds, counting the embedding and the loss as one layer each where the
+    ``account_for_*`` flags say so; `virtual_stage_layers` takes those off the chunks
+    that hold virtual stages 0 and p v - 1 (which depends on the placement).
+
+    Megatron-Core (megatron/core/transformer/transformer_block.py
+    ``get_num_layers_to_build`` and transformer_layer.py ``get_transformer_layer_offset``,
+    checked in transformer_config.py ``__post_init__``, 2024-2025):
+
+    - none of the keys: L / p per rank, L / (p v) per chunk; p and p v must divide L;
+    - ``decoder_first/last_pipeline_num_layers`` F, Z: the first (last) rank holds F (Z);
+      the other ranks share the rest evenly; each rank's count is split evenly over its
+      v chunks (F, Z and the middle count must be divisible by v); not together with
+      the ``account_for_*`` flags;
+    - ``account_for_embedding/loss_in_pipeline_split``: the embedding and the loss each
+      count as one layer: (L + e + l) / (p v) per virtual stage, one fewer on virtual
+      stage 0 (embedding) and on p v - 1 (loss); p must divide L + e + l and v the result.
+
+    stepsim also needs every virtual stage to hold at least one layer (Megatron-Core allows
+    an embedding-only stage; stepsim lowers the embedding with the first layer).
+    """
+    L, p = model.num_layers, parallel.pipeline_model_parallel_size
+    v = parallel.virtual_pipeline_model_parallel_size
+    first, last = (
+        parallel.decoder_first_pipeline_num_layers,
+        parallel.decoder_last_pipeline_num_layers,
+    )
+    embedding = bool(parallel.account_for_embedding_in_pipeline_split)
+    loss = bool(parallel.account_for_loss_in_pipeline_split)
+    v_key = "parallel.virtual_pipeline_model_parallel_size"
+    p_key = "parallel.pipeline_model_parallel_size"
+    if first is not None or last is not None:
+        edge_key, edge = (FIRST_KEY, first) if first is not None else (LAST_KEY, last)
+        if embedding or loss:
+            raise ScenarioError(
+                key=edge_key,
+                value=edge,
+                rule="cannot be set together with parallel.account_for_embedding_in_pipeline_"
+                "split or account_for_loss_in_pipeline_split (Megatron-Core refuses the mix)",
+            )
+        if p < 2:
+            raise ScenarioError(key=edge_key, value=edge, rule=f"needs {p_key} > 1 (found {p})")
+        for name, count in ((FIRST_KEY, first), (LAST_KEY, last)):
+            if count is not None and count % v:
+                raise ScenarioError(key=name, value=count, rule=f"must be divisible by {v_key}={v}")
+        middle_ranks = p - (first is not None) - (last is not None)
+        rest = L - (first or 0) - (last or 0)
+        if middle_ranks == 0 and rest != 0:
+            raise ScenarioError(
+                key=edge_key,
+                value=edge,
+                rule=f"plus {LAST_KEY}={last} must equal model.num_layers={L} with "
+                f"{p_key}={p} (no stage left between them)",
+            )
+        if middle_ranks and (rest < middle_ranks or rest % middle_ranks):
+            raise ScenarioError(
+                key=edge_key,
+                value=edge,
+                rule=f"leaves {rest} of model.num_layers={L} for the other {middle_ranks} "
+                f"of {p_key}={p} stages, which must split them evenly, at least one each",
+            )
+        middle = rest // middle_ranks if middle_ranks else 0
+        if middle % v:
+            raise ScenarioError(
+                key=v_key,
+                value=v,
+                rule=f"must divide the {middle} layers of each middle pipeline stage",
+            )
+        per_rank = [middle] * p
+        if first is not None:
+            per_rank[0] = first
+        if last is not None:
+            per_rank[-1] = last
+        return tuple((count // v,) * v for count in per_rank)
+    counted = L + embedding + loss
+    if embedding or loss:
+        extra = " + ".join(
+            what
+            for what, on in (("1 for the embedding", embedding), ("1 for the loss", loss))
+            if on
+        )
+        if counted % p:
+            raise ScenarioError(
+                key=p_key,
+                value=p,
+                rule=f"must divide model.num_layers + {extra} = {counted} "
+                "(account_for_*_in_pipeline_split)",
+            )
+        if counted // p % v:
+            raise ScenarioError(
+                key=v_key,
+                value=v,
+                rule=f"must divide the {counted // p} layers per pipeline stage counted with "
+                f"account_for_*_in_pipeline_split",
+            )
+        if p * v > 1 and counted // (p * v) < 2:
+            raise ScenarioError(
+                key=p_key,
+                value=p,
+                rule=f"leaves a virtual stage without a transformer layer: {counted} counted "
+                f"layers over {p * v} virtual stages, one fewer on the first and/or last",
+            )
+        per_chunk = counted // (p * v)
+        return tuple((per_chunk,) * v for _ in range(p))
+    if L % p:
+        raise ScenarioError(
+            key=p_key,
+            value=p,
+            rule=f"must divide model.num_layers={L}",
+        )
+    if L % (p * v):
+        raise ScenarioError(
+            f"parallel.virtual_pipeline_model_parallel_size={v} x "
+            f"pipeline_model_parallel_size={p} must divide model.num_layers={L} "
+            "(every chunk holds the same number of layers)",
+            key=v_key,
+            value=v,
+            rule="x pipeline_model_parallel_size must divide model.num_layers",
+        )
+    return tuple((L // (p * v),) * v for _ in range(p))
+
+
+def virtual_stage_layers(
+    model: ModelSpec, parallel: ParallelConfig, placement: str
+) -> tuple[tuple[int, ...], ...]:
+    """`stage_layers` with the embedding's and the loss's layer taken off the chunks that
+    hold virtual stages 0 and p v - 1 under ``placement`` (schedules.holder_of):
+    ``[r][k]`` is the transformer layers of chunk k of rank r."""
+    counts = [list(chunks) for chunks in stage_layers(model, parallel)]
+    p = parallel.pipeline_model_parallel_size
+    v = parallel.virtual_pipeline_model_parallel_size
+    if parallel.account_for_embedding_in_pipeline_split:
+        rank, chunk = holder_of(0, p, placement)
+        counts[rank][chunk] -= 1
+    if parallel.account_for_loss_in_pipeline_split:
+        rank, chunk = holder_of(p * v - 1, p, placement)
+        counts[rank][chunk] -= 1
+    return tuple(tuple(chunks) for chunks in counts)
