@@ -250,7 +250,7 @@ def test_a_custom_schedule_round_trips_through_the_resolved_toml(tmp_path):
     [
         ({"schedule": "custom"}, "missing key training.schedule_file"),
         ({"schedule": "1f1b", "schedule_file": "x.txt"}, "applies to training.schedule='custom'"),
-        ({"schedule": "custom", "schedule_file": "nowhere.txt"}, "'nowhere.txt': cannot read"),
+        ({"schedule": "custom", "schedule_file": "nowhere.txt"}, "cannot read training.schedule_file='nowhere.txt'"),
         ({"schedule": "custom", "schedule_file": "{two}"}, "has 2 ranks but parallel.pipeline"),
         ({"schedule": "custom", "schedule_file": "{stuck}"}, "the orders deadlock: rank 0 at B0"),
     ],
