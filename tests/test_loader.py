@@ -108,7 +108,7 @@ def test_resolved_toml_loads_back_to_the_same_scenario(tmp_path):
         ("cluster.nvlink_gbytes_per_s=1e-320", "must be between 0.001 and 1e+07"),
         ("cluster.num_nodes=10000000", "cluster.num_nodes=10000000 must be between 1 and 100000"),
         ("cluster.nics_per_node=3", "cluster.nics_per_node=3 must divide cluster.gpus_per_node=8"),
-        ("model.num_layers=400000000", "ops to simulate, over the limit"),
+        ("model.num_layers=400000000", "ops, over the limit of 5,000,000 ops"),
         ("justaword", "must look like section.key=value"),
     ],
 )

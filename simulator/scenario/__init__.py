@@ -4,6 +4,8 @@ the rules across keys (rules.py), and the files it is read from and written to
 to). Other packages import the scenario API from here."""
 
 from .files import read_calibration, read_schedule_file, read_search_journal, read_validation_set
+from .limits import LIMITS, limit
+from .limits import check as check_limit
 from .loader import (
     apply_override,
     dumps_toml,
@@ -12,7 +14,7 @@ from .loader import (
     scenario_from_dict,
     scenario_to_dict,
 )
-from .rules import MAX_SIMULATED_OPS, check_scenario
+from .rules import check_scenario
 from .spec import (
     ClusterSpec,
     GpuSpec,
@@ -26,7 +28,7 @@ from .spec import (
 )
 
 __all__ = [
-    "MAX_SIMULATED_OPS",
+    "LIMITS",
     "ClusterSpec",
     "GpuSpec",
     "KernelConstants",
@@ -37,8 +39,10 @@ __all__ = [
     "ScenarioError",
     "TrainingConfig",
     "apply_override",
+    "check_limit",
     "check_scenario",
     "dumps_toml",
+    "limit",
     "load_scenario",
     "parse_override",
     "read_calibration",

@@ -39,7 +39,7 @@ def read_bytes(path: Path, what: str, limit_name: str = "input_bytes") -> bytes:
         info = os.stat(path)
         if not stat.S_ISREG(info.st_mode):
             raise ScenarioError(f"{what} is not a regular file (a folder, FIFO or device)")
-        limits.check(limit_name, info.st_size, what)
+        limits.check(limit_name, info.st_size, f"{what} holds")
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
         with os.fdopen(fd, "rb") as f:
             if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
@@ -47,7 +47,7 @@ def read_bytes(path: Path, what: str, limit_name: str = "input_bytes") -> bytes:
             data = f.read(cap + 1)  # a file growing (or /proc's size 0) stops here
     except OSError as exc:
         raise ScenarioError(f"cannot read {what}: {exc.strerror}") from None
-    limits.check(limit_name, len(data), what)
+    limits.check(limit_name, len(data), f"{what} holds")
     return data
 
 
@@ -90,7 +90,7 @@ def _loads(text: str, what: str) -> dict[str, Any]:
     """tomllib.loads with the depth refused before it runs and tomllib's other failures
     (an integer over Python's 4300 digits, a recursion the check missed) as one-line
     ScenarioErrors; TOMLDecodeError left to the caller."""
-    limits.check("toml_depth", toml_depth(text), f"{what}: nesting")
+    limits.check("toml_depth", toml_depth(text), f"{what} nests")
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError:

@@ -13,8 +13,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .errors import ScenarioError
+
+if TYPE_CHECKING:
+    from .spec import ClusterSpec
 
 ENV_PREFIX = "STEPSIM_MAX_"
 
@@ -72,7 +76,7 @@ LIMITS = {
             5_000_000,
             "ops",
             "ops the engine simulates (about a dozen per layer and micro-batch): about "
-            "30 s and 1 GB at the limit",
+            "50 s and 1 GB at the limit on a 2-core machine",
         ),
         Limit(
             "schedule_ops",
@@ -102,15 +106,43 @@ def limit(name: str) -> int:
 
 
 def check(name: str, amount: int, what: str, key: str | None = None, value: object = None) -> None:
-    """Raise a one-line ScenarioError when ``amount`` (``what`` says of what) is over
-    the limit ``name``; ``key``/``value`` name the scenario key that drives it."""
+    """Raise a one-line ScenarioError when ``amount`` is over the limit ``name``. The
+    line reads ``{what} about {amount} {unit}, over the limit ...``, after
+    ``{key}={value!r} `` when a scenario key drives the size."""
     allowed = limit(name)
     if amount <= allowed:
         return
     spec = LIMITS[name]
-    over = f"over the limit of {allowed:,} {spec.unit} ({spec.reason})"
+    rule = (
+        f"{what} about {amount:,} {spec.unit}, over the limit of {allowed:,} {spec.unit} "
+        f"({spec.reason})"
+    )
     fix = f"make it smaller, or raise the limit with {spec.env}=N"
     if key is None:
-        raise ScenarioError(f"{what} of about {amount:,} {spec.unit} is {over}; {fix}")
-    rule = f"means {what} of about {amount:,} {spec.unit}, {over}"
+        raise ScenarioError(f"{rule}; {fix}")
     raise ScenarioError(key=key, value=value, rule=rule, fix=fix)
+
+
+def check_cluster(cluster: ClusterSpec) -> None:
+    """The cluster's GPUs and links, counted from its keys before the graph is drawn."""
+    from topologies import FabricShape, cable_count
+
+    nodes, gpus = cluster.num_nodes, cluster.gpus_per_node
+    check("gpus", nodes * gpus, f"x cluster.gpus_per_node={gpus} is", "cluster.num_nodes", nodes)
+    fabric = FabricShape(
+        kind=cluster.fabric,
+        levels=cluster.fabric_levels,
+        nodes_per_leaf=cluster.nodes_per_leaf,
+        leaves_per_pod=cluster.leaves_per_pod,
+        spines=cluster.spine_switches,
+        oversubscription=cluster.oversubscription,
+    )
+    links = 2 * cable_count(nodes, gpus, cluster.nics_per_node, cluster.nvlink_topology, fabric)
+    check(
+        "links",
+        links,
+        f"with cluster.fabric={cluster.fabric!r} and cluster.spine_switches="
+        f"{cluster.spine_switches} draws",
+        "cluster.num_nodes",
+        nodes,
+    )
