@@ -103,7 +103,7 @@ def test_bad_input_exits_2_with_one_line_naming_the_key(args, key):
 
 def test_missing_file_and_bad_flags_exit_2(capsys):
     assert main(["run", "no/such/file.toml"]) == 2
-    with pytest.raises(SystemExit) as info:
+    with pytest.raises(SystemExit, match="^2$") as info:
         main(["run", TINY, "--frobnicate"])
     assert info.value.code == 2
     assert "Traceback" not in capsys.readouterr().err

@@ -1,5 +1,7 @@
 """Scenario files: presets, overrides, defaults, round trip, and one-line errors."""
 
+import re
+
 import pytest
 
 from simulator.scenario import (
@@ -114,7 +116,7 @@ def test_resolved_toml_loads_back_to_the_same_scenario(tmp_path):
 )
 def test_bad_input_names_key_value_and_rule(override, message):
     doc = scenario()
-    with pytest.raises(ScenarioError) as info:
+    with pytest.raises(ScenarioError, match=re.escape(message)) as info:
         apply_override(doc, override)
         scenario_from_dict(doc)
     assert message in str(info.value)

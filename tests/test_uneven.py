@@ -1,6 +1,8 @@
 """Uneven pipeline stages (Megatron-Core's four split keys): the rules and their
 errors, closed forms for time and memory, and the published shapes that need them."""
 
+import re
+
 import pytest
 
 from simulator.plan.bound import iteration_lower_bound_s
@@ -177,13 +179,15 @@ ERRORS = [
 @pytest.mark.parametrize("parallel, message", ERRORS)
 def test_rules_name_the_key_and_the_rule(parallel, message):
     doc = {"pipeline_model_parallel_size": 2, **parallel}
-    with pytest.raises(ScenarioError) as error:
+    with pytest.raises(ScenarioError, match=re.escape(message)) as error:
         load(parallel=doc, cluster={"num_nodes": 1, "gpus_per_node": 6, "nics_per_node": 6})
     assert str(error.value) == message
 
 
 def test_chunks_must_divide_the_edge_and_middle_stages():
-    with pytest.raises(ScenarioError) as error:
+    with pytest.raises(
+        ScenarioError, match=r"^parallel\.decoder_first_pipeline_num_layers=3 must be divisible"
+    ) as error:
         load(
             model={"num_layers": 12},
             parallel={

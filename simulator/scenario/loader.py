@@ -89,6 +89,8 @@ def parse_override(item: str) -> tuple[str, str, Any]:
             f"--set {_shown(target)}: unknown section {_shown(section)!r}; "
             f"known: {_known(schema.SECTIONS)}"
         )
+    if "." in key:  # no key has a dot; say so before a long dotted key is stored
+        raise ScenarioError(f"--set {_shown(target)}: unknown key; keys are section.key")
     return section, key, parse_value(text.strip(), f"--set {_shown(target)}")
 
 
