@@ -155,6 +155,8 @@ def test_files_that_are_not_regular_are_refused_without_blocking(tmp_path, monke
     small.write_bytes(b"12345678901")
     with pytest.raises(ScenarioError, match=r"^x holds about 11 bytes, over the limit of 10"):
         read_text(small, "x")
+    small.write_bytes("\ufeffname".encode())
+    assert read_text(small, "x") == "name"  # a byte-order mark is not text
     small.write_bytes(b"\xff\xfe")
     with pytest.raises(ScenarioError, match=r"^x is not UTF-8 text$"):
         read_text(small, "x")
@@ -204,3 +206,12 @@ def test_search_workers_end_when_the_search_is_killed():
     for w in left:
         os.kill(w, signal.SIGKILL)
     assert left == []
+
+
+def test_the_readme_lists_every_limit_with_its_variable():
+    text = (ROOT / "scenarios" / "README.md").read_text(encoding="utf-8")
+    table = text[text.index("## Limits") :]
+    for spec in LIMITS.values():
+        row = next(line for line in table.splitlines() if f"`{spec.env}`" in line)
+        shown = f"{spec.value // 2**20} MiB" if spec.unit == "bytes" else f"{spec.value:,}"
+        assert f"| {shown}" in row, (spec.name, row)

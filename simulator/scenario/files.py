@@ -52,9 +52,10 @@ def read_bytes(path: Path, what: str, limit_name: str = "input_bytes") -> bytes:
 
 
 def read_text(path: Path, what: str, limit_name: str = "input_bytes") -> str:
-    """`read_bytes` as UTF-8 text."""
+    """`read_bytes` as UTF-8 text; a leading byte-order mark (some editors write one)
+    is dropped, as it is not text."""
     try:
-        return read_bytes(path, what, limit_name).decode("utf-8")
+        return read_bytes(path, what, limit_name).decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError:
         raise ScenarioError(f"{what} is not UTF-8 text") from None
 
