@@ -194,3 +194,15 @@ def test_progress_line_only_on_a_terminal_and_cleared_after(capsys):
     assert main(["run", TINY]) == 0
     assert capsys.readouterr().err == ""
     assert main(["run", TINY, "--quiet", "--json"]) == 0
+
+
+def test_ctrl_c_of_run_is_one_line_and_status_130(monkeypatch, capsys):
+    from simulator import run as run_module
+
+    def interrupted(scenario, progress=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_module, "run", interrupted)
+    assert main(["run", TINY, "--quiet"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == "stepsim: interrupted\n" and captured.out == ""
