@@ -48,12 +48,14 @@ LAYOUTS = {
 def study() -> dict[str, list[SweepPoint]]:
     results = {}
     for name, overrides in LAYOUTS.items():
-        _, points = run_sweep(
+        sweep = run_sweep(
             lambda o: load_scenario(SCENARIO, o),
             lambda s: run(s).metrics,
             [*overrides, BANDWIDTHS],
         )
-        results[name] = points
+        if sweep.rejected:
+            raise SystemExit(f"{name}: {sweep.rejected[0][1]}")
+        results[name] = sweep.points
         print(f"done: {name}", file=sys.stderr)
     return results
 

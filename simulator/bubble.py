@@ -20,7 +20,7 @@ from schedules.custom import sizes_of
 
 from .engine.core import simulate
 from .results import SCHEMA_VERSION, Trace
-from .scenario import ScenarioError
+from .scenario import ScenarioError, check_limit
 from .vocabulary import COMPUTE_STREAM, MODEL_KINDS
 from .workload.ops import abstract_pipeline
 
@@ -172,7 +172,6 @@ def run_schedule(
 
 # -- what `stepsim schedule` accepts: op times, sizes, and which schedules run how --------
 
-MAX_OPS = 1_000_000  # ops of one study: under a minute of simulation
 MAX_SIZE = 100_000  # stages, micro-batches, chunks or group size
 
 
@@ -220,11 +219,9 @@ def study_of_orders(
     limit, agreeing with the sizes given (by flag: --stages, --microbatches, --chunks),
     with a weight time when they hold W ops; then simulated."""
     p, m, v, split = sizes_of(orders)
-    if p * m * v * 3 > MAX_OPS:
-        raise ScenarioError(
-            f"{where}: {p} ranks x {m} micro-batches x {v} chunks is over the limit of "
-            f"{MAX_OPS:,} ops"
-        )
+    check_limit(
+        "schedule_ops", p * m * v * 3, f"{where}: {p} ranks x {m} micro-batches x {v} chunks is"
+    )
     for (flag, given), found in zip(sizes.items(), (p, m, v), strict=True):
         if given is not None and given != found:
             raise ScenarioError(f"{flag}={given} but the schedule file has {found}")
@@ -273,12 +270,13 @@ def studies_of_schedules(
         raise ScenarioError("--stages is required with --schedule or --compare")
     if microbatches is None:
         raise ScenarioError("--microbatches is required with --schedule or --compare")
-    ops = stages * microbatches * 3 * max(chunks or 2, 2)
-    if ops > MAX_OPS:
-        raise ScenarioError(
-            f"--stages={stages} x --microbatches={microbatches} means about "
-            f"{ops:,} ops, over the limit of {MAX_OPS:,}; use fewer"
-        )
+    # every schedule runs (and is drawn) at most 3 max(v, 2) ops per micro-batch and stage
+    ops = stages * microbatches * 3 * max(chunks or 2, 2) * len(names)
+    check_limit(
+        "schedule_ops",
+        ops,
+        f"--stages={stages} x --microbatches={microbatches} x {len(names)} schedule(s) means",
+    )
     check_stage_layers(stage_layers, stages)
     studies = []
     single = len(names) == 1

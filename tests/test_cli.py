@@ -94,7 +94,7 @@ def test_bad_input_exits_2_with_one_line_naming_the_key(args, key):
 
 def test_missing_file_and_bad_flags_exit_2(capsys):
     assert main(["run", "no/such/file.toml"]) == 2
-    with pytest.raises(SystemExit) as info:
+    with pytest.raises(SystemExit, match="^2$") as info:
         main(["run", TINY, "--frobnicate"])
     assert info.value.code == 2
     assert "Traceback" not in capsys.readouterr().err
@@ -194,3 +194,15 @@ def test_progress_line_only_on_a_terminal_and_cleared_after(capsys):
     assert main(["run", TINY]) == 0
     assert capsys.readouterr().err == ""
     assert main(["run", TINY, "--quiet", "--json"]) == 0
+
+
+def test_ctrl_c_of_run_is_one_line_and_status_130(monkeypatch, capsys):
+    from simulator import run as run_module
+
+    def interrupted(scenario, progress=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_module, "run", interrupted)
+    assert main(["run", TINY, "--quiet"]) == 130
+    captured = capsys.readouterr()
+    assert captured.err == "stepsim: interrupted\n" and captured.out == ""

@@ -1,5 +1,6 @@
 """Routes, collectives and transfers on real cluster graphs, against closed forms."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -234,14 +235,14 @@ CUBE_MESH_PAIRS = {
 
 def test_groups_connected_unlike_are_a_layout_error_of_the_workload():
     scenario = load(**CUBE_MESH_PAIRS)
-    with pytest.raises(LayoutError) as info:
+    with pytest.raises(LayoutError, match=re.escape(UNLIKE)) as info:
         lower(scenario, build_cluster(scenario.cluster))
     assert str(info.value) == UNLIKE
     assert not isinstance(info.value, ScenarioError)
 
 
 def test_groups_connected_unlike_are_the_users_one_line_error(capsys):
-    with pytest.raises(ScenarioError) as info:
+    with pytest.raises(ScenarioError, match=re.escape(UNLIKE)) as info:
         run(load(**CUBE_MESH_PAIRS))
     assert str(info.value) == UNLIKE
     sets = [

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -178,5 +179,5 @@ def test_bad_calibration_files_are_one_line_errors(synthetic_file, tmp_path, cap
     assert main(["run", "scenarios/tiny-2gpu.toml", "--calibration", str(bad)]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
-    with pytest.raises(ScenarioError):
+    with pytest.raises(ScenarioError, match=re.escape(message)):
         load_scenario("scenarios/tiny-2gpu.toml", calibration=bad)

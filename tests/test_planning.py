@@ -323,7 +323,7 @@ def test_time_to_train_is_tokens_over_simulated_throughput(capsys):
 
 
 def test_time_to_train_needs_tokens_and_a_layout_that_fits(capsys):
-    with pytest.raises(SystemExit) as exit_info:
+    with pytest.raises(SystemExit, match="^2$") as exit_info:
         main(["plan", "time-to-train", TINY])
     assert exit_info.value.code == 2
     big = ["--set", "model.num_layers=400", "--set", "model.hidden_size=8192"]
@@ -423,7 +423,7 @@ def test_check_fits_names_the_stage_without_the_allow_oom_hint():
 
     check_fits(load_scenario(TINY))  # fits: no error
     big = load_scenario(TINY, ["model.num_layers=400", "model.hidden_size=8192"])
-    with pytest.raises(ScenarioError) as error:
+    with pytest.raises(ScenarioError, match="out of memory") as error:
         check_fits(big)
     message = str(error.value)
     assert "out of memory" in message and "--allow-oom" not in message

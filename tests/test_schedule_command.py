@@ -156,17 +156,19 @@ def test_op_times_are_checked_before_anything_runs():
 
 
 def test_sizes_and_the_op_limit():
-    from simulator.bubble import MAX_OPS, OpTimes, check_sizes, studies_of_schedules
+    from simulator.bubble import OpTimes, check_sizes, studies_of_schedules
     from simulator.scenario import ScenarioError
 
     check_sizes({"--stages": 100_000, "--chunks": None})
     with pytest.raises(ScenarioError, match=r"^--stages=0 must be between 1 and 100000$"):
         check_sizes({"--stages": 0})
     times = OpTimes(forward=1.0, backward=2.0)
-    # p m 3 max(v, 2) ops: 1000 x 200 x 3 x 2 = 1.2 M > 1 M
-    assert 1000 * 200 * 3 * 2 > MAX_OPS >= 1000 * 166 * 3 * 2
-    with pytest.raises(ScenarioError, match="over the limit of 1,000,000; use fewer"):
+    # p m 3 max(v, 2) ops per schedule: 1000 x 200 x 3 x 2 = 1.2 M > 1 M
+    with pytest.raises(ScenarioError, match="about 1,200,000 ops, over the limit of 1,000,000"):
         studies_of_schedules(["1f1b"], 1000, 200, times, weight_given=False)
+    # two schedules of 1000 x 100 x 3 x 2 = 0.6 M each: 1.2 M in all
+    with pytest.raises(ScenarioError, match="x 2 schedule.s. means about 1,200,000 ops"):
+        studies_of_schedules(["1f1b", "gpipe"], 1000, 100, times, weight_given=False)
     with pytest.raises(ScenarioError, match=r"^--microbatches is required"):
         studies_of_schedules(["1f1b"], 4, None, times, weight_given=False)
 

@@ -1,6 +1,8 @@
 """Every schedule in the full simulator: op order, FLOPs, memory, and agreement with
 the abstract pipeline of the same op times."""
 
+import re
+
 import pytest
 
 from schedules import SCHEDULES, build, parse_label, peak_inflight, step_label
@@ -178,7 +180,7 @@ def test_schedules_run_with_data_parallel_sharding_and_overlap(name, sharding):
     ],
 )
 def test_bad_schedule_settings_name_key_value_and_rule(training, parallel, message):
-    with pytest.raises(ScenarioError) as info:
+    with pytest.raises(ScenarioError, match=re.escape(message)) as info:
         load(
             model={"num_layers": LAYERS},
             parallel={"pipeline_model_parallel_size": P, **parallel},
@@ -250,7 +252,10 @@ def test_a_custom_schedule_round_trips_through_the_resolved_toml(tmp_path):
     [
         ({"schedule": "custom"}, "missing key training.schedule_file"),
         ({"schedule": "1f1b", "schedule_file": "x.txt"}, "applies to training.schedule='custom'"),
-        ({"schedule": "custom", "schedule_file": "nowhere.txt"}, "'nowhere.txt': cannot read"),
+        (
+            {"schedule": "custom", "schedule_file": "nowhere.txt"},
+            "cannot read training.schedule_file='nowhere.txt'",
+        ),
         ({"schedule": "custom", "schedule_file": "{two}"}, "has 2 ranks but parallel.pipeline"),
         ({"schedule": "custom", "schedule_file": "{stuck}"}, "the orders deadlock: rank 0 at B0"),
     ],
@@ -263,7 +268,7 @@ def test_bad_custom_schedules_name_key_value_and_rule(tmp_path, training, messag
         if name in ("two", "stuck"):
             training = {**training, "schedule_file": str(tmp_path / f"{name}.txt")}
     p = 2 if "stuck" in str(training.get("schedule_file")) else P
-    with pytest.raises(ScenarioError) as info:
+    with pytest.raises(ScenarioError, match=re.escape(message)) as info:
         load(
             model={"num_layers": LAYERS},
             parallel={"pipeline_model_parallel_size": p},

@@ -1,5 +1,6 @@
 """The schema read from the specs: the loader's tables, the README's, the resolved TOML."""
 
+import re
 from dataclasses import MISSING, replace
 from pathlib import Path
 
@@ -60,7 +61,7 @@ def test_types_ranges_and_choices_come_from_the_field_metadata():
         ("oversubscription", float("inf"), "cluster.oversubscription=inf must be a finite number"),
         ("fabric", "ring", "cluster.fabric='ring' must be one of: " + ", ".join(FABRICS)),
     ):
-        with pytest.raises(ScenarioError) as err:
+        with pytest.raises(ScenarioError, match="^" + re.escape(message)) as err:
             check_value(cluster[key], value)
         assert str(err.value) == message
         assert (err.value.key, err.value.value) == (f"cluster.{key}", value)

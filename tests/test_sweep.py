@@ -58,16 +58,69 @@ def test_sweep_writes_csv_with_swept_and_metric_columns(tmp_path, capsys):
     assert (tmp_path / "sweep.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_a_bad_point_fails_before_anything_runs():
-    with pytest.raises(ScenarioError, match="sweep point parallel.pipeline_model_parallel_size=3"):
-        from simulator.plan.sweep import run_sweep
-        from simulator.scenario import load_scenario
+def test_a_bad_point_is_kept_with_its_reason_and_the_others_run(tmp_path, capsys):
+    from simulator.plan.sweep import run_sweep
+    from simulator.scenario import load_scenario
 
-        run_sweep(
-            lambda o: load_scenario(TINY, o),
-            lambda s: pytest.fail("ran"),
-            ["parallel.pipeline_model_parallel_size=2,3"],
-        )
+    ran = []
+    sweep = run_sweep(
+        lambda o: load_scenario(TINY, o),
+        lambda s: ran.append(s.parallel.pipeline_model_parallel_size) or _metrics(s),
+        ["parallel.pipeline_model_parallel_size=2,3"],
+    )
+    assert ran == [2] and [p.settings for p in sweep.points] == [
+        {"parallel.pipeline_model_parallel_size": 2}
+    ]
+    (settings, reason), *more = sweep.rejected
+    assert not more and settings == {"parallel.pipeline_model_parallel_size": 3}
+    assert reason.startswith("parallel.pipeline_model_parallel_size=3 must divide")
+    # the command: exit 2, the valid point in the table and the CSV, the bad one marked
+    argv = ["sweep", TINY, "--set", "parallel.pipeline_model_parallel_size=2,3"]
+    assert main([*argv, "--out", str(tmp_path)]) == 2
+    out, err = capsys.readouterr()
+    assert "rejected parallel.pipeline_model_parallel_size=3: parallel.pipeline" in out
+    assert err.strip().splitlines() == [
+        "stepsim: error: 1 of 2 sweep points are not valid (each is marked 'rejected' above "
+        "with its reason); the others were simulated"
+    ]
+    with (tmp_path / "sweep.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert [r["error"] == "" for r in rows] == [True, False]
+    assert rows[0]["iteration_time_s"] and not rows[1]["iteration_time_s"]
     assert main(["sweep", TINY, "--set", "cluster.nic_gbps=100"]) == 2  # nothing swept
     with pytest.raises(ScenarioError, match="both swept and fixed"):
         split_axes(["cluster.nic_gbps=100,200", "cluster.nic_gbps=300"])
+
+
+def _metrics(scenario):
+    from simulator.run import run
+
+    return run(scenario).metrics
+
+
+def test_ctrl_c_keeps_the_finished_points(tmp_path, capsys):
+    """The second of three points is interrupted: exit 130, the first is written."""
+    import unittest.mock
+
+    from simulator import run as run_module
+
+    real_run = run_module.run
+    calls = []
+
+    def run_or_interrupt(scenario, progress=None):
+        calls.append(scenario.cluster.nic_gbps)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real_run(scenario)
+
+    argv = ["sweep", TINY, "--set", "cluster.nic_gbps=100,200,300", "--out", str(tmp_path)]
+    with unittest.mock.patch.object(run_module, "run", run_or_interrupt):
+        assert main(argv) == 130
+    assert calls == [100, 200]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"stepsim: interrupted after 1 simulated point(s); they are in the table "
+        f"and {tmp_path}/sweep.csv"
+    ]
+    with (tmp_path / "sweep.csv").open() as f:
+        assert [r["cluster.nic_gbps"] for r in csv.DictReader(f)] == ["100"]

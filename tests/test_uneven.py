@@ -2,6 +2,7 @@
 errors, closed forms for time and memory, and the published shapes that need them."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -184,13 +185,15 @@ ERRORS = [
 @pytest.mark.parametrize("parallel, message", ERRORS)
 def test_rules_name_the_key_and_the_rule(parallel, message):
     doc = {"pipeline_model_parallel_size": 2, **parallel}
-    with pytest.raises(ScenarioError) as error:
+    with pytest.raises(ScenarioError, match=re.escape(message)) as error:
         load(parallel=doc, cluster={"num_nodes": 1, "gpus_per_node": 6, "nics_per_node": 6})
     assert str(error.value) == message
 
 
 def test_chunks_must_divide_the_edge_and_middle_stages():
-    with pytest.raises(ScenarioError) as error:
+    with pytest.raises(
+        ScenarioError, match=r"^parallel\.decoder_first_pipeline_num_layers=3 must be divisible"
+    ) as error:
         load(
             model={"num_layers": 12},
             parallel={

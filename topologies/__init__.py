@@ -1,7 +1,7 @@
 """Cluster graphs (networkx) and their frozen form with links and routes."""
 
 from .cluster import Cluster, Link, build_graph
-from .fabric import FABRICS, FabricShape
+from .fabric import FABRICS, FabricShape, cable_count
 from .node import GPU, NIC, NVLINK_TOPOLOGIES, NVSWITCH, SWITCH, NodeShape
 
 __all__ = [
@@ -16,4 +16,5 @@ __all__ = [
     "Link",
     "NodeShape",
     "build_graph",
+    "cable_count",
 ]

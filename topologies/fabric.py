@@ -29,7 +29,7 @@ from math import ceil
 
 import networkx as nx
 
-from .node import NIC, SWITCH, NodeShape, cable
+from .node import HYBRID_CUBE_MESH, NIC, SWITCH, NodeShape, cable
 
 FABRICS = ("switch", "fat-tree", "rail-optimized")
 
@@ -66,9 +66,7 @@ def add_fabric(graph: nx.DiGraph, num_nodes: int, node: NodeShape, fabric: Fabri
     if leaves == 1:
         return
     up_total = leaf_down_bw / fabric.oversubscription
-    # A leaf reaches a spine through at least one port: no more spines than uplink ports.
-    down_ports = fabric.nodes_per_leaf * node.nics // rails
-    spines = min(fabric.spines, max(int(down_ports / fabric.oversubscription), 1))
+    spines = spines_per_leaf(fabric, node.nics)
     if fabric.kind == "fat-tree" and fabric.levels == 3:
         pods = ceil(leaves / fabric.leaves_per_pod)
         for leaf in range(leaves):
@@ -86,3 +84,37 @@ def add_fabric(graph: nx.DiGraph, num_nodes: int, node: NodeShape, fabric: Fabri
     for leaf in range(leaves):
         for s in range(spines):
             cable(graph, (SWITCH, 1, leaf), (SWITCH, 2, s), "ib", up_total / spines, lat)
+
+
+def spines_per_leaf(fabric: FabricShape, nics_per_node: int) -> int:
+    """The switches each leaf connects up to: a leaf reaches a spine through at least
+    one port, so no more spines than its uplink ports."""
+    rails = nics_per_node if fabric.kind == "rail-optimized" else 1
+    down_ports = fabric.nodes_per_leaf * nics_per_node // rails
+    return min(fabric.spines, max(int(down_ports / fabric.oversubscription), 1))
+
+
+def cable_count(
+    num_nodes: int, gpus: int, nics: int, nvlink_topology: str, fabric: FabricShape
+) -> int:
+    """The cables (two directed links each) ``build_graph`` draws, counted from the
+    shapes without drawing them, so a cluster too large to build is refused first:
+    per server a PCIe cable per GPU and an InfiniBand cable per NIC, its NVLink (one
+    cable per GPU to the NVSwitch, one per pair in a mesh) and the switch levels."""
+    nvlink = {"nvswitch": gpus, "all-to-all": gpus * (gpus - 1) // 2}.get(
+        nvlink_topology, len(HYBRID_CUBE_MESH)
+    )
+    cables = num_nodes * (gpus + nics + nvlink)
+    if fabric.kind == "switch":
+        return cables
+    rails = nics if fabric.kind == "rail-optimized" else 1
+    leaves = ceil(num_nodes / fabric.nodes_per_leaf) * rails
+    if leaves == 1:
+        return cables
+    spines = spines_per_leaf(fabric, nics)
+    cables += leaves * spines
+    if fabric.kind == "fat-tree" and fabric.levels == 3:
+        pods = ceil(leaves / fabric.leaves_per_pod)
+        if pods > 1:
+            cables += pods * spines * spines
+    return cables

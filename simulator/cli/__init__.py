@@ -16,7 +16,14 @@ from .. import __version__
 from ..engine.core import DeadlockError
 from ..scenario import ScenarioError
 from . import plan, run, schedule, search, sweep, topology, validate
-from .common import EXIT_BROKEN_PIPE, EXIT_FAILED, EXIT_USAGE, Parser, Progress
+from .common import (
+    EXIT_BROKEN_PIPE,
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
+    Parser,
+    Progress,
+)
 
 __all__ = ["EXIT_USAGE", "Progress", "build_parser", "main"]
 
@@ -52,3 +59,6 @@ def main(argv: list[str] | None = None) -> int:
     except (DeadlockError, OSError) as exc:
         print(f"stepsim: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
+    except KeyboardInterrupt:  # commands that keep finished work catch it themselves
+        print("stepsim: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

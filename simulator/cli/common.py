@@ -225,9 +225,11 @@ class Workers:
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]], empty_head: str = "layout") -> None:
-    """rows under a header of the first row's keys (``empty_head`` alone when none)."""
+    """rows under a header of every row's keys in the order they first appear (a row
+    without a column leaves it empty; ``empty_head`` alone when there are no rows)."""
+    fieldnames = list(dict.fromkeys(key for row in rows for key in row)) or [empty_head]
     with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else [empty_head])
+        writer = csv.DictWriter(f, fieldnames=fieldnames)
         writer.writeheader()
         writer.writerows(rows)
 

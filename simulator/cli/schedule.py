@@ -105,7 +105,7 @@ def command(args: argparse.Namespace) -> int:
     }
     check_sizes({**sizes, "--group-size": args.group_size})
     weight_given = args.weight is not None
-    if args.schedule_file:
+    if args.schedule_file is not None:
         path = Path(args.schedule_file)
         where = f"--schedule-file {str(path)!r}"
         orders = read_schedule_file(path, where, args.placement)
@@ -122,7 +122,11 @@ def command(args: argparse.Namespace) -> int:
             )
         ]
     else:
-        names = [args.schedule] if args.schedule else [n.strip() for n in args.compare.split(",")]
+        names = (
+            [args.schedule]
+            if args.schedule is not None
+            else [n.strip() for n in args.compare.split(",")]
+        )
         studies = studies_of_schedules(
             names,
             args.stages,

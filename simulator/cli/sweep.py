@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..results import SCHEMA_VERSION
 from ..scenario import load_scenario
 from .common import (
+    EXIT_INTERRUPTED,
+    EXIT_USAGE,
     json_argument,
     print_json,
     progress_for,
@@ -44,7 +47,7 @@ def command(args: argparse.Namespace) -> int:
         progress.begin(f"point {i + 1}/{n} ({where})")
 
     try:
-        keys, points = run_sweep(
+        sweep = run_sweep(
             lambda overrides: load_scenario(args.scenario, overrides, calibration=args.calibration),
             lambda scenario: run(scenario, progress.update).metrics,
             args.overrides,
@@ -52,6 +55,7 @@ def command(args: argparse.Namespace) -> int:
         )
     finally:
         progress.clear()
+    keys, points = sweep.keys, sweep.points
     if args.json:
         print_json(
             {
@@ -60,16 +64,41 @@ def command(args: argparse.Namespace) -> int:
                 "scenario": load_scenario(args.scenario).name,
                 "swept": keys,
                 "points": [point.row() for point in points],
+                "rejected": [{**settings, "error": reason} for settings, reason in sweep.rejected],
             }
         )
     else:
-        print(sweep_table_text(keys, points))
+        if points:
+            print(sweep_table_text(keys, points))
+        for settings, reason in sweep.rejected:
+            where = ", ".join(f"{k}={v}" for k, v in settings.items())
+            print(f"  rejected {where}: {reason}")
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        write_csv(out / "sweep.csv", [point.row() for point in points])
-        name = load_scenario(args.scenario).name
-        sweep_figure(keys, points, f"{name}: sweep").savefig(out / "sweep.png", dpi=110)
+        rows = [{**point.row(), "error": ""} for point in points]
+        rows += [{**settings, "error": reason} for settings, reason in sweep.rejected]
+        write_csv(out / "sweep.csv", rows)
+        written = "sweep.csv"
+        if points:
+            name = load_scenario(args.scenario).name
+            sweep_figure(keys, points, f"{name}: sweep").savefig(out / "sweep.png", dpi=110)
+            written += " sweep.png"
         if not args.json:
-            print(f"\n  wrote {args.out}/: sweep.csv sweep.png")
+            print(f"\n  wrote {args.out}/: {written}")
+    if sweep.interrupted:
+        print(
+            f"stepsim: interrupted after {len(points)} simulated point(s); "
+            "they are in the table" + (f" and {args.out}/sweep.csv" if args.out else ""),
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    if sweep.rejected:
+        total = len(points) + len(sweep.rejected)
+        print(
+            f"stepsim: error: {len(sweep.rejected)} of {total} sweep points are not valid "
+            "(each is marked 'rejected' above with its reason); the others were simulated",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     return 0

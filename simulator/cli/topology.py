@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from ..results import SCHEMA_VERSION
 from ..scenario import ScenarioError
@@ -28,6 +29,8 @@ def command(args: argparse.Namespace) -> int:
     from ..report.text import topology_text
     from ..run import build_cluster
 
+    if args.png is not None and Path(args.png).suffix.lower() not in ("", ".png"):
+        raise ScenarioError(f"--png {args.png!r} must name a .png file")
     scenario = load(args)
     cluster = build_cluster(scenario.cluster)
     if args.png and cluster.num_gpus > MAX_DRAWN_GPUS:
@@ -42,7 +45,7 @@ def command(args: argparse.Namespace) -> int:
     else:
         print(topology_text(scenario, summary))
     if args.png:
-        topology_figure(cluster.graph, scenario.name).savefig(args.png, dpi=110)
+        topology_figure(cluster.graph, scenario.name).savefig(args.png, dpi=110, format="png")
         if not args.json:
             print(f"\n  wrote {args.png}")
     return 0

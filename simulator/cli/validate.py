@@ -59,8 +59,8 @@ def command(args: argparse.Namespace) -> int:
 
     rows = read_validation_set(args.data)
     if args.quick:
-        rows["megatron"] = [r for r in rows["megatron"] if int(r["num_gpus"]) <= QUICK_MAX_GPUS]
-        rows["h100"] = [r for r in rows["h100"] if int(r["num_gpus"] or 0) <= QUICK_MAX_H100_GPUS]
+        rows["megatron"] = [r for r in rows["megatron"] if _gpus(r) <= QUICK_MAX_GPUS]
+        rows["h100"] = [r for r in rows["h100"] if _gpus(r) <= QUICK_MAX_H100_GPUS]
     calibrations = {}
     if args.calibration:
         constants = read_calibration(args.calibration)
@@ -78,6 +78,10 @@ def command(args: argparse.Namespace) -> int:
 
     try:
         by_set = compare(rows, lambda s: run(s, progress.update), calibrations, tell)
+    except ScenarioError:
+        raise
+    except (KeyError, ValueError) as exc:  # a row's cell that is not a number, or empty
+        raise ScenarioError(f"--data {args.data!r}: a row cannot be used: {exc!r}") from None
     finally:
         progress.clear()
     totals = {name: summary(comparisons) for name, comparisons in by_set.items()}
@@ -93,3 +97,11 @@ def command(args: argparse.Namespace) -> int:
         )
         print(f"\n  wrote {args.out}/validation.md and {args.out}/images/validation.png")
     return 0
+
+
+def _gpus(row: dict[str, str]) -> int:
+    """A row's num_gpus (0 when empty), or a one-line error naming it."""
+    text = row["num_gpus"] or "0"
+    if not text.strip().isdigit():
+        raise ScenarioError(f"--data: row {row.get('id')!r} has num_gpus={text!r}, not a count")
+    return int(text)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import threading
+import time
 from collections.abc import Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from typing import Any
@@ -23,6 +25,23 @@ def default_jobs() -> int:
     if hasattr(os, "sched_getaffinity"):
         return max(1, len(os.sched_getaffinity(0)))
     return max(1, os.cpu_count() or 1)
+
+
+PARENT_POLL_S = 0.5  # how often a worker checks that the search that started it lives
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Run in each worker as it starts: a thread that ends the worker once its parent
+    is gone. A worker waits on a queue whose both pipe ends it holds itself, so a
+    parent killed with SIGKILL (no chance to shut the pool down) would otherwise leave
+    it waiting for ever; os.getppid() changes when the orphan is re-parented."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 class LocalPool:
@@ -39,7 +58,10 @@ class LocalPool:
             return
         if self.pool is None:
             self.pool = ProcessPoolExecutor(
-                self.jobs, mp_context=multiprocessing.get_context("spawn")
+                self.jobs,
+                mp_context=multiprocessing.get_context("spawn"),
+                initializer=die_with_parent,
+                initargs=(os.getpid(),),
             )
         futures = {self.pool.submit(simulate_row, s): i for i, s in enumerate(batch)}
         pending = set(futures)

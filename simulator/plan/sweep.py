@@ -2,13 +2,15 @@
 
 ``--set cluster.nic_gbps=135,400 --set parallel.pipeline_model_parallel_size=8,16``
 is a 2 x 2 grid, the first key varying slowest. Every point is loaded and
-validated before any is simulated, so a bad point fails at once.
+validated before any is simulated; a point that is not valid is set aside with its
+reason and the others run (the command marks it and exits non-zero).
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from ..results import Metrics, SweepPoint
 from ..scenario import Scenario, ScenarioError, parse_override
@@ -50,31 +52,45 @@ def grid(axes: Sequence[tuple[str, list[str]]]) -> list[list[tuple[str, str]]]:
     ]
 
 
+class Sweep(NamedTuple):
+    """What a sweep did: the swept keys, the simulated points in grid order, the points
+    refused with their reason, and whether Ctrl-C stopped it before the end."""
+
+    keys: list[str]
+    points: list[SweepPoint]
+    rejected: list[tuple[dict[str, Any], str]]
+    interrupted: bool = False
+
+
 def run_sweep(
     load: Callable[[Sequence[str]], Scenario],
     simulate: Callable[[Scenario], Metrics],
     overrides: Sequence[str],
     on_point: Callable[[int, int, str], None] | None = None,
-) -> tuple[list[str], list[SweepPoint]]:
-    """Load every point, then simulate each; returns (swept keys, the points).
-    ``on_point(i, n, description)`` is told before point i of n is simulated."""
+) -> Sweep:
+    """Load every point, then simulate the valid ones. A point that does not load is
+    kept with its reason (``rejected``) and the others still run; Ctrl-C returns the
+    points finished so far. ``on_point(i, n, description)`` is told before point i of
+    the n valid ones is simulated."""
     fixed, axes = split_axes(overrides)
     if not axes:
         raise ScenarioError(
             "stepsim sweep needs at least one --set KEY=V1,V2,... with two or more values"
         )
-    points = grid(axes)
-    scenarios = []
-    for point in points:
-        try:
-            scenarios.append(load([*fixed, *(f"{k}={v}" for k, v in point)]))
-        except ScenarioError as exc:
-            where = ", ".join(f"{k}={v}" for k, v in point)
-            raise ScenarioError(f"sweep point {where}: {exc}") from None
-    done = []
-    for i, (point, scenario) in enumerate(zip(points, scenarios, strict=True)):
-        if on_point is not None:
-            on_point(i, len(points), " ".join(f"{k}={v}" for k, v in point))
+    keys = [key for key, _ in axes]
+    valid, rejected = [], []
+    for point in grid(axes):
         settings = {k: parse_override(f"{k}={v}")[2] for k, v in point}
-        done.append(SweepPoint(settings, simulate(scenario).summary_row()))
-    return [key for key, _ in axes], done
+        try:
+            valid.append((settings, load([*fixed, *(f"{k}={v}" for k, v in point)])))
+        except ScenarioError as exc:
+            rejected.append((settings, str(exc)))
+    done = []
+    try:
+        for i, (settings, scenario) in enumerate(valid):
+            if on_point is not None:
+                on_point(i, len(valid), " ".join(f"{k}={v}" for k, v in settings.items()))
+            done.append(SweepPoint(settings, simulate(scenario).summary_row()))
+    except KeyboardInterrupt:
+        return Sweep(keys, done, rejected, interrupted=True)
+    return Sweep(keys, done, rejected)

@@ -5,6 +5,8 @@ to). Other packages import the scenario API from here."""
 
 from . import frameworks
 from .files import read_calibration, read_schedule_file, read_search_journal, read_validation_set
+from .limits import LIMITS, limit
+from .limits import check as check_limit
 from .loader import (
     apply_override,
     dumps_toml,
@@ -13,7 +15,7 @@ from .loader import (
     scenario_from_dict,
     scenario_to_dict,
 )
-from .rules import MAX_SIMULATED_OPS, check_scenario
+from .rules import check_scenario
 from .spec import (
     ClusterSpec,
     GpuSpec,
@@ -27,7 +29,7 @@ from .spec import (
 )
 
 __all__ = [
-    "MAX_SIMULATED_OPS",
+    "LIMITS",
     "ClusterSpec",
     "GpuSpec",
     "KernelConstants",
@@ -38,9 +40,11 @@ __all__ = [
     "ScenarioError",
     "TrainingConfig",
     "apply_override",
+    "check_limit",
     "check_scenario",
     "dumps_toml",
     "frameworks",
+    "limit",
     "load_scenario",
     "parse_override",
     "read_calibration",

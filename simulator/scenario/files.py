@@ -6,7 +6,11 @@ it cannot use into a one-line ScenarioError (this layer and the CLI alone touch 
 from __future__ import annotations
 
 import csv
+import io
 import json
+import os
+import re
+import stat
 import tomllib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -15,7 +19,7 @@ from typing import Any
 from schedules import Step
 from schedules.custom import check_orders, parse_orders
 
-from . import presets
+from . import limits, presets
 from .errors import ScenarioError
 from .rules import KERNEL_CONSTANT_RANGES
 from .spec import KernelConstants
@@ -25,24 +29,99 @@ def _known(keys: Iterable[str]) -> str:
     return ", ".join(sorted(keys))
 
 
-def _read_text(path: Path, named: str, cannot_read: str) -> str:
-    """The file's text, or a one-line ScenarioError: ``cannot_read`` and the system's
-    reason, or ``named`` is not UTF-8 text."""
+def read_bytes(path: Path, what: str, limit_name: str = "input_bytes") -> bytes:
+    """A regular file's bytes, refused before reading when over the size limit. A FIFO,
+    device or folder is refused from ``os.stat`` without being opened (a FIFO with no
+    writer would block, /dev/zero never ends); the file is then opened non-blocking
+    and checked again, so one swapped in between is refused too. ``what`` names the
+    file in the one-line ScenarioError."""
+    cap = limits.limit(limit_name)
     try:
-        return path.read_text(encoding="utf-8")
+        info = os.stat(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise ScenarioError(f"{what} is not a regular file (a folder, FIFO or device)")
+        limits.check(limit_name, info.st_size, f"{what} holds")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ScenarioError(f"{what} is not a regular file (a folder, FIFO or device)")
+            data = f.read(cap + 1)  # a file growing (or /proc's size 0) stops here
     except OSError as exc:
-        raise ScenarioError(f"{cannot_read}: {exc.strerror}") from None
+        raise ScenarioError(f"cannot read {what}: {exc.strerror}") from None
+    limits.check(limit_name, len(data), f"{what} holds")
+    return data
+
+
+def read_text(path: Path, what: str, limit_name: str = "input_bytes") -> str:
+    """`read_bytes` as UTF-8 text; a leading byte-order mark (some editors write one)
+    is dropped, as it is not text."""
+    try:
+        return read_bytes(path, what, limit_name).decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError:
-        raise ScenarioError(f"{named} is not UTF-8 text") from None
+        raise ScenarioError(f"{what} is not UTF-8 text") from None
+
+
+# A dotted key ``a.b.c`` or a bracket opening a nested array / inline table, outside
+# strings and comments. tomllib's cost grows with the square of a dotted key's length
+# (it re-walks the key for every prefix) and it recurses once per nesting level, so
+# both are measured before it runs, in linear time.
+_NOT_IN_A_KEY = re.compile(r"[^A-Za-z0-9_. \t-]+")  # what splits text into dotted-key runs
+_BRACKET = re.compile(r"[\[\]{}]")
+_STRING_OR_COMMENT = re.compile(
+    r'"""(?:[^\\]|\\.)*?"""|\'\'\'.*?\'\'\'|"(?:[^"\\\n]|\\.)*"|\'[^\'\n]*\'|#[^\n]*',
+    re.DOTALL,
+)
+
+
+def toml_depth(text: str) -> int:
+    """The deepest nesting of brackets, or the longest dotted key, in TOML text (an
+    upper bound: a bracket inside an unterminated string counts too)."""
+    bare = _STRING_OR_COMMENT.sub(lambda m: "x" if m.group().startswith(("'", '"')) else "", text)
+    depth = deepest = 0
+    for char in _BRACKET.findall(bare):
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth = max(depth - 1, 0)
+    dots = max(run.count(".") for run in _NOT_IN_A_KEY.split(bare))
+    return max(deepest, dots + 1)
+
+
+def _loads(text: str, what: str) -> dict[str, Any]:
+    """tomllib.loads with the depth refused before it runs and tomllib's other failures
+    (an integer over Python's 4300 digits, a recursion the check missed) as one-line
+    ScenarioErrors; TOMLDecodeError left to the caller."""
+    limits.check("toml_depth", toml_depth(text), f"{what} nests")
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError:
+        raise
+    except (ValueError, RecursionError) as exc:
+        reason = str(exc).split(";")[0] if isinstance(exc, ValueError) else "nested too deep"
+        raise ScenarioError(f"{what}: not valid TOML: {reason}") from None
+
+
+def parse_toml(text: str, what: str) -> dict[str, Any]:
+    """TOML text parsed, or a one-line ScenarioError naming ``what``."""
+    try:
+        return _loads(text, what)
+    except tomllib.TOMLDecodeError as exc:
+        raise ScenarioError(f"{what}: not valid TOML: {exc}") from None
+
+
+def parse_value(text: str, what: str) -> Any:
+    """One TOML value (a --set value), or ``text`` itself when it is not TOML (a bare
+    word such as gpipe or fair-share)."""
+    try:
+        return _loads(f"v = {text}", what)["v"]
+    except tomllib.TOMLDecodeError:
+        return text
 
 
 def read_toml(path: Path, what: str) -> dict[str, Any]:
-    named = f"{what} {str(path)!r}"
-    text = _read_text(path, named, f"cannot read {named}")
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{path}: not valid TOML: {exc}") from None
+    where = f"{what} {str(path)!r}"
+    return parse_toml(read_text(path, where), where)
 
 
 # Calibration files (benchmarks/measure_kernels.py writes them): a [constants] table
@@ -99,7 +178,7 @@ def read_calibration(path: str | Path) -> KernelConstants:
 def read_schedule_file(path: Path, name: str, placement: str) -> list[list[Step]]:
     """Per-rank op orders from a file, checked (schedules.custom); ``name`` is how the
     one-line ScenarioError refers to the file (the key or the CLI flag)."""
-    text = _read_text(path, name, f"{name}: cannot read")
+    text = read_text(path, name)
     try:
         orders = parse_orders(text)
         check_orders(orders, placement)
@@ -118,19 +197,106 @@ VALIDATION_FILES = {
 }
 
 
+# The columns each table needs (its free-text citation and notes may be left out).
+VALIDATION_COLUMNS = {
+    "megatron": (
+        "id",
+        "model",
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "seq_length",
+        "vocab_size",
+        "ffn_hidden_size",
+        "gpu",
+        "num_gpus",
+        "gpus_per_node",
+        "tensor_parallel",
+        "pipeline_parallel",
+        "data_parallel",
+        "global_batch_size",
+        "micro_batch_size",
+        "schedule",
+        "recompute",
+        "measured_tflops_per_gpu",
+    ),
+    "layers": (
+        "id",
+        "model",
+        "hidden_size",
+        "num_attention_heads",
+        "seq_length",
+        "micro_batch_size",
+        "gpu",
+        "tensor_parallel",
+        "sequence_parallel",
+        "recompute",
+        "forward_ms",
+        "backward_ms",
+        "total_ms",
+    ),
+    "dgx2": (
+        "id",
+        "model",
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "seq_length",
+        "vocab_size",
+        "ffn_hidden_size",
+        "gpu",
+        "node",
+        "num_gpus",
+        "tensor_parallel",
+        "pipeline_parallel",
+        "data_parallel",
+        "global_batch_size",
+        "micro_batch_size",
+        "measured_iteration_ms",
+        "measured_tflops_per_gpu",
+    ),
+    "h100": (
+        "id",
+        "model",
+        "num_layers",
+        "hidden_size",
+        "num_attention_heads",
+        "seq_length",
+        "vocab_size",
+        "ffn_hidden_size",
+        "gpu",
+        "num_gpus",
+        "gpus_per_node",
+        "tensor_parallel",
+        "pipeline_parallel",
+        "data_parallel",
+        "global_batch_size",
+        "micro_batch_size",
+        "recompute",
+        "measured_metric",
+        "measured_value",
+    ),
+}
+
+
 def read_validation_set(folder: str | Path) -> dict[str, list[dict[str, str]]]:
     """The calibration tables (scenarios/validation/) as rows of strings, by table."""
     folder = Path(folder)
     out = {}
     for table, name in VALIDATION_FILES.items():
         path = folder / name
+        what = f"validation table {str(path)!r}"
+        reader = csv.DictReader(io.StringIO(read_text(path, what), newline=""))
         try:
-            with path.open(newline="", encoding="utf-8") as f:
-                out[table] = list(csv.DictReader(f))
-        except OSError as exc:
+            out[table] = list(reader)
+        except csv.Error as exc:
+            raise ScenarioError(f"{what}: not a CSV table: {exc}") from None
+        missing = [c for c in VALIDATION_COLUMNS[table] if c not in (reader.fieldnames or ())]
+        if missing:
             raise ScenarioError(
-                f"validation table {str(path)!r} cannot be read: {exc.strerror}"
-            ) from None
+                f"{what} has no column {missing[0]!r}; "
+                f"it needs {', '.join(VALIDATION_COLUMNS[table])}"
+            )
     return out
 
 
@@ -140,17 +306,18 @@ def read_search_journal(path: str | Path) -> tuple[dict[str, Any] | None, dict[s
     path = Path(path)
     if not path.exists():
         return None, {}
+    what = f"search journal {str(path)!r}"
+    text = read_text(path, what, "journal_bytes")
     header, rows = None, {}
-    with path.open(encoding="utf-8") as f:
-        for n, line in enumerate(f):
-            try:
-                entry = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if n == 0:
-                header = entry.get("search") if isinstance(entry, dict) else None
-                if header is None:
-                    raise ScenarioError(f"{str(path)!r} is not a stepsim search journal")
-            elif isinstance(entry, dict) and "layout" in entry and "row" in entry:
-                rows[entry["layout"]] = entry["row"]
+    for n, line in enumerate(text.splitlines()):
+        try:
+            entry = json.loads(line)
+        except (json.JSONDecodeError, RecursionError):
+            continue
+        if n == 0:
+            header = entry.get("search") if isinstance(entry, dict) else None
+            if header is None:
+                raise ScenarioError(f"{what} is not a stepsim search journal")
+        elif isinstance(entry, dict) and isinstance(entry.get("layout"), str) and "row" in entry:
+            rows[entry["layout"]] = entry["row"]
     return header, rows

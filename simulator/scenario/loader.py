@@ -14,7 +14,6 @@ model.num_attention_heads=128``.
 from __future__ import annotations
 
 import json
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -27,6 +26,7 @@ from schedules.custom import sizes_of
 from . import presets, rules, schema
 from .errors import ScenarioError
 from .files import (
+    parse_value,
     read_calibration,
     read_schedule_file,
     read_toml,
@@ -88,19 +88,23 @@ def parse_override(item: str) -> tuple[str, str, Any]:
     target, sep, text = item.partition("=")
     target = target.strip()
     if not sep or not target:
-        raise ScenarioError(f"--set {item!r} must look like section.key=value")
+        raise ScenarioError(f"--set {_shown(item)!r} must look like section.key=value")
     section, dot, key = target.partition(".")
     if not dot:
         section, key = "", target
     if section and section not in schema.SECTIONS:
         raise ScenarioError(
-            f"--set {target}: unknown section {section!r}; known: {_known(schema.SECTIONS)}"
+            f"--set {_shown(target)}: unknown section {_shown(section)!r}; "
+            f"known: {_known(schema.SECTIONS)}"
         )
-    try:
-        value = tomllib.loads(f"v = {text.strip()}")["v"]
-    except tomllib.TOMLDecodeError:
-        value = text.strip()  # a bare word such as gpipe or fair-share
-    return section, key, value
+    if "." in key:  # no key has a dot; say so before a long dotted key is stored
+        raise ScenarioError(f"--set {_shown(target)}: unknown key; keys are section.key")
+    return section, key, parse_value(text.strip(), f"--set {_shown(target)}")
+
+
+def _shown(text: str, most: int = 80) -> str:
+    """What the user typed, cut short for a one-line message."""
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def apply_override(raw: dict[str, Any], item: str) -> None:

@@ -23,6 +23,7 @@ from schedules import V_SHAPE
 from schedules import check as schedule_problem
 from schedules.custom import check_orders, sizes_of
 
+from . import limits
 from .errors import ScenarioError
 from .softmax import SOURCE as SOFTMAX_SOURCE
 from .softmax import scenario_softmax_path
@@ -38,9 +39,7 @@ if TYPE_CHECKING:
         TrainingConfig,
     )
 
-# Ops per micro-batch and layer are about a dozen; beyond this a run takes hours.
-MAX_SIMULATED_OPS = 50_000_000
-OPS_PER_LAYER_AND_MICROBATCH = 12
+OPS_PER_LAYER_AND_MICROBATCH = 12  # about a dozen ops per layer and micro-batch
 CUSTOM = "custom"  # training.schedule of a schedule read from a file
 CUSTOM_SCHEDULE_KEYS = ("schedule_file", "schedule_placement")  # custom schedules only
 
@@ -116,6 +115,7 @@ def check_cluster(cluster: ClusterSpec) -> None:
             value=gpn,
             rule="must be 8 for cluster.nvlink_topology='hybrid-cube-mesh'",
         )
+    limits.check_cluster(cluster)
     if cluster.nics_per_node > gpn:
         raise ScenarioError(
             key="cluster.nics_per_node",
@@ -450,17 +450,13 @@ def _check_named(parallel: ParallelConfig, training: TrainingConfig) -> None:
 
 
 def check_size(model: ModelSpec, parallel: ParallelConfig, training: TrainingConfig) -> None:
-    """Small enough to simulate in reasonable time."""
+    """Small enough to simulate in reasonable time (the limit: scenario/limits.py)."""
     ops = microbatches_per_pipeline(parallel, training) * model.num_layers
     ops *= OPS_PER_LAYER_AND_MICROBATCH
-    if ops > MAX_SIMULATED_OPS:
-        raise ScenarioError(
-            f"training.global_batch_size={training.global_batch_size} with "
-            f"model.num_layers={model.num_layers} means about {ops:,} ops to simulate, over "
-            f"the limit of {MAX_SIMULATED_OPS:,}; use fewer micro-batches or layers",
-            key="training.global_batch_size",
-            value=training.global_batch_size,
-            rule=f"with model.num_layers={model.num_layers} means about {ops:,} ops to "
-            f"simulate, over the limit of {MAX_SIMULATED_OPS:,}",
-            fix="use fewer micro-batches or layers",
-        )
+    limits.check(
+        "simulated_ops",
+        ops,
+        f"with model.num_layers={model.num_layers} means",
+        "training.global_batch_size",
+        training.global_batch_size,
+    )

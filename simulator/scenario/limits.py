@@ -1,0 +1,148 @@
+"""Every size a user's input can make large enough to run for minutes or exhaust memory,
+in one place: its limit, why that value, and how to raise it.
+
+Each size is estimated from the input BEFORE anything is built or read in full (a
+file's bytes from ``os.stat``, the GPUs and links from the cluster keys, the ops from
+the layout), so an input over a limit is refused in a fraction of a second with one
+line naming it. A limit is raised by the environment variable ``STEPSIM_MAX_<NAME>``
+(e.g. ``STEPSIM_MAX_GPUS=200000 stepsim run big.toml``); scenarios/README.md lists them.
+The values were chosen from measurements on a 2-core machine (docs/design.md, "Limits").
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .errors import ScenarioError
+
+if TYPE_CHECKING:
+    from .spec import ClusterSpec
+
+ENV_PREFIX = "STEPSIM_MAX_"
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    name: str  # STEPSIM_MAX_<NAME.upper()>
+    value: int  # the default
+    unit: str
+    reason: str  # what going over it costs
+
+    @property
+    def env(self) -> str:
+        return ENV_PREFIX + self.name.upper()
+
+
+LIMITS = {
+    limit.name: limit
+    for limit in (
+        Limit(
+            "input_bytes",
+            16 * 2**20,
+            "bytes",
+            "a scenario, calibration, schedule or validation file; the largest shipped is "
+            "under 100 kB, a schedule file at the ops limit about 10 MB",
+        ),
+        Limit(
+            "journal_bytes",
+            512 * 2**20,
+            "bytes",
+            "a search journal (search.jsonl) read back to resume; about 1 kB per layout",
+        ),
+        Limit(
+            "toml_depth",
+            32,
+            "levels",
+            "nested arrays, inline tables or dotted keys in one TOML value; a scenario "
+            "needs 2, and parsing costs grow with the square of the depth",
+        ),
+        Limit(
+            "gpus",
+            65_536,
+            "GPUs",
+            "the cluster graph and the per-GPU state: 65,536 GPUs of a small model take "
+            "about 16 s and 1 GB",
+        ),
+        Limit(
+            "links",
+            2_000_000,
+            "links",
+            "the cluster graph's links (directed), which every flow is routed over",
+        ),
+        Limit(
+            "simulated_ops",
+            5_000_000,
+            "ops",
+            "ops the engine simulates (about a dozen per layer and micro-batch): about "
+            "50 s and 1 GB at the limit on a 2-core machine",
+        ),
+        Limit(
+            "schedule_ops",
+            1_000_000,
+            "ops",
+            "ops of `stepsim schedule`, over all the schedules it runs and draws: under a "
+            "minute at the limit",
+        ),
+    )
+}
+
+
+def limit(name: str) -> int:
+    """The limit in force: ``STEPSIM_MAX_<NAME>`` when set (a positive integer), else the
+    default. A malformed variable is an error, not silently the default."""
+    spec = LIMITS[name]
+    text = os.environ.get(spec.env)
+    if text is None or not text.strip():
+        return spec.value
+    try:
+        value = int(text.strip().replace("_", ""))
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ScenarioError(f"{spec.env}={text[:40]!r} must be a positive integer")
+    return value
+
+
+def check(name: str, amount: int, what: str, key: str | None = None, value: object = None) -> None:
+    """Raise a one-line ScenarioError when ``amount`` is over the limit ``name``. The
+    line reads ``{what} about {amount} {unit}, over the limit ...``, after
+    ``{key}={value!r} `` when a scenario key drives the size."""
+    allowed = limit(name)
+    if amount <= allowed:
+        return
+    spec = LIMITS[name]
+    rule = (
+        f"{what} about {amount:,} {spec.unit}, over the limit of {allowed:,} {spec.unit} "
+        f"({spec.reason})"
+    )
+    fix = f"make it smaller, or raise the limit with {spec.env}=N"
+    if key is None:
+        raise ScenarioError(f"{rule}; {fix}")
+    raise ScenarioError(key=key, value=value, rule=rule, fix=fix)
+
+
+def check_cluster(cluster: ClusterSpec) -> None:
+    """The cluster's GPUs and links, counted from its keys before the graph is drawn."""
+    from topologies import FabricShape, cable_count
+
+    nodes, gpus = cluster.num_nodes, cluster.gpus_per_node
+    check("gpus", nodes * gpus, f"x cluster.gpus_per_node={gpus} is", "cluster.num_nodes", nodes)
+    fabric = FabricShape(
+        kind=cluster.fabric,
+        levels=cluster.fabric_levels,
+        nodes_per_leaf=cluster.nodes_per_leaf,
+        leaves_per_pod=cluster.leaves_per_pod,
+        spines=cluster.spine_switches,
+        oversubscription=cluster.oversubscription,
+    )
+    links = 2 * cable_count(nodes, gpus, cluster.nics_per_node, cluster.nvlink_topology, fabric)
+    check(
+        "links",
+        links,
+        f"with cluster.fabric={cluster.fabric!r} and cluster.spine_switches="
+        f"{cluster.spine_switches} draws",
+        "cluster.num_nodes",
+        nodes,
+    )
