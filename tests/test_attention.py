@@ -172,11 +172,17 @@ def test_bad_attention_kernel_is_a_one_line_error():
         _a100(attention_kernel="fused")
 
 
-def test_default_is_the_unfused_core():
+def test_the_framework_chooses_the_attention_core():
+    """Megatron-LM 2021/2022 run the unfused core, Megatron-Core r0.8.0 (2024) TE's
+    fused attention; a scenario's own choice wins."""
     s = _a100(b=2)
-    assert s.training.attention_kernel == "unfused"
+    assert s.training.attention_kernel is None  # not set: the framework's
+    assert s.training.mechanism("attention_kernel") == "unfused"  # megatron 2021
     assert s.training.masked_softmax_fusion is True
-    assert dataclasses.replace(s.training, attention_kernel="flash").attention_kernel == "flash"
+    core = dataclasses.replace(s.training, framework_version="2024")
+    assert core.mechanism("attention_kernel") == "flash"
+    mine = dataclasses.replace(core, attention_kernel="unfused")
+    assert mine.mechanism("attention_kernel") == "unfused"
 
 
 # -- --tp-comm-overlap -----------------------------------------------------------------------

@@ -242,7 +242,8 @@ def test_fused_accumulation_charges_2g_minus_2_bytes_per_weight_to_the_dw_gemm()
     tokens = 64
 
     def dw(dtype):
-        scenario = load(model={"seq_length": tokens}, training={"params_dtype": dtype})
+        training = {"params_dtype": dtype, "gradient_accumulation_fusion": True}
+        scenario = load(model={"seq_length": tokens}, training=training)
         model = ComputeModel(scenario)
         (kernel,) = [k for k in model.kernels() if k.name == "fc1 dW"]
         return kernel.work.duration_s, model

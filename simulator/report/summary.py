@@ -60,7 +60,7 @@ def summary_text(result: Result) -> str:
             else ""
         )
         + f" · recompute {tr.recompute_granularity}"
-        + (" · flash attention" if tr.attention_kernel == ATTENTION_FLASH else "")
+        + (" · flash attention" if tr.mechanism("attention_kernel") == ATTENTION_FLASH else "")
         + (" · TP comm overlapped with GEMMs" if tr.tp_comm_overlap else "")
         + (" · overlapped grad reduce" if tr.overlap_grad_reduce else "")
         + f" · {tr.engine_label} engine ({_p2p_text(tr)})"

@@ -1,10 +1,12 @@
 """``python -m simulator.scenario`` prints the key tables of scenarios/README.md,
 generated from the specs (tests/test_schema.py checks the README holds them);
-``--write README`` replaces the tables in that file (the same headings, in order)."""
+``--write README`` replaces the tables in that file (the key tables in order, and the
+framework defaults table)."""
 
 import sys
 from pathlib import Path
 
+from . import frameworks
 from .schema import keys, markdown_table, markdown_tables
 
 if len(sys.argv) == 3 and sys.argv[1] == "--write":
@@ -13,15 +15,18 @@ if len(sys.argv) == 3 and sys.argv[1] == "--write":
     tables = iter(markdown_table(section) for section in keys())
     out, i = [], 0
     while i < len(lines):
+        table = None
         if lines[i].startswith("| Key | Type |"):
-            while i < len(lines) and (
-                lines[i].startswith("|") or lines[i][:7] in ("<<<<<<<", "=======", ">>>>>>>")
-            ):
-                i += 1
-            out.append(next(tables))
+            table = next(tables)
+        elif lines[i].startswith("| Key | megatron"):
+            table = frameworks.markdown_table()
+        if table is None:
+            out.append(lines[i])
+            i += 1
             continue
-        out.append(lines[i])
-        i += 1
+        while i < len(lines) and lines[i].startswith("|"):
+            i += 1
+        out.append(table)
     readme.write_text("\n".join(out) + "\n", encoding="utf-8")
 else:
     print(markdown_tables(), end="")

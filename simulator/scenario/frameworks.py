@@ -83,6 +83,65 @@ MECHANISMS: dict[str, tuple[tuple[Any, ...], str]] = {
         (False,) * 3 + (True, True),
         "DeepSpeed pipe/engine.py _exec_forward_pass, _exec_backward_pass, _exec_recv_grads",
     ),
+    # Megatron-LM --async-tensor-model-parallel-allreduce: on main from 2021-09 (6e1bde1),
+    # not in tags v2.5/v2.6; on in 2022 (e1c334b) and Megatron-Core; Megatron-DeepSpeed's
+    # layers use the synchronous copy_to_tensor_model_parallel_region. §8.
+    "async_tensor_model_parallel_allreduce": (
+        (False, True, True, False, False),
+        "Megatron mpu/layers.py (6e1bde1, e1c334b); Megatron-DeepSpeed mpu/layers.py (497aa1b)",
+    ),
+    # Megatron-LM gradient-accumulation fusion from 2022-02 (9c5a830); DeepSpeed
+    # accumulates by autograd (fp16) or BF16_Optimizer's cast + add. §8.
+    "gradient_accumulation_fusion": (
+        (False, True, True, False, False),
+        "Megatron core/tensor_parallel/layers.py (9c5a830, e1c334b); DeepSpeed bf16_optimizer.py",
+    ),
+    # Megatron-LM's distributed optimizer reduce-scatters the grad buffer (d07d29d,
+    # e1c334b); DeepSpeed ZeRO-1 with the pipeline engine all-reduces each bucket and
+    # keeps its partition (stage_1_and_2.py buffered_reduce_fallback). §5.
+    "zero_grad_collective": (
+        ("reduce-scatter",) * 3 + ("all-reduce",) * 2,
+        "Megatron optimizer/distrib_optimizer.py; DeepSpeed zero/stage_1_and_2.py reduce_ipg_grads",
+    ),
+    # DeepSpeed's 5e8-element buckets (MEMORY_OPT_ALLREDUCE_SIZE, reduce_bucket_size,
+    # allgather_bucket_size defaults); Megatron one call per buffer. §3, §5.
+    "reduce_bucket_size": (
+        (0, 0, 0, 500_000_000, 500_000_000),
+        "DeepSpeed runtime/engine.py MEMORY_OPT_ALLREDUCE_SIZE, zero/constants.py",
+    ),
+    "allgather_bucket_size": (
+        (0, 0, 0, 500_000_000, 500_000_000),
+        "DeepSpeed zero/constants.py, runtime/utils.py all_gather_dp_groups",
+    ),
+    # Megatron-LM 2021 all-reduces the tied embedding after the DP all-reduce (training.py
+    # v2.5), 2022 before the distributed optimizer's reduce-scatter (optimizer.py
+    # e1c334b), Megatron-Core after the DP sync (finalize_model_grads.py); DeepSpeed's
+    # ReduceTiedGrads runs before ReduceGrads (pipe/engine.py). §6.
+    "tied_grad_reduce_order": (
+        ("after-dp", "before-reduce-scatter", "after-dp", "before-dp", "before-dp"),
+        "Megatron training.py, optimizer/optimizer.py, finalize_model_grads.py; "
+        "DeepSpeed pipe/engine.py _exec_reduce_tied_grads",
+    ),
+    # Megatron-Core r0.8.0 builds GPT layers with Transformer Engine by default
+    # (training/arguments.py --transformer-impl transformer_engine): TEDotProductAttention,
+    # a fused (flash / cuDNN) attention kernel; Megatron-LM 2021/2022 and Megatron-DeepSpeed
+    # run the unfused core with the fused softmax (§9, docs/calibration.md).
+    "attention_kernel": (
+        ("unfused", "unfused", "flash", "unfused", "unfused"),
+        "Megatron-Core training/arguments.py (core_r0.8.0); Megatron model/transformer.py",
+    ),
+}
+
+# The fused-softmax availability rule (scenario/softmax.py) each version runs:
+# Megatron-LM v2.5/v2.6 the 2021 rule, main from 2022 the 2022 rule (Megatron-Core
+# keeps the same check for its local path), Megatron-DeepSpeed's fork the 2021 rule
+# (bigscience-workshop/Megatron-DeepSpeed megatron/model/fused_softmax.py, 497aa1b).
+SOFTMAX_RULE: dict[tuple[str, str], str] = {
+    (MEGATRON, "2021"): "2021",
+    (MEGATRON, "2022"): "2022",
+    (MEGATRON, "2024"): "2022",
+    (DEEPSPEED, "0.5.0"): "2021",
+    (DEEPSPEED, "0.5.4"): "2021",
 }
 
 

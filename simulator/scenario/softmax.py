@@ -17,8 +17,8 @@ version:
   Python check passes and the run stops on the assertion instead of falling back.
 
 stepsim's activations are always fp16/bf16 and GPT's mask is causal, with sq = sk =
-the sequence length. The version is a string argument; ``MEGATRON_VERSION`` is the one
-used until scenarios name their framework version (``[training] framework_version``).
+the sequence length. The version is a string argument; a scenario's is the rule of its
+framework and version (``frameworks.SOFTMAX_RULE``).
 """
 
 from __future__ import annotations
@@ -31,8 +31,6 @@ if TYPE_CHECKING:
     from .spec import Scenario
 
 SOURCE = "Megatron fused_softmax.py"
-# The rule stepsim applies until a scenario names its framework version.
-MEGATRON_VERSION = "2021"
 VERSIONS: tuple[str, ...] = ("2021", "2022")
 # the causal kernel's compile-time limit (scaled_upper_triang_masked_softmax.h)
 CAUSAL_KERNEL_MAX_SEQ = 2048
@@ -83,11 +81,16 @@ def fused_softmax_path(
     return SoftmaxPath(True)
 
 
-def scenario_softmax_path(scenario: Scenario, version: str = MEGATRON_VERSION) -> SoftmaxPath:
+def scenario_softmax_path(scenario: Scenario, version: str | None = None) -> SoftmaxPath:
     """The softmax a scenario's unfused attention core runs (always fused under
-    ``attention_kernel = "flash"``, whose kernel holds its own softmax)."""
+    ``attention_kernel = "flash"``, whose kernel holds its own softmax), by the rule of
+    ``version`` or else of the scenario's framework and version."""
+    from .frameworks import SOFTMAX_RULE
+
     training = scenario.training
-    if training.attention_kernel == ATTENTION_FLASH:
+    if version is None:
+        version = SOFTMAX_RULE[(training.framework, training.mechanism("framework_version"))]
+    if training.mechanism("attention_kernel") == ATTENTION_FLASH:
         return SoftmaxPath(True)
     return fused_softmax_path(
         version,

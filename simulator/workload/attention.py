@@ -76,7 +76,7 @@ def causal_fraction(s: int, block: int = FLASH_BLOCK) -> float:
 def core_kernels(cm: ComputeModel) -> tuple[list[Kernel], list[Kernel]]:
     """The attention core's forward kernels and its backward kernels (in execution
     order) on one tensor-parallel rank, for the scenario's attention kernel."""
-    if cm.training.attention_kernel == ATTENTION_FLASH:
+    if cm.training.mechanism("attention_kernel") == ATTENTION_FLASH:
         return _flash(cm)
     return _unfused(cm)
 

@@ -227,7 +227,7 @@ class ComputeModel:
         separate add kernel (the second Work; ZERO when fused)."""
         g = self.training.gradient_bytes
         weights = k_in * n_out
-        if self.training.gradient_accumulation_fusion:
+        if self.training.mechanism("gradient_accumulation_fusion"):
             return self.gemm(k_in, n_out, tokens, extra_bytes=(2 * g - 2) * weights), ZERO
         return self.gemm(k_in, n_out, tokens), self.memory_bound((2 + 2 * g) * weights)
 

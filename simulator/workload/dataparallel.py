@@ -113,9 +113,9 @@ class DataParallel:
         self.buckets: list[BucketKey] = []
         training = scenario.training
         self.grad_bytes = training.communication_bytes  # per parameter, DP collectives
-        self.reduce_bucket = training.reduce_bucket_size
-        self.gather_bucket = training.allgather_bucket_size
-        self.tied_order = training.tied_grad_reduce_order
+        self.reduce_bucket = training.mechanism("reduce_bucket_size")
+        self.gather_bucket = training.mechanism("allgather_bucket_size")
+        self.tied_order = training.mechanism("tied_grad_reduce_order")
         # the tied embedding's gradient all-reduce: the rank with the embedding and the
         # one with the output layer, when they differ; elements of the gradient buffer
         m, out = scenario.model, output_rank(scenario)
@@ -280,7 +280,7 @@ class DistributedOptimizer(OverlappedBuckets):
     ) -> None:
         super().__init__(gpu, scenario, compute)
         self.overlap = overlap
-        all_reduce = scenario.training.zero_grad_collective == ZERO_ALL_REDUCE
+        all_reduce = scenario.training.mechanism("zero_grad_collective") == ZERO_ALL_REDUCE
         self.gradient_kind = ALL_REDUCE if all_reduce else REDUCE_SCATTER
         self.reduce_scatters_after_flush = not overlap and not all_reduce
 

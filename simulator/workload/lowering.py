@@ -119,7 +119,9 @@ class _Stage:
         self.sequence_parallel = scenario.parallel.sequence_parallel
         self.recompute = training.recompute_granularity
         # the async TP all-reduce needs the weight gradient right after the input's
-        self.async_tp = training.async_tensor_model_parallel_allreduce and not self.split
+        self.async_tp = (
+            training.mechanism("async_tensor_model_parallel_allreduce") and not self.split
+        )
         # userbuffers overlap: only SP's collectives, only where there is a TP group
         self.overlap_tp = (
             training.tp_comm_overlap

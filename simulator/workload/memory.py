@@ -108,7 +108,7 @@ def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None)
         return 2 * sbh / (t if sp else 1)  # only the layer's input is kept
     # softmax output, dropout mask and dropout output: 2 + 1 + 2 bytes per score element
     attention_core = 5 * a * s / (h * t)
-    if scenario.training.attention_kernel == ATTENTION_FLASH:
+    if scenario.training.mechanism("attention_kernel") == ATTENTION_FLASH:
         # one fp32 log-sum-exp per query row and head; nothing s x s (workload.attention)
         attention_core = 4 * a / (h * t)
     elif not scenario_softmax_path(scenario).fused:

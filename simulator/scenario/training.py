@@ -1,0 +1,269 @@
+"""`[training]`: the schedule, recomputation, data-parallel mode, the gradient path,
+the attention kernels and the framework whose engine ran, each mechanism key resolved
+from the framework's defaults (frameworks.py) when the spec is built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import schedules
+
+from ..vocabulary import (
+    ATTENTION_KERNELS,
+    COMMUNICATION_DTYPES,
+    DATA_PARALLEL_SHARDING,
+    DTYPE_BYTES,
+    NO_SHARDING,
+    PARAMS_DTYPES,
+    RECOMPUTE_GRANULARITIES,
+    RECOMPUTE_NONE,
+    TIED_GRAD_ORDERS,
+    ZERO_GRAD_COLLECTIVES,
+)
+from . import frameworks, rules
+from .fields import key, mechanism_key
+
+RecomputeGranularity = Literal["none", "selective", "full"]
+SCHEDULES: tuple[str, ...] = (*schedules.SCHEDULES, rules.CUSTOM)  # custom: from a file
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingConfig:
+    micro_batch_size: int = key("samples per micro-batch", unit="samples", default=1)
+    global_batch_size: int = key(
+        "samples per iteration; divisible by `micro_batch_size x data_parallel_size`",
+        unit="samples",
+    )
+    schedule: str = key(
+        "pipeline schedule (see [docs/schedules.md](../docs/schedules.md)), or `custom` "
+        "(from `schedule_file`)",
+        default=schedules.ONE_F_ONE_B,
+        choices=SCHEDULES,
+    )
+    microbatch_group_size_per_vp_stage: int | None = key(
+        "interleaved schedules only (Megatron-LM's key): micro-batches per group going "
+        "through one chunk; the micro-batch count must be a multiple of it, and it must be "
+        ">= PP size or equal to the micro-batch count (smaller groups deadlock)",
+        default=None,
+        derived="PP size",
+    )
+    schedule_file: str | None = key(
+        "`custom` only, required there: per-rank op orders, one line per rank "
+        "(`F0 F1 B0 W0 ...`, `F3.1` for chunk 1), relative to the scenario file; checked "
+        "for missing, repeated and misordered ops and for deadlock; its ranks, chunks and "
+        "micro-batches must match the scenario",
+        default=None,
+    )
+    schedule_placement: str | None = key(
+        "`custom` only: chunk k of rank r holds stage k x PP + r (`looped`) or, with 2 "
+        "chunks, stages r and 2 PP - 1 - r (`v`); named schedules fix theirs",
+        default=None,
+        choices=schedules.PLACEMENTS,
+        derived=f'`"{schedules.LOOPED}"`',
+    )
+    # a custom schedule's per-rank orders, read from schedule_file (not a key)
+    custom_orders: tuple[tuple[schedules.Step, ...], ...] | None = None
+    recompute_granularity: RecomputeGranularity = key(
+        "`selective` recomputes the attention core, `full` each layer's forward",
+        default=RECOMPUTE_NONE,
+        choices=RECOMPUTE_GRANULARITIES,
+    )
+    overlap_grad_reduce: bool = key(
+        "all-reduce gradients per layer as soon as that layer's last backward is done, "
+        "instead of once after the last backward (reduce-scatter under "
+        '`data_parallel_sharding = "optimizer"`; no effect under `"full"` or with DP 1)',
+        default=False,
+    )
+    async_tensor_model_parallel_allreduce: bool | None = mechanism_key(
+        "Megatron-LM's `--async-tensor-model-parallel-allreduce`: in each block's backward, "
+        "the all-reduce (reduce-scatter under SP) of the input gradient runs while the "
+        "weight gradient of the block's first GEMM (QKV, fc1) computes; not with schedules "
+        "that split the backward",
+    )
+    tp_comm_overlap: bool = key(
+        "Megatron-Core's `--tp-comm-overlap` (Transformer Engine userbuffers), with sequence "
+        "parallelism: each SP all-gather runs pipelined with the GEMM it feeds (QKV, fc1; "
+        "backward: projection and fc2 dX), each forward reduce-scatter with the GEMM "
+        "producing it, which then runs on 16 fewer SMs; exposed only where longer than "
+        "the GEMM. The backward reduce-scatter overlaps the weight gradient as with "
+        "`async_tensor_model_parallel_allreduce`",
+        default=False,
+    )
+    data_parallel_sharding: str = key(
+        "`optimizer` is ZeRO-1, `full` ZeRO-3 / FSDP; no effect with DP 1",
+        default=NO_SHARDING,
+        choices=DATA_PARALLEL_SHARDING,
+    )
+    # -- the gradient path (docs/frameworks.md §3-§6, §8) ---------------------------------
+    params_dtype: str = key(
+        "16-bit type of weights and activations (`--fp16` / `--bf16`); bf16 needs an A100 or newer",
+        default="fp16",
+        choices=PARAMS_DTYPES,
+    )
+    accumulate_allreduce_grads_in_fp32: bool | None = key(
+        "Megatron-LM's flag: gradients accumulate (and, unless `communication_data_type` "
+        "says otherwise, are reduced) in an fp32 buffer, 4 bytes per parameter, instead of "
+        "the params dtype; bf16 requires it (Megatron forces it, DeepSpeed's BF16_Optimizer "
+        "always accumulates in fp32)",
+        default=None,
+        derived="`true` with bf16, else `false`",
+    )
+    communication_data_type: str | None = key(
+        "dtype of the data-parallel gradient collectives (DeepSpeed's key); bf16 "
+        "DeepSpeed sends `bf16` although it accumulates in fp32",
+        default=None,
+        choices=COMMUNICATION_DTYPES,
+        derived="the accumulation dtype (deepspeed: the params dtype)",
+    )
+    zero_grad_collective: str | None = mechanism_key(
+        '`data_parallel_sharding = "optimizer"` only: `reduce-scatter` (Megatron-LM\'s '
+        "distributed optimizer) or `all-reduce` of every gradient, each replica then "
+        "keeping its 1/DP (DeepSpeed ZeRO-1 and BF16_Optimizer with the pipeline engine)",
+        choices=ZERO_GRAD_COLLECTIVES,
+    )
+    reduce_bucket_size: int | None = mechanism_key(
+        "elements per data-parallel gradient collective after the flush (DeepSpeed's "
+        "`reduce_bucket_size`, 5e8); 0: one call for the whole stage",
+        unit="elements",
+        may_be_zero=True,
+        high=10**12,
+    )
+    allgather_bucket_size: int | None = mechanism_key(
+        "elements per parameter all-gather after a ZeRO-1 step (DeepSpeed's "
+        "`allgather_bucket_size`, 5e8); 0: one call",
+        unit="elements",
+        may_be_zero=True,
+        high=10**12,
+    )
+    share_embeddings_and_output_weights: bool = key(
+        "the output layer reuses the word embedding: with the two on different pipeline "
+        "stages their gradients are all-reduced between the first and the last stage, "
+        "V/TP x h elements per (TP rank, replica)",
+        default=True,
+    )
+    tied_grad_reduce_order: str | None = mechanism_key(
+        "when the tied embedding's all-reduce runs: `after-dp` every data-parallel gradient "
+        "collective (Megatron-LM 2021, Megatron-Core), `before-reduce-scatter` after an "
+        "all-reduce but before the distributed optimizer's blocking reduce-scatter "
+        "(Megatron-LM 2022), `before-dp` every one (DeepSpeed's ReduceTiedGrads)",
+        choices=TIED_GRAD_ORDERS,
+    )
+    gradient_accumulation_fusion: bool | None = mechanism_key(
+        "Megatron-LM's fusion: each weight-gradient GEMM accumulates into the gradient "
+        "buffer (reads and writes it); `false`: a separate add kernel per layer and "
+        "micro-batch reads the 2-byte gradient and the buffer and writes the buffer",
+    )
+    attention_kernel: str | None = mechanism_key(
+        "the attention core: `unfused` (Megatron-LM's GEMMs, softmax and dropout with the "
+        "s x s scores through HBM) or `flash` (one fused kernel, FlashAttention-2 / cuDNN "
+        "through Transformer Engine, as Megatron-Core runs it: no s x s tensors, the "
+        "backward recomputes the scores; see docs/calibration.md)",
+        choices=ATTENTION_KERNELS,
+    )
+    masked_softmax_fusion: bool = key(
+        "`unfused` attention only: Megatron's fused scale-mask-softmax kernel where its "
+        "shape rule allows (heads per TP rank x micro-batch divisible by 4, sequence "
+        "length limits; docs/frameworks.md §9), else PyTorch's fp32 softmax; `false` is "
+        "`--no-masked-softmax-fusion`",
+        default=True,
+    )
+
+    framework: str = key(
+        "the training framework whose pipeline engine the run used; each mechanism key "
+        "below that the scenario leaves out takes this framework's default "
+        "(simulator/scenario/frameworks.py, [docs/frameworks.md](../docs/frameworks.md))",
+        default="megatron",
+        choices=frameworks.FRAMEWORKS,
+    )
+    framework_version: str | None = key(
+        "the framework's version: megatron `2021` (v2.5/v2.6), `2022` (e1c334b), `2024` "
+        "(Megatron-Core r0.8.0); deepspeed `0.5.0` (v0.5.0-v0.5.3), `0.5.4` (v0.5.4-v0.7.7)",
+        default=None,
+        choices=frameworks.ALL_VERSIONS,
+        derived="megatron `2021`, deepspeed `0.5.4`",
+        compare=False,
+    )
+    pipeline_p2p: str | None = mechanism_key(
+        "`overlapped`: a non-blocking send when the pass ends; `batched-blocking` "
+        "(Megatron): one blocking op per p2p call site holding its sends and receives, each "
+        "transfer starting when both stages reach theirs; `sequential-blocking` "
+        "(DeepSpeed): one per send or receive in TrainSchedule order, partitioned tensors "
+        "after a meta message; blocking: 1f1b (both), gpipe (batched)",
+        choices=frameworks.PIPELINE_P2P_MODES,
+        derived="the framework's (overlapped where its mode is not modelled)",
+    )
+    scatter_gather_tensors_in_pipeline: bool | None = mechanism_key(
+        "TP > 1: each tensor rank sends 1/TP of a pipeline tensor, the receiver all-gathers "
+        "it over TP (blocking); `false`: each sends all of it; no effect under sequence "
+        "parallelism (the tensor already is 1/TP, no all-gather)"
+    )
+    pipeline_grads_partitioned: bool | None = mechanism_key(
+        "gradients between stages go scattered like activations (with "
+        "`scatter_gather_tensors_in_pipeline`); `false`: whole, from every tensor rank"
+    )
+    pipeline_regather_output: bool | None = mechanism_key(
+        "DeepSpeed: a stage frees its partitioned output once sent and all-gathers it over "
+        "TP again before the backward (before the gradient's receive if gradients go whole)"
+    )
+    # the framework's version and every mechanism key as resolved (not keys): set when
+    # built, compared instead of the keys as given
+    resolved: tuple[tuple[str, Any], ...] = field(init=False, default=())
+    framework_note: str = field(init=False, default="", compare=False)
+
+    def __post_init__(self) -> None:
+        rules.check_values(self, "training")
+        given = {name: getattr(self, name) for name in frameworks.MECHANISMS}
+        version = self.framework_version
+        rules.check_framework(self.framework, version, given, self.schedule)
+        version, values, note = frameworks.resolve(self.framework, version, given, self.schedule)
+        resolved = (("framework_version", version), *values.items())
+        object.__setattr__(self, "resolved", resolved)
+        object.__setattr__(self, "framework_note", note)
+        rules.check_training_alone(self)
+
+    def mechanism(self, name: str) -> Any:
+        """A mechanism key (or ``framework_version``) as resolved."""
+        return dict(self.resolved)[name]
+
+    @property
+    def engine_label(self) -> str:
+        """e.g. "megatron 2021" (reports name the engine by it)."""
+        return frameworks.label(self.framework, self.mechanism("framework_version"))
+
+    @property
+    def split_backward(self) -> bool:
+        """Whether the schedule runs B (input gradient) and W (weight gradient) apart."""
+        if self.custom_orders is not None:
+            return any(step.kind == "W" for order in self.custom_orders for step in order)
+        return schedules.SCHEDULES[self.schedule].split_backward
+
+    @property
+    def accumulates_in_fp32(self) -> bool:
+        """Whether gradients accumulate in an fp32 buffer (derived: with bf16)."""
+        if self.accumulate_allreduce_grads_in_fp32 is None:
+            return self.params_dtype == "bf16"
+        return self.accumulate_allreduce_grads_in_fp32
+
+    @property
+    def gradient_bytes(self) -> int:
+        """Bytes per parameter of the gradient buffer (g in docs/frameworks.md)."""
+        return DTYPE_BYTES["fp32" if self.accumulates_in_fp32 else self.params_dtype]
+
+    @property
+    def communication_bytes(self) -> int:
+        """Bytes per parameter of a data-parallel gradient collective (c)."""
+        if self.communication_data_type is not None:
+            return DTYPE_BYTES[self.communication_data_type]
+        if self.framework == frameworks.DEEPSPEED:
+            # DeepSpeed's engine.py `communication_data_type`: the params dtype unless
+            # configured, although BF16_Optimizer accumulates in fp32 (frameworks.md §4)
+            return DTYPE_BYTES[self.params_dtype]
+        return self.gradient_bytes
+
+    @property
+    def placement(self) -> str:
+        """Which virtual stages a rank's chunks hold (schedules.stage_of)."""
+        if self.custom_orders is not None:
+            return self.schedule_placement or schedules.LOOPED
+        return schedules.SCHEDULES[self.schedule].placement
