@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from topologies import Cluster, FabricShape, NodeShape, build_graph
+from topologies import Cluster, NodeShape, build_graph
 from topologies.describe import LINK_ROLES, link_name, link_role
 
 from .engine.core import simulate
@@ -39,15 +39,7 @@ def build_cluster(spec: ClusterSpec) -> Cluster:
         pcie_latency_s=us_to_s(spec.pcie_latency_us),
         nic_bytes_per_s=gbps_to_bytes_per_s(spec.nic_gbps) * spec.nic_efficiency,
     )
-    fabric = FabricShape(
-        kind=spec.fabric,
-        levels=spec.fabric_levels,
-        nodes_per_leaf=spec.nodes_per_leaf,
-        leaves_per_pod=spec.leaves_per_pod,
-        spines=spec.spine_switches,
-        oversubscription=spec.oversubscription,
-        latency_s=us_to_s(spec.ib_latency_us),
-    )
+    fabric = spec.fabric_shape()
     domain = spec.nvlink_domain_gpus
     return Cluster(
         build_graph(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain),

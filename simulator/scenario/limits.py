@@ -125,18 +125,11 @@ def check(name: str, amount: int, what: str, key: str | None = None, value: obje
 
 def check_cluster(cluster: ClusterSpec) -> None:
     """The cluster's GPUs and links, counted from its keys before the graph is drawn."""
-    from topologies import FabricShape, cable_count
+    from topologies import cable_count
 
     nodes, gpus = cluster.num_nodes, cluster.gpus_per_node
     check("gpus", nodes * gpus, f"x cluster.gpus_per_node={gpus} is", "cluster.num_nodes", nodes)
-    fabric = FabricShape(
-        kind=cluster.fabric,
-        levels=cluster.fabric_levels,
-        nodes_per_leaf=cluster.nodes_per_leaf,
-        leaves_per_pod=cluster.leaves_per_pod,
-        spines=cluster.spine_switches,
-        oversubscription=cluster.oversubscription,
-    )
+    fabric = cluster.fabric_shape()
     links = 2 * cable_count(nodes, gpus, cluster.nics_per_node, cluster.nvlink_topology, fabric)
     check(
         "links",

@@ -18,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from topologies import FABRICS, NVLINK_TOPOLOGIES
+from topologies import FABRICS, NVLINK_TOPOLOGIES, FabricShape
 
+from ..units import us_to_s
 from ..vocabulary import (
     ALL_REDUCE_ALGORITHMS,
     AUTO,
@@ -211,6 +212,18 @@ class ClusterSpec:
         Every node type today is its own NVLink domain; a rack-scale domain such as a
         GB200 NVL72 (72 GPUs over 18 servers) would become a cluster key here."""
         return self.gpus_per_node
+
+    def fabric_shape(self) -> FabricShape:
+        """The fabric keys as topologies takes them (the latency converted to seconds)."""
+        return FabricShape(
+            kind=self.fabric,
+            levels=self.fabric_levels,
+            nodes_per_leaf=self.nodes_per_leaf,
+            leaves_per_pod=self.leaves_per_pod,
+            spines=self.spine_switches,
+            oversubscription=self.oversubscription,
+            latency_s=us_to_s(self.ib_latency_us),
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
