@@ -1,6 +1,6 @@
 """Regenerate every number and picture in docs/ and the README, or check them.
 
-    python benchmarks/docs.py                      # rewrite every section (about 30 minutes)
+    python benchmarks/docs.py                      # rewrite every section (about 15 minutes)
     python benchmarks/docs.py --only showcase      # one section (repeatable, or a,b,c)
     python benchmarks/docs.py --check              # regenerate into a temp dir; exit 1 listing
                                                    # every stale block or file
