@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 from matplotlib.figure import Figure  # noqa: E402
 
 from simulator.plan.sweep import run_sweep  # noqa: E402
-from simulator.results import SweepPoint  # noqa: E402
+from simulator.results import Metrics, SweepPoint  # noqa: E402
 from simulator.run import run  # noqa: E402
 from simulator.scenario import load_scenario  # noqa: E402
 from simulator.vocabulary import BREAKDOWN_KEYS  # noqa: E402
@@ -45,13 +45,20 @@ LAYOUTS = {
 }
 
 
-def study() -> dict[str, list[SweepPoint]]:
+def study(full: dict[str, list[Metrics]] | None = None) -> dict[str, list[SweepPoint]]:
+    """Every layout at both bandwidths; ``full``, if given, gets each layout's complete
+    metrics (per stage too) in the points' order."""
     results = {}
     for name, overrides in LAYOUTS.items():
+        kept = full.setdefault(name, []) if full is not None else []
+
+        def simulate(scenario, kept=kept):
+            metrics = run(scenario).metrics
+            kept.append(metrics)
+            return metrics
+
         sweep = run_sweep(
-            lambda o: load_scenario(SCENARIO, o),
-            lambda s: run(s).metrics,
-            [*overrides, BANDWIDTHS],
+            lambda o: load_scenario(SCENARIO, o), simulate, [*overrides, BANDWIDTHS]
         )
         if sweep.rejected:
             raise SystemExit(f"{name}: {sweep.rejected[0][1]}")

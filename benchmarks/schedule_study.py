@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -43,27 +44,52 @@ def overrides(schedule: str, p: int, m: int) -> list[str]:
     ]
 
 
-def main() -> None:
-    print("| p | m | schedule | chunks | iteration (s) | bubble | MFU | peak memory (GiB) |")
-    print("|---|---|---|---|---|---|---|---|")
-    started = time.perf_counter()
+class Row(NamedTuple):
+    p: int
+    m: int
+    schedule: str
+    chunks: int
+    iteration_s: float
+    bubble: float
+    mfu: float
+    memory_gib: float
+
+
+def full_runs(images: Path | None = IMAGES, log=print) -> list[Row]:
+    """Every schedule at every (p, m), simulated in full; the p = 8, m = 16 timelines of
+    PICTURED drawn into ``images`` (None: no pictures)."""
+    rows = []
     for p in LAYOUTS:
         for m in MICROBATCHES:
             for name in SCHEDULES:
                 scenario = load_scenario(SCENARIO, overrides(name, p, m))
                 result = run(scenario)
                 r = result.metrics
-                v = scenario.parallel.virtual_pipeline_model_parallel_size
                 memory = max(stage.as_gib()["total"] for stage in result.memory)
-                print(
-                    f"| {p} | {m} | {name} | {v} | {r.iteration_time_s:.2f} | "
-                    f"{r.bubble_fraction:.1%} | {r.mfu:.1%} | {memory:.1f} |",
-                    flush=True,
+                row = Row(
+                    p,
+                    m,
+                    name,
+                    scenario.parallel.virtual_pipeline_model_parallel_size,
+                    r.iteration_time_s,
+                    r.bubble_fraction,
+                    r.mfu,
+                    memory,
                 )
-                if p == 8 and m == 16 and name in PICTURED:
+                rows.append(row)
+                log(
+                    f"| {p} | {m} | {name} | {row.chunks} | {row.iteration_s:.2f} | "
+                    f"{row.bubble:.1%} | {row.mfu:.1%} | {memory:.1f} |"
+                )
+                if images is not None and p == 8 and m == 16 and name in PICTURED:
                     figure = timeline_figure(result)
-                    figure.savefig(IMAGES / f"schedules-gpt3-p8-m16-{name}.png", dpi=90)
-    # the same setting on abstract times taken from the compute model, for the picture
+                    figure.savefig(images / f"schedules-gpt3-p8-m16-{name}.png", dpi=90)
+    return rows
+
+
+def abstract(images: Path | None = IMAGES) -> tuple[OpTimes, list]:
+    """The p = 8, m = 16 setting on abstract op times (ms per micro-batch and stage)
+    taken from the compute model, every schedule; the stacked picture into ``images``."""
     scenario = load_scenario(SCENARIO, overrides("zbh1", 8, 16))
     layer = ComputeModel(scenario).layer()
     per_stage = scenario.model.num_layers // 8
@@ -74,10 +100,20 @@ def main() -> None:
     studies = [
         run_schedule(name, 8, 16, times, 2 if SCHEDULES[name].chunked else 1) for name in SCHEDULES
     ]
-    pipeline_figure(studies).savefig(IMAGES / "schedules-abstract-p8-m16.png", dpi=90)
+    if images is not None:
+        pipeline_figure(studies).savefig(images / "schedules-abstract-p8-m16.png", dpi=90)
+    return times, studies
+
+
+def main() -> None:
+    print("| p | m | schedule | chunks | iteration (s) | bubble | MFU | peak memory (GiB) |")
+    print("|---|---|---|---|---|---|---|---|")
+    started = time.perf_counter()
+    full_runs(log=lambda line: print(line, flush=True))
+    times, studies = abstract()
     print(
-        f"\nabstract op times per micro-batch and stage (ms): F {forward:.1f}, "
-        f"B {backward - weight:.1f}, W {weight:.1f}"
+        f"\nabstract op times per micro-batch and stage (ms): F {times.forward:.1f}, "
+        f"B {times.backward:.1f}, W {times.weight:.1f}"
     )
     for study in studies:
         d = study.as_dict()
