@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simulator.calibration.validation import (  # noqa: E402
+from stepsim.calibration.validation import (  # noqa: E402
     H100Choices,
     chunks_of,
     dgx2_scenario,
@@ -52,10 +52,10 @@ from simulator.calibration.validation import (  # noqa: E402
     megatron_measured_s,
     megatron_scenario,
 )
-from simulator.run import run  # noqa: E402
-from simulator.scenario import read_validation_set  # noqa: E402
-from simulator.scenario.presets import CALIBRATED_GPUS, GPUS  # noqa: E402
-from simulator.workload.compute import ComputeModel  # noqa: E402
+from stepsim.run import run  # noqa: E402
+from stepsim.scenario import read_validation_set  # noqa: E402
+from stepsim.scenario.presets import CALIBRATED_GPUS, GPUS  # noqa: E402
+from stepsim.workload.compute import ComputeModel  # noqa: E402
 
 GRID = {
     "gemm_efficiency": [x / 100 for x in range(60, 96)],

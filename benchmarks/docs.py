@@ -66,7 +66,7 @@ class Section:
 def stepsim(*argv: str) -> str:
     """The printed output of one stepsim command, run in this process from ROOT, without
     its closing 'wrote DIR/...' line (a temporary folder)."""
-    from simulator import cli
+    from stepsim import cli
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -93,10 +93,10 @@ def command_block(argv: list[str], output: str, note: str = "") -> str:
 
 def showcase(images: Path | None) -> Generated:
     """README: the MT-NLG 530B summary and its pictures, and the tiny timeline."""
-    from simulator.report.summary import summary_text
-    from simulator.report.timeline import breakdown_figure, timeline_figure
-    from simulator.run import run
-    from simulator.scenario import load_scenario
+    from stepsim.report.summary import summary_text
+    from stepsim.report.timeline import breakdown_figure, timeline_figure
+    from stepsim.run import run
+    from stepsim.scenario import load_scenario
 
     result = run(load_scenario(ROOT / "scenarios" / "mt-nlg-530b-420nodes.toml"))
     m = result.metrics
@@ -125,7 +125,7 @@ def showcase(images: Path | None) -> Generated:
 
 def calibration(images: Path | None) -> Generated:
     """README: every GPU record's kernel constants and how they were obtained."""
-    from simulator.scenario.presets import GPUS
+    from stepsim.scenario.presets import GPUS
 
     lines = [
         "| GPU | gemm_efficiency | gemm_k_half | memory_efficiency | how the constants were "
@@ -153,7 +153,7 @@ def schedules_abstract(images: Path | None) -> Generated:
     """docs/schedules.md: every schedule on abstract op times from the compute model."""
     import schedule_study
 
-    from simulator.report.text import study_text
+    from stepsim.report.text import study_text
 
     times, studies = schedule_study.abstract(images)
     names = ",".join(s.name for s in studies)

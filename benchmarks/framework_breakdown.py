@@ -18,9 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simulator.run import run  # noqa: E402
-from simulator.scenario import load_scenario  # noqa: E402
-from simulator.vocabulary import PP_SEND, TP_COMM  # noqa: E402
+from stepsim.run import run  # noqa: E402
+from stepsim.scenario import load_scenario  # noqa: E402
+from stepsim.vocabulary import PP_SEND, TP_COMM  # noqa: E402
 
 # (label, overrides), each one mechanism away from the one before
 VARIANTS = [

@@ -1,4 +1,4 @@
-"""Malformed inputs of every class issue 17 found, each run as `python -m simulator.cli`
+"""Malformed inputs of every class issue 17 found, each run as `python -m stepsim`
 in a subprocess under a time and memory bound; every case must exit 2 (bad input) with
 one line on stderr naming the key or file at fault, and no traceback.
 
@@ -37,7 +37,7 @@ SCHED = ("--forward", "1", "--backward", "2")  # op times every `stepsim schedul
 @dataclass(frozen=True)
 class Case:
     klass: str
-    argv: tuple[str, ...]  # after `python -m simulator.cli`; {dir} is the case's folder
+    argv: tuple[str, ...]  # after `python -m stepsim`; {dir} is the case's folder
     expect: str  # what the one error line must contain (the key, flag or file)
     files: dict[str, bytes | int] = field(default_factory=dict)  # int: a sparse file's size
     fifos: tuple[str, ...] = ()
@@ -175,7 +175,7 @@ def oversized_file(rng: random.Random, big: bool) -> Case:
 
 def schedule_size(rng: random.Random, big: bool) -> Case:
     """`stepsim schedule --compare` of many schedules, each within the size limit."""
-    from schedules import SCHEDULES
+    from stepsim.schedules import SCHEDULES
 
     names = ",".join(rng.choice(list(SCHEDULES)) for _ in range(rng.randint(2, 60)))
     argv = ("schedule", "--compare", names, "--stages", "400", "--microbatches", "400")
@@ -283,7 +283,7 @@ def run_case(case: Case) -> Outcome:
         started = time.monotonic()
         try:
             done = subprocess.run(
-                [sys.executable, "-m", "simulator.cli", *argv],
+                [sys.executable, "-m", "stepsim", *argv],
                 cwd=ROOT,
                 env=env,
                 stdin=subprocess.DEVNULL,

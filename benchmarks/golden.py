@@ -7,7 +7,7 @@ prints today stays bit-identical") is checked by recording before and after:
     python benchmarks/golden.py record /tmp/golden-after       # on the new one
     python benchmarks/golden.py compare /tmp/golden-before /tmp/golden-after
 
-The recording runs ``python -m simulator.cli`` in this checkout (the ``stepsim``
+The recording runs ``python -m stepsim`` in this checkout (the ``stepsim``
 command) on: every
 shipped scenario (summary text, metrics.json, trace.json, scenario.resolved.toml), every
 case of the reference pipeline vectors through ``stepsim schedule --json`` plus one
@@ -35,7 +35,7 @@ KEPT = (".json", ".csv", ".toml", ".txt")
 
 def _stepsim() -> list[str]:
     # the checkout this file is in (run from ROOT), whichever copy is installed
-    return [sys.executable, "-m", "simulator.cli"]
+    return [sys.executable, "-m", "stepsim"]
 
 
 def _run(out: Path, name: str, args: list[str]) -> None:

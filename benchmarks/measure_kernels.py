@@ -5,11 +5,11 @@
     stepsim run scenarios/gpt3-175b-128nodes.toml --set cluster.node=dgx-h100 \\
         --calibration h100.toml
 
-It times the GEMM shapes of a GPT layer (simulator.calibration.fit.gemm_shapes: QKV,
+It times the GEMM shapes of a GPT layer (stepsim.calibration.fit.gemm_shapes: QKV,
 projection, MLP and weight-gradient GEMMs for several hidden sizes at TP 1 and 8,
 and the attention core's batched GEMMs) in bf16 with CUDA events (median of 20
 runs after 5 warm-ups), and element-wise kernels (a bf16 add over 256 MiB to
-2 GiB), then fits the three kernel constants (simulator.calibration.fit.fit_constants)
+2 GiB), then fits the three kernel constants (stepsim.calibration.fit.fit_constants)
 and writes them with the raw timings.
 
 By default each timed launch starts on an idle GPU, so the host's time to launch
@@ -42,15 +42,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from simulator.calibration.fit import (  # noqa: E402
+from stepsim.calibration.fit import (  # noqa: E402
     GemmTiming,
     MemoryTiming,
     calibration_toml,
     fit_constants,
     gemm_shapes,
 )
-from simulator.scenario.presets import GPUS  # noqa: E402
-from simulator.workload.compute import gemm_seconds  # noqa: E402
+from stepsim.scenario.presets import GPUS  # noqa: E402
+from stepsim.workload.compute import gemm_seconds  # noqa: E402
 
 ELEMENTWISE_BYTES = [2**28, 2**29, 2**30, 2**31]  # one operand; an add reads two, writes one
 

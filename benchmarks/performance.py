@@ -86,7 +86,7 @@ def run_case(name: str) -> None:
     if arguments is None:
         result = {"simulated_s": _allreduce_1024()}
     else:
-        from simulator.cli import main
+        from stepsim.cli import main
 
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
@@ -102,15 +102,15 @@ def run_case(name: str) -> None:
 
 def _allreduce_1024() -> float:
     """Cluster of 128 DGX A100 on one switch, one ring all-reduce over its 1,024 GPUs."""
-    from simulator.engine.core import simulate
-    from simulator.engine.network import FairShareNetwork
-    from simulator.run import build_cluster
-    from simulator.scenario import scenario_from_dict
-    from simulator.units import us_to_s
-    from simulator.vocabulary import TP_COMM
-    from simulator.workload import collectives
-    from simulator.workload.collectives import Fabric
-    from simulator.workload.ops import WorkloadBuilder
+    from stepsim.engine.core import simulate
+    from stepsim.engine.network import FairShareNetwork
+    from stepsim.run import build_cluster
+    from stepsim.scenario import scenario_from_dict
+    from stepsim.units import us_to_s
+    from stepsim.vocabulary import TP_COMM
+    from stepsim.workload import collectives
+    from stepsim.workload.collectives import Fabric
+    from stepsim.workload.ops import WorkloadBuilder
 
     spec = scenario_from_dict(
         {

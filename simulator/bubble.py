@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from schedules import LOOPED, SCHEDULES, V_SHAPE, Step, peak_inflight, step_label
-from schedules import build as build_schedule
-from schedules.custom import sizes_of
+from stepsim.schedules import LOOPED, SCHEDULES, V_SHAPE, Step, peak_inflight, step_label
+from stepsim.schedules import build as build_schedule
+from stepsim.schedules.custom import sizes_of
 
 from .engine.core import simulate
 from .results import SCHEMA_VERSION, Trace

@@ -22,7 +22,7 @@ from .vocabulary import BREAKDOWN_COLUMN, BREAKDOWN_KEYS, EXPOSED_COMM_KEYS
 SCHEMA_VERSION = 2
 
 if TYPE_CHECKING:
-    from topologies import Cluster
+    from stepsim.topologies import Cluster
 
     from .scenario import Scenario
     from .workload.memory import StageMemory

@@ -8,8 +8,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from topologies import Cluster, NodeShape, build_graph
-from topologies.describe import LINK_ROLES, link_name, link_role
+from stepsim.topologies import Cluster, NodeShape, build_graph
+from stepsim.topologies.describe import LINK_ROLES, link_name, link_role
 
 from .engine.core import simulate
 from .engine.network import AnalyticalNetwork, FairShareNetwork

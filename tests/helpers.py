@@ -4,7 +4,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from simulator.scenario import scenario_from_dict
+from stepsim.scenario import scenario_from_dict
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -13,7 +13,7 @@ def cli_error(path: str | Path, *args: str) -> str:
     """The one line `stepsim run PATH ARGS` prints on bad input (exit 2, nothing on
     stdout), without its ``stepsim: error:`` prefix."""
     proc = subprocess.run(
-        [sys.executable, "-m", "simulator.cli", "run", str(path), *args],
+        [sys.executable, "-m", "stepsim", "run", str(path), *args],
         capture_output=True,
         text=True,
         check=False,

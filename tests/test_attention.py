@@ -4,13 +4,13 @@ import dataclasses
 
 import pytest
 
-from simulator.report.summary import summary_text
-from simulator.run import run as simulate
-from simulator.scenario import ScenarioError
-from simulator.scenario.softmax import fused_softmax_path
-from simulator.workload.attention import causal_fraction
-from simulator.workload.compute import ComputeModel, gemm_efficiency
-from simulator.workload.memory import activation_bytes_per_layer
+from stepsim.report.summary import summary_text
+from stepsim.run import run as simulate
+from stepsim.scenario import ScenarioError
+from stepsim.scenario.softmax import fused_softmax_path
+from stepsim.workload.attention import causal_fraction
+from stepsim.workload.compute import ComputeModel, gemm_efficiency
+from stepsim.workload.memory import activation_bytes_per_layer
 from tests.helpers import load
 
 

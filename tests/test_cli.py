@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.cli import main
-from simulator.scenario import load_scenario
+from stepsim.cli import main
+from stepsim.scenario import load_scenario
 from tests.helpers import cli_error
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,7 +122,7 @@ def test_same_output_in_separate_processes_with_different_hash_seeds():
             [
                 sys.executable,
                 "-m",
-                "simulator.cli",
+                "stepsim",
                 "run",
                 TINY,
                 "--json",
@@ -144,8 +144,8 @@ def test_same_output_in_separate_processes_with_different_hash_seeds():
 def test_large_runs_draw_the_timeline_as_an_image(tmp_path, monkeypatch):
     from matplotlib.colors import to_rgb
 
-    from simulator.report import timeline as figures
-    from simulator.run import run
+    from stepsim.report import timeline as figures
+    from stepsim.run import run
 
     monkeypatch.setattr(figures, "RASTER_ABOVE_SPANS", 10)
     result = run(load_scenario(TINY))
@@ -166,7 +166,7 @@ def test_large_runs_draw_the_timeline_as_an_image(tmp_path, monkeypatch):
 
 
 def test_progress_reaches_the_whole_run_in_order():
-    from simulator.run import run
+    from stepsim.run import run
 
     seen = []
     run(load_scenario(TINY), seen.append)
@@ -176,7 +176,7 @@ def test_progress_reaches_the_whole_run_in_order():
 def test_progress_line_only_on_a_terminal_and_cleared_after(capsys):
     import io
 
-    from simulator.cli import Progress
+    from stepsim.cli import Progress
 
     stream = io.StringIO()
     shown = Progress(True, stream)
@@ -197,7 +197,7 @@ def test_progress_line_only_on_a_terminal_and_cleared_after(capsys):
 
 
 def test_ctrl_c_of_run_is_one_line_and_status_130(monkeypatch, capsys):
-    from simulator import run as run_module
+    from stepsim import run as run_module
 
     def interrupted(scenario, progress=None):
         raise KeyboardInterrupt

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from simulator.cli import main
-from simulator.report.summary import decimal_places
-from simulator.results import SCHEMA_VERSION
-from simulator.units import count_text
+from stepsim.cli import main
+from stepsim.report.summary import decimal_places
+from stepsim.results import SCHEMA_VERSION
+from stepsim.units import count_text
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "scenarios" / "tiny-2gpu.toml")
@@ -86,7 +86,7 @@ def test_search_where_nothing_fits_exits_1_after_its_table(capsys):
 
 def test_a_broken_pipe_exits_quietly():
     process = subprocess.Popen(
-        [sys.executable, "-m", "simulator.cli", "topology", TINY, "--json"],
+        [sys.executable, "-m", "stepsim", "topology", TINY, "--json"],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -5,16 +5,16 @@ from pathlib import Path
 
 import pytest
 
-from simulator.cli import main
-from simulator.engine.core import simulate
-from simulator.engine.network import FairShareNetwork
-from simulator.run import build_cluster, run
-from simulator.scenario import ScenarioError
-from simulator.vocabulary import TP_COMM
-from simulator.workload import collectives
-from simulator.workload.collectives import Fabric, LayoutError
-from simulator.workload.lowering import lower
-from simulator.workload.ops import WorkloadBuilder
+from stepsim.cli import main
+from stepsim.engine.core import simulate
+from stepsim.engine.network import FairShareNetwork
+from stepsim.run import build_cluster, run
+from stepsim.scenario import ScenarioError
+from stepsim.vocabulary import TP_COMM
+from stepsim.workload import collectives
+from stepsim.workload.collectives import Fabric, LayoutError
+from stepsim.workload.lowering import lower
+from stepsim.workload.ops import WorkloadBuilder
 from tests.helpers import load
 
 TINY = str(Path(__file__).resolve().parent.parent / "scenarios" / "tiny-2gpu.toml")

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from simulator.calibration.fit import GemmTiming, MemoryTiming, fit_constants
-from simulator.cli import main
-from simulator.scenario import KernelConstants, ScenarioError, load_scenario, read_calibration
-from simulator.scenario.presets import GPUS
-from simulator.workload.compute import ComputeModel, gemm_efficiency, gemm_seconds
+from stepsim.calibration.fit import GemmTiming, MemoryTiming, fit_constants
+from stepsim.cli import main
+from stepsim.scenario import KernelConstants, ScenarioError, load_scenario, read_calibration
+from stepsim.scenario.presets import GPUS
+from stepsim.workload.compute import ComputeModel, gemm_efficiency, gemm_seconds
 from tests.helpers import load
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,11 +5,11 @@ import dataclasses
 
 import pytest
 
-from schedules import build
-from schedules.p2p import Call, Step, Xfer, deepspeed_calls, megatron_calls
-from simulator.run import run
-from simulator.scenario import ScenarioError, TrainingConfig, frameworks, scenario_to_dict
-from simulator.vocabulary import BACKWARD, FORWARD, OPTIMIZER, PP_SEND, RECOMPUTE, TP_COMM
+from stepsim.schedules import build
+from stepsim.schedules.p2p import Call, Step, Xfer, deepspeed_calls, megatron_calls
+from stepsim.run import run
+from stepsim.scenario import ScenarioError, TrainingConfig, frameworks, scenario_to_dict
+from stepsim.vocabulary import BACKWARD, FORWARD, OPTIMIZER, PP_SEND, RECOMPUTE, TP_COMM
 from tests.helpers import load
 
 NO_LATENCY = {

@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from simulator.run import build_cluster, run
-from simulator.scenario import ScenarioError
-from simulator.vocabulary import COMPUTE_STREAM, DP_SYNC, OPTIMIZER
-from simulator.workload.compute import ComputeModel
-from simulator.workload.lowering import lower
-from simulator.workload.memory import stage_params_per_rank
+from stepsim.run import build_cluster, run
+from stepsim.scenario import ScenarioError
+from stepsim.vocabulary import COMPUTE_STREAM, DP_SYNC, OPTIMIZER
+from stepsim.workload.compute import ComputeModel
+from stepsim.workload.lowering import lower
+from stepsim.workload.memory import stage_params_per_rank
 from tests.helpers import load
 
 H, V, F = 1024, 32000, 4096  # the helper's model: hidden, vocabulary, 4h

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from simulator.run import build_cluster
-from simulator.scenario import ScenarioError, load_scenario
-from simulator.scenario.files import parse_toml, parse_value, read_text, toml_depth
-from simulator.scenario.limits import LIMITS, limit
-from topologies import FabricShape, cable_count
+from stepsim.run import build_cluster
+from stepsim.scenario import ScenarioError, load_scenario
+from stepsim.scenario.files import parse_toml, parse_value, read_text, toml_depth
+from stepsim.scenario.limits import LIMITS, limit
+from stepsim.topologies import FabricShape, cable_count
 
 TINY = "scenarios/tiny-2gpu.toml"
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,7 +183,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 def test_search_workers_end_when_the_search_is_killed():
-    argv = [sys.executable, "-m", "simulator.cli", "search", "scenarios/gpt3-175b-128nodes.toml"]
+    argv = [sys.executable, "-m", "stepsim", "search", "scenarios/gpt3-175b-128nodes.toml"]
     search = subprocess.Popen(
         [*argv, "--jobs", "2", "--quiet"],
         cwd=ROOT,

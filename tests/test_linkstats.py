@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import simpy
 
-from simulator.engine.flows import Interval, Transfer
-from simulator.engine.network import AnalyticalNetwork, FairShareNetwork
-from simulator.report.linkstats import mean_utilization, utilization_over_time
-from simulator.run import run
+from stepsim.engine.flows import Interval, Transfer
+from stepsim.engine.network import AnalyticalNetwork, FairShareNetwork
+from stepsim.report.linkstats import mean_utilization, utilization_over_time
+from stepsim.run import run
 from tests.helpers import load
 
 
@@ -42,8 +42,8 @@ def test_intervals_account_for_every_byte(network):
 
 
 def test_busiest_links_reach_the_summary_and_the_trace():
-    from simulator.report.summary import summary_text
-    from simulator.report.trace import chrome_trace
+    from stepsim.report.summary import summary_text
+    from stepsim.report.trace import chrome_trace
 
     result = run(
         load(
@@ -66,8 +66,8 @@ def test_busiest_links_reach_the_summary_and_the_trace():
 def test_busiest_links_give_each_kind_its_mean_and_its_peak():
     from types import SimpleNamespace
 
-    from simulator.results import Trace
-    from simulator.run import PEAK_BINS, busiest_links
+    from stepsim.results import Trace
+    from stepsim.run import PEAK_BINS, busiest_links
 
     gpu, nic, sw = ("gpu", 0), ("nic", 0, 0), ("switch", 1, 0)
     spine = ("switch", 2, 0)

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from simulator.scenario import (
+from stepsim.scenario import (
     ScenarioError,
     apply_override,
     dumps_toml,

@@ -2,9 +2,9 @@
 
 import pytest
 
-from simulator.cli import main
-from simulator.run import memory_per_stage
-from simulator.workload.memory import WORKSPACE_BYTES, activation_bytes_per_layer, out_of_memory
+from stepsim.cli import main
+from stepsim.run import memory_per_stage
+from stepsim.workload.memory import WORKSPACE_BYTES, activation_bytes_per_layer, out_of_memory
 from tests.helpers import load
 
 BIG = [
@@ -83,8 +83,8 @@ def test_a_sweep_marks_the_points_that_do_not_fit(capsys):
 def test_the_allow_oom_hint_is_a_field_of_its_own(capsys):
     """run's line is the memory model's problem, then its --allow-oom hint; plan's is
     the problem alone (no string surgery on run's line)."""
-    from simulator.plan.questions import check_fits
-    from simulator.scenario import ScenarioError
+    from stepsim.plan.questions import check_fits
+    from stepsim.scenario import ScenarioError
 
     s = load(model={"hidden_size": 16384, "num_attention_heads": 128, "num_layers": 32})
     problem = out_of_memory(s, memory_per_stage(s))
@@ -103,7 +103,7 @@ def test_the_allow_oom_hint_is_a_field_of_its_own(capsys):
 def test_sharding_takes_effect_with_more_than_one_replica_only():
     """One decision for the memory model and the search's bound: ZeRO-1 and FSDP shard
     the optimizer over D replicas; with D = 1 there is nothing to shard over."""
-    from simulator.workload.memory import optimizer_sharded, sharding_of
+    from stepsim.workload.memory import optimizer_sharded, sharding_of
 
     two = {"cluster": {"num_nodes": 1, "gpus_per_node": 2, "nics_per_node": 1}}
     for sharding, sharded in (("none", False), ("optimizer", True), ("full", True)):

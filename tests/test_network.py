@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import simpy
 
-from simulator.engine.flows import Transfer
-from simulator.engine.network import AnalyticalNetwork, FairShareNetwork
+from stepsim.engine.flows import Transfer
+from stepsim.engine.network import AnalyticalNetwork, FairShareNetwork
 
 
 def _finish_times(network_cls, capacities, transfers):

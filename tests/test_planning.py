@@ -8,13 +8,13 @@ import math
 import pytest
 from helpers import load
 
-from simulator.cli import main
-from simulator.plan import questions
-from simulator.plan import search as search_module
-from simulator.plan.bound import iteration_lower_bound_s
-from simulator.plan.executors import LocalPool
-from simulator.plan.planning import apply_layout, model_params, with_nodes
-from simulator.plan.search import (
+from stepsim.cli import main
+from stepsim.plan import questions
+from stepsim.plan import search as search_module
+from stepsim.plan.bound import iteration_lower_bound_s
+from stepsim.plan.executors import LocalPool
+from stepsim.plan.planning import apply_layout, model_params, with_nodes
+from stepsim.plan.search import (
     OUT_OF_MEMORY,
     PRUNED,
     SIMULATED,
@@ -22,8 +22,8 @@ from simulator.plan.search import (
     rule_of_thumb,
     search,
 )
-from simulator.plan.space import SearchSpace
-from simulator.scenario import load_scenario
+from stepsim.plan.space import SearchSpace
+from stepsim.scenario import load_scenario
 
 # 2 nodes of 4 A100s, a 4-layer model: every simulation takes milliseconds
 CLUSTER = {"node": "dgx-a100", "num_nodes": 2, "gpus_per_node": 4, "nics_per_node": 4}
@@ -122,7 +122,7 @@ def test_local_processes_give_the_same_rows_as_one_process():
 
 def test_ray_gives_the_same_ranking_as_local_processes():
     pytest.importorskip("ray")
-    from simulator.plan.executors import RayPool
+    from stepsim.plan.executors import RayPool
 
     base = small_base()
     local = search(base, SMALL_SPACE, top=3)
@@ -368,8 +368,8 @@ def test_weak_scaling_keeps_the_microbatches_per_pipeline():
 
 
 def test_space_from_flags_parses_lists_and_names_the_flag_in_errors():
-    from simulator.plan.space import space_from_flags
-    from simulator.scenario import ScenarioError
+    from stepsim.plan.space import space_from_flags
+    from stepsim.scenario import ScenarioError
 
     flags = {
         "tp": "1, 2",
@@ -401,7 +401,7 @@ def test_space_from_flags_parses_lists_and_names_the_flag_in_errors():
 
 
 def test_the_journal_header_leaves_out_the_layout_and_reads_back_equal():
-    from simulator.plan.search import journal_header
+    from stepsim.plan.search import journal_header
 
     base = small_base()
     header = journal_header(base)
@@ -418,8 +418,8 @@ def test_the_journal_header_leaves_out_the_layout_and_reads_back_equal():
 
 
 def test_check_fits_names_the_stage_without_the_allow_oom_hint():
-    from simulator.plan.questions import check_fits
-    from simulator.scenario import ScenarioError
+    from stepsim.plan.questions import check_fits
+    from stepsim.scenario import ScenarioError
 
     check_fits(load_scenario(TINY))  # fits: no error
     big = load_scenario(TINY, ["model.num_layers=400", "model.hidden_size=8192"])

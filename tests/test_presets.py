@@ -4,10 +4,10 @@ import dataclasses
 
 import pytest
 
-from simulator.calibration.fit import calibration_toml
-from simulator.scenario import GpuSpec, KernelConstants, read_calibration
-from simulator.scenario.presets import CALIBRATED_GPU, CALIBRATED_GPUS, GPUS, NODES
-from simulator.workload.compute import ComputeModel
+from stepsim.calibration.fit import calibration_toml
+from stepsim.scenario import GpuSpec, KernelConstants, read_calibration
+from stepsim.scenario.presets import CALIBRATED_GPU, CALIBRATED_GPUS, GPUS, NODES
+from stepsim.workload.compute import ComputeModel
 from tests.helpers import load
 
 
@@ -116,9 +116,9 @@ def test_a_calibration_overrides_the_gpu_records_constants():
 def test_every_run_says_how_its_gpus_constants_were_obtained(tmp_path):
     """metrics.json's "calibration" and the run summary: fitted, scaled from a fitted
     GPU, or the --calibration file."""
-    from simulator.report.summary import summary_text
-    from simulator.run import run
-    from simulator.scenario import dumps_toml, load_scenario
+    from stepsim.report.summary import summary_text
+    from stepsim.run import run
+    from stepsim.scenario import dumps_toml, load_scenario
     from tests.helpers import scenario
 
     fitted = run(load())

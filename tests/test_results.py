@@ -6,10 +6,10 @@ import json
 import pytest
 from helpers import load
 
-from simulator.plan.questions import scale_points, training_time
-from simulator.results import LinkLoad, MetricsRow, SweepPoint
-from simulator.run import run
-from simulator.vocabulary import BREAKDOWN_KEYS, DP_SYNC, EXPOSED_COMM_KEYS, IDLE_TIME
+from stepsim.plan.questions import scale_points, training_time
+from stepsim.results import LinkLoad, MetricsRow, SweepPoint
+from stepsim.run import run
+from stepsim.vocabulary import BREAKDOWN_KEYS, DP_SYNC, EXPOSED_COMM_KEYS, IDLE_TIME
 
 TWO_GPUS = {
     "cluster": {"num_nodes": 1, "gpus_per_node": 2, "nics_per_node": 1},
@@ -188,7 +188,7 @@ def test_scale_points_against_the_fewest_nodes():
 def test_the_stage_table_elides_the_middle_of_a_long_pipeline(result):
     from dataclasses import replace
 
-    from simulator.report.summary import summary_text
+    from stepsim.report.summary import summary_text
 
     stage = result.metrics.stages[0]
     many = tuple(replace(stage, stage=i) for i in range(13))
@@ -199,8 +199,8 @@ def test_the_stage_table_elides_the_middle_of_a_long_pipeline(result):
 
 
 def test_metrics_json_and_schedule_json_carry_the_schema_version(result):
-    from simulator.bubble import op_times, run_schedule
-    from simulator.results import SCHEMA_VERSION
+    from stepsim.bubble import op_times, run_schedule
+    from stepsim.results import SCHEMA_VERSION
 
     assert result.metrics.to_json()["schema_version"] == SCHEMA_VERSION >= 2
     studied = run_schedule("1f1b", 2, 2, op_times(1.0, 2.0, None, 0.0)).as_dict()

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from schedules import build, step_label
-from schedules.custom import check_orders, parse_orders
-from simulator.cli import main
+from stepsim.schedules import build, step_label
+from stepsim.schedules.custom import check_orders, parse_orders
+from stepsim.cli import main
 from tests import trace_check
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "pipeline_vectors.json").read_text())
@@ -141,8 +141,8 @@ def test_a_v_placement_needs_two_chunks(tmp_path, capsys):
 
 
 def test_op_times_are_checked_before_anything_runs():
-    from simulator.bubble import OpTimes, op_times
-    from simulator.scenario import ScenarioError
+    from stepsim.bubble import OpTimes, op_times
+    from stepsim.scenario import ScenarioError
 
     assert op_times(1.0, 2.0, None, 0.5) == OpTimes(
         forward=1.0, backward=2.0, weight=0.0, p2p_latency=0.5
@@ -156,8 +156,8 @@ def test_op_times_are_checked_before_anything_runs():
 
 
 def test_sizes_and_the_op_limit():
-    from simulator.bubble import OpTimes, check_sizes, studies_of_schedules
-    from simulator.scenario import ScenarioError
+    from stepsim.bubble import OpTimes, check_sizes, studies_of_schedules
+    from stepsim.scenario import ScenarioError
 
     check_sizes({"--stages": 100_000, "--chunks": None})
     with pytest.raises(ScenarioError, match=r"^--stages=0 must be between 1 and 100000$"):
@@ -174,8 +174,8 @@ def test_sizes_and_the_op_limit():
 
 
 def test_named_schedules_resolve_their_chunks_and_check_the_weight():
-    from simulator.bubble import OpTimes, studies_of_schedules
-    from simulator.scenario import ScenarioError
+    from stepsim.bubble import OpTimes, studies_of_schedules
+    from stepsim.scenario import ScenarioError
 
     times = OpTimes(forward=1.0, backward=2.0, weight=1.0)
     studies = studies_of_schedules(

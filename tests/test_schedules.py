@@ -6,11 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from schedules import SCHEDULES, Step, build, check, peak_inflight, stage_of, step_label
-from simulator.engine.core import simulate
-from simulator.report.metrics import stage_breakdowns
-from simulator.vocabulary import IDLE, PP_WAIT
-from simulator.workload.ops import abstract_pipeline
+from stepsim.schedules import SCHEDULES, Step, build, check, peak_inflight, stage_of, step_label
+from stepsim.engine.core import simulate
+from stepsim.report.metrics import stage_breakdowns
+from stepsim.vocabulary import IDLE, PP_WAIT
+from stepsim.workload.ops import abstract_pipeline
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "pipeline_vectors.json").read_text())
 CASES = [c for c in VECTORS["cases"] if c["schedule"] in SCHEDULES]
@@ -186,7 +186,7 @@ def test_bad_sizes_are_refused_with_the_rule():
 
 @pytest.mark.parametrize("placement", ["looped", "v"])
 def test_holder_of_inverts_stage_of(placement):
-    from schedules import holder_of
+    from stepsim.schedules import holder_of
 
     p, v = 5, 2
     for rank in range(p):
@@ -195,7 +195,7 @@ def test_holder_of_inverts_stage_of(placement):
 
 
 def test_labels_round_trip():
-    from schedules import parse_label
+    from stepsim.schedules import parse_label
 
     for step in (Step("F", 3), Step("B", 12, 1), Step("W", 0, 3)):
         assert parse_label(step_label(step, 4)) == step

@@ -5,13 +5,13 @@ import re
 
 import pytest
 
-from schedules import SCHEDULES, build, parse_label, peak_inflight, step_label
-from simulator.engine.core import simulate
-from simulator.run import run
-from simulator.scenario import ScenarioError, dumps_toml, load_scenario, scenario_to_dict
-from simulator.vocabulary import BACKWARD, DP_SYNC, FORWARD, PP_SEND, WEIGHT
-from simulator.workload.compute import ComputeModel
-from simulator.workload.ops import abstract_pipeline
+from stepsim.schedules import SCHEDULES, build, parse_label, peak_inflight, step_label
+from stepsim.engine.core import simulate
+from stepsim.run import run
+from stepsim.scenario import ScenarioError, dumps_toml, load_scenario, scenario_to_dict
+from stepsim.vocabulary import BACKWARD, DP_SYNC, FORWARD, PP_SEND, WEIGHT
+from stepsim.workload.compute import ComputeModel
+from stepsim.workload.ops import abstract_pipeline
 from tests.helpers import load
 
 P, M, LAYERS = 4, 8, 8

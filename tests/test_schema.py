@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from simulator.scenario import ScenarioError, frameworks, scenario_from_dict, scenario_to_dict
-from simulator.scenario.schema import SECTIONS, TOP_LEVEL, check_value, keys, markdown_table
+from stepsim.scenario import ScenarioError, frameworks, scenario_from_dict, scenario_to_dict
+from stepsim.scenario.schema import SECTIONS, TOP_LEVEL, check_value, keys, markdown_table
 from tests.helpers import load, scenario
-from topologies import FABRICS
+from stepsim.topologies import FABRICS
 
 README = Path(__file__).resolve().parents[1] / "scenarios" / "README.md"
 
@@ -17,10 +17,10 @@ README = Path(__file__).resolve().parents[1] / "scenarios" / "README.md"
 def test_the_readme_holds_exactly_the_generated_key_tables():
     text = README.read_text(encoding="utf-8")
     for section in keys():
-        assert markdown_table(section) in text, "regenerate: python -m simulator.scenario"
+        assert markdown_table(section) in text, "regenerate: python -m stepsim.scenario"
     # no other key table: one header per section
     assert text.count("| Key | Type | Unit | Default | Values | Meaning |") == len(keys())
-    assert frameworks.markdown_table() in text, "regenerate: python -m simulator.scenario"
+    assert frameworks.markdown_table() in text, "regenerate: python -m stepsim.scenario"
 
 
 def test_keys_are_the_spec_fields_with_key_metadata_in_field_order():

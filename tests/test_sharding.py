@@ -2,10 +2,10 @@
 
 import pytest
 
-from simulator.run import build_cluster, run
-from simulator.vocabulary import BARRIER, COMPUTE_STREAM, DP_SYNC, OPTIMIZER
-from simulator.workload.compute import ComputeModel
-from simulator.workload.dataparallel import (
+from stepsim.run import build_cluster, run
+from stepsim.vocabulary import BARRIER, COMPUTE_STREAM, DP_SYNC, OPTIMIZER
+from stepsim.workload.compute import ComputeModel
+from stepsim.workload.dataparallel import (
     AllReduceAfterFlush,
     DataParallel,
     DistributedOptimizer,
@@ -13,11 +13,11 @@ from simulator.workload.dataparallel import (
     OverlappedBuckets,
     strategy_for,
 )
-from simulator.workload.gpuops import GpuOps
-from simulator.workload.lowering import lower
-from simulator.workload.memory import stage_params_per_rank
-from simulator.workload.ops import WorkloadBuilder
-from simulator.workload.placement import StageComm, placement_of
+from stepsim.workload.gpuops import GpuOps
+from stepsim.workload.lowering import lower
+from stepsim.workload.memory import stage_params_per_rank
+from stepsim.workload.ops import WorkloadBuilder
+from stepsim.workload.placement import StageComm, placement_of
 from tests.helpers import load
 
 BASE = {

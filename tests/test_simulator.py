@@ -2,11 +2,11 @@
 
 import pytest
 
-from simulator.engine.core import DeadlockError, simulate
-from simulator.engine.flows import Transfer, delay
-from simulator.engine.network import AnalyticalNetwork, FairShareNetwork
-from simulator.run import run
-from simulator.vocabulary import (
+from stepsim.engine.core import DeadlockError, simulate
+from stepsim.engine.flows import Transfer, delay
+from stepsim.engine.network import AnalyticalNetwork, FairShareNetwork
+from stepsim.run import run
+from stepsim.vocabulary import (
     BARRIER,
     COMPUTE_TIME,
     DP_SYNC,
@@ -15,13 +15,13 @@ from simulator.vocabulary import (
     PP_SEND,
     TP_COMM,
 )
-from simulator.workload.keys import LayerKey, PipelineKey
-from simulator.workload.memory import (
+from stepsim.workload.keys import LayerKey, PipelineKey
+from stepsim.workload.memory import (
     activation_bytes_per_layer,
     layer_params_per_rank,
     stage_params_per_rank,
 )
-from simulator.workload.ops import WorkloadBuilder
+from stepsim.workload.ops import WorkloadBuilder
 from tests.helpers import load
 
 TWO_NODES = {
@@ -196,7 +196,7 @@ def test_gpus_sharing_a_nic_are_charged_together_in_the_lowering():
         training={"global_batch_size": 2},
     )
     result = run(s)
-    from simulator.run import build_cluster
+    from stepsim.run import build_cluster
 
     links = build_cluster(s.cluster).links
     send = next(op for op in result.workload.ops if op.kind == PP_SEND)

@@ -4,9 +4,9 @@ import csv
 
 import pytest
 
-from simulator.cli import main
-from simulator.plan.sweep import grid, split_axes
-from simulator.scenario import ScenarioError
+from stepsim.cli import main
+from stepsim.plan.sweep import grid, split_axes
+from stepsim.scenario import ScenarioError
 
 TINY = "scenarios/tiny-2gpu.toml"
 
@@ -59,8 +59,8 @@ def test_sweep_writes_csv_with_swept_and_metric_columns(tmp_path, capsys):
 
 
 def test_a_bad_point_is_kept_with_its_reason_and_the_others_run(tmp_path, capsys):
-    from simulator.plan.sweep import run_sweep
-    from simulator.scenario import load_scenario
+    from stepsim.plan.sweep import run_sweep
+    from stepsim.scenario import load_scenario
 
     ran = []
     sweep = run_sweep(
@@ -93,7 +93,7 @@ def test_a_bad_point_is_kept_with_its_reason_and_the_others_run(tmp_path, capsys
 
 
 def _metrics(scenario):
-    from simulator.run import run
+    from stepsim.run import run
 
     return run(scenario).metrics
 
@@ -102,7 +102,7 @@ def test_ctrl_c_keeps_the_finished_points(tmp_path, capsys):
     """The second of three points is interrupted: exit 130, the first is written."""
     import unittest.mock
 
-    from simulator import run as run_module
+    from stepsim import run as run_module
 
     real_run = run_module.run
     calls = []

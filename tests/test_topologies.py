@@ -3,12 +3,12 @@
 import networkx as nx
 import pytest
 
-from simulator.cli import main
-from simulator.run import build_cluster
-from simulator.scenario.presets import NODES
+from stepsim.cli import main
+from stepsim.run import build_cluster
+from stepsim.scenario.presets import NODES
 from tests.helpers import load
-from topologies import Cluster, FabricShape, NodeShape, build_graph
-from topologies.describe import summarize
+from stepsim.topologies import Cluster, FabricShape, NodeShape, build_graph
+from stepsim.topologies.describe import summarize
 
 
 def _cluster(**cluster):

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from schedules import SCHEDULES
-from simulator.cli import main
-from simulator.report.trace import chrome_trace, slots, to_ns, us
-from simulator.results import Span
-from simulator.run import run
-from simulator.scenario import load_scenario
+from stepsim.schedules import SCHEDULES
+from stepsim.cli import main
+from stepsim.report.trace import chrome_trace, slots, to_ns, us
+from stepsim.results import Span
+from stepsim.run import run
+from stepsim.scenario import load_scenario
 from tests import trace_check
 from tests.helpers import load
 

@@ -6,11 +6,11 @@ import re
 
 import pytest
 
-from simulator.plan.bound import iteration_lower_bound_s
-from simulator.run import run
-from simulator.scenario.errors import ScenarioError
-from simulator.workload.compute import ComputeModel
-from simulator.workload.memory import layer_params_per_rank
+from stepsim.plan.bound import iteration_lower_bound_s
+from stepsim.run import run
+from stepsim.scenario.errors import ScenarioError
+from stepsim.workload.compute import ComputeModel
+from stepsim.workload.memory import layer_params_per_rank
 from tests.helpers import load
 
 # no communication worth the name: NVLink at the schema's top bandwidth, no latency
@@ -222,8 +222,8 @@ def test_chunks_must_divide_the_edge_and_middle_stages():
 
 
 def test_search_splits_layers_that_do_not_divide_as_megatron_users_do():
-    from simulator.plan.planning import apply_layout
-    from simulator.plan.space import SearchSpace, layouts, pipeline_sizes, uneven_split
+    from stepsim.plan.planning import apply_layout
+    from stepsim.plan.space import SearchSpace, layouts, pipeline_sizes, uneven_split
 
     assert uneven_split(70, 12) == (5, 5)  # BLOOM: 5, 6 x 10, 5
     assert uneven_split(14, 4) == (3, 3)
@@ -248,7 +248,7 @@ def test_search_splits_layers_that_do_not_divide_as_megatron_users_do():
 
 
 def test_rule_of_thumb_takes_the_smallest_pipeline_even_when_it_splits_unevenly():
-    from simulator.plan.search import rule_of_thumb
+    from stepsim.plan.search import rule_of_thumb
 
     # 13 layers of hidden 8192 at TP 2: about 6.4 GiB of model state a layer, too many
     # for one 80 GiB stage; two stages hold them as 6 and 7
@@ -277,7 +277,7 @@ def test_exact_mode_agrees_with_the_symmetric_one_on_an_uneven_split():
 
 
 def test_unequal_chunks_hold_their_own_layers_in_flight():
-    from simulator.workload.memory import activation_bytes_per_layer, inflight_layers
+    from stepsim.workload.memory import activation_bytes_per_layer, inflight_layers
 
     # looped BFS holds every forward of both chunks at its peak: m (1 + 2) layers on rank 0,
     # whose first chunk gave a layer's place to the embedding
@@ -301,7 +301,7 @@ def test_unequal_chunks_hold_their_own_layers_in_flight():
 def test_schedule_study_with_stage_layers_is_the_closed_form(capsys):
     import json
 
-    from simulator.cli import main
+    from stepsim.cli import main
 
     # per-layer F 1, B 2; stage 1's 3 layers bound it: F0 + m (F1 + B1) + B0 = 1 + 4 x 9 + 2
     args = ["schedule", "--schedule", "1f1b", "--stages", "2", "--microbatches", "4"]

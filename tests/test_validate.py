@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.calibration.validation import (
+from stepsim.calibration.validation import (
     dgx2_scenario,
     h100_rows,
     h100_scenario,
@@ -13,9 +13,9 @@ from simulator.calibration.validation import (
     megatron_measured_s,
     megatron_scenario,
 )
-from simulator.cli import main
-from simulator.run import run
-from simulator.scenario import read_validation_set
+from stepsim.cli import main
+from stepsim.run import run
+from stepsim.scenario import read_validation_set
 from tests.helpers import load
 
 ROWS = read_validation_set(Path(__file__).resolve().parents[1] / "scenarios" / "validation")
@@ -134,8 +134,8 @@ def test_validate_with_a_missing_folder_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_validate_refuses_a_calibration_file_for_a_gpu_without_a_set(tmp_path, capsys):
-    from simulator.calibration.fit import calibration_toml
-    from simulator.scenario.presets import GPUS
+    from stepsim.calibration.fit import calibration_toml
+    from stepsim.scenario.presets import GPUS
 
     path = tmp_path / "h200.toml"
     path.write_text(calibration_toml(GPUS["h200-sxm-141gb"].kernels, [], []), encoding="utf-8")

@@ -33,7 +33,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
 
-from schedules import INTERLEAVED, ONE_F_ONE_B
+from stepsim.schedules import INTERLEAVED, ONE_F_ONE_B
 
 from ..results import Trace
 from ..scenario import KernelConstants, Scenario, scenario_from_dict

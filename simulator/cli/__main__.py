@@ -1,4 +1,4 @@
-"""python -m simulator.cli: the stepsim command."""
+"""python -m stepsim: the stepsim command."""
 
 import sys
 

@@ -6,13 +6,13 @@ import argparse
 import json
 from pathlib import Path
 
-from schedules import PLACEMENTS
+from stepsim.schedules import PLACEMENTS
 
 from ..scenario import read_schedule_file
 
 
 def _schedule_names() -> list[str]:
-    from schedules import SCHEDULES
+    from stepsim.schedules import SCHEDULES
 
     return list(SCHEDULES)
 

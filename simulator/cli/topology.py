@@ -23,7 +23,7 @@ def add_command(sub) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from topologies.describe import summarize
+    from stepsim.topologies.describe import summarize
 
     from ..report.figures import MAX_DRAWN_GPUS, topology_figure
     from ..report.text import topology_text

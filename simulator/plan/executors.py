@@ -98,9 +98,9 @@ class RayPool:
                 "configure_logging": False,
             }
             if address:
-                import schedules
-                import simulator
-                import topologies
+                from stepsim import schedules
+                import stepsim
+                from stepsim import topologies
 
                 options["address"] = address
                 options["runtime_env"] = {"py_modules": [simulator, topologies, schedules]}

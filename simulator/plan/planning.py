@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from schedules import ONE_F_ONE_B
+from stepsim.schedules import ONE_F_ONE_B
 
 from ..scenario import ModelSpec, ParallelConfig, Scenario, TrainingConfig
 from ..vocabulary import NO_SHARDING, RECOMPUTE_NONE

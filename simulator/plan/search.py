@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from schedules import ONE_F_ONE_B
+from stepsim.schedules import ONE_F_ONE_B
 
 from .. import __version__
 from ..results import MetricsRow

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import schedules
+from stepsim import schedules
 
 from ..scenario import Scenario, ScenarioError
 from ..vocabulary import (

@@ -73,7 +73,7 @@ def topology_figure(graph, title: str) -> Figure:
     """The cluster graph, by layer: GPUs, NVSwitches, NICs, then switch levels."""
     import networkx as nx
 
-    from topologies import GPU, NIC, NVSWITCH, SWITCH
+    from stepsim.topologies import GPU, NIC, NVSWITCH, SWITCH
 
     layer = {GPU: 0, NVSWITCH: 1, NIC: 2}
 

@@ -281,7 +281,7 @@ def pipeline_figure(studies: list) -> Figure:
     micro-batch number; later chunks in lighter shades; one panel per schedule."""
     from matplotlib.colors import to_rgb
 
-    from schedules import parse_label
+    from stepsim.schedules import parse_label
 
     ranks = max(s.num_ranks for s in studies)
     height = sum(0.32 * s.num_ranks + 0.9 for s in studies) + 0.6

@@ -1,4 +1,4 @@
-"""``python -m simulator.scenario`` prints the key tables of scenarios/README.md,
+"""``python -m stepsim.scenario`` prints the key tables of scenarios/README.md,
 generated from the specs (tests/test_schema.py checks the README holds them);
 ``--write README`` replaces the tables in that file (the key tables in order, and the
 framework defaults table)."""

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from schedules import Step
-from schedules.custom import check_orders, parse_orders
+from stepsim.schedules import Step
+from stepsim.schedules.custom import check_orders, parse_orders
 
 from . import limits, presets
 from .errors import ScenarioError

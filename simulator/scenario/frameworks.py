@@ -186,7 +186,7 @@ def label(framework: str, version: str) -> str:
 
 
 def markdown_table() -> str:
-    """The table as scenarios/README.md shows it (``python -m simulator.scenario``)."""
+    """The table as scenarios/README.md shows it (``python -m stepsim.scenario``)."""
     head = " | ".join(f"{f} {v}" for f, v in VERSIONS)
     lines = [f"| Key | {head} | Source |", "|---" * (len(VERSIONS) + 2) + "|"]
     for name, (values, source) in MECHANISMS.items():

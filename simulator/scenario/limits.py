@@ -125,7 +125,7 @@ def check(name: str, amount: int, what: str, key: str | None = None, value: obje
 
 def check_cluster(cluster: ClusterSpec) -> None:
     """The cluster's GPUs and links, counted from its keys before the graph is drawn."""
-    from topologies import cable_count
+    from stepsim.topologies import cable_count
 
     nodes, gpus = cluster.num_nodes, cluster.gpus_per_node
     check("gpus", nodes * gpus, f"x cluster.gpus_per_node={gpus} is", "cluster.num_nodes", nodes)

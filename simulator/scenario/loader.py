@@ -19,9 +19,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from schedules import LOOPED
-from schedules import SCHEDULES as SCHEDULE_INFO
-from schedules.custom import sizes_of
+from stepsim.schedules import LOOPED
+from stepsim.schedules import SCHEDULES as SCHEDULE_INFO
+from stepsim.schedules.custom import sizes_of
 
 from . import presets, rules, schema
 from .errors import ScenarioError

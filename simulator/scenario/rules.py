@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from schedules import SCHEDULES as SCHEDULE_INFO
-from schedules import V_SHAPE
-from schedules import check as schedule_problem
-from schedules.custom import check_orders, sizes_of
+from stepsim.schedules import SCHEDULES as SCHEDULE_INFO
+from stepsim.schedules import V_SHAPE
+from stepsim.schedules import check as schedule_problem
+from stepsim.schedules.custom import check_orders, sizes_of
 
 from . import limits
 from .errors import ScenarioError
@@ -100,7 +100,7 @@ def check_cluster(cluster: ClusterSpec) -> None:
             key="cluster.gpu",
             value=cluster.gpu,
             rule="must be a GpuSpec (a GPU record such as "
-            "simulator.scenario.presets.GPUS['a100-sxm4-80gb']), not a name",
+            "stepsim.scenario.presets.GPUS['a100-sxm4-80gb']), not a name",
         )
     gpn, topology = cluster.gpus_per_node, cluster.nvlink_topology
     if topology == "all-to-all" and gpn > 7:

@@ -3,7 +3,7 @@
 One `Key` per scenario key: its section and name, its type in the file, unit, range,
 choices, default and help line. The loader checks what a file holds against these
 (`check_value`), fills defaults and names required keys from them; the resolved-TOML
-writer (`scenario_to_dict`) lists them; and ``python -m simulator.scenario``
+writer (`scenario_to_dict`) lists them; and ``python -m stepsim.scenario``
 prints the key tables of scenarios/README.md (a test keeps the two equal).
 """
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from topologies import FABRICS, NVLINK_TOPOLOGIES, FabricShape
+from stepsim.topologies import FABRICS, NVLINK_TOPOLOGIES, FabricShape
 
 from ..units import us_to_s
 from ..vocabulary import (

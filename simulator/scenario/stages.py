@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from schedules import holder_of
+from stepsim.schedules import holder_of
 
 from .errors import ScenarioError
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import schedules
+from stepsim import schedules
 
 from ..vocabulary import (
     ATTENTION_KERNELS,

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from schedules import Step, holder_of, peak_inflight, stage_of, step_label
-from schedules import build as build_schedule
-from schedules.p2p import Call, deepspeed_calls, megatron_calls
+from stepsim.schedules import Step, holder_of, peak_inflight, stage_of, step_label
+from stepsim.schedules import build as build_schedule
+from stepsim.schedules.p2p import Call, deepspeed_calls, megatron_calls
 
 from ..scenario import Scenario, frameworks
 from ..units import us_to_s

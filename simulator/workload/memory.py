@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from schedules import holder_of
+from stepsim.schedules import holder_of
 
 from ..scenario import Scenario
 from ..scenario.softmax import scenario_softmax_path

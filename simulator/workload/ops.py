@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from schedules import LOOPED, Step, holder_of, stage_of, step_label
+from stepsim.schedules import LOOPED, Step, holder_of, stage_of, step_label
 
 from ..engine.flows import Transfer, delay
 from ..vocabulary import BACKWARD, COMPUTE_STREAM, FORWARD, PP_SEND, WEIGHT
