@@ -57,9 +57,7 @@ def study(full: dict[str, list[Metrics]] | None = None) -> dict[str, list[SweepP
             kept.append(metrics)
             return metrics
 
-        sweep = run_sweep(
-            lambda o: load_scenario(SCENARIO, o), simulate, [*overrides, BANDWIDTHS]
-        )
+        sweep = run_sweep(lambda o: load_scenario(SCENARIO, o), simulate, [*overrides, BANDWIDTHS])
         if sweep.rejected:
             raise SystemExit(f"{name}: {sweep.rejected[0][1]}")
         results[name] = sweep.points

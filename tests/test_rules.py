@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from stepsim.schedules import Step
 from stepsim.plan import planning, questions
 from stepsim.scenario import ScenarioError, check_scenario, load_scenario, rules
 from stepsim.scenario.presets import GPUS
+from stepsim.schedules import Step
 from tests.helpers import cli_error
 
 TINY = "scenarios/tiny-2gpu.toml"

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from stepsim.cli import main
 from stepsim.schedules import build, step_label
 from stepsim.schedules.custom import check_orders, parse_orders
-from stepsim.cli import main
 from tests import trace_check
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "pipeline_vectors.json").read_text())

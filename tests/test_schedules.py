@@ -6,9 +6,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stepsim.schedules import SCHEDULES, Step, build, check, peak_inflight, stage_of, step_label
 from stepsim.engine.core import simulate
 from stepsim.report.metrics import stage_breakdowns
+from stepsim.schedules import SCHEDULES, Step, build, check, peak_inflight, stage_of, step_label
 from stepsim.vocabulary import IDLE, PP_WAIT
 from stepsim.workload.ops import abstract_pipeline
 

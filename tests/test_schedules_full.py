@@ -5,10 +5,10 @@ import re
 
 import pytest
 
-from stepsim.schedules import SCHEDULES, build, parse_label, peak_inflight, step_label
 from stepsim.engine.core import simulate
 from stepsim.run import run
 from stepsim.scenario import ScenarioError, dumps_toml, load_scenario, scenario_to_dict
+from stepsim.schedules import SCHEDULES, build, parse_label, peak_inflight, step_label
 from stepsim.vocabulary import BACKWARD, DP_SYNC, FORWARD, PP_SEND, WEIGHT
 from stepsim.workload.compute import ComputeModel
 from stepsim.workload.ops import abstract_pipeline

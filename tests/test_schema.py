@@ -8,8 +8,8 @@ import pytest
 
 from stepsim.scenario import ScenarioError, frameworks, scenario_from_dict, scenario_to_dict
 from stepsim.scenario.schema import SECTIONS, TOP_LEVEL, check_value, keys, markdown_table
-from tests.helpers import load, scenario
 from stepsim.topologies import FABRICS
+from tests.helpers import load, scenario
 
 README = Path(__file__).resolve().parents[1] / "scenarios" / "README.md"
 

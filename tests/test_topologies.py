@@ -6,9 +6,9 @@ import pytest
 from stepsim.cli import main
 from stepsim.run import build_cluster
 from stepsim.scenario.presets import NODES
-from tests.helpers import load
 from stepsim.topologies import Cluster, FabricShape, NodeShape, build_graph
 from stepsim.topologies.describe import summarize
+from tests.helpers import load
 
 
 def _cluster(**cluster):

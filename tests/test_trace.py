@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from stepsim.schedules import SCHEDULES
 from stepsim.cli import main
 from stepsim.report.trace import chrome_trace, slots, to_ns, us
 from stepsim.results import Span
 from stepsim.run import run
 from stepsim.scenario import load_scenario
+from stepsim.schedules import SCHEDULES
 from tests import trace_check
 from tests.helpers import load
 

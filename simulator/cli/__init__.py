@@ -15,7 +15,7 @@ import sys
 from .. import __version__
 from ..engine.core import DeadlockError
 from ..scenario import ScenarioError
-from . import plan, run, schedule, search, sweep, topology, validate
+from . import listing, plan, run, schedule, search, sweep, topology, validate
 from .common import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
@@ -28,7 +28,7 @@ from .common import (
 __all__ = ["EXIT_USAGE", "Progress", "build_parser", "main"]
 
 # in the order `stepsim --help` lists them
-COMMANDS = (run, sweep, validate, search, plan, topology, schedule)
+COMMANDS = (run, sweep, validate, search, plan, topology, schedule, listing)
 
 
 def build_parser() -> argparse.ArgumentParser:

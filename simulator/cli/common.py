@@ -7,7 +7,9 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, TextIO
@@ -211,7 +213,9 @@ class Workers:
         if jobs < 1:
             raise ScenarioError(f"--jobs={jobs} must be >= 1")
         if args.ray is not None:
-            self.executor = RayPool(args.ray or None, jobs)
+            self.staging = tempfile.TemporaryDirectory(prefix="stepsim-ray-")
+            package = ray_package_dir(Path(self.staging.name)) if args.ray else None
+            self.executor = RayPool(args.ray or None, jobs, package)
             self.where = f"on Ray at {args.ray}" if args.ray else f"on Ray here, {jobs} CPUs"
         else:
             self.executor = LocalPool(jobs)
@@ -222,6 +226,29 @@ class Workers:
 
     def __exit__(self, *exc: object) -> None:
         self.executor.close()
+        if getattr(self, "staging", None) is not None:
+            self.staging.cleanup()
+
+
+def ray_package_dir(tmp: Path) -> str:
+    """A folder named stepsim holding the whole package, for a Ray cluster's tasks to
+    import: the installed package itself when installed from a wheel; from a checkout
+    (an editable install maps simulator/, schedules/ and topologies/ into one namespace)
+    a copy in ``tmp`` laid out as the wheel lays it out."""
+    import stepsim
+    from stepsim import schedules, topologies
+
+    here = Path(stepsim.__file__).parent
+    if here.name == "stepsim":
+        return str(here)
+    skip = shutil.ignore_patterns("__pycache__")
+    staged = tmp / "stepsim"
+    shutil.copytree(here, staged, ignore=skip)
+    for sub in (schedules, topologies):
+        shutil.copytree(
+            Path(sub.__file__).parent, staged / sub.__name__.split(".")[-1], ignore=skip
+        )
+    return str(staged)
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]], empty_head: str = "layout") -> None:

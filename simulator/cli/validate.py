@@ -9,8 +9,6 @@ from pathlib import Path
 from ..scenario import ScenarioError
 from .common import progress_for, quiet_argument
 
-# the calibration set, shipped with the project (an editable install finds it here)
-DEFAULT_VALIDATION_DIR = Path(__file__).resolve().parents[2] / "scenarios" / "validation"
 QUICK_MAX_GPUS = 1_000  # --quick skips the Table 1 rows on more GPUs
 QUICK_MAX_H100_GPUS = 100  # and the H100 rows on more
 
@@ -28,8 +26,9 @@ def add_command(sub) -> None:
     validate.add_argument(
         "--data",
         metavar="DIR",
-        default=str(DEFAULT_VALIDATION_DIR),
-        help="folder with the calibration CSV tables (default: the project's scenarios/validation)",
+        default=None,
+        help="folder with the calibration CSV tables (default: the shipped sets, "
+        "scenarios/validation in a checkout)",
     )
     validate.add_argument(
         "--calibration",
@@ -54,10 +53,10 @@ def command(args: argparse.Namespace) -> int:
     from ..calibration.validation import compare, summary
     from ..report.text import validation_markdown, validation_text
     from ..run import run
-    from ..scenario import read_calibration, read_validation_set
+    from ..scenario import read_calibration, read_validation_set, shipped_dir
     from ..scenario.presets import CALIBRATED_GPUS
 
-    rows = read_validation_set(args.data)
+    rows = read_validation_set(args.data or shipped_dir() / "validation")
     if args.quick:
         rows["megatron"] = [r for r in rows["megatron"] if _gpus(r) <= QUICK_MAX_GPUS]
         rows["h100"] = [r for r in rows["h100"] if _gpus(r) <= QUICK_MAX_H100_GPUS]

@@ -78,11 +78,12 @@ class LocalPool:
 
 class RayPool:
     """Tasks on a Ray cluster: ``address`` of a running cluster, or None to start Ray on
-    this machine (``ray.init()``) with ``jobs`` CPUs. On a cluster the project's
-    packages travel with the tasks (runtime_env py_modules), so its nodes need Ray and
-    stepsim's dependencies but not stepsim itself."""
+    this machine (``ray.init()``) with ``jobs`` CPUs. On a cluster ``package_dir`` (a
+    folder named stepsim holding the package, cli.common.ray_package_dir) travels with
+    the tasks (runtime_env py_modules), so its nodes need Ray and stepsim's
+    dependencies but not stepsim itself."""
 
-    def __init__(self, address: str | None, jobs: int) -> None:
+    def __init__(self, address: str | None, jobs: int, package_dir: str | None = None) -> None:
         try:
             import ray
         except ImportError:
@@ -98,12 +99,9 @@ class RayPool:
                 "configure_logging": False,
             }
             if address:
-                from stepsim import schedules
-                import stepsim
-                from stepsim import topologies
-
                 options["address"] = address
-                options["runtime_env"] = {"py_modules": [simulator, topologies, schedules]}
+                if package_dir is not None:  # the stepsim package, as the tasks import it
+                    options["runtime_env"] = {"py_modules": [package_dir]}
             else:
                 options["num_cpus"] = jobs
             try:

@@ -4,7 +4,15 @@ the rules across keys (rules.py), and the files it is read from and written to
 to). Other packages import the scenario API from here."""
 
 from . import frameworks
-from .files import read_calibration, read_schedule_file, read_search_journal, read_validation_set
+from .files import (
+    read_calibration,
+    read_schedule_file,
+    read_search_journal,
+    read_validation_set,
+    scenario_path,
+    shipped_dir,
+    shipped_scenarios,
+)
 from .limits import LIMITS, limit
 from .limits import check as check_limit
 from .loader import (
@@ -52,5 +60,8 @@ __all__ = [
     "read_search_journal",
     "read_validation_set",
     "scenario_from_dict",
+    "scenario_path",
     "scenario_to_dict",
+    "shipped_dir",
+    "shipped_scenarios",
 ]

@@ -303,3 +303,34 @@ def read_search_journal(path: str | Path) -> tuple[dict[str, Any] | None, dict[s
         elif isinstance(entry, dict) and isinstance(entry.get("layout"), str) and "row" in entry:
             rows[entry["layout"]] = entry["row"]
     return header, rows
+
+
+# -- the scenarios stepsim ships (package data of stepsim.scenarios) ---------------------
+
+
+def shipped_dir() -> Path:
+    """Where the shipped scenarios and calibration sets lie: the checkout's scenarios/
+    in an editable install, the installed package's data from a wheel."""
+    from importlib.resources import files
+
+    return Path(str(files("stepsim.scenarios")))
+
+
+def shipped_scenarios() -> dict[str, Path]:
+    """Shipped scenario files by name (the file name without .toml), sorted."""
+    return {p.stem: p for p in sorted(shipped_dir().glob("*.toml"))}
+
+
+def scenario_path(text: str | Path) -> Path:
+    """The scenario file SCENARIO names: a path, or else the name of a shipped scenario
+    (`stepsim run tiny-2gpu`); a one-line error naming both when it is neither."""
+    path = Path(text)
+    if path.exists() or path.suffix or len(path.parts) > 1:
+        return path
+    shipped = shipped_scenarios()
+    if str(text) in shipped:
+        return shipped[str(text)]
+    raise ScenarioError(
+        f"no scenario file {str(text)!r} and no shipped scenario of that name (shipped: "
+        f"{', '.join(shipped)}; `stepsim list` shows them)"
+    )

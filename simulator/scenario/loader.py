@@ -30,6 +30,7 @@ from .files import (
     read_calibration,
     read_schedule_file,
     read_toml,
+    scenario_path,
 )
 from .spec import (
     ClusterSpec,
@@ -56,7 +57,7 @@ def load_scenario(
 ) -> Scenario:
     """Read a scenario file, apply ``section.key=value`` overrides, validate; with
     ``calibration``, use that file's kernel constants for the scenario's GPU."""
-    path = Path(path)
+    path = scenario_path(path)
     raw = read_toml(path, "scenario file")
     for item in overrides:
         apply_override(raw, item)

@@ -1,0 +1,7 @@
+"""python -m stepsim: the stepsim command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,122 @@
+"""stepsim as a package: one import namespace, shipped scenarios by name, `stepsim list`,
+and a wheel that works outside the checkout."""
+
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from stepsim.cli import main
+from stepsim.cli.common import ray_package_dir
+from stepsim.scenario import shipped_scenarios
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_every_shipped_scenario_is_found_by_name():
+    shipped = shipped_scenarios()
+    assert set(shipped) == {p.stem for p in (ROOT / "scenarios").glob("*.toml")}
+    assert "tiny-2gpu" in shipped
+
+
+def test_run_takes_a_shipped_scenario_by_name(capsys):
+    assert main(["run", "tiny-2gpu", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "tiny-2gpu"
+
+
+def test_a_name_that_is_neither_file_nor_shipped_is_one_line(capsys):
+    assert main(["run", "tiny-3gpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "no scenario file 'tiny-3gpu' and no shipped scenario of that name" in err
+    assert "tiny-2gpu" in err and "stepsim list" in err
+
+
+def test_list_shows_scenarios_and_presets(capsys):
+    assert main(["list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert set(listed["scenarios"]) == set(shipped_scenarios())
+    assert "a100-sxm4-80gb" in listed["gpus"] and "dgx-a100" in listed["nodes"]
+    assert "uncalibrated" in listed["gpus"]["a100-sxm4-40gb"]
+    assert main(["list"]) == 0
+    assert "tiny-2gpu" in capsys.readouterr().out
+
+
+def test_a_ray_cluster_gets_the_package_laid_out_as_a_wheel_lays_it(tmp_path):
+    staged = Path(ray_package_dir(tmp_path))
+    assert staged.name == "stepsim"
+    for module in ("__init__.py", "cli/__init__.py", "schedules/__init__.py", "topologies/node.py"):
+        assert (staged / module).is_file(), module
+    assert not list(staged.rglob("__pycache__"))
+
+
+@pytest.fixture(scope="module")
+def wheel_site(tmp_path_factory):
+    """The wheel built from this checkout, installed (without its dependencies, which
+    this environment has) into a folder of its own."""
+    out = tmp_path_factory.mktemp("wheel")
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    build = [*pip, "wheel", "--no-deps", "--no-build-isolation", str(ROOT), "-w", str(out)]
+    subprocess.run(build, check=True, capture_output=True, cwd=out)
+    (wheel,) = out.glob("stepsim-*.whl")
+    site = out / "site"
+    install = [*pip, "install", "--no-deps", "--target", str(site), str(wheel)]
+    subprocess.run(install, check=True, capture_output=True, cwd=out)
+    return wheel, site
+
+
+def test_the_wheel_installs_one_namespace_with_its_data(wheel_site):
+    wheel, _ = wheel_site
+    names = zipfile.ZipFile(wheel).namelist()
+    assert {name.split("/")[0] for name in names} == {
+        "stepsim",
+        wheel.name.split("-py3")[0] + ".dist-info",
+    }
+    for data in ("scenarios/tiny-2gpu.toml", "scenarios/validation/megatron_2021_table1.csv"):
+        assert f"stepsim/{data}" in names
+
+
+def test_the_wheel_runs_outside_the_checkout(wheel_site, tmp_path):
+    _, site = wheel_site
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+
+    def stepsim(*args):
+        done = subprocess.run(
+            [sys.executable, "-m", "stepsim", *args],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    where = subprocess.run(
+        [sys.executable, "-c", "import stepsim; print(stepsim.__file__)"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert where.startswith(str(site))
+    assert json.loads(stepsim("run", "tiny-2gpu", "--json"))["name"] == "tiny-2gpu"
+    assert "mt-nlg-530b-420nodes" in json.loads(stepsim("list", "--json"))["scenarios"]
+    rows = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from stepsim.scenario import read_validation_set, shipped_dir;"
+            "print(sum(map(len, read_validation_set(shipped_dir() / 'validation').values())))",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert int(rows) > 20
