@@ -271,9 +271,13 @@ def validation(images: Path | None) -> Generated:
     lines = text.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("| set |"))
     end = next(i for i in range(start, len(lines)) if not lines[i].startswith("|"))
+    # the calibration row of the showcase's shape: Table 1's 530B (TP 8 x PP 35)
+    head = next(i for i, line in enumerate(lines) if line.startswith("| id | what |"))
+    row = next(line for line in lines if line.startswith("| A9 |"))
     return {
         ("docs/validation.md", WHOLE): text,
         ("README.md", "validation-summary"): "\n".join(lines[start:end]),
+        ("README.md", "showcase-measured"): "\n".join([lines[head], lines[head + 1], row]),
     }
 
 
@@ -329,6 +333,19 @@ def performance(images: Path | None) -> Generated:
     return {}
 
 
+def frameworks(images: Path | None) -> Generated:
+    """docs/frameworks.md: what DeepSpeed's engine changes against Megatron's, one
+    mechanism at a time, on the MT-NLG and BigScience scenarios."""
+    from framework_breakdown import variants_table
+
+    return {
+        ("docs/frameworks.md", "frameworks-mtnlg"): variants_table(
+            str(ROOT / "scenarios" / "mt-nlg-530b-420nodes.toml")
+        ),
+        ("docs/frameworks.md", "frameworks-bigscience"): variants_table(str(ROOT / BIGSCIENCE)),
+    }
+
+
 SECTIONS = [
     Section("showcase", "README: MT-NLG 530B summary, pictures", showcase, fast=True),
     Section("calibration", "README: kernel constants per GPU", calibration, fast=True),
@@ -340,6 +357,7 @@ SECTIONS = [
     Section("bandwidth", "docs/bandwidth-study.md: table, headline, plot", bandwidth),
     Section("validation", "docs/validation.md (whole), README summary", validation),
     Section("planning", "docs/planning.md: every command's output", planning),
+    Section("frameworks", "docs/frameworks.md: deepspeed vs megatron, by mechanism", frameworks),
     Section("performance", "docs/performance.md timings (not checked)", performance, checked=False),
 ]
 FAST = [s.name for s in SECTIONS if s.fast]

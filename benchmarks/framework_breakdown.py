@@ -22,37 +22,58 @@ from stepsim.run import run  # noqa: E402
 from stepsim.scenario import load_scenario  # noqa: E402
 from stepsim.vocabulary import PP_SEND, TP_COMM  # noqa: E402
 
+# The gradient path pinned to Megatron-LM 2021's values, so that DeepSpeed's engine can
+# be walked in one mechanism at a time
+_MEGATRON_GRADIENTS = [
+    "training.tied_grad_reduce_order=after-dp",
+    "training.reduce_bucket_size=0",
+    "training.allgather_bucket_size=0",
+]
+_DS = "training.framework=deepspeed"
 # (label, overrides), each one mechanism away from the one before
 VARIANTS = [
     (
         "megatron 2021, overlapped p2p",
         ["training.framework=megatron", "training.pipeline_p2p=overlapped"],
     ),
-    ("megatron 2021 (batched-blocking)", ["training.framework=megatron"]),
+    ("megatron 2021 (its defaults: batched-blocking p2p)", ["training.framework=megatron"]),
     (
-        "deepspeed 0.5.4, batched-blocking, no re-gather",
+        "deepspeed 0.5.4 with Megatron's p2p, no re-gather, Megatron's gradient path",
         [
-            "training.framework=deepspeed",
+            _DS,
             "training.pipeline_p2p=batched-blocking",
             "training.pipeline_regather_output=false",
+            *_MEGATRON_GRADIENTS,
         ],
     ),
     (
-        "deepspeed 0.5.4, no re-gather",
-        [
-            "training.framework=deepspeed",
-            "training.pipeline_regather_output=false",
-        ],
+        "+ sequential-blocking p2p (one call per instruction)",
+        [_DS, "training.pipeline_regather_output=false", *_MEGATRON_GRADIENTS],
     ),
-    ("deepspeed 0.5.4", ["training.framework=deepspeed"]),
+    ("+ re-gather of the stage's own output", [_DS, *_MEGATRON_GRADIENTS]),
     (
-        "deepspeed 0.5.0 (gradients whole)",
-        [
-            "training.framework=deepspeed",
-            "training.framework_version=0.5.0",
-        ],
+        "+ tied embedding all-reduce before the DP reduction",
+        [_DS, "training.reduce_bucket_size=0", "training.allgather_bucket_size=0"],
     ),
+    ("+ 5e8-element gradient buckets = deepspeed 0.5.4 (all its defaults)", [_DS]),
+    ("deepspeed 0.5.0 (gradients whole)", [_DS, "training.framework_version=0.5.0"]),
 ]
+
+
+def variants_table(path: str) -> str:
+    """The variants as a markdown table: iteration and the exposed communication."""
+    lines = [
+        "| variant | iteration | pp p2p exposed | tp comm | dp sync exposed |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for label, overrides in VARIANTS:
+        m = run(load_scenario(path, overrides)).metrics
+        b = m.breakdown_s
+        lines.append(
+            f"| {label} | {m.iteration_time_s:.3f} s | {b['pp_p2p']:.3f} s | "
+            f"{b['tp_comm']:.3f} s | {b['dp_sync']:.3f} s |"
+        )
+    return "\n".join(lines)
 
 
 def per_microbatch(result, stage: int) -> dict[str, float]:
