@@ -1,19 +1,21 @@
 """Properties every simulated iteration has, over random small valid scenarios (hypothesis).
 
-The strategy draws tiny models (2 to 8 layers, hidden 256 to 1024, seq <= 512) on one or
-two DGX A100 nodes behind one non-blocking switch, a TP x PP x DP layout that divides the
-model and fits the GPUs, a micro-batch count the drawn schedule accepts (chunked
-schedules get 2 chunks, grouped ones a multiple of PP micro-batches), and the knobs that
-change what is lowered: recomputation, data-parallel sharding, overlapped gradient
-reduction, sequence parallelism, the framework (Megatron or DeepSpeed, each version) and
-sometimes a slow NIC so that transfers contend. Every example runs in milliseconds.
+The strategy draws tiny models (at most 34 layers, hidden 256 to 1024, seq <= 512) on
+one or two nodes (DGX A100, DGX H100, v100x4, or 4 GPUs sharing one or two NICs) behind a
+switch or a small fat tree, a TP x PP x DP layout that divides the model and fits the
+GPUs, a schedule with the chunks and micro-batch count (and group) it accepts, even or
+uneven stages, and the knobs that change what is lowered (recomputation, data-parallel
+sharding, overlapped gradient reduction, sequence parallelism, the framework and its
+version, the p2p mode, the tied embedding, the collective algorithm, symmetric or exact
+mode) and sometimes a slow NIC so that transfers contend. Every example runs in
+milliseconds; the rules refuse none of them today (``_load`` discards any they would).
 
 The properties (issue 17):
 1. each simulated GPU's breakdown sums to the iteration time;
 2. fair sharing never loads a link above its bandwidth;
 3. every op of the workload runs exactly once (one span of its own kind when it takes
    time, on its own GPU and stream, as long as its compute takes);
-4. symmetric and exact mode agree (one switch: every replica crosses links alike);
+4. symmetric and exact mode agree (fair sharing: every replica crosses links alike);
 5. a rerun gives bit-identical metrics.
 
 ``derandomize=True`` draws the same examples on every run, so CI is deterministic.
@@ -29,17 +31,22 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from schedules import SCHEDULES
+from schedules import SCHEDULES, V_SHAPE
 from simulator.report.metrics import compute_lanes, stage_breakdowns
 from simulator.run import run
 from simulator.scenario import ScenarioError, frameworks, scenario_from_dict
 from simulator.vocabulary import (
     ALL_REDUCE_ALGORITHMS,
+    ATTENTION_KERNELS,
+    BACKWARD,
     BARRIER,
     BREAKDOWN_KEYS,
     COMPUTE_KINDS,
+    FORWARD,
+    RECOMPUTE,
     STREAM_OF_COMM,
     TIED_GRAD_ORDERS,
+    WEIGHT,
     ZERO_GRAD_COLLECTIVES,
 )
 
@@ -63,18 +70,22 @@ def _optional(draw, key: str, values, out: dict) -> None:
 
 
 @st.composite
-def scenario_docs(draw, network_model: str | None = None) -> dict:
-    """A small scenario dict the rules accept (almost always: see _load)."""
+def scenario_docs(draw, network_model: str | None = None, fabric: str | None = None) -> dict:
+    """A small scenario dict the rules accept (almost always: see _load). ``fabric``
+    None draws a switch or an oversubscribed fat tree of one node per leaf."""
     num_nodes = draw(st.sampled_from([1, 2]))
-    cluster = {"node": "dgx-a100", "num_nodes": num_nodes}
-    gpus_per_node = 8
-    if draw(st.booleans()):  # a custom small node: 4 GPUs sharing one or two NICs
+    node = draw(st.sampled_from(["dgx-a100", "dgx-a100", "small", "dgx-h100", "v100x4"]))
+    cluster = {"node": "dgx-a100" if node == "small" else node, "num_nodes": num_nodes}
+    gpus_per_node = 4 if node == "v100x4" else 8
+    if node == "small":  # a custom small node: 4 GPUs sharing one or two NICs
         gpus_per_node = 4
         cluster |= {
             "gpus_per_node": 4,
             "nics_per_node": draw(st.sampled_from([1, 2])),
             "nvlink_topology": draw(st.sampled_from(["nvswitch", "all-to-all"])),
         }
+    if (fabric or draw(st.sampled_from(["switch", "fat-tree"]))) == "fat-tree":
+        cluster |= {"fabric": "fat-tree", "nodes_per_leaf": 1, "oversubscription": 2.0}
     if draw(st.booleans()):  # a slow NIC: pipeline sends and gradients queue on it
         cluster["nic_gbps"] = 25.0
     gpus = gpus_per_node * num_nodes
@@ -89,12 +100,35 @@ def scenario_docs(draw, network_model: str | None = None) -> dict:
     names = sorted(SCHEDULES) if pp > 1 else ["1f1b", "gpipe"]
     schedule = draw(st.sampled_from(names))
     info = SCHEDULES[schedule]
-    chunks = 2 if info.chunked else 1
+    chunks = 1
+    if info.chunked:
+        chunks = 2 if info.placement == V_SHAPE else draw(st.sampled_from([2, 3]))
     heads = draw(st.sampled_from([8, 16]))
     hidden = heads * draw(st.sampled_from([32, 64]))
-    layers = pp * chunks * draw(st.sampled_from([1, 2]))
+    parallel = {
+        "tensor_model_parallel_size": tp,
+        "pipeline_model_parallel_size": pp,
+        "data_parallel_size": dp,
+        "virtual_pipeline_model_parallel_size": chunks,
+    }
+    # Megatron-Core's uneven splits (scenario/stages.py): a heavier or lighter first
+    # stage, or the embedding and the loss counted as a layer each
+    split = draw(st.sampled_from(["even", "first", "account"])) if pp > 1 else "even"
+    per_chunk = draw(st.sampled_from([1, 2]))
+    if split == "first":
+        first = chunks * draw(st.sampled_from([1, 2, 3]))
+        parallel["decoder_first_pipeline_num_layers"] = first
+        layers = first + (pp - 1) * chunks * per_chunk
+    elif split == "account":
+        parallel["account_for_embedding_in_pipeline_split"] = True
+        parallel["account_for_loss_in_pipeline_split"] = True
+        layers = pp * chunks * (per_chunk + 1) - 2
+    else:
+        layers = pp * chunks * per_chunk
+    group = None
     if info.grouped:
         microbatches = pp * draw(st.integers(1, 2))
+        group = draw(st.sampled_from([None, microbatches]))
     else:
         microbatches = draw(st.integers(1, 6))
     micro_batch = draw(st.sampled_from([1, 2]))
@@ -108,7 +142,8 @@ def scenario_docs(draw, network_model: str | None = None) -> dict:
         "overlap_grad_reduce": draw(st.booleans()),
         "framework": framework,
         "framework_version": draw(st.sampled_from(frameworks.versions(framework))),
-        "params_dtype": draw(st.sampled_from(["fp16", "bf16"])),
+        # bf16 needs an A100 or newer
+        "params_dtype": draw(st.sampled_from(["fp16"] if node == "v100x4" else ["fp16", "bf16"])),
         "share_embeddings_and_output_weights": draw(st.booleans()),
     }
     modes = [m for m, names in frameworks.BLOCKING_SCHEDULES.items() if schedule in names]
@@ -120,13 +155,12 @@ def scenario_docs(draw, network_model: str | None = None) -> dict:
     sequence_parallel = tp > 1 and draw(st.booleans())
     if sequence_parallel:
         _optional(draw, "tp_comm_overlap", [True, False], training)
-    parallel = {
-        "tensor_model_parallel_size": tp,
-        "pipeline_model_parallel_size": pp,
-        "data_parallel_size": dp,
-        "virtual_pipeline_model_parallel_size": chunks,
-        "sequence_parallel": sequence_parallel,
-    }
+    parallel["sequence_parallel"] = sequence_parallel
+    if group is not None:
+        training["microbatch_group_size_per_vp_stage"] = group
+    _optional(draw, "gradient_accumulation_fusion", [True, False], training)
+    _optional(draw, "attention_kernel", ATTENTION_KERNELS, training)
+    _optional(draw, "reduce_bucket_size", [0, 100_000], training)
     model = {
         "num_layers": layers,
         "hidden_size": hidden,
@@ -137,6 +171,7 @@ def scenario_docs(draw, network_model: str | None = None) -> dict:
     network = {
         "model": network_model or draw(st.sampled_from(["fair-share", "analytical"])),
         "collective_algorithm": draw(st.sampled_from(ALL_REDUCE_ALGORITHMS)),
+        "symmetry": draw(st.booleans()),  # test_symmetric_and_exact_mode_agree sets it
     }
     return {
         "name": "property",
@@ -225,8 +260,9 @@ def test_every_op_runs_exactly_once(doc):
     waited): a compute op with a duration has exactly one, as long as its duration, on its
     lane; a communication op at most one (none when its transfer took no time), on its
     lane's stream when it blocks and on its kind's stream of the same GPU when it does
-    not; a barrier none. Every micro-batch's forward runs on every compute lane as often
-    as every other micro-batch's."""
+    not; a barrier none. On every compute lane each micro-batch's forwards, backwards
+    (and weight-gradient and recompute passes, where there are any) run as often as
+    every other micro-batch's."""
     result = run(_load(doc))
     workload = result.workload
     own: dict[int, list] = {}
@@ -251,13 +287,15 @@ def test_every_op_runs_exactly_once(doc):
             assert span.gpu == lane.gpu
             assert span.stream == (stream or STREAM_OF_COMM[op.kind])
             assert span.microbatch == op.microbatch
-    microbatches = result.scenario.num_microbatches
+    microbatches = set(range(result.scenario.num_microbatches))
     for lane in compute_lanes(workload.lanes):
-        forwards = Counter(
-            workload.ops[i].microbatch for i in lane.ops if workload.ops[i].kind == "forward"
-        )
-        assert set(forwards) == set(range(microbatches))
-        assert len(set(forwards.values())) == 1, forwards
+        for kind in (FORWARD, BACKWARD, WEIGHT, RECOMPUTE):
+            runs = Counter(
+                workload.ops[i].microbatch for i in lane.ops if workload.ops[i].kind == kind
+            )
+            if kind in (FORWARD, BACKWARD) or runs:
+                assert set(runs) == microbatches, (kind, runs)
+                assert len(set(runs.values())) == 1, (kind, runs)
 
 
 @SETTINGS
