@@ -43,6 +43,7 @@ from simulator.vocabulary import (
     BREAKDOWN_KEYS,
     COMPUTE_KINDS,
     FORWARD,
+    IDLE_TIME,
     RECOMPUTE,
     STREAM_OF_COMM,
     TIED_GRAD_ORDERS,
@@ -198,14 +199,31 @@ def _with_network(doc: dict, **network) -> dict:
 @SETTINGS
 @given(scenario_docs())
 def test_breakdown_of_every_gpu_sums_to_the_iteration(doc):
+    """Idle is what the other categories leave (clamped at 0), so the sum alone would
+    hold by construction; what makes it hold honestly is that a compute stream's spans
+    never overlap and lie within the iteration, so the others never exceed it."""
     result = run(_load(doc))
     iteration_s = result.trace.end_s
     assert iteration_s > 0
+    lanes = compute_lanes(result.workload.lanes)
+    on_lane: dict[tuple[int, str], list] = {(lane.gpu, lane.stream): [] for lane in lanes}
+    for span in result.trace.spans:
+        if (span.gpu, span.stream) in on_lane:
+            on_lane[(span.gpu, span.stream)].append((span.start_s, span.end_s))
+    for intervals in on_lane.values():
+        intervals.sort()
+        previous_end_s = 0.0
+        for start_s, end_s in intervals:
+            assert start_s >= previous_end_s - REL * iteration_s
+            previous_end_s = end_s
+        assert previous_end_s <= iteration_s
     rows = stage_breakdowns(result.trace)
-    assert len(rows) == len(compute_lanes(result.workload.lanes))
+    assert len(rows) == len(lanes)
     for row in rows:
         assert set(row) == set(BREAKDOWN_KEYS)
         assert all(seconds >= 0 for seconds in row.values())
+        busy_s = sum(seconds for key, seconds in row.items() if key != IDLE_TIME)
+        assert busy_s <= iteration_s * (1 + REL)
         assert sum(row.values()) == pytest.approx(iteration_s, rel=REL)
     for stage in result.metrics.stages:
         assert sum(stage.breakdown_s.values()) == pytest.approx(iteration_s, rel=REL)
