@@ -2,6 +2,7 @@
 and a wheel that works outside the checkout."""
 
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -55,11 +56,15 @@ def test_a_ray_cluster_gets_the_package_laid_out_as_a_wheel_lays_it(tmp_path):
 
 @pytest.fixture(scope="module")
 def wheel_site(tmp_path_factory):
-    """The wheel built from this checkout, installed (without its dependencies, which
-    this environment has) into a folder of its own."""
+    """The wheel built from a copy of this checkout (setuptools' build/ folder stays out
+    of the checkout, and nothing stale in it can reach the wheel), installed (without
+    its dependencies, which this environment has) into a folder of its own."""
     out = tmp_path_factory.mktemp("wheel")
+    source = out / "source"
+    skip = (".git", ".venv", "build", "dist", "out", "*.egg-info", "__pycache__", ".*cache")
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*skip, ".hypothesis"))
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    build = [*pip, "wheel", "--no-deps", "--no-build-isolation", str(ROOT), "-w", str(out)]
+    build = [*pip, "wheel", "--no-deps", "--no-build-isolation", str(source), "-w", str(out)]
     subprocess.run(build, check=True, capture_output=True, cwd=out)
     (wheel,) = out.glob("stepsim-*.whl")
     site = out / "site"
