@@ -143,3 +143,24 @@ def test_an_nvlink_domain_spanning_servers_is_refused_by_name():
     graph = build_graph(18, node, FabricShape(), nvlink_domain_gpus=4)
     with pytest.raises(ValueError, match=message):
         Cluster(graph, gpus_per_node=4, nvlink_domain_gpus=72)
+
+
+@pytest.mark.parametrize(
+    "fabric",
+    [
+        {"fabric": "fat-tree", "fabric_levels": 3, "nodes_per_leaf": 2, "leaves_per_pod": 2},
+        {"fabric": "rail-optimized", "nodes_per_leaf": 4},
+        {"fabric": "fat-tree", "nodes_per_leaf": 4, "oversubscription": 2.0},
+    ],
+)
+def test_switch_paths_are_every_shortest_path_from_one_search_per_source(fabric):
+    """The routes' switch paths, built from one breadth-first search per source switch,
+    are exactly networkx's all_shortest_paths for every pair of switches, sorted."""
+    cluster = _cluster(num_nodes=16, **fabric)
+    switches = cluster._switches
+    nodes = sorted(switches)
+    for a in nodes:
+        for b in nodes:
+            if a != b:
+                expected = sorted(nx.all_shortest_paths(switches, a, b))
+                assert cluster._switch_paths_between(a, b) == expected
