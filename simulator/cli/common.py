@@ -88,7 +88,9 @@ def progress_for(args: argparse.Namespace) -> Progress:
 
 
 def scenario_arguments(parser: argparse.ArgumentParser, metavar: str, help_text: str) -> None:
-    parser.add_argument("scenario", help="scenario file (TOML)")
+    parser.add_argument(
+        "scenario", help="scenario file (TOML), or the name of a shipped one (stepsim list)"
+    )
     parser.add_argument(
         "--calibration",
         metavar="FILE",

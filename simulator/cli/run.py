@@ -18,7 +18,7 @@ TRACE_FILES = {"json": "trace.json", "gz": "trace.json.gz", None: None}  # --tra
 def add_command(sub) -> None:
     run = sub.add_parser(
         "run",
-        help="simulate a scenario file and print a summary",
+        help="simulate a scenario (a file or a shipped name) and print a summary",
         description="Simulate one iteration of SCENARIO (a TOML file; see scenarios/README.md).",
     )
     scenario_arguments(
