@@ -5,7 +5,7 @@ schedule accepts, and never faster than the overlapped sends."""
 import pytest
 
 from stepsim.run import run
-from stepsim.schedules import build
+from stepsim.schedules import build, check
 from stepsim.schedules.p2p import Call, Step, megatron_interleaved_calls
 from stepsim.vocabulary import BACKWARD, FORWARD, PP_SEND, RECOMPUTE
 from tests.helpers import load
@@ -20,14 +20,15 @@ NO_LATENCY = {
 
 def _sizes():
     """Every (p, v, m, group) the interleaved schedule accepts for p 2..4, v 2..3, m a
-    multiple of p up to 3p; group None (= p) or, where it divides m, 2p or m."""
+    multiple of p up to 3p: group None (= p) and every other size from p to m that
+    divides m (schedules.check)."""
     for p in (2, 3, 4):
         for v in (2, 3):
             for m in (p, 2 * p, 3 * p):
-                for group in sorted(
-                    {None, *(g for g in (2 * p, m) if g > p and m % g == 0)}, key=lambda g: g or 0
-                ):
-                    yield p, v, m, group
+                yield p, v, m, None
+                for group in range(p + 1, m + 1):
+                    if m % group == 0:
+                        yield p, v, m, group
 
 
 SIZES = list(_sizes())
@@ -68,6 +69,7 @@ def _interleaved(p, v, m, mode, group=None, symmetry=True, dp=1):
 
 @pytest.mark.parametrize("p, v, m, group", SIZES)
 def test_calls_keep_the_order_and_pair_every_send_with_one_receive(p, v, m, group):
+    assert check("interleaved", p, m, v, group) is None
     orders = build("interleaved", p, m, v, group)
     calls = megatron_interleaved_calls(orders, v, group)
     sends, receives = [], []

@@ -302,7 +302,11 @@ class _Stage:
                     transfer=gpu.comm.between(sender, receiver, gpu.j, gpu.d, nbytes),
                     blocking=False,
                     rendezvous=P2PKey(
-                        self.who, stage_of(sender, x.chunk, p), x.kind, x.microbatch, part
+                        self.who,
+                        stage_of(sender, x.chunk, p, self.placement),
+                        x.kind,
+                        x.microbatch,
+                        part,
                     ),
                 )
                 keys.append(gpu.last_key(gpu.lane))
