@@ -146,11 +146,18 @@ def interleaved(p: int, m: int, v: int = 2, group_size: int | None = None) -> li
     """
     group = group_size or p
     forwards, backwards = _virtual(m, v, group, "F"), _virtual(m, v, group, "B")
-    orders = []
-    for r in range(p):
-        warmup = m * v if m == p else (p - r - 1) * 2 + (v - 1) * group
-        orders.append(_one_f_one_b(forwards, backwards, warmup))
-    return orders
+    return [
+        _one_f_one_b(forwards, backwards, interleaved_warmup(p, r, m, v, group)) for r in range(p)
+    ]
+
+
+def interleaved_warmup(p: int, rank: int, m: int, v: int, group: int) -> int:
+    """Forward passes rank ``rank`` runs before its first backward under Megatron's
+    interleaving (megatron/schedules.py `forward_backward_pipelining_with_interleaving`,
+    v2.5): all m*v when m == p, else (p - rank - 1) * 2 + (v - 1) * group, at most m*v."""
+    if m == p:
+        return m * v
+    return min((p - rank - 1) * 2 + (v - 1) * group, m * v)
 
 
 def looped_bfs(p: int, m: int, v: int = 2, group_size: int | None = None) -> list[list[Step]]:

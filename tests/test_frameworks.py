@@ -188,10 +188,10 @@ def test_the_resolved_toml_writes_the_resolved_mechanisms():
 def test_an_unmodelled_schedule_falls_back_to_overlapped_and_says_so():
     t = load(
         parallel={"pipeline_model_parallel_size": 2},
-        training={"schedule": "interleaved", "global_batch_size": 8},
+        training={"schedule": "zbh1", "global_batch_size": 8},
     ).training
     assert t.mechanism("pipeline_p2p") == "overlapped"
-    assert "not modelled for interleaved" in t.framework_note
+    assert "not modelled for zbh1" in t.framework_note
 
 
 @pytest.mark.parametrize(

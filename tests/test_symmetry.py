@@ -50,9 +50,24 @@ CASES = {
         network={"collective_algorithm": "ring"},
     ),
     # FSDP's gathers and reduce-scatters on a side stream, beside the pipeline sends
+    # (overlapped: sends that run beside compute, where sharing the NIC shows most)
     "interleaved-fsdp": _case(
         parallel={"virtual_pipeline_model_parallel_size": 2},
-        training={"schedule": "interleaved", "data_parallel_sharding": "full"},
+        training={
+            "schedule": "interleaved",
+            "data_parallel_sharding": "full",
+            "pipeline_p2p": "overlapped",
+        },
+    ),
+    # the same under Megatron's blocking batched calls (rendezvous across chunks and the
+    # ring from the last rank to the first)
+    "interleaved-fsdp-blocking-p2p": _case(
+        parallel={"virtual_pipeline_model_parallel_size": 2},
+        training={
+            "schedule": "interleaved",
+            "data_parallel_sharding": "full",
+            "pipeline_p2p": "batched-blocking",
+        },
     ),
     "zbv-zero1-sequence-parallel": _case(
         cluster={"nic_gbps": 25.0},

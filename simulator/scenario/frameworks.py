@@ -49,7 +49,8 @@ PIPELINE_P2P_MODES: tuple[str, ...] = (OVERLAPPED, BATCHED_BLOCKING, SEQUENTIAL_
 # the schedules whose p2p call sites each blocking mode models (others: a rule refuses
 # an explicit blocking mode; a framework default falls back to `overlapped`, labelled)
 BLOCKING_SCHEDULES: dict[str, tuple[str, ...]] = {
-    BATCHED_BLOCKING: ("1f1b", "gpipe"),  # Megatron's call sites, from the op order
+    # Megatron's call sites, from the op order (interleaved: schedules.p2p, all ranks)
+    BATCHED_BLOCKING: ("1f1b", "gpipe", "interleaved"),
     SEQUENTIAL_BLOCKING: ("1f1b",),  # DeepSpeed's TrainSchedule is 1F1B
 }
 

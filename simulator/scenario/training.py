@@ -189,7 +189,7 @@ class TrainingConfig:
         "(Megatron): one blocking op per p2p call site holding its sends and receives, each "
         "transfer starting when both stages reach theirs; `sequential-blocking` "
         "(DeepSpeed): one per send or receive in TrainSchedule order, partitioned tensors "
-        "after a meta message; blocking: 1f1b (both), gpipe (batched)",
+        "after a meta message; blocking: 1f1b (both), gpipe and interleaved (batched)",
         choices=frameworks.PIPELINE_P2P_MODES,
         derived="the framework's (overlapped where its mode is not modelled)",
     )

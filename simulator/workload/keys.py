@@ -114,7 +114,7 @@ class TiedReadyKey:
 @dataclass(frozen=True, slots=True)
 class P2PKey:
     """A blocking pipeline transfer (framework p2p modes): what micro-batch ``microbatch``
-    sends from pipeline stage ``sender`` (``kind`` F: its activation, B: its gradient),
+    sends from virtual pipeline stage ``sender`` (``kind`` F: its activation, B: its gradient),
     ``part`` "data" or DeepSpeed's "meta" message before it. The sender's and the
     receiver's ops share it as their rendezvous; ``who`` is the GPU pair's (tensor rank,
     replica)."""

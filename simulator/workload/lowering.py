@@ -31,9 +31,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stepsim.schedules import Step, holder_of, peak_inflight, stage_of, step_label
+from stepsim.schedules import INTERLEAVED, Step, holder_of, peak_inflight, stage_of, step_label
 from stepsim.schedules import build as build_schedule
-from stepsim.schedules.p2p import Call, deepspeed_calls, megatron_calls
+from stepsim.schedules.p2p import (
+    Call,
+    deepspeed_calls,
+    megatron_calls,
+    megatron_interleaved_calls,
+)
 
 from ..scenario import Scenario, frameworks
 from ..units import us_to_s
@@ -86,11 +91,27 @@ def lower(scenario: Scenario, cluster) -> Workload:
         ranks = [(0, 0)]
     else:
         ranks = [(j, d) for d in range(placement.data) for j in range(placement.tensor)]
+    items = p2p_items(scenario, orders)
     for stage, order in enumerate(orders):
         comm = StageComm(scenario, fabric, placement, stage)
         for j, d in ranks:
-            _Stage(GpuOps(builder, comm, j, d), scenario, compute).lower(order)
+            _Stage(GpuOps(builder, comm, j, d), scenario, compute).lower(order, items[stage])
     return builder.build()
+
+
+def p2p_items(scenario: Scenario, orders: list[list[Step]]) -> list[list[Step | Call]]:
+    """Each rank's passes with its framework's blocking p2p calls between them
+    (schedules.p2p), or the passes alone under `overlapped`."""
+    mode, p = scenario.training.mechanism("pipeline_p2p"), len(orders)
+    if mode == frameworks.BATCHED_BLOCKING and scenario.training.schedule == INTERLEAVED:
+        v = scenario.parallel.virtual_pipeline_model_parallel_size
+        group = scenario.training.microbatch_group_size_per_vp_stage
+        return megatron_interleaved_calls(orders, v, group)
+    if mode == frameworks.BATCHED_BLOCKING:
+        return [megatron_calls(order, stage, p) for stage, order in enumerate(orders)]
+    if mode == frameworks.SEQUENTIAL_BLOCKING:
+        return [deepspeed_calls(stage, p, scenario.num_microbatches) for stage in range(p)]
+    return [list(order) for order in orders]
 
 
 class _Stage:
@@ -133,7 +154,6 @@ class _Stage:
         self.dp = strategy_for(gpu, scenario, compute)
         self.p2p = training.mechanism("pipeline_p2p")
         self.blocking = self.p2p != frameworks.OVERLAPPED
-        self.num_microbatches = scenario.num_microbatches
         # what crosses a stage boundary per tensor rank, and whether the receiver
         # all-gathers it over TP (frameworks.md §2); under SP the tensor already is 1/T
         comm, sp = gpu.comm, self.sequence_parallel
@@ -268,10 +288,10 @@ class _Stage:
         for part in parts:
             keys = []
             for x in call.transfers:
+                # ranks form a ring under interleaving: rank p - 1's chunk k feeds rank 0's k + 1
                 step = 1 if x.kind == "F" else -1
-                sender = self.stage if x.direction == "send" else self.stage - step
-                receiver = sender + step
-                assert 0 <= sender < p and 0 <= receiver < p, x
+                sender = self.stage if x.direction == "send" else (self.stage - step) % p
+                receiver = (sender + step) % p
                 nbytes = self.p2p_bytes[x.kind] if part == "data" else meta_bytes(gpu)
                 name = f"{x.direction} {x.kind}{x.microbatch}" + (" meta" if part == "meta" else "")
                 gpu.builder.add(
@@ -281,7 +301,13 @@ class _Stage:
                     microbatch=x.microbatch,
                     transfer=gpu.comm.between(sender, receiver, gpu.j, gpu.d, nbytes),
                     blocking=False,
-                    rendezvous=P2PKey(self.who, sender, x.kind, x.microbatch, part),
+                    rendezvous=P2PKey(
+                        self.who,
+                        stage_of(sender, x.chunk, p, self.placement),
+                        x.kind,
+                        x.microbatch,
+                        part,
+                    ),
                 )
                 keys.append(gpu.last_key(gpu.lane))
             gpu.barrier(label, keys, first.microbatch)
@@ -292,14 +318,11 @@ class _Stage:
 
     # -- the stage ----------------------------------------------------------------------
 
-    def lower(self, order: Sequence[Step]) -> None:
+    def lower(self, order: Sequence[Step], items: Sequence[Step | Call]) -> None:
+        """The rank's passes in ``order``; ``items`` the same passes with the p2p calls
+        between them (p2p_items)."""
         grad = "W" if self.split else "B"
         last_grad = {s.chunk: i for i, s in enumerate(order) if s.kind == grad}
-        items: list[Step | Call] = list(order)
-        if self.p2p == frameworks.BATCHED_BLOCKING:
-            items = megatron_calls(list(order), self.stage, self.pipeline)
-        elif self.p2p == frameworks.SEQUENTIAL_BLOCKING:
-            items = deepspeed_calls(self.stage, self.pipeline, self.num_microbatches)
         position = -1
         for step in items:
             if isinstance(step, Call):
