@@ -213,7 +213,7 @@ def h100_sensitivity() -> None:
     variants = {
         "assumed": H100Choices(),
         "no --tp-comm-overlap": H100Choices(tp_comm_overlap=False),
-        "unfused attention": H100Choices(attention_kernel="unfused"),
+        "unfused attention": H100Choices(attention_kernel="unfused", masked_softmax_fusion=False),
         "recompute full": H100Choices(recompute="full"),
         "micro-batch 2": H100Choices(micro_batch_size=2),
     }

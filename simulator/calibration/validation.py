@@ -244,6 +244,9 @@ class H100Choices(NamedTuple):
     # a te.pytorch.DotProductAttention: cuDNN fused or FlashAttention-2 kernels). Not an
     # unpublished choice but what the software does; here so the sensitivity can vary it.
     attention_kernel: str = "flash"
+    # unfused only: Megatron's fused softmax (its 2022 rule stops a causal s > 2048 on the
+    # kernel's assertion, so an unfused variant at s = 4096 runs PyTorch's softmax)
+    masked_softmax_fusion: bool = True
     tp_comm_overlap: bool = True  # the table's notes name --tp-comm-overlap
 
 
@@ -288,6 +291,7 @@ def h100_scenario(
             "data_parallel_sharding": SHARD_OPTIMIZER,
             "async_tensor_model_parallel_allreduce": True,
             "attention_kernel": choices.attention_kernel,
+            "masked_softmax_fusion": choices.masked_softmax_fusion,
             # --tp-comm-overlap (the table's notes); userbuffers overlap SP's collectives
             "tp_comm_overlap": choices.tp_comm_overlap and parallel["sequence_parallel"],
             "framework": "megatron",
