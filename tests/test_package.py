@@ -88,40 +88,21 @@ def test_the_wheel_runs_outside_the_checkout(wheel_site, tmp_path):
     _, site = wheel_site
     env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
 
-    def stepsim(*args):
+    def outside(*argv):
+        """A Python process in a folder outside the checkout, seeing only the wheel."""
         done = subprocess.run(
-            [sys.executable, "-m", "stepsim", *args],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            check=False,
+            [sys.executable, *argv], cwd=tmp_path, env=env, capture_output=True, text=True
         )
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    where = subprocess.run(
-        [sys.executable, "-c", "import stepsim; print(stepsim.__file__)"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    assert where.startswith(str(site))
-    assert json.loads(stepsim("run", "tiny-2gpu", "--json"))["name"] == "tiny-2gpu"
-    assert "mt-nlg-530b-420nodes" in json.loads(stepsim("list", "--json"))["scenarios"]
-    rows = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "from stepsim.scenario import read_validation_set, shipped_dir;"
-            "print(sum(map(len, read_validation_set(shipped_dir() / 'validation').values())))",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    assert outside("-c", "import stepsim; print(stepsim.__file__)").startswith(str(site))
+    assert json.loads(outside("-m", "stepsim", "run", "tiny-2gpu", "--json"))["name"] == "tiny-2gpu"
+    listed = json.loads(outside("-m", "stepsim", "list", "--json"))["scenarios"]
+    assert "mt-nlg-530b-420nodes" in listed
+    rows = outside(
+        "-c",
+        "from stepsim.scenario import read_validation_set, shipped_dir;"
+        "print(sum(map(len, read_validation_set(shipped_dir() / 'validation').values())))",
+    )
     assert int(rows) > 20

@@ -215,8 +215,10 @@ class Workers:
         if jobs < 1:
             raise ScenarioError(f"--jobs={jobs} must be >= 1")
         if args.ray is not None:
-            self.staging = tempfile.TemporaryDirectory(prefix="stepsim-ray-")
-            package = ray_package_dir(Path(self.staging.name)) if args.ray else None
+            package = None
+            if args.ray:  # a cluster elsewhere: the package travels with the tasks
+                self.staging = tempfile.TemporaryDirectory(prefix="stepsim-ray-")
+                package = ray_package_dir(Path(self.staging.name))
             self.executor = RayPool(args.ray or None, jobs, package)
             self.where = f"on Ray at {args.ray}" if args.ray else f"on Ray here, {jobs} CPUs"
         else:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..results import SCHEMA_VERSION, MetricsRow
 from ..scenario import Scenario
-from .questions import FitRow, ScalePoint, TrainingTime
+from .questions import FitRow, ScalePoint, TrainingTime, leanest_of
 from .search import (
     OUT_OF_MEMORY,
     PRUNED,
@@ -72,8 +72,6 @@ def fit_record(base: Scenario, rows: Sequence[FitRow], nodes: int, best: Candida
 def min_nodes_record(
     base: Scenario, nodes: int, fitting: Sequence[Candidate], best: Candidate | None, max_nodes: int
 ) -> dict[str, Any]:
-    from .questions import leanest_of
-
     return {
         **_head("plan fit --min-nodes", base),
         "max_nodes": max_nodes,

@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..vocabulary import ATTENTION_FLASH
+from .frameworks import SOFTMAX_RULE
 
 if TYPE_CHECKING:
     from .spec import Scenario
@@ -85,8 +86,6 @@ def scenario_softmax_path(scenario: Scenario, version: str | None = None) -> Sof
     """The softmax a scenario's unfused attention core runs (always fused under
     ``attention_kernel = "flash"``, whose kernel holds its own softmax), by the rule of
     ``version`` or else of the scenario's framework and version."""
-    from .frameworks import SOFTMAX_RULE
-
     training = scenario.training
     if version is None:
         version = SOFTMAX_RULE[(training.framework, training.mechanism("framework_version"))]
