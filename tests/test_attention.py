@@ -235,3 +235,35 @@ def test_tp_comm_overlap_needs_sequence_parallelism():
             parallel={"tensor_model_parallel_size": 2},
             training={"tp_comm_overlap": True},
         )
+
+
+def test_measure_attention_synthetic_writes_the_model_beside_itself(tmp_path):
+    import csv
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "attention.csv"
+    subprocess.run(
+        [
+            sys.executable,
+            str(root / "benchmarks" / "measure_attention.py"),
+            "--synthetic",
+            "h100-sxm5-80gb",
+            "--out",
+            str(out),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    rows = list(csv.DictReader(out.open()))
+    # the H100 set's heads per GPU, without and with dropout; the model against itself
+    assert [(int(r["heads"]), float(r["dropout"])) for r in rows] == [
+        (h, d) for h in (7, 8, 10, 12, 16, 18) for d in (0.0, 0.1)
+    ]
+    assert {float(r["forward_ratio"]) for r in rows} == {1.0}
+    # more heads, more time (not exactly in proportion: the heads are the kernel's
+    # batch, whose last wave of tiles may leave SMs idle)
+    forward = [float(r["model_forward_s"]) for r in rows[::2]]
+    assert forward == sorted(forward) and len(set(forward)) == len(forward)
