@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from stepsim.topologies import Cluster, NodeShape, build_graph
+from stepsim.topologies import Cluster, NodeShape, PatternCluster, build_graph, one_switch
 from stepsim.topologies.describe import LINK_ROLES, link_name, link_role
 
 from .engine.core import simulate
@@ -16,7 +16,7 @@ from .engine.network import AnalyticalNetwork, FairShareNetwork
 from .report.linkstats import mean_utilization, utilization_over_time
 from .report.metrics import summarize
 from .results import LinkLoad, Result, Trace
-from .scenario import ClusterSpec, Scenario, ScenarioError
+from .scenario import ClusterSpec, Scenario, ScenarioError, limits
 from .units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
 from .vocabulary import ANALYTICAL, FAIR_SHARE
 from .workload.collectives import LayoutError
@@ -27,7 +27,11 @@ from .workload.memory import StageMemory, out_of_memory, stage_memory
 NETWORKS = {FAIR_SHARE: FairShareNetwork, ANALYTICAL: AnalyticalNetwork}
 
 
-def build_cluster(spec: ClusterSpec) -> Cluster:
+def build_cluster(spec: ClusterSpec, *, pattern: bool = False) -> Cluster | PatternCluster:
+    """The cluster of ``spec``: the whole graph, or with ``pattern`` and a one-switch
+    fabric its repeating unit (topologies.pattern: the same links and routes, built
+    in the same time for any number of servers). Drawing the whole graph is refused
+    over the GPU and link limits (scenario/limits.py)."""
     node = NodeShape(
         gpus=spec.gpus_per_node,
         nics=spec.nics_per_node,
@@ -41,6 +45,9 @@ def build_cluster(spec: ClusterSpec) -> Cluster:
     )
     fabric = spec.fabric_shape()
     domain = spec.nvlink_domain_gpus
+    if pattern and one_switch(spec.num_nodes, node, fabric):
+        return PatternCluster(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain)
+    limits.check_cluster(spec)
     return Cluster(
         build_graph(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain),
         gpus_per_node=spec.gpus_per_node,
@@ -75,8 +82,9 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
     """Simulate one training iteration of the scenario. A layout that does not fit in
     GPU memory is simulated all the same; ``metrics.out_of_memory`` says so.
     ``progress`` is called with the fraction of ops simulated (see engine.simulate)."""
-    cluster = build_cluster(scenario.cluster)
-    capacities = [link.bandwidth_bytes_per_s for link in cluster.links]
+    # symmetric mode simulates the representative GPUs: the pattern is enough
+    cluster = build_cluster(scenario.cluster, pattern=scenario.network.symmetry)
+    capacities = cluster.capacities
     network = NETWORKS[scenario.network.model].factory(capacities)
     with gc_paused():
         try:
@@ -111,15 +119,14 @@ def busiest_links(
     In symmetric mode these are the representative GPUs' links, each charged for
     every flow it carries (multiplicities included); in exact mode any link.
     """
-    links = cluster.links
-    capacities = [link.bandwidth_bytes_per_s for link in links]
+    links, capacities = cluster.links, cluster.capacities
     utilization = mean_utilization(trace.link_intervals, capacities, trace.end_s)
-    roles = [link_role(link.kind, link.src, link.dst) for link in links]
-    order = np.argsort(-utilization, kind="stable").tolist()  # ties: lower index first
+    # only links that carried something can be chosen: the others are never looked at
+    used = np.flatnonzero(utilization > 0)
+    order = used[np.argsort(-utilization[used], kind="stable")].tolist()  # ties: lower first
+    roles = {i: link_role(links[i].kind, links[i].src, links[i].dst) for i in order}
     chosen = [
-        i
-        for role in LINK_ROLES
-        for i in [i for i in order if roles[i] == role and utilization[i] > 0][:per_role]
+        i for role in LINK_ROLES for i in [i for i in order if roles[i] == role][:per_role]
     ]
     _, series = utilization_over_time(
         trace.link_intervals, capacities, chosen, trace.end_s, PEAK_BINS

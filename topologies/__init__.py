@@ -3,6 +3,7 @@
 from .cluster import Cluster, Link, build_graph
 from .fabric import FABRICS, FabricShape, cable_count
 from .node import GPU, NIC, NVLINK_TOPOLOGIES, NVSWITCH, SWITCH, NodeShape
+from .pattern import PatternCluster, one_switch
 
 __all__ = [
     "FABRICS",
@@ -15,6 +16,8 @@ __all__ = [
     "FabricShape",
     "Link",
     "NodeShape",
+    "PatternCluster",
     "build_graph",
     "cable_count",
+    "one_switch",
 ]

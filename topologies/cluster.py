@@ -101,6 +101,7 @@ class Cluster:
             )
             self._index[(src, dst)] = link.index
             self.links.append(link)
+        self.capacities = [link.bandwidth_bytes_per_s for link in self.links]
         self.num_gpus = sum(1 for n in graph if n[0] == GPU)
         self._gpu_nic = {
             g: next(n for n in graph.successors((GPU, g)) if n[0] == NIC)

@@ -71,7 +71,7 @@ class Fabric(NamedTuple):
             route_latency_s=cluster.route_latency_s,
             node_of=cluster.node_of,
             intra_node_rings=cluster.intra_node_rings,
-            capacities=[link.bandwidth_bytes_per_s for link in cluster.links],
+            capacities=cluster.capacities,
             base_latency_s=base_latency_s,
         )
 
