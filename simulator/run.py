@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from stepsim.topologies import Cluster, NodeShape, PatternCluster, build_graph, one_switch
-from stepsim.topologies.describe import LINK_ROLES, link_name, link_role
+from stepsim.topologies.describe import LINK_ROLES, link_name
 
 from .engine.core import simulate
 from .engine.network import AnalyticalNetwork, FairShareNetwork
@@ -124,7 +124,7 @@ def busiest_links(
     # only links that carried something can be chosen: the others are never looked at
     used = np.flatnonzero(utilization > 0)
     order = used[np.argsort(-utilization[used], kind="stable")].tolist()  # ties: lower first
-    roles = {i: link_role(links[i].kind, links[i].src, links[i].dst) for i in order}
+    roles = {i: cluster.link_role(i) for i in order}
     chosen = [
         i for role in LINK_ROLES for i in [i for i in order if roles[i] == role][:per_role]
     ]

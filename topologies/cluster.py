@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import networkx as nx
 
+from .describe import link_role
 from .fabric import FabricShape, add_fabric
 from .node import GPU, NIC, NVSWITCH, SWITCH, NodeShape, add_nvlink_domain, add_server
 
@@ -118,6 +119,11 @@ class Cluster:
         # breadth-first predecessors from each source switch, shared by its targets
         self._switch_pred: dict[tuple, dict[tuple, list[tuple]]] = {}
         self._rings: dict[tuple[int, ...], list[list[int]]] = {}
+
+    def link_role(self, index: int) -> str:
+        """What link ``index`` does (topologies.describe.LINK_ROLES)."""
+        link = self.links[index]
+        return link_role(link.kind, link.src, link.dst)
 
     def node_of(self, gpu: int) -> int:
         """The server a GPU sits in."""

@@ -146,6 +146,10 @@ class PatternCluster:
         u = self.unit.links[self._unit_nodes() * block + k]
         return u._replace(index=index, dst=(NIC, n, k))
 
+    def link_role(self, index: int) -> str:
+        """What link ``index`` does: what the unit's link standing for it does."""
+        return self.unit.link_role(self._unit_index(index))
+
     def route(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]:
         key = (src_gpu, dst_gpu)
         route = self._routes.get(key)

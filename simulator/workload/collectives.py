@@ -53,6 +53,18 @@ class LayoutError(ValueError):
     the user's one-line error (run.run: a ScenarioError)."""
 
 
+class Pattern(NamedTuple):
+    """A cluster known by its repeating unit (topologies.PatternCluster): moving every
+    GPU by whole servers moves every route alike, so a collective of groups moved by
+    ``k`` servers is the same collective with its links moved (``translate(links, k)``),
+    and groups in other servers share no link (placement.StageComm uses both). ``memo``
+    holds what was built once, by where it was built (one lowering's)."""
+
+    gpus_per_node: int
+    translate: Callable[[Sequence[int], int], tuple[int, ...]]
+    memo: dict
+
+
 class Fabric(NamedTuple):
     """What collectives need to know about the cluster (see topologies.Cluster)."""
 
@@ -62,10 +74,12 @@ class Fabric(NamedTuple):
     intra_node_rings: Callable[[Sequence[int]], list[list[int]]]
     capacities: Sequence[float]
     base_latency_s: float
+    pattern: Pattern | None = None  # None: the whole graph, every copy enumerated
 
     @classmethod
     def of(cls, cluster, base_latency_s: float) -> Fabric:
-        """From a topologies.Cluster."""
+        """From a topologies.Cluster or PatternCluster."""
+        translate = getattr(cluster, "translate", None)
         return cls(
             route=cluster.route,
             route_latency_s=cluster.route_latency_s,
@@ -73,6 +87,7 @@ class Fabric(NamedTuple):
             intra_node_rings=cluster.intra_node_rings,
             capacities=cluster.capacities,
             base_latency_s=base_latency_s,
+            pattern=None if translate is None else Pattern(cluster.gpus_per_node, translate, {}),
         )
 
 
