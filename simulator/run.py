@@ -45,7 +45,7 @@ def build_cluster(spec: ClusterSpec, *, pattern: bool = False) -> Cluster | Patt
     )
     fabric = spec.fabric_shape()
     domain = spec.nvlink_domain_gpus
-    if pattern and one_switch(spec.num_nodes, node, fabric):
+    if pattern and one_switch(spec.num_nodes, fabric):
         return PatternCluster(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain)
     limits.check_cluster(spec)
     return Cluster(
@@ -125,9 +125,7 @@ def busiest_links(
     used = np.flatnonzero(utilization > 0)
     order = used[np.argsort(-utilization[used], kind="stable")].tolist()  # ties: lower first
     roles = {i: cluster.link_role(i) for i in order}
-    chosen = [
-        i for role in LINK_ROLES for i in [i for i in order if roles[i] == role][:per_role]
-    ]
+    chosen = [i for role in LINK_ROLES for i in [i for i in order if roles[i] == role][:per_role]]
     _, series = utilization_over_time(
         trace.link_intervals, capacities, chosen, trace.end_s, PEAK_BINS
     )

@@ -32,7 +32,7 @@ from .node import GPU, NIC, NVSWITCH, SWITCH, NodeShape
 _UNIT_NODES = 2  # the repeating unit: two servers (a route between servers) on the switch
 
 
-def one_switch(num_nodes: int, node: NodeShape, fabric: FabricShape) -> bool:
+def one_switch(num_nodes: int, fabric: FabricShape) -> bool:
     """Whether the fabric is a single switch every NIC plugs into."""
     if fabric.kind == "switch":
         return True
@@ -72,7 +72,7 @@ class PatternCluster:
     def __init__(
         self, num_nodes: int, node: NodeShape, fabric: FabricShape, *, nvlink_domain_gpus: int
     ) -> None:
-        if not one_switch(num_nodes, node, fabric):
+        if not one_switch(num_nodes, fabric):
             raise ValueError("a pattern cluster needs a one-switch fabric")
         self.num_nodes, self.node, self.fabric = num_nodes, node, fabric
         self.gpus_per_node = node.gpus

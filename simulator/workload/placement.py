@@ -182,9 +182,12 @@ class StageComm:
             if o % gpn not in seen:
                 seen.add(o % gpn)
                 kept.append(o)
-            elif (low + o) // gpn <= last and (high + o) // gpn >= first:
-                if any((g + o) // gpn in servers for g in rep):
-                    kept.append(o)
+            elif (
+                (low + o) // gpn <= last
+                and (high + o) // gpn >= first
+                and any((g + o) // gpn in servers for g in rep)
+            ):
+                kept.append(o)
         return kept
 
     def _shared(self, key: tuple, low: int, build):
