@@ -198,7 +198,7 @@ class StageComm:
         error is raised as building at ``low`` would raise it (naming its GPUs)."""
         pattern = self.fabric.pattern
         shift = low * self.placement.tensor * self.placement.data
-        if pattern is None or low == 0 or shift % pattern.gpus_per_node:
+        if pattern is None or shift % pattern.gpus_per_node:
             return build(low)
         memo = pattern.memo
         if key not in memo:
@@ -206,6 +206,8 @@ class StageComm:
                 memo[key] = build(0)
             except LayoutError:
                 return build(low)
+        if shift == 0:
+            return memo[key]
         return _moved(memo[key], shift // pattern.gpus_per_node, pattern.translate)
 
     def _collective(
