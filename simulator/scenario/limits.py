@@ -62,9 +62,9 @@ LIMITS = {
             "gpus",
             65_536,
             "GPUs",
-            "the whole cluster graph and the per-GPU state, built in exact mode, for a "
-            "drawing and on fabrics other than one switch: 65,536 GPUs of a small model "
-            "take about 16 s and 1 GB (a symmetric run on one switch builds two servers)",
+            "the whole cluster graph and per-GPU state, built in exact mode, for a drawing "
+            "and on fabrics other than one switch: 65,536 GPUs of a small model take "
+            "about 16 s and 1 GB",
         ),
         Limit(
             "links",
