@@ -8,7 +8,14 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from stepsim.topologies import Cluster, NodeShape, PatternCluster, build_graph, one_switch
+from stepsim.topologies import (
+    Cluster,
+    NodeShape,
+    PatternCluster,
+    TreePatternCluster,
+    build_graph,
+    one_switch,
+)
 from stepsim.topologies.describe import LINK_ROLES, link_name
 
 from .engine.core import simulate
@@ -27,11 +34,14 @@ from .workload.memory import StageMemory, out_of_memory, stage_memory
 NETWORKS = {FAIR_SHARE: FairShareNetwork, ANALYTICAL: AnalyticalNetwork}
 
 
-def build_cluster(spec: ClusterSpec, *, pattern: bool = False) -> Cluster | PatternCluster:
-    """The cluster of ``spec``: the whole graph, or with ``pattern`` and a one-switch
-    fabric its repeating unit (topologies.pattern: the same links and routes, built
-    in the same time for any number of servers). Drawing the whole graph is refused
-    over the GPU and link limits (scenario/limits.py)."""
+def build_cluster(
+    spec: ClusterSpec, *, pattern: bool = False
+) -> Cluster | PatternCluster | TreePatternCluster:
+    """The cluster of ``spec``: the whole graph, or with ``pattern`` its repeating unit
+    and switches counted (topologies.pattern on one switch, topologies.tree_pattern on
+    fat trees and rails: the same links and routes, and a server more costs nothing).
+    Drawing the whole graph is refused over the GPU and link limits
+    (scenario/limits.py)."""
     node = NodeShape(
         gpus=spec.gpus_per_node,
         nics=spec.nics_per_node,
@@ -47,6 +57,8 @@ def build_cluster(spec: ClusterSpec, *, pattern: bool = False) -> Cluster | Patt
     domain = spec.nvlink_domain_gpus
     if pattern and one_switch(spec.num_nodes, fabric):
         return PatternCluster(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain)
+    if pattern:
+        return TreePatternCluster(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain)
     limits.check_cluster(spec)
     return Cluster(
         build_graph(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain),

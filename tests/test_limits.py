@@ -73,15 +73,14 @@ def test_gpu_and_op_limits_at_their_boundary(monkeypatch):
         r"limit of 16 GPUs .*raise the limit with STEPSIM_MAX_GPUS=N$",
     ):
         load_scenario(TINY, ["cluster.num_nodes=3", *two_nodes[1:], exact])
-    # symmetric on one switch: two servers are built whatever the GPUs, so no GPU limit
-    # (the links still count); drawing the whole graph is refused at the limit
-    big = load_scenario(TINY, ["cluster.num_nodes=3", *two_nodes[1:]])
-    with pytest.raises(ScenarioError, match=r"^cluster\.num_nodes=3 x .* about 24 GPUs, over"):
-        build_cluster(big.cluster)
-    assert build_cluster(big.cluster, pattern=True).num_gpus == 24
-    with pytest.raises(ScenarioError, match=r"^cluster\.num_nodes=3 x .* about 24 GPUs, over"):
-        load_scenario(TINY, ["cluster.num_nodes=3", *two_nodes[1:], "cluster.fabric='fat-tree'",
-                             "cluster.nodes_per_leaf=1"])  # fmt: skip
+    # symmetric: two servers are built whatever the GPUs (and the switches counted), so
+    # no GPU limit (the links still count); drawing the whole graph is refused
+    tree = ["cluster.fabric='fat-tree'", "cluster.nodes_per_leaf=1"]
+    for fabric in ([], tree):
+        big = load_scenario(TINY, ["cluster.num_nodes=3", *two_nodes[1:], *fabric])
+        with pytest.raises(ScenarioError, match=r"^cluster\.num_nodes=3 x .* 24 GPUs, over"):
+            build_cluster(big.cluster)
+        assert build_cluster(big.cluster, pattern=True).num_gpus == 24
     # tiny: 4 layers x 12 ops x (global batch / micro-batch 2) micro-batches
     monkeypatch.setenv("STEPSIM_MAX_SIMULATED_OPS", str(4 * 12 * 8))
     load_scenario(TINY, ["training.global_batch_size=16"])  # 8 micro-batches: at the limit

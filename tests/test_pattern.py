@@ -13,7 +13,14 @@ import pytest
 from stepsim.engine.flows import Transfer
 from stepsim.run import build_cluster, run
 from stepsim.scenario import ScenarioError
-from stepsim.topologies import Cluster, FabricShape, NodeShape, PatternCluster, build_graph
+from stepsim.topologies import (
+    Cluster,
+    FabricShape,
+    NodeShape,
+    PatternCluster,
+    TreePatternCluster,
+    build_graph,
+)
 from stepsim.workload.collectives import LayoutError
 from stepsim.workload.lowering import lower
 from tests.helpers import load
@@ -76,17 +83,68 @@ def test_the_pattern_gives_the_whole_graphs_links_routes_and_rings(kind, fabric,
     assert list(pattern.graph.edges) == list(whole.graph.edges)  # drawn when asked
 
 
-def test_build_cluster_uses_the_pattern_on_one_switch_only():
+TREES = (
+    FabricShape(kind="fat-tree", nodes_per_leaf=2, spines=2, latency_s=1e-7),
+    FabricShape(kind="fat-tree", nodes_per_leaf=2, spines=3, oversubscription=2.0),
+    FabricShape(kind="fat-tree", levels=3, nodes_per_leaf=1, leaves_per_pod=2, spines=2),
+    FabricShape(
+        kind="fat-tree", levels=3, nodes_per_leaf=2, leaves_per_pod=2, oversubscription=2.0
+    ),
+    FabricShape(kind="rail-optimized", nodes_per_leaf=2, spines=2, latency_s=1e-7),
+    FabricShape(kind="rail-optimized", nodes_per_leaf=1, spines=4),
+)
+TREE_NODES = {
+    "dgx4": ("nvswitch", 4, 4),
+    "shared-nic": ("nvswitch", 4, 2),
+    "v100x4": NODES["v100x4"],
+}
+
+
+@pytest.mark.parametrize("kind", TREE_NODES)
+@pytest.mark.parametrize(
+    "fabric", TREES, ids=["ft", "ft-oversub", "ft3", "ft3-2", "rails", "rails-1"]
+)
+@pytest.mark.parametrize("num_nodes", [3, 8])
+def test_the_tree_pattern_gives_the_whole_graphs_links_and_routes(kind, fabric, num_nodes):
+    node = _shape(*TREE_NODES[kind])
+    gpn = node.gpus
+    whole = Cluster(
+        build_graph(num_nodes, node, fabric, nvlink_domain_gpus=gpn),
+        gpus_per_node=gpn,
+        nvlink_domain_gpus=gpn,
+    )
+    pattern = TreePatternCluster(num_nodes, node, fabric, nvlink_domain_gpus=gpn)
+    assert list(pattern.links) == whole.links
+    assert pattern.capacities == whole.capacities
+    assert [pattern.link_role(i) for i in range(len(whole.links))] == [
+        whole.link_role(i) for i in range(len(whole.links))
+    ]
+    moved = 0
+    for a in range(whole.num_gpus):
+        for b in range(whole.num_gpus):
+            route = whole.route(a, b)
+            assert pattern.route(a, b) == route, (a, b)
+            assert pattern.route_latency_s(route) == whole.route_latency_s(route)
+            for k in range(1, num_nodes):
+                last = max(a, b) // gpn + k
+                if last < num_nodes and pattern.moves(last, k):
+                    assert pattern.route(a + k * gpn, b + k * gpn) == pattern.translate(route, k)
+                    moved += 1
+    assert moved or pattern.shift_nodes * 2 > num_nodes  # some moves were checked
+
+
+def test_build_cluster_uses_the_pattern_only_when_asked():
     one = load(cluster={"num_nodes": 4})
     assert isinstance(build_cluster(one.cluster, pattern=True), PatternCluster)
     assert isinstance(build_cluster(one.cluster), Cluster)  # the whole graph by default
     for cluster in (
         {"fabric": "fat-tree", "nodes_per_leaf": 2},
         {"fabric": "fat-tree", "nodes_per_leaf": 1, "fabric_levels": 3, "leaves_per_pod": 2},
-        {"fabric": "rail-optimized", "nodes_per_leaf": 4},
+        {"fabric": "rail-optimized", "nodes_per_leaf": 2},
     ):
         spec = load(cluster={"num_nodes": 4, **cluster}).cluster
-        assert isinstance(build_cluster(spec, pattern=True), Cluster), cluster
+        assert isinstance(build_cluster(spec, pattern=True), TreePatternCluster), cluster
+        assert isinstance(build_cluster(spec), Cluster), cluster
 
 
 def _transfers(scenario, cluster) -> list:
@@ -97,19 +155,39 @@ def _transfers(scenario, cluster) -> list:
 # layouts over 8-GPU servers: (tp, pp, dp, nodes); a stage of TP 2 x DP 2 is half a
 # server, so nothing is moved between stages (the fallback to building each one)
 LAYOUTS = [(8, 2, 1, 2), (8, 2, 2, 4), (8, 4, 4, 16), (4, 2, 4, 4), (2, 2, 2, 1), (1, 4, 8, 4)]
+LAYOUTS += [(8, 2, 2, 5), (8, 1, 4, 5)]  # a leaf group part filled (fat trees of 2 per leaf)
 TRAINING = (
     {"global_batch_size": 16},
     {"global_batch_size": 16, "overlap_grad_reduce": True, "data_parallel_sharding": "optimizer"},
 )
 
 
+FABRIC_KEYS = {
+    "switch": {},
+    "fat-tree": {"fabric": "fat-tree", "nodes_per_leaf": 2, "spine_switches": 2},
+    "fat-tree-3": {
+        "fabric": "fat-tree",
+        "fabric_levels": 3,
+        "nodes_per_leaf": 1,
+        "leaves_per_pod": 2,
+        "spine_switches": 2,
+    },
+    "rails": {"fabric": "rail-optimized", "nodes_per_leaf": 2, "spine_switches": 2},
+}
+
+
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda t: "tp{}-pp{}-dp{}-n{}".format(*t))
 @pytest.mark.parametrize("nics", [8, 2])
 @pytest.mark.parametrize("training", TRAINING, ids=["1f1b", "zero1-buckets"])
-def test_symmetric_lowering_on_the_pattern_builds_the_same_transfers(layout, nics, training):
+@pytest.mark.parametrize("fabric", FABRIC_KEYS)
+def test_symmetric_lowering_on_the_pattern_builds_the_same_transfers(
+    layout, nics, training, fabric
+):
     tp, pp, dp, nodes = layout
+    if fabric != "switch" and nodes == 1:
+        pytest.skip("one server is one leaf")
     scenario = load(
-        cluster={"num_nodes": nodes, "nics_per_node": nics},
+        cluster={"num_nodes": nodes, "nics_per_node": nics, **FABRIC_KEYS[fabric]},
         parallel={
             "tensor_model_parallel_size": tp,
             "pipeline_model_parallel_size": pp,
@@ -119,36 +197,11 @@ def test_symmetric_lowering_on_the_pattern_builds_the_same_transfers(layout, nic
         network={"collective_algorithm": "auto"},
     )
     pattern = build_cluster(scenario.cluster, pattern=True)
-    assert isinstance(pattern, PatternCluster)
+    assert isinstance(pattern, PatternCluster | TreePatternCluster)
     expected = _transfers(scenario, build_cluster(scenario.cluster))  # every copy, every stage
     assert _transfers(scenario, pattern) == expected
     phases = [p for _, _, t in expected for p in ((t,) if isinstance(t, Transfer) else t)]
     assert any(m > 1 for p in phases for m in p.mults) or nics == 8 or nodes == 1  # shared NICs
-
-
-@pytest.mark.parametrize(
-    "cluster",
-    [
-        {"fabric": "fat-tree", "nodes_per_leaf": 2},
-        {"fabric": "fat-tree", "nodes_per_leaf": 1, "fabric_levels": 3, "leaves_per_pod": 2},
-        {"fabric": "rail-optimized", "nodes_per_leaf": 2},
-    ],
-    ids=["fat-tree", "fat-tree-3", "rails"],
-)
-def test_other_fabrics_keep_enumerating_and_agree_with_exact_mode(cluster):
-    base = {
-        "cluster": {"num_nodes": 8, **cluster},
-        "parallel": {
-            "tensor_model_parallel_size": 8,
-            "pipeline_model_parallel_size": 2,
-            "data_parallel_size": 4,
-        },
-        "training": {"global_batch_size": 16},
-    }
-    symmetric = run(load(**base))
-    assert not isinstance(symmetric.cluster, PatternCluster)
-    exact = run(load(**base, network={"model": "fair-share", "symmetry": False}))
-    assert symmetric.trace.end_s == pytest.approx(exact.trace.end_s, rel=1e-9)
 
 
 def test_a_layout_wired_unlike_its_copies_is_refused_alike_on_the_pattern():

@@ -120,6 +120,14 @@ class Cluster:
         self._switch_pred: dict[tuple, dict[tuple, list[tuple]]] = {}
         self._rings: dict[tuple[int, ...], list[list[int]]] = {}
 
+    def index_of(self, src: tuple, dst: tuple) -> int:
+        """The number of the link from vertex ``src`` to vertex ``dst``."""
+        return self._index[(src, dst)]
+
+    def nic_of_gpu(self, gpu: int) -> tuple:
+        """The NIC vertex a GPU reaches other servers through."""
+        return self._gpu_nic[gpu]
+
     def link_role(self, index: int) -> str:
         """What link ``index`` does (topologies.describe.LINK_ROLES)."""
         link = self.links[index]

@@ -41,7 +41,7 @@ def one_switch(num_nodes: int, fabric: FabricShape) -> bool:
     return False
 
 
-class _Links(Sequence):
+class Links(Sequence):
     """The whole cluster's links, made on demand from the unit's."""
 
     def __init__(self, cluster: PatternCluster) -> None:
@@ -90,7 +90,7 @@ class PatternCluster:
         self.server_links = self.num_nodes * self.block
         self.num_links = self.server_links + self.num_nodes * self.nics
         self.num_gpus = num_nodes * node.gpus
-        self.links: Sequence[Link] = _Links(self)
+        self.links: Sequence[Link] = Links(self)
         unit_caps = [link.bandwidth_bytes_per_s for link in unit_links]
         down_caps = unit_caps[unit_nodes * self.block : unit_nodes * self.block + self.nics]
         # repeated, not recomputed: the same float objects, as cheap as a list can be
@@ -140,8 +140,10 @@ class PatternCluster:
         if index < self.server_links:
             n, j = divmod(index, block)
             u = self.unit.links[j]
-            shift = self._shift(n)
-            return u._replace(index=index, src=shift(u.src), dst=shift(u.dst))
+            gpn = self.gpus_per_node
+            return u._replace(
+                index=index, src=moved_vertex(u.src, n, gpn), dst=moved_vertex(u.dst, n, gpn)
+            )
         n, k = divmod(index - self.server_links, nics)
         u = self.unit.links[self._unit_nodes() * block + k]
         return u._replace(index=index, dst=(NIC, n, k))
@@ -170,6 +172,14 @@ class PatternCluster:
 
     # -- the pattern -------------------------------------------------------------------
 
+    region_nodes = 1  # a copy in other servers shares no link with the representative
+    shift_nodes = 1  # moving by any number of whole servers moves routes alike
+
+    def moves(self, last: int, nodes: int) -> bool:
+        """Whether moving by ``nodes`` servers, up to server ``last``, moves routes
+        alike: on one switch, always."""
+        return True
+
     def translate(self, links: Sequence[int], nodes: int) -> tuple[int, ...]:
         """Link numbers ``links`` of servers ``n`` as those of servers ``n + nodes``
         (every server's links and switch port move alike, and keep their order)."""
@@ -179,21 +189,6 @@ class PatternCluster:
 
     def _unit_nodes(self) -> int:
         return min(self.num_nodes, _UNIT_NODES)
-
-    def _shift(self, n: int):
-        gpus = n * self.gpus_per_node
-
-        def shift(vertex: tuple) -> tuple:
-            kind = vertex[0]
-            if kind == GPU:
-                return (GPU, vertex[1] + gpus)
-            if kind == NIC:
-                return (NIC, vertex[1] + n, vertex[2])
-            if kind == NVSWITCH:
-                return (NVSWITCH, vertex[1] + n)
-            return vertex
-
-        return shift
 
     def _unit_index(self, index: int) -> int:
         """The unit's link standing for link ``index`` (same kind, bandwidth, latency)."""
@@ -218,6 +213,19 @@ class PatternCluster:
                 m, k = divmod(i - unit_block_end, self.nics)
                 out.append(self.server_links + servers[m] * self.nics + k)
         return tuple(out)
+
+
+def moved_vertex(vertex: tuple, n: int, gpus_per_node: int) -> tuple:
+    """A vertex of server 0 (a GPU, NIC or NVSwitch) as the same one of server ``n``;
+    a switch stays."""
+    kind = vertex[0]
+    if kind == GPU:
+        return (GPU, vertex[1] + n * gpus_per_node)
+    if kind == NIC:
+        return (NIC, vertex[1] + n, vertex[2])
+    if kind == NVSWITCH:
+        return (NVSWITCH, vertex[1] + n)
+    return vertex
 
 
 def _server_of(vertex: tuple, gpus_per_node: int) -> int:

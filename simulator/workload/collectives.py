@@ -54,13 +54,17 @@ class LayoutError(ValueError):
 
 
 class Pattern(NamedTuple):
-    """A cluster known by its repeating unit (topologies.PatternCluster): moving every
-    GPU by whole servers moves every route alike, so a collective of groups moved by
-    ``k`` servers is the same collective with its links moved (``translate(links, k)``),
-    and groups in other servers share no link (placement.StageComm uses both). ``memo``
-    holds what was built once, by where it was built (one lowering's)."""
+    """A cluster known by its pattern (topologies.PatternCluster, TreePatternCluster):
+    a copy in other regions (``region_gpus`` GPUs: a server on one switch, a leaf group
+    or pod on a tree) shares no link with the representative, and moving every GPU by
+    whole servers where ``moves(last_server, servers)`` says so moves every route alike,
+    so a collective of groups moved so is the same collective with its links moved
+    (``translate(links, servers)``); placement.StageComm uses both. ``memo`` holds what
+    was built once, by where it was built (one lowering's)."""
 
     gpus_per_node: int
+    region_gpus: int
+    moves: Callable[[int, int], bool]
     translate: Callable[[Sequence[int], int], tuple[int, ...]]
     memo: dict
 
@@ -87,7 +91,15 @@ class Fabric(NamedTuple):
             intra_node_rings=cluster.intra_node_rings,
             capacities=cluster.capacities,
             base_latency_s=base_latency_s,
-            pattern=None if translate is None else Pattern(cluster.gpus_per_node, translate, {}),
+            pattern=None
+            if translate is None
+            else Pattern(
+                cluster.gpus_per_node,
+                cluster.region_nodes * cluster.gpus_per_node,
+                cluster.moves,
+                translate,
+                {},
+            ),
         )
 
 

@@ -120,7 +120,7 @@ class StageComm:
             groups = [[g + o for g in rep] for o in self._kept(rep, self._every_rank())]
             return self._collective(ALL_REDUCE, groups, message_bytes)
 
-        return self._shared(("tied", high - low, message_bytes), low, build)
+        return self._shared(("tied", high - low, message_bytes), low, build, high - low + 1)
 
     def send_to(self, other: int, j: int, d: int, message_bytes: float | None = None) -> Transfer:
         """Activations or gradients of one micro-batch to pipeline rank ``other``, each
@@ -150,7 +150,9 @@ class StageComm:
                     pairs = [(a + o, b + o) for o in offsets]
                     return collectives.point_to_point(pairs, nbytes, self.fabric)
 
-                self._sends[key] = self._shared(("send", src - low, dst - low, nbytes), low, build)
+                self._sends[key] = self._shared(
+                    ("send", src - low, dst - low, nbytes), low, build, abs(dst - src) + 1
+                )
         return self._sends[key]
 
     # -- symmetric mode: the congruent copies, and the stages alike ----------------------
@@ -164,16 +166,17 @@ class StageComm:
 
     def _kept(self, rep: Sequence[int], offsets) -> list[int]:
         """The copies (``rep`` moved by each offset, in order) that can change the
-        representative's transfer. On a pattern cluster a copy in servers of its own
-        shares no link with ``rep`` (every link is one server's, the switch port
-        included), and if an earlier copy lies a whole number of servers away it is that
-        copy moved, so wired alike: leaving it out changes neither the multiplicities
-        nor the check that the copies are alike, nor which copy that check would name.
-        Without a pattern every copy is kept."""
+        representative's transfer. On a pattern cluster a copy in regions of its own
+        shares no link with ``rep`` (on one switch a region is a server: every link is
+        one server's, the switch port included; on a tree a leaf group or pod), and if
+        an earlier copy lies a whole number of regions away it is wired alike (the same
+        link bandwidths along its routes): leaving it out changes neither the
+        multiplicities nor the check that the copies are alike, nor which copy that
+        check would name. Without a pattern every copy is kept."""
         pattern = self.fabric.pattern
         if pattern is None:
             return list(offsets)
-        gpn = pattern.gpus_per_node
+        gpn = pattern.region_gpus  # GPUs of a region: below, "server" reads "region"
         servers = {g // gpn for g in rep}
         first, last, low, high = min(servers), max(servers), min(rep), max(rep)
         seen: set[int] = set()
@@ -190,15 +193,21 @@ class StageComm:
                 kept.append(o)
         return kept
 
-    def _shared(self, key: tuple, low: int, build):
-        """``build(low)``, the transfer(s) of the copies whose lowest pipeline rank is
-        ``low``: on a pattern cluster built once at pipeline rank 0 and moved, when the
-        stages lie whole servers apart (moving every GPU by whole servers moves every
-        route alike: same multiplicities, latencies and choice of algorithm). A layout
-        error is raised as building at ``low`` would raise it (naming its GPUs)."""
+    def _shared(self, key: tuple, low: int, build, stages: int = 1):
+        """``build(low)``, the transfer(s) of the copies of pipeline ranks ``low`` to
+        ``low + stages - 1``: on a pattern cluster built once at pipeline rank 0 and
+        moved, when the stages lie whole servers apart and the cluster says moving by
+        that many moves every route alike (same multiplicities, latencies and choice of
+        algorithm). A layout error is raised as building at ``low`` would raise it
+        (naming its GPUs)."""
         pattern = self.fabric.pattern
-        shift = low * self.placement.tensor * self.placement.data
+        stage_gpus = self.placement.tensor * self.placement.data
+        shift = low * stage_gpus
         if pattern is None or shift % pattern.gpus_per_node:
+            return build(low)
+        nodes = shift // pattern.gpus_per_node
+        last = ((low + stages) * stage_gpus - 1) // pattern.gpus_per_node
+        if shift and not pattern.moves(last, nodes):
             return build(low)
         memo = pattern.memo
         if key not in memo:
@@ -208,7 +217,7 @@ class StageComm:
                 return build(low)
         if shift == 0:
             return memo[key]
-        return _moved(memo[key], shift // pattern.gpus_per_node, pattern.translate)
+        return _moved(memo[key], nodes, pattern.translate)
 
     def _collective(
         self, kind: str, groups: Sequence[Sequence[int]], message_bytes: float
