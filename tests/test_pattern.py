@@ -1,5 +1,5 @@
-"""Set-up by pattern: a one-switch cluster from its repeating unit, and symmetric
-lowering that leaves out copies and stages it can move instead of build.
+"""Set-up by pattern: a cluster from its repeating unit (one switch, fat trees, rails),
+and symmetric lowering that leaves out copies and moves stages instead of building them.
 
 Both are exact rewrites of the enumeration they replace, so each test compares the
 two paths on small clusters, link by link, route by route, transfer by transfer:
@@ -221,7 +221,7 @@ def test_a_layout_wired_unlike_its_copies_is_refused_alike_on_the_pattern():
         run(scenario)
 
 
-def test_a_symmetric_run_over_the_gpu_limit_runs_on_one_switch(monkeypatch):
+def test_a_symmetric_run_over_the_gpu_limit_runs(monkeypatch):
     monkeypatch.setenv("STEPSIM_MAX_GPUS", "16")
     sets = {
         "cluster": {"num_nodes": 4},

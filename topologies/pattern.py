@@ -15,9 +15,8 @@ were drawn, vertices in the order they were added): server ``n``'s vertices come
 switch) at ``n * B`` plus its number in server 0; the switch comes last, its link
 down to NIC ``k`` of server ``n`` at ``num_nodes * B + n * nics + k``.
 
-Only one-switch fabrics (``switch``, or a fat tree whose nodes fit under one leaf)
-have this pattern here; on the others ``pattern_of`` says None and the whole graph is
-built (the answer is the same either way).
+This covers one-switch fabrics (``switch``, or a fat tree whose nodes fit under one
+leaf); topologies.tree_pattern covers fat trees and rails with several leaves.
 """
 
 from __future__ import annotations

@@ -62,9 +62,8 @@ LIMITS = {
             "gpus",
             65_536,
             "GPUs",
-            "the whole cluster graph and per-GPU state, built in exact mode, for a drawing "
-            "and on fabrics other than one switch: 65,536 GPUs of a small model take "
-            "about 16 s and 1 GB",
+            "the whole cluster graph and per-GPU state, built in exact mode and for a "
+            "drawing: 65,536 GPUs of a small model take about 16 s and 1 GB",
         ),
         Limit(
             "links",
@@ -126,9 +125,9 @@ def check(name: str, amount: int, what: str, key: str | None = None, value: obje
 
 def check_cluster(cluster: ClusterSpec, *, whole: bool = True) -> None:
     """The cluster's GPUs and links, counted from its keys before the graph is drawn.
-    ``whole=False``: only its repeating unit is built (a symmetric run on one switch,
-    topologies.PatternCluster), so nothing per GPU; the links still count (the network
-    and the link statistics keep a number per link)."""
+    ``whole=False``: only its repeating unit is built (a symmetric run: topologies'
+    PatternCluster, TreePatternCluster), so nothing per GPU; the links still count (the
+    network and the link statistics keep a number per link)."""
     from stepsim.topologies import cable_count
 
     nodes, gpus = cluster.num_nodes, cluster.gpus_per_node

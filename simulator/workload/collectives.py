@@ -57,13 +57,15 @@ class Pattern(NamedTuple):
     """A cluster known by its pattern (topologies.PatternCluster, TreePatternCluster):
     a copy in other regions (``region_gpus`` GPUs: a server on one switch, a leaf group
     or pod on a tree) shares no link with the representative, and moving every GPU by
-    whole servers where ``moves(last_server, servers)`` says so moves every route alike,
+    whole servers where ``moves(last_server, servers)`` says so (a multiple of
+    ``shift_nodes``, clear of a partly filled group) moves every route alike,
     so a collective of groups moved so is the same collective with its links moved
     (``translate(links, servers)``); placement.StageComm uses both. ``memo`` holds what
     was built once, by where it was built (one lowering's)."""
 
     gpus_per_node: int
     region_gpus: int
+    shift_nodes: int
     moves: Callable[[int, int], bool]
     translate: Callable[[Sequence[int], int], tuple[int, ...]]
     memo: dict
@@ -96,6 +98,7 @@ class Fabric(NamedTuple):
             else Pattern(
                 cluster.gpus_per_node,
                 cluster.region_nodes * cluster.gpus_per_node,
+                cluster.shift_nodes,
                 cluster.moves,
                 translate,
                 {},

@@ -14,7 +14,7 @@ from ..engine.flows import Collective, Transfer
 from ..scenario import Scenario
 from ..vocabulary import ALL_REDUCE
 from . import collectives
-from .collectives import Fabric, LayoutError
+from .collectives import Fabric
 from .compute import BYTES_PER_ELEMENT
 
 
@@ -195,29 +195,29 @@ class StageComm:
 
     def _shared(self, key: tuple, low: int, build, stages: int = 1):
         """``build(low)``, the transfer(s) of the copies of pipeline ranks ``low`` to
-        ``low + stages - 1``: on a pattern cluster built once at pipeline rank 0 and
-        moved, when the stages lie whole servers apart and the cluster says moving by
-        that many moves every route alike (same multiplicities, latencies and choice of
-        algorithm). A layout error is raised as building at ``low`` would raise it
-        (naming its GPUs)."""
+        ``low + stages - 1``. On a pattern cluster, built once per position modulo the
+        cluster's ``shift_nodes`` servers and moved: when the stages lie whole servers
+        apart and the cluster says moving by that many moves every route alike (same
+        multiplicities, latencies and choice of algorithm). What is built is built at
+        its own position, so a layout error names its own GPUs."""
         pattern = self.fabric.pattern
-        stage_gpus = self.placement.tensor * self.placement.data
-        shift = low * stage_gpus
-        if pattern is None or shift % pattern.gpus_per_node:
+        gpn, stage_gpus = (pattern.gpus_per_node if pattern else 1), self.placement.tensor
+        stage_gpus *= self.placement.data
+        start = low * stage_gpus
+        if pattern is None or start % gpn:
             return build(low)
-        nodes = shift // pattern.gpus_per_node
-        last = ((low + stages) * stage_gpus - 1) // pattern.gpus_per_node
-        if shift and not pattern.moves(last, nodes):
+        nodes = start // gpn
+        slot = (key, nodes % pattern.shift_nodes)
+        if slot not in pattern.memo:
+            result = pattern.memo[slot] = (nodes, build(low))
+            return result[1]
+        at, result = pattern.memo[slot]
+        last = max(at, nodes) + (stages * stage_gpus - 1) // gpn  # either position's
+        if nodes == at:
+            return result
+        if not pattern.moves(last, nodes - at):
             return build(low)
-        memo = pattern.memo
-        if key not in memo:
-            try:
-                memo[key] = build(0)
-            except LayoutError:
-                return build(low)
-        if shift == 0:
-            return memo[key]
-        return _moved(memo[key], nodes, pattern.translate)
+        return _moved(result, nodes - at, pattern.translate)
 
     def _collective(
         self, kind: str, groups: Sequence[Sequence[int]], message_bytes: float
