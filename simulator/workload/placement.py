@@ -14,7 +14,7 @@ from ..engine.flows import Collective, Transfer
 from ..scenario import Scenario
 from ..vocabulary import ALL_REDUCE
 from . import collectives
-from .collectives import Fabric
+from .collectives import Fabric, LayoutError
 from .compute import BYTES_PER_ELEMENT
 
 
@@ -196,28 +196,35 @@ class StageComm:
     def _shared(self, key: tuple, low: int, build, stages: int = 1):
         """``build(low)``, the transfer(s) of the copies of pipeline ranks ``low`` to
         ``low + stages - 1``. On a pattern cluster, built once per position modulo the
-        cluster's ``shift_nodes`` servers and moved: when the stages lie whole servers
-        apart and the cluster says moving by that many moves every route alike (same
-        multiplicities, latencies and choice of algorithm). What is built is built at
-        its own position, so a layout error names its own GPUs."""
+        cluster's ``shift_nodes`` servers, at the lowest stage of that position (where
+        the routes of the stages before were found already), and moved: when the stages
+        lie whole servers apart and the cluster says moving by that many moves every
+        route alike (same multiplicities, latencies and choice of algorithm). A layout
+        error is raised as building at ``low`` raises it (naming its GPUs)."""
         pattern = self.fabric.pattern
-        gpn, stage_gpus = (pattern.gpus_per_node if pattern else 1), self.placement.tensor
-        stage_gpus *= self.placement.data
-        start = low * stage_gpus
-        if pattern is None or start % gpn:
+        stage_gpus = self.placement.tensor * self.placement.data
+        if pattern is None or (low * stage_gpus) % pattern.gpus_per_node:
             return build(low)
-        nodes = start // gpn
-        slot = (key, nodes % pattern.shift_nodes)
+        gpn, shift = pattern.gpus_per_node, pattern.shift_nodes
+        nodes = low * stage_gpus // gpn
+        first = next(
+            c
+            for c in range(low + 1)
+            if (c * stage_gpus) % gpn == 0 and (c * stage_gpus // gpn - nodes) % shift == 0
+        )
+        at = first * stage_gpus // gpn
+        last = nodes + (stages * stage_gpus - 1) // gpn  # the moved groups' last server
+        if nodes != at and not pattern.moves(last, nodes - at):
+            return build(low)
+        slot = (key, first)
         if slot not in pattern.memo:
-            result = pattern.memo[slot] = (nodes, build(low))
-            return result[1]
-        at, result = pattern.memo[slot]
-        last = max(at, nodes) + (stages * stage_gpus - 1) // gpn  # either position's
+            try:
+                pattern.memo[slot] = build(first)
+            except LayoutError:
+                return build(low)
         if nodes == at:
-            return result
-        if not pattern.moves(last, nodes - at):
-            return build(low)
-        return _moved(result, nodes - at, pattern.translate)
+            return pattern.memo[slot]
+        return _moved(pattern.memo[slot], nodes - at, pattern.translate)
 
     def _collective(
         self, kind: str, groups: Sequence[Sequence[int]], message_bytes: float
