@@ -60,6 +60,48 @@ TARGETS = {
         1.0,
     ),
 }
+
+
+def _gpt3_dp(dp: int) -> list[str]:
+    """GPT-3 175B's layout (TP 8, PP 16, 192 micro-batches per pipeline on DGX A100s on
+    one switch) with ``dp`` replicas: only the replicas, nodes and global batch change."""
+    return [
+        GPT3,
+        "--set",
+        f"parallel.data_parallel_size={dp}",
+        "--set",
+        f"cluster.num_nodes={16 * dp}",
+        "--set",
+        f"training.global_batch_size={192 * dp}",
+    ]
+
+
+# Symmetric mode's wall time and memory should not depend on the data-parallel size:
+# the 131,072-GPU case is held to FLAT_RATIO times the 1,024-GPU one, measured in the
+# same run (interleaved); the H100 job is issue 18's 100k-GPU case, timed alongside.
+FLAT_RATIO = 1.5
+FLAT_PAIRS = {"gpt3-dp-131072": "gpt3-dp-1024"}  # case: the case it is held to
+FLAT = {
+    "gpt3-dp-1024": ("GPT-3 175B, 1,024 A100s (TP 8, PP 16, DP 8) on one switch", _gpt3_dp(8)),
+    "gpt3-dp-131072": (
+        "the same with DP 1,024: 131,072 A100s on one switch",
+        _gpt3_dp(1024),
+    ),
+    "dense-dp-800": (
+        "dense 412B, 102,400 H100s (TP 8, PP 16, DP 800) on one switch",
+        [
+            DENSE_16K,
+            "--set",
+            "parallel.data_parallel_size=800",
+            "--set",
+            "cluster.num_nodes=12800",
+            "--set",
+            "cluster.fabric='switch'",
+            "--set",
+            "training.global_batch_size=12800",
+        ],
+    ),
+}
 EXACT = {
     "mt-nlg-3360-exact": (
         "the MT-NLG run in exact mode (every GPU simulated)",
@@ -75,6 +117,8 @@ def _case_arguments(name: str) -> list[str] | None:
         return TARGETS[name][1]
     if name in EXACT:
         return EXACT[name][1]
+    if name in FLAT:
+        return FLAT[name][1]
     # the run arguments themselves (scaling points, time_scenarios.py); some layouts of
     # the sweep would not fit in memory, and the speed of simulating them is what counts
     return [*json.loads(name), "--allow-oom"]
@@ -182,6 +226,53 @@ def scaling_points() -> dict[str, list[tuple[int, list[str]]]]:
     return points
 
 
+def run_flat(repeat: int) -> dict[str, dict]:
+    """The FLAT cases, each median of ``repeat``, interleaved so that drift in the
+    machine's speed hits them alike."""
+    walls: dict[str, list[float]] = {name: [] for name in FLAT}
+    last: dict[str, dict] = {}
+    for _ in range(repeat):
+        for name in FLAT:
+            row = measure(name, 1, 600)
+            walls[name].append(row["median_s"])
+            last[name] = row
+    out = {}
+    for name in FLAT:
+        out[name] = {
+            **last[name],
+            "median_s": statistics.median(walls[name]),
+            "min_s": min(walls[name]),
+            "max_s": max(walls[name]),
+            "runs": repeat,
+        }
+        print(f"  {name:<20} {out[name]['median_s']:7.2f} s  {out[name]['peak_gib']:5.2f} GiB")
+    return out
+
+
+def flat_table(flat: dict[str, dict]) -> str:
+    """The growth cases, the large GPT-3 layout against the small one (FLAT_PAIRS)."""
+    lines = [
+        "| case | wall time (median) | min - max | peak memory | time, memory vs 1,024 GPUs |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, row in flat.items():
+        ratio = ""
+        base = flat.get(FLAT_PAIRS.get(name, ""))
+        if base is not None:
+            t, m = row["median_s"] / base["median_s"], row["peak_gib"] / base["peak_gib"]
+            met = "ok" if max(t, m) <= FLAT_RATIO else "**over**"
+            ratio = f"{t:.2f}x, {m:.2f}x ({met})"
+        lines.append(
+            f"| {FLAT[name][0]} | {row['median_s']:.2f} s | {row['min_s']:.2f} - "
+            f"{row['max_s']:.2f} s | {row['peak_gib']:.2f} GiB | {ratio} |"
+        )
+    lines.append("")
+    lines.append(
+        f"Target: 131,072 GPUs within {FLAT_RATIO}x of 1,024 in time and memory (same run)."
+    )
+    return "\n".join(lines)
+
+
 def run_scaling(repeat: int) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {}
     for axis, points in scaling_points().items():
@@ -258,6 +349,9 @@ def main() -> None:
     parser.add_argument("--case", help=argparse.SUPPRESS)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--exact", action="store_true", help="also time exact mode (minutes)")
+    parser.add_argument(
+        "--no-flat", action="store_true", help="skip the data-parallel growth cases"
+    )
     parser.add_argument("--scaling", action="store_true", help="time the growth sweeps")
     parser.add_argument("--write", action="store_true", help="update docs/performance.md")
     args = parser.parse_args()
@@ -274,14 +368,18 @@ def main() -> None:
         print(
             f"  {name:<20} {results[name]['median_s']:7.2f} s  {results[name]['peak_gib']:5.2f} GiB"
         )
+    flat = {} if args.no_flat else run_flat(args.repeat)
     print()
     print(table(results, cases))
+    if flat:
+        print()
+        print(flat_table(flat))
     scaling = run_scaling(1) if args.scaling else None
     if args.write:
-        write_docs(results, scaling)
+        write_docs(results, scaling, flat)
 
 
-def write_docs(results: dict[str, dict], scaling: dict | None) -> None:
+def write_docs(results: dict[str, dict], scaling: dict | None, flat: dict | None = None) -> None:
     json_path = ROOT / "docs" / "performance.json"
     data = json.loads(json_path.read_text()) if json_path.exists() else {"targets": {}}
     stamp = {"machine": machine(), "date": time.strftime("%Y-%m-%d")}
@@ -289,6 +387,8 @@ def write_docs(results: dict[str, dict], scaling: dict | None) -> None:
         data["targets"][name] = {**row, **stamp}
     if scaling is not None:
         data["scaling"] = {"rows": scaling, **stamp}
+    if flat:
+        data["flat"] = {"rows": flat, **stamp}
     json_path.write_text(json.dumps(data, indent=1) + "\n")
     cases = {**TARGETS, **EXACT}
     measured = {name: data["targets"][name] for name in cases if name in data["targets"]}
@@ -304,6 +404,8 @@ def write_docs(results: dict[str, dict], scaling: dict | None) -> None:
         + ", ".join(sorted({row["date"] for row in measured.values()}))
         + ".",
     ]
+    if "flat" in data:
+        block += ["", flat_table(data["flat"]["rows"])]
     if "scaling" in data:
         block += ["", scaling_table(data["scaling"]["rows"]), ""]
         block += ["![wall time against m x p and DP](images/performance-scaling.png)"]

@@ -8,15 +8,22 @@ from contextlib import contextmanager
 
 import numpy as np
 
-from stepsim.topologies import Cluster, NodeShape, build_graph
-from stepsim.topologies.describe import LINK_ROLES, link_name, link_role
+from stepsim.topologies import (
+    Cluster,
+    NodeShape,
+    PatternCluster,
+    TreePatternCluster,
+    build_graph,
+    one_switch,
+)
+from stepsim.topologies.describe import LINK_ROLES, link_name
 
 from .engine.core import simulate
 from .engine.network import AnalyticalNetwork, FairShareNetwork
 from .report.linkstats import mean_utilization, utilization_over_time
 from .report.metrics import summarize
 from .results import LinkLoad, Result, Trace
-from .scenario import ClusterSpec, Scenario, ScenarioError
+from .scenario import ClusterSpec, Scenario, ScenarioError, limits
 from .units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
 from .vocabulary import ANALYTICAL, FAIR_SHARE
 from .workload.collectives import LayoutError
@@ -27,7 +34,14 @@ from .workload.memory import StageMemory, out_of_memory, stage_memory
 NETWORKS = {FAIR_SHARE: FairShareNetwork, ANALYTICAL: AnalyticalNetwork}
 
 
-def build_cluster(spec: ClusterSpec) -> Cluster:
+def build_cluster(
+    spec: ClusterSpec, *, pattern: bool = False
+) -> Cluster | PatternCluster | TreePatternCluster:
+    """The cluster of ``spec``: the whole graph, or with ``pattern`` its repeating unit
+    and switches counted (topologies.pattern on one switch, topologies.tree_pattern on
+    fat trees and rails: the same links and routes, and a server more costs nothing).
+    Drawing the whole graph is refused over the GPU and link limits
+    (scenario/limits.py)."""
     node = NodeShape(
         gpus=spec.gpus_per_node,
         nics=spec.nics_per_node,
@@ -41,6 +55,11 @@ def build_cluster(spec: ClusterSpec) -> Cluster:
     )
     fabric = spec.fabric_shape()
     domain = spec.nvlink_domain_gpus
+    if pattern and one_switch(spec.num_nodes, fabric):
+        return PatternCluster(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain)
+    if pattern:
+        return TreePatternCluster(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain)
+    limits.check_cluster(spec)
     return Cluster(
         build_graph(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain),
         gpus_per_node=spec.gpus_per_node,
@@ -75,8 +94,9 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
     """Simulate one training iteration of the scenario. A layout that does not fit in
     GPU memory is simulated all the same; ``metrics.out_of_memory`` says so.
     ``progress`` is called with the fraction of ops simulated (see engine.simulate)."""
-    cluster = build_cluster(scenario.cluster)
-    capacities = [link.bandwidth_bytes_per_s for link in cluster.links]
+    # symmetric mode simulates the representative GPUs: the pattern is enough
+    cluster = build_cluster(scenario.cluster, pattern=scenario.network.symmetry)
+    capacities = cluster.capacities
     network = NETWORKS[scenario.network.model].factory(capacities)
     with gc_paused():
         try:
@@ -111,16 +131,13 @@ def busiest_links(
     In symmetric mode these are the representative GPUs' links, each charged for
     every flow it carries (multiplicities included); in exact mode any link.
     """
-    links = cluster.links
-    capacities = [link.bandwidth_bytes_per_s for link in links]
+    links, capacities = cluster.links, cluster.capacities
     utilization = mean_utilization(trace.link_intervals, capacities, trace.end_s)
-    roles = [link_role(link.kind, link.src, link.dst) for link in links]
-    order = np.argsort(-utilization, kind="stable").tolist()  # ties: lower index first
-    chosen = [
-        i
-        for role in LINK_ROLES
-        for i in [i for i in order if roles[i] == role and utilization[i] > 0][:per_role]
-    ]
+    # only links that carried something can be chosen: the others are never looked at
+    used = np.flatnonzero(utilization > 0)
+    order = used[np.argsort(-utilization[used], kind="stable")].tolist()  # ties: lower first
+    roles = {i: cluster.link_role(i) for i in order}
+    chosen = [i for role in LINK_ROLES for i in [i for i in order if roles[i] == role][:per_role]]
     _, series = utilization_over_time(
         trace.link_intervals, capacities, chosen, trace.end_s, PEAK_BINS
     )

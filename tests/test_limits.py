@@ -64,14 +64,23 @@ def test_a_limit_is_raised_by_its_variable(monkeypatch):
 
 def test_gpu_and_op_limits_at_their_boundary(monkeypatch):
     two_nodes = ["cluster.num_nodes=2", "cluster.gpus_per_node=8", "cluster.nics_per_node=8"]
+    exact = "network.symmetry=false"  # the whole graph is built
     monkeypatch.setenv("STEPSIM_MAX_GPUS", "16")
-    load_scenario(TINY, [*two_nodes, "parallel.data_parallel_size=8"])  # 16 GPUs: at the limit
+    load_scenario(TINY, [*two_nodes, "parallel.data_parallel_size=8", exact])  # at the limit
     with pytest.raises(
         ScenarioError,
         match=r"^cluster\.num_nodes=3 x cluster\.gpus_per_node=8 is about 24 GPUs, over the "
         r"limit of 16 GPUs .*raise the limit with STEPSIM_MAX_GPUS=N$",
     ):
-        load_scenario(TINY, ["cluster.num_nodes=3", *two_nodes[1:]])
+        load_scenario(TINY, ["cluster.num_nodes=3", *two_nodes[1:], exact])
+    # symmetric: two servers are built whatever the GPUs (and the switches counted), so
+    # no GPU limit (the links still count); drawing the whole graph is refused
+    tree = ["cluster.fabric='fat-tree'", "cluster.nodes_per_leaf=1"]
+    for fabric in ([], tree):
+        big = load_scenario(TINY, ["cluster.num_nodes=3", *two_nodes[1:], *fabric])
+        with pytest.raises(ScenarioError, match=r"^cluster\.num_nodes=3 x .* 24 GPUs, over"):
+            build_cluster(big.cluster)
+        assert build_cluster(big.cluster, pattern=True).num_gpus == 24
     # tiny: 4 layers x 12 ops x (global batch / micro-batch 2) micro-batches
     monkeypatch.setenv("STEPSIM_MAX_SIMULATED_OPS", str(4 * 12 * 8))
     load_scenario(TINY, ["training.global_batch_size=16"])  # 8 micro-batches: at the limit

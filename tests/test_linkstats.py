@@ -68,6 +68,7 @@ def test_busiest_links_give_each_kind_its_mean_and_its_peak():
 
     from stepsim.results import Trace
     from stepsim.run import PEAK_BINS, busiest_links
+    from stepsim.topologies.describe import link_role
 
     gpu, nic, sw = ("gpu", 0), ("nic", 0, 0), ("switch", 1, 0)
     spine = ("switch", 2, 0)
@@ -86,7 +87,12 @@ def test_busiest_links_give_each_kind_its_mean_and_its_peak():
         Interval((3,), (1,), 5.0, 20.0, 30.0),
     ]
     trace = Trace(spans=[], lanes=(), end_s=100.0, num_transfers=3, link_intervals=intervals)
-    got = busiest_links(SimpleNamespace(links=links), trace)
+    cluster = SimpleNamespace(  # what busiest_links reads of a Cluster or PatternCluster
+        links=links,
+        capacities=[link.bandwidth_bytes_per_s for link in links],
+        link_role=lambda i: link_role(links[i].kind, links[i].src, links[i].dst),
+    )
+    got = busiest_links(cluster, trace)
     assert PEAK_BINS == 100
     assert [(b.kind, b.index) for b in got] == [("nvlink", 0), ("nic", 1), ("uplink", 3)]
     assert [b.utilization for b in got] == pytest.approx([0.5, 0.01, 0.025])

@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import networkx as nx
 
+from .describe import link_role
 from .fabric import FabricShape, add_fabric
 from .node import GPU, NIC, NVSWITCH, SWITCH, NodeShape, add_nvlink_domain, add_server
 
@@ -101,6 +102,7 @@ class Cluster:
             )
             self._index[(src, dst)] = link.index
             self.links.append(link)
+        self.capacities = [link.bandwidth_bytes_per_s for link in self.links]
         self.num_gpus = sum(1 for n in graph if n[0] == GPU)
         self._gpu_nic = {
             g: next(n for n in graph.successors((GPU, g)) if n[0] == NIC)
@@ -117,6 +119,19 @@ class Cluster:
         # breadth-first predecessors from each source switch, shared by its targets
         self._switch_pred: dict[tuple, dict[tuple, list[tuple]]] = {}
         self._rings: dict[tuple[int, ...], list[list[int]]] = {}
+
+    def index_of(self, src: tuple, dst: tuple) -> int:
+        """The number of the link from vertex ``src`` to vertex ``dst``."""
+        return self._index[(src, dst)]
+
+    def nic_of_gpu(self, gpu: int) -> tuple:
+        """The NIC vertex a GPU reaches other servers through."""
+        return self._gpu_nic[gpu]
+
+    def link_role(self, index: int) -> str:
+        """What link ``index`` does (topologies.describe.LINK_ROLES)."""
+        link = self.links[index]
+        return link_role(link.kind, link.src, link.dst)
 
     def node_of(self, gpu: int) -> int:
         """The server a GPU sits in."""

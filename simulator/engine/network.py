@@ -20,6 +20,7 @@ finished:
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -139,9 +140,13 @@ class _Flow:
 class FairShareNetwork(Network):
     def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
         super().__init__(env, capacities)
-        assert all(0 < c < float("inf") for c in self.capacities), "link capacities must be finite"
-        # Active flows per link, in start order (dicts keep insertion order: deterministic).
-        self._on_link: list[dict[_Flow, None]] = [{} for _ in self.capacities]
+        # (each distinct capacity once: a cluster's links have a handful)
+        assert all(0 < c < float("inf") for c in set(self.capacities)), (
+            "link capacities must be finite"
+        )
+        # Active flows per link, in start order (dicts keep insertion order: deterministic);
+        # made for a link when a flow first crosses it (a pattern cluster's links are many).
+        self._on_link: defaultdict[int, dict[_Flow, None]] = defaultdict(dict)
         # A transfer launched onto idle, unclaimed links claims them: it is scheduled
         # to end at latency + bytes / solo rate with a single event. The first flow to
         # start on a claimed link turns the claimant into an ordinary flow (from its
@@ -216,7 +221,7 @@ class FairShareNetwork(Network):
     def link_load_bytes_per_s(self) -> list[float]:
         """Bytes/s each link carries right now (multiplicities included)."""
         load = [0.0] * len(self.capacities)
-        for link, flows in enumerate(self._on_link):
+        for link, flows in self._on_link.items():
             for flow in flows:
                 load[link] += flow.rate * flow.mults[flow.links.index(link)]
         for link, flow in self._claimant.items():

@@ -13,25 +13,28 @@ import numpy as np
 from ..engine.flows import Interval
 
 
-def _rows(intervals: Sequence[Interval]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """One row per (interval, link): link index, bytes/s on it, start, end."""
-    counts = np.fromiter((len(iv.links) for iv in intervals), dtype=np.int64, count=len(intervals))
-    links = np.fromiter(
-        (link for iv in intervals for link in iv.links), dtype=np.int64, count=int(counts.sum())
+def _rows(
+    intervals: Sequence[Interval], chosen: set[int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One row per (interval, chosen link): link index, bytes/s on it, start, end. Only
+    the chosen links' rows are made (a large run's collectives cross thousands of
+    links, of which a handful are drawn)."""
+    rows = [
+        (link, m * iv.rate_bytes_per_s, iv.start_s, iv.end_s)
+        for iv in intervals
+        if not chosen.isdisjoint(iv.links)
+        for link, m in zip(iv.links, iv.mults, strict=True)
+        if link in chosen
+    ]
+    if not rows:
+        return np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0)
+    links, loads, starts, ends = zip(*rows, strict=True)
+    return (
+        np.array(links, dtype=np.int64),
+        np.array(loads, dtype=np.float64),
+        np.array(starts, dtype=np.float64),
+        np.array(ends, dtype=np.float64),
     )
-    loads = np.fromiter(
-        (m * iv.rate_bytes_per_s for iv in intervals for m in iv.mults),
-        dtype=np.float64,
-        count=int(counts.sum()),
-    )
-    starts = np.repeat(
-        np.fromiter((iv.start_s for iv in intervals), dtype=np.float64, count=len(intervals)),
-        counts,
-    )
-    ends = np.repeat(
-        np.fromiter((iv.end_s for iv in intervals), dtype=np.float64, count=len(intervals)), counts
-    )
-    return links, loads, starts, ends
 
 
 def mean_utilization(
@@ -66,7 +69,7 @@ def utilization_over_time(
     out: dict[int, np.ndarray] = {}
     if not intervals:
         return edges, {link: np.zeros(bins) for link in links}
-    all_links, loads, starts, ends = _rows(intervals)
+    all_links, loads, starts, ends = _rows(intervals, set(links))
     for link in links:
         mine = all_links == link
         times = np.concatenate([starts[mine], ends[mine]])

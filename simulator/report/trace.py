@@ -207,7 +207,7 @@ def _link_counters(result: Result, top: int = 8, bins: int = 400) -> list[dict]:
     if not busiest:
         return []
     chosen = [link.index for link in busiest]
-    capacities = [link.bandwidth_bytes_per_s for link in result.cluster.links]
+    capacities = result.cluster.capacities
     edges, series = utilization_over_time(
         result.trace.link_intervals, capacities, chosen, result.trace.end_s, bins
     )

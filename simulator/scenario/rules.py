@@ -9,7 +9,8 @@ choices of what the user typed (`schema`), presets, derived defaults and reading
 custom schedule's file.
 
 Where several rules fail, the first in this order is reported: the model, the
-cluster, the training keys alone, then the name (`check_name`), the layout
+cluster, the training keys alone, then the cluster's size (`check_cluster_size`: it
+depends on the network mode), the name (`check_name`), the layout
 (`check_layout`), the batch and schedule (`check_schedule`), the size of the
 simulation (`check_size`) and the GPU of the kernel constants (`check_calibration`).
 """
@@ -116,7 +117,6 @@ def check_cluster(cluster: ClusterSpec) -> None:
             value=gpn,
             rule="must be 8 for cluster.nvlink_topology='hybrid-cube-mesh'",
         )
-    limits.check_cluster(cluster)
     if cluster.nics_per_node > gpn:
         raise ScenarioError(
             key="cluster.nics_per_node",
@@ -258,6 +258,7 @@ def check_calibration(scenario: Scenario) -> None:
 
 def check_scenario(scenario: Scenario) -> None:
     """Every rule across specs, in the order the errors are reported."""
+    check_cluster_size(scenario)
     check_name(scenario.name)
     check_layout(scenario.model, scenario.parallel, scenario.cluster)
     check_schedule(scenario.model, scenario.parallel, scenario.training)
@@ -266,6 +267,13 @@ def check_scenario(scenario: Scenario) -> None:
     check_tp_comm_overlap(scenario.parallel, scenario.training)
     check_param_gather(scenario.parallel, scenario.training)
     check_calibration(scenario)
+
+
+def check_cluster_size(scenario: Scenario) -> None:
+    """The cluster's GPUs and links within their limits, counting what the run builds:
+    a symmetric run builds its repeating unit and counts its switches, not a graph per
+    GPU (run.build_cluster; drawing the whole graph checks the whole of it)."""
+    limits.check_cluster(scenario.cluster, whole=not scenario.network.symmetry)
 
 
 def check_softmax(scenario: Scenario) -> None:

@@ -53,6 +53,24 @@ class LayoutError(ValueError):
     the user's one-line error (run.run: a ScenarioError)."""
 
 
+class Pattern(NamedTuple):
+    """A cluster known by its pattern (topologies.PatternCluster, TreePatternCluster):
+    a copy in other regions (``region_gpus`` GPUs: a server on one switch, a leaf group
+    or pod on a tree) shares no link with the representative, and moving every GPU by
+    whole servers where ``moves(last_server, servers)`` says so (a multiple of
+    ``shift_nodes``, clear of a partly filled group) moves every route alike,
+    so a collective of groups moved so is the same collective with its links moved
+    (``translate(links, servers)``); placement.StageComm uses both. ``memo`` holds what
+    was built once, by where it was built (one lowering's)."""
+
+    gpus_per_node: int
+    region_gpus: int
+    shift_nodes: int
+    moves: Callable[[int, int], bool]
+    translate: Callable[[Sequence[int], int], tuple[int, ...]]
+    memo: dict
+
+
 class Fabric(NamedTuple):
     """What collectives need to know about the cluster (see topologies.Cluster)."""
 
@@ -62,17 +80,29 @@ class Fabric(NamedTuple):
     intra_node_rings: Callable[[Sequence[int]], list[list[int]]]
     capacities: Sequence[float]
     base_latency_s: float
+    pattern: Pattern | None = None  # None: the whole graph, every copy enumerated
 
     @classmethod
     def of(cls, cluster, base_latency_s: float) -> Fabric:
-        """From a topologies.Cluster."""
+        """From a topologies.Cluster or PatternCluster."""
+        translate = getattr(cluster, "translate", None)
         return cls(
             route=cluster.route,
             route_latency_s=cluster.route_latency_s,
             node_of=cluster.node_of,
             intra_node_rings=cluster.intra_node_rings,
-            capacities=[link.bandwidth_bytes_per_s for link in cluster.links],
+            capacities=cluster.capacities,
             base_latency_s=base_latency_s,
+            pattern=None
+            if translate is None
+            else Pattern(
+                cluster.gpus_per_node,
+                cluster.region_nodes * cluster.gpus_per_node,
+                cluster.shift_nodes,
+                cluster.moves,
+                translate,
+                {},
+            ),
         )
 
 

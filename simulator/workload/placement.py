@@ -14,7 +14,7 @@ from ..engine.flows import Collective, Transfer
 from ..scenario import Scenario
 from ..vocabulary import ALL_REDUCE
 from . import collectives
-from .collectives import Fabric
+from .collectives import Fabric, LayoutError
 from .compute import BYTES_PER_ELEMENT
 
 
@@ -69,9 +69,20 @@ class StageComm:
         micro-batch's activations in replica ``d``; None for one tensor rank."""
         key = (kind, d if self.exact else 0)
         if key not in self._tp:
-            replicas = [d] if self.exact else range(self.placement.data)
-            groups = [self.placement.tp_group(r, self.stage) for r in replicas]
-            self._tp[key] = self._collective(kind, groups, self.activation_bytes)
+            placement = self.placement
+            if self.exact:
+                self._tp[key] = self._collective(
+                    kind, [placement.tp_group(d, self.stage)], self.activation_bytes
+                )
+            else:
+
+                def build(stage: int) -> Collective | None:
+                    rep = placement.tp_group(0, stage)
+                    offsets = [placement.tensor * r for r in range(placement.data)]
+                    groups = [[g + o for g in rep] for o in self._kept(rep, offsets)]
+                    return self._collective(kind, groups, self.activation_bytes)
+
+                self._tp[key] = self._shared(("tp", kind), self.stage, build)
         return self._tp[key]
 
     def dp(self, kind: str, message_bytes: float, j: int) -> Collective | None:
@@ -79,22 +90,37 @@ class StageComm:
         the congruent groups of the others); None for one replica."""
         key = (kind, message_bytes, j if self.exact else 0)
         if key not in self._dp:
-            ranks = [j] if self.exact else range(self.placement.tensor)
-            groups = [self.placement.dp_group(t, self.stage) for t in ranks]
-            self._dp[key] = self._collective(kind, groups, message_bytes)
+            placement = self.placement
+            if self.exact:
+                self._dp[key] = self._collective(
+                    kind, [placement.dp_group(j, self.stage)], message_bytes
+                )
+            else:
+
+                def build(stage: int) -> Collective | None:
+                    rep = placement.dp_group(0, stage)
+                    offsets = self._kept(rep, range(placement.tensor))
+                    groups = [[g + o for g in rep] for o in offsets]
+                    return self._collective(kind, groups, message_bytes)
+
+                self._dp[key] = self._shared(("dp", kind, message_bytes), self.stage, build)
         return self._dp[key]
 
     def tied(self, other: int, message_bytes: float, j: int, d: int) -> Collective:
         """An all-reduce between this stage and pipeline rank ``other`` of each (tensor
         rank, replica) pair: the tied embedding's gradient (symmetric: every pair's)."""
         placement = self.placement
-        if self.exact:
-            ranks = [(j, d)]
-        else:
-            ranks = [(t, r) for r in range(placement.data) for t in range(placement.tensor)]
         low, high = sorted((self.stage, other))
-        groups = [[placement.gpu(t, r, low), placement.gpu(t, r, high)] for t, r in ranks]
-        return self._collective(ALL_REDUCE, groups, message_bytes)
+        if self.exact:
+            pair = [placement.gpu(j, d, low), placement.gpu(j, d, high)]
+            return self._collective(ALL_REDUCE, [pair], message_bytes)
+
+        def build(stage: int) -> Collective:
+            rep = [placement.gpu(0, 0, stage), placement.gpu(0, 0, stage + high - low)]
+            groups = [[g + o for g in rep] for o in self._kept(rep, self._every_rank())]
+            return self._collective(ALL_REDUCE, groups, message_bytes)
+
+        return self._shared(("tied", high - low, message_bytes), low, build, high - low + 1)
 
     def send_to(self, other: int, j: int, d: int, message_bytes: float | None = None) -> Transfer:
         """Activations or gradients of one micro-batch to pipeline rank ``other``, each
@@ -112,12 +138,93 @@ class StageComm:
         if key not in self._sends:
             placement = self.placement
             if self.exact:
-                ranks = [(j, d)]
+                pair = (placement.gpu(j, d, src), placement.gpu(j, d, dst))
+                self._sends[key] = collectives.point_to_point([pair], nbytes, self.fabric)
             else:
-                ranks = [(t, r) for r in range(placement.data) for t in range(placement.tensor)]
-            pairs = [(placement.gpu(t, r, src), placement.gpu(t, r, dst)) for t, r in ranks]
-            self._sends[key] = collectives.point_to_point(pairs, nbytes, self.fabric)
+                low = min(src, dst)
+
+                def build(stage: int) -> Transfer:
+                    a = placement.gpu(0, 0, stage + src - low)
+                    b = placement.gpu(0, 0, stage + dst - low)
+                    offsets = self._kept([a, b], self._every_rank())
+                    pairs = [(a + o, b + o) for o in offsets]
+                    return collectives.point_to_point(pairs, nbytes, self.fabric)
+
+                self._sends[key] = self._shared(
+                    ("send", src - low, dst - low, nbytes), low, build, abs(dst - src) + 1
+                )
         return self._sends[key]
+
+    # -- symmetric mode: the congruent copies, and the stages alike ----------------------
+
+    def _every_rank(self) -> list[int]:
+        """GPU offsets of every (tensor rank, replica) pair's copy, replica-major."""
+        placement = self.placement
+        return [
+            t + placement.tensor * r for r in range(placement.data) for t in range(placement.tensor)
+        ]
+
+    def _kept(self, rep: Sequence[int], offsets) -> list[int]:
+        """The copies (``rep`` moved by each offset, in order) that can change the
+        representative's transfer. On a pattern cluster a copy in regions of its own
+        shares no link with ``rep`` (on one switch a region is a server: every link is
+        one server's, the switch port included; on a tree a leaf group or pod), and if
+        an earlier copy lies a whole number of regions away it is wired alike (the same
+        link bandwidths along its routes): leaving it out changes neither the
+        multiplicities nor the check that the copies are alike, nor which copy that
+        check would name. Without a pattern every copy is kept."""
+        pattern = self.fabric.pattern
+        if pattern is None:
+            return list(offsets)
+        gpn = pattern.region_gpus  # GPUs of a region: below, "server" reads "region"
+        servers = {g // gpn for g in rep}
+        first, last, low, high = min(servers), max(servers), min(rep), max(rep)
+        seen: set[int] = set()
+        kept = []
+        for o in offsets:
+            if o % gpn not in seen:
+                seen.add(o % gpn)
+                kept.append(o)
+            elif (
+                (low + o) // gpn <= last
+                and (high + o) // gpn >= first
+                and any((g + o) // gpn in servers for g in rep)
+            ):
+                kept.append(o)
+        return kept
+
+    def _shared(self, key: tuple, low: int, build, stages: int = 1):
+        """``build(low)``, the transfer(s) of the copies of pipeline ranks ``low`` to
+        ``low + stages - 1``. On a pattern cluster, built once per position modulo the
+        cluster's ``shift_nodes`` servers, at the lowest stage of that position (where
+        the routes of the stages before were found already), and moved: when the stages
+        lie whole servers apart and the cluster says moving by that many moves every
+        route alike (same multiplicities, latencies and choice of algorithm). A layout
+        error is raised as building at ``low`` raises it (naming its GPUs)."""
+        pattern = self.fabric.pattern
+        stage_gpus = self.placement.tensor * self.placement.data
+        if pattern is None or (low * stage_gpus) % pattern.gpus_per_node:
+            return build(low)
+        gpn, shift = pattern.gpus_per_node, pattern.shift_nodes
+        nodes = low * stage_gpus // gpn
+        first = next(
+            c
+            for c in range(low + 1)
+            if (c * stage_gpus) % gpn == 0 and (c * stage_gpus // gpn - nodes) % shift == 0
+        )
+        at = first * stage_gpus // gpn
+        last = nodes + (stages * stage_gpus - 1) // gpn  # the moved groups' last server
+        if nodes != at and not pattern.moves(last, nodes - at):
+            return build(low)
+        slot = (key, first)
+        if slot not in pattern.memo:
+            try:
+                pattern.memo[slot] = build(first)
+            except LayoutError:
+                return build(low)
+        if nodes == at:
+            return pattern.memo[slot]
+        return _moved(pattern.memo[slot], nodes - at, pattern.translate)
 
     def _collective(
         self, kind: str, groups: Sequence[Sequence[int]], message_bytes: float
@@ -126,3 +233,12 @@ class StageComm:
         if kind == ALL_REDUCE:
             return collectives.all_reduce(self.algorithm, groups, message_bytes, self.fabric)
         return collectives.ring(kind, groups, message_bytes, self.fabric)
+
+
+def _moved(result, nodes: int, translate):
+    """A transfer or collective moved by ``nodes`` whole servers."""
+    if result is None:
+        return None
+    if isinstance(result, Transfer):
+        return result._replace(links=translate(result.links, nodes))
+    return tuple(t._replace(links=translate(t.links, nodes)) for t in result)

@@ -1,0 +1,237 @@
+"""Set-up by pattern: a cluster from its repeating unit (one switch, fat trees, rails),
+and symmetric lowering that leaves out copies and moves stages instead of building them.
+
+Both are exact rewrites of the enumeration they replace, so each test compares the
+two paths on small clusters, link by link, route by route, transfer by transfer:
+every node kind, one switch and fat trees (2 and 3 levels, rails), several DP sizes,
+layouts where a stage is smaller than a server (nothing moved: the fallback), and a
+layout the alike check refuses (the same message either way).
+"""
+
+import pytest
+
+from stepsim.engine.flows import Transfer
+from stepsim.run import build_cluster, run
+from stepsim.scenario import ScenarioError
+from stepsim.topologies import (
+    Cluster,
+    FabricShape,
+    NodeShape,
+    PatternCluster,
+    TreePatternCluster,
+    build_graph,
+)
+from stepsim.workload.collectives import LayoutError
+from stepsim.workload.lowering import lower
+from tests.helpers import load
+
+NODES = {  # (nvlink topology, GPUs, NICs): one GPU per NIC, shared NICs, meshes
+    "dgx": ("nvswitch", 8, 8),
+    "shared-nic": ("nvswitch", 8, 2),
+    "v100x4": ("all-to-all", 4, 1),
+    "dgx1": ("hybrid-cube-mesh", 8, 4),
+    "one-gpu": ("nvswitch", 1, 1),
+}
+ONE_SWITCH = (
+    FabricShape(kind="switch", latency_s=5e-7),
+    FabricShape(kind="fat-tree", nodes_per_leaf=8, latency_s=1e-7),  # all under one leaf
+)
+
+
+def _shape(topology: str, gpus: int, nics: int) -> NodeShape:
+    return NodeShape(
+        gpus=gpus,
+        nics=nics,
+        nvlink_topology=topology,
+        nvlink_bytes_per_s=2.4e11,
+        nvlink_latency_s=1e-6,
+        pcie_bytes_per_s=2.5e10,
+        pcie_latency_s=2e-6,
+        nic_bytes_per_s=2.4e10,
+    )
+
+
+@pytest.mark.parametrize("kind", NODES)
+@pytest.mark.parametrize("fabric", ONE_SWITCH, ids=["switch", "fat-tree-one-leaf"])
+@pytest.mark.parametrize("num_nodes", [1, 2, 3, 5])
+def test_the_pattern_gives_the_whole_graphs_links_routes_and_rings(kind, fabric, num_nodes):
+    node = _shape(*NODES[kind])
+    gpn = node.gpus
+    whole = Cluster(
+        build_graph(num_nodes, node, fabric, nvlink_domain_gpus=gpn),
+        gpus_per_node=gpn,
+        nvlink_domain_gpus=gpn,
+    )
+    pattern = PatternCluster(num_nodes, node, fabric, nvlink_domain_gpus=gpn)
+    assert len(pattern.links) == len(whole.links)
+    assert list(pattern.links) == whole.links
+    assert pattern.capacities == whole.capacities
+    assert pattern.links[-1] == whole.links[-1]
+    assert [pattern.link_role(i) for i in range(len(whole.links))] == [
+        whole.link_role(i) for i in range(len(whole.links))
+    ]
+    for a in range(whole.num_gpus):
+        for b in range(whole.num_gpus):
+            route = whole.route(a, b)
+            assert pattern.route(a, b) == route, (a, b)
+            assert pattern.route_latency_s(route) == whole.route_latency_s(route)
+            for k in range(num_nodes - max(a, b) // gpn):  # moved by whole servers
+                assert pattern.route(a + k * gpn, b + k * gpn) == pattern.translate(route, k)
+    for n in range(num_nodes):
+        members = list(range(n * gpn, (n + 1) * gpn))
+        assert pattern.intra_node_rings(members) == whole.intra_node_rings(members)
+    assert list(pattern.graph.edges) == list(whole.graph.edges)  # drawn when asked
+
+
+TREES = (
+    FabricShape(kind="fat-tree", nodes_per_leaf=2, spines=2, latency_s=1e-7),
+    FabricShape(kind="fat-tree", nodes_per_leaf=2, spines=3, oversubscription=2.0),
+    FabricShape(kind="fat-tree", levels=3, nodes_per_leaf=1, leaves_per_pod=2, spines=2),
+    FabricShape(
+        kind="fat-tree", levels=3, nodes_per_leaf=2, leaves_per_pod=2, oversubscription=2.0
+    ),
+    FabricShape(kind="rail-optimized", nodes_per_leaf=2, spines=2, latency_s=1e-7),
+    FabricShape(kind="rail-optimized", nodes_per_leaf=1, spines=4),
+)
+TREE_NODES = {
+    "dgx4": ("nvswitch", 4, 4),
+    "shared-nic": ("nvswitch", 4, 2),
+    "v100x4": NODES["v100x4"],
+}
+
+
+@pytest.mark.parametrize("kind", TREE_NODES)
+@pytest.mark.parametrize(
+    "fabric", TREES, ids=["ft", "ft-oversub", "ft3", "ft3-2", "rails", "rails-1"]
+)
+@pytest.mark.parametrize("num_nodes", [3, 8])
+def test_the_tree_pattern_gives_the_whole_graphs_links_and_routes(kind, fabric, num_nodes):
+    node = _shape(*TREE_NODES[kind])
+    gpn = node.gpus
+    whole = Cluster(
+        build_graph(num_nodes, node, fabric, nvlink_domain_gpus=gpn),
+        gpus_per_node=gpn,
+        nvlink_domain_gpus=gpn,
+    )
+    pattern = TreePatternCluster(num_nodes, node, fabric, nvlink_domain_gpus=gpn)
+    assert list(pattern.links) == whole.links
+    assert pattern.capacities == whole.capacities
+    assert [pattern.link_role(i) for i in range(len(whole.links))] == [
+        whole.link_role(i) for i in range(len(whole.links))
+    ]
+    moved = 0
+    for a in range(whole.num_gpus):
+        for b in range(whole.num_gpus):
+            route = whole.route(a, b)
+            assert pattern.route(a, b) == route, (a, b)
+            assert pattern.route_latency_s(route) == whole.route_latency_s(route)
+            for k in range(1, num_nodes):
+                last = max(a, b) // gpn + k
+                if last < num_nodes and pattern.moves(last, k):
+                    assert pattern.route(a + k * gpn, b + k * gpn) == pattern.translate(route, k)
+                    moved += 1
+    assert moved or pattern.shift_nodes * 2 > num_nodes  # some moves were checked
+
+
+def test_build_cluster_uses_the_pattern_only_when_asked():
+    one = load(cluster={"num_nodes": 4})
+    assert isinstance(build_cluster(one.cluster, pattern=True), PatternCluster)
+    assert isinstance(build_cluster(one.cluster), Cluster)  # the whole graph by default
+    for cluster in (
+        {"fabric": "fat-tree", "nodes_per_leaf": 2},
+        {"fabric": "fat-tree", "nodes_per_leaf": 1, "fabric_levels": 3, "leaves_per_pod": 2},
+        {"fabric": "rail-optimized", "nodes_per_leaf": 2},
+    ):
+        spec = load(cluster={"num_nodes": 4, **cluster}).cluster
+        assert isinstance(build_cluster(spec, pattern=True), TreePatternCluster), cluster
+        assert isinstance(build_cluster(spec), Cluster), cluster
+
+
+def _transfers(scenario, cluster) -> list:
+    workload = lower(scenario, cluster)
+    return [(op.lane, op.label, op.transfer) for op in workload.ops if op.transfer is not None]
+
+
+# layouts over 8-GPU servers: (tp, pp, dp, nodes); a stage of TP 2 x DP 2 is half a
+# server, so nothing is moved between stages (the fallback to building each one)
+LAYOUTS = [(8, 2, 1, 2), (8, 2, 2, 4), (8, 4, 4, 16), (4, 2, 4, 4), (2, 2, 2, 1), (1, 4, 8, 4)]
+LAYOUTS += [(8, 2, 2, 5), (8, 1, 4, 5)]  # a leaf group part filled (fat trees of 2 per leaf)
+TRAINING = (
+    {"global_batch_size": 16},
+    {"global_batch_size": 16, "overlap_grad_reduce": True, "data_parallel_sharding": "optimizer"},
+)
+
+
+FABRIC_KEYS = {
+    "switch": {},
+    "fat-tree": {"fabric": "fat-tree", "nodes_per_leaf": 2, "spine_switches": 2},
+    "fat-tree-3": {
+        "fabric": "fat-tree",
+        "fabric_levels": 3,
+        "nodes_per_leaf": 1,
+        "leaves_per_pod": 2,
+        "spine_switches": 2,
+    },
+    "rails": {"fabric": "rail-optimized", "nodes_per_leaf": 2, "spine_switches": 2},
+}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda t: "tp{}-pp{}-dp{}-n{}".format(*t))
+@pytest.mark.parametrize("nics", [8, 2])
+@pytest.mark.parametrize("training", TRAINING, ids=["1f1b", "zero1-buckets"])
+@pytest.mark.parametrize("fabric", FABRIC_KEYS)
+def test_symmetric_lowering_on_the_pattern_builds_the_same_transfers(
+    layout, nics, training, fabric
+):
+    tp, pp, dp, nodes = layout
+    if fabric != "switch" and nodes == 1:
+        pytest.skip("one server is one leaf")
+    scenario = load(
+        cluster={"num_nodes": nodes, "nics_per_node": nics, **FABRIC_KEYS[fabric]},
+        parallel={
+            "tensor_model_parallel_size": tp,
+            "pipeline_model_parallel_size": pp,
+            "data_parallel_size": dp,
+        },
+        training=training,
+        network={"collective_algorithm": "auto"},
+    )
+    pattern = build_cluster(scenario.cluster, pattern=True)
+    assert isinstance(pattern, PatternCluster | TreePatternCluster)
+    expected = _transfers(scenario, build_cluster(scenario.cluster))  # every copy, every stage
+    assert _transfers(scenario, pattern) == expected
+    phases = [p for _, _, t in expected for p in ((t,) if isinstance(t, Transfer) else t)]
+    assert any(m > 1 for p in phases for m in p.mults) or nics == 8 or nodes == 1  # shared NICs
+
+
+def test_a_layout_wired_unlike_its_copies_is_refused_alike_on_the_pattern():
+    # two DGX-1, a stage on each quad: GPU 0 -> 4 has two NVLink lanes, 2 -> 6 one
+    scenario = load(
+        cluster={"node": "dgx-1-v100", "num_nodes": 2},
+        parallel={"pipeline_model_parallel_size": 4, "data_parallel_size": 4},
+        training={"global_batch_size": 16},
+    )
+    messages = []
+    for cluster in (build_cluster(scenario.cluster), build_cluster(scenario.cluster, pattern=True)):
+        with pytest.raises(LayoutError, match=r"^GPUs \d+->\d+ are connected unlike") as info:
+            lower(scenario, cluster)
+        messages.append(str(info.value))
+    assert messages[0] == messages[1]
+    with pytest.raises(ScenarioError, match=r"are connected unlike GPUs"):
+        run(scenario)
+
+
+def test_a_symmetric_run_over_the_gpu_limit_runs(monkeypatch):
+    monkeypatch.setenv("STEPSIM_MAX_GPUS", "16")
+    sets = {
+        "cluster": {"num_nodes": 4},
+        "parallel": {
+            "tensor_model_parallel_size": 8,
+            "pipeline_model_parallel_size": 2,
+            "data_parallel_size": 2,
+        },
+    }
+    result = run(load(**sets))  # 32 GPUs, two servers built
+    assert isinstance(result.cluster, PatternCluster)
+    with pytest.raises(ScenarioError, match=r"about 32 GPUs, over the limit of 16 GPUs"):
+        load(**sets, network={"model": "fair-share", "symmetry": False})

@@ -1,0 +1,233 @@
+"""A cluster on one switch, known from its repeating unit instead of drawn whole.
+
+Every server of a one-switch cluster is drawn by the same code (topologies.node), and
+the switch gives every NIC its own port, so the whole graph is the unit of two servers
+on the switch repeated: ``PatternCluster`` builds that unit as an ordinary ``Cluster``
+(two servers and their switch) and answers for ``num_nodes`` servers by arithmetic,
+with exactly the link numbers, links and routes ``Cluster`` gives over the whole graph
+(tests/test_pattern.py compares them link by link and route by route). Set-up then
+costs the same for 16 servers as for 16,384; the whole graph is drawn only when asked
+for (``graph``: a drawing, a summary).
+
+Link numbers of the whole graph (networkx lists a vertex's links in the order they
+were drawn, vertices in the order they were added): server ``n``'s vertices come
+``n``-th, each of its ``B`` links (PCIe, NVLink, and each NIC's cable up to the
+switch) at ``n * B`` plus its number in server 0; the switch comes last, its link
+down to NIC ``k`` of server ``n`` at ``num_nodes * B + n * nics + k``.
+
+This covers one-switch fabrics (``switch``, or a fat tree whose nodes fit under one
+leaf); topologies.tree_pattern covers fat trees and rails with several leaves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from math import ceil
+
+from .cluster import Cluster, Link, build_graph
+from .fabric import FabricShape
+from .node import GPU, NIC, NVSWITCH, SWITCH, NodeShape
+
+_UNIT_NODES = 2  # the repeating unit: two servers (a route between servers) on the switch
+
+
+def one_switch(num_nodes: int, fabric: FabricShape) -> bool:
+    """Whether the fabric is a single switch every NIC plugs into."""
+    if fabric.kind == "switch":
+        return True
+    if fabric.kind == "fat-tree":
+        return ceil(num_nodes / fabric.nodes_per_leaf) == 1
+    return False
+
+
+class Links(Sequence):
+    """The whole cluster's links, made on demand from the unit's."""
+
+    def __init__(self, cluster: PatternCluster) -> None:
+        self._cluster = cluster
+
+    def __len__(self) -> int:
+        return self._cluster.num_links
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError(index)
+        return self._cluster.link(index)
+
+    def __iter__(self) -> Iterator[Link]:
+        return (self._cluster.link(i) for i in range(len(self)))
+
+
+class PatternCluster:
+    """``Cluster``'s answers (links, routes, rings) for ``num_nodes`` servers on one
+    switch, from a unit of two servers. ``translate(links, k)`` maps link numbers of
+    servers ``n`` to those of servers ``n + k`` (an automorphism of the fabric and of
+    its routes: every server alike, one path through the switch)."""
+
+    def __init__(
+        self, num_nodes: int, node: NodeShape, fabric: FabricShape, *, nvlink_domain_gpus: int
+    ) -> None:
+        if not one_switch(num_nodes, fabric):
+            raise ValueError("a pattern cluster needs a one-switch fabric")
+        self.num_nodes, self.node, self.fabric = num_nodes, node, fabric
+        self.gpus_per_node = node.gpus
+        self.nvlink_domain_gpus = nvlink_domain_gpus
+        unit_nodes = min(num_nodes, _UNIT_NODES)
+        self.unit = Cluster(
+            build_graph(unit_nodes, node, fabric, nvlink_domain_gpus=nvlink_domain_gpus),
+            gpus_per_node=node.gpus,
+            nvlink_domain_gpus=nvlink_domain_gpus,
+        )
+        self.nics = node.nics
+        unit_links = self.unit.links
+        self.block = (len(unit_links) - unit_nodes * self.nics) // unit_nodes  # B
+        self._check_unit(unit_nodes)
+        self.server_links = self.num_nodes * self.block
+        self.num_links = self.server_links + self.num_nodes * self.nics
+        self.num_gpus = num_nodes * node.gpus
+        self.links: Sequence[Link] = Links(self)
+        unit_caps = [link.bandwidth_bytes_per_s for link in unit_links]
+        down_caps = unit_caps[unit_nodes * self.block : unit_nodes * self.block + self.nics]
+        # repeated, not recomputed: the same float objects, as cheap as a list can be
+        self.capacities = unit_caps[: self.block] * num_nodes + down_caps * num_nodes
+        self._latency = [link.latency_s for link in unit_links]
+        self._routes: dict[tuple[int, int], tuple[int, ...]] = {}
+        self._graph = None
+
+    def _check_unit(self, unit_nodes: int) -> None:
+        """The unit is what the module docstring says: B links from each server's
+        vertices, in server order, then the switch's down-links in (server, NIC) order.
+        Cheap, and any drawing change that breaks the arithmetic fails here, loudly."""
+        links, block = self.unit.links, self.block
+        for n in range(unit_nodes):
+            for link in links[n * block : (n + 1) * block]:
+                if link.src[0] == SWITCH or _server_of(link.src, self.gpus_per_node) != n:
+                    raise AssertionError(f"unit link {link} is not server {n}'s")
+        down = links[unit_nodes * block :]
+        expected = [(NIC, n, k) for n in range(unit_nodes) for k in range(self.nics)]
+        if [link.dst for link in down] != expected or {link.src for link in down} != {
+            (SWITCH, 1, 0)
+        }:
+            raise AssertionError("the unit's switch links are not its NICs' in order")
+
+    # -- what Cluster answers --------------------------------------------------------
+
+    @property
+    def graph(self):
+        """The whole graph, drawn on first use (a drawing or a summary asks for it)."""
+        if self._graph is None:
+            self._graph = build_graph(
+                self.num_nodes,
+                self.node,
+                self.fabric,
+                nvlink_domain_gpus=self.nvlink_domain_gpus,
+            )
+        return self._graph
+
+    def node_of(self, gpu: int) -> int:
+        return gpu // self.gpus_per_node
+
+    def nvlink_domain_of(self, gpu: int) -> int:
+        return gpu // self.nvlink_domain_gpus
+
+    def link(self, index: int) -> Link:
+        block, nics = self.block, self.nics
+        if index < self.server_links:
+            n, j = divmod(index, block)
+            u = self.unit.links[j]
+            gpn = self.gpus_per_node
+            return u._replace(
+                index=index, src=moved_vertex(u.src, n, gpn), dst=moved_vertex(u.dst, n, gpn)
+            )
+        n, k = divmod(index - self.server_links, nics)
+        u = self.unit.links[self._unit_nodes() * block + k]
+        return u._replace(index=index, dst=(NIC, n, k))
+
+    def link_role(self, index: int) -> str:
+        """What link ``index`` does: what the unit's link standing for it does."""
+        return self.unit.link_role(self._unit_index(index))
+
+    def route(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]:
+        key = (src_gpu, dst_gpu)
+        route = self._routes.get(key)
+        if route is None:
+            route = self._routes[key] = self._find_route(src_gpu, dst_gpu)
+        return route
+
+    def route_latency_s(self, route: tuple[int, ...]) -> float:
+        return sum(self._latency[self._unit_index(i)] for i in route)
+
+    def intra_node_rings(self, members: Sequence[int]) -> list[list[int]]:
+        """The unit's rings for the same GPUs of server 0, moved to the members' server
+        (rings depend on the members' order and the NVLink lanes between them, both the
+        same in every server)."""
+        offset = self.node_of(members[0]) * self.gpus_per_node
+        rings = self.unit.intra_node_rings([m - offset for m in members])
+        return [[g + offset for g in ring] for ring in rings]
+
+    # -- the pattern -------------------------------------------------------------------
+
+    region_nodes = 1  # a copy in other servers shares no link with the representative
+    shift_nodes = 1  # moving by any number of whole servers moves routes alike
+
+    def moves(self, last: int, nodes: int) -> bool:
+        """Whether moving by ``nodes`` servers, up to server ``last``, moves routes
+        alike: on one switch, always."""
+        return True
+
+    def translate(self, links: Sequence[int], nodes: int) -> tuple[int, ...]:
+        """Link numbers ``links`` of servers ``n`` as those of servers ``n + nodes``
+        (every server's links and switch port move alike, and keep their order)."""
+        server_shift, port_shift = nodes * self.block, nodes * self.nics
+        server_links = self.server_links
+        return tuple(i + server_shift if i < server_links else i + port_shift for i in links)
+
+    def _unit_nodes(self) -> int:
+        return min(self.num_nodes, _UNIT_NODES)
+
+    def _unit_index(self, index: int) -> int:
+        """The unit's link standing for link ``index`` (same kind, bandwidth, latency)."""
+        if index < self.server_links:
+            return index % self.block
+        return self._unit_nodes() * self.block + (index - self.server_links) % self.nics
+
+    def _find_route(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]:
+        gpn, block = self.gpus_per_node, self.block
+        a, b = divmod(src_gpu, gpn), divmod(dst_gpu, gpn)
+        if a[0] == b[0]:  # inside one server: server 0's route, moved
+            return tuple(i + a[0] * block for i in self.unit.route(a[1], b[1]))
+        # between servers: the unit's route from server 0 to server 1, each end moved
+        servers = (a[0], b[0])
+        unit_block_end = self._unit_nodes() * block
+        out = []
+        for i in self.unit.route(a[1], gpn + b[1]):
+            if i < unit_block_end:
+                m, j = divmod(i, block)
+                out.append(servers[m] * block + j)
+            else:
+                m, k = divmod(i - unit_block_end, self.nics)
+                out.append(self.server_links + servers[m] * self.nics + k)
+        return tuple(out)
+
+
+def moved_vertex(vertex: tuple, n: int, gpus_per_node: int) -> tuple:
+    """A vertex of server 0 (a GPU, NIC or NVSwitch) as the same one of server ``n``;
+    a switch stays."""
+    kind = vertex[0]
+    if kind == GPU:
+        return (GPU, vertex[1] + n * gpus_per_node)
+    if kind == NIC:
+        return (NIC, vertex[1] + n, vertex[2])
+    if kind == NVSWITCH:
+        return (NVSWITCH, vertex[1] + n)
+    return vertex
+
+
+def _server_of(vertex: tuple, gpus_per_node: int) -> int:
+    if vertex[0] == GPU:
+        return vertex[1] // gpus_per_node
+    return vertex[1]  # a NIC's or an NVSwitch's server
