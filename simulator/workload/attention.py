@@ -82,8 +82,17 @@ def core_kernels(cm: ComputeModel) -> tuple[list[Kernel], list[Kernel]]:
 
 
 def _shape(cm: ComputeModel) -> tuple[int, int, int]:
+    """(micro-batch x query heads per rank, sequence, head size): every query head has
+    its own s x s scores, whatever K/V head it shares (GQA)."""
     m, t, b = cm.model, cm.parallel.tensor_model_parallel_size, cm.training.micro_batch_size
-    return b * m.num_attention_heads // t, m.seq_length, m.hidden_size // m.num_attention_heads
+    return b * m.num_attention_heads // t, m.seq_length, m.head_size
+
+
+def kv_heads_per_rank(cm: ComputeModel) -> float:
+    """Micro-batch x K/V heads per rank (num_query_groups / TP of them; Megatron-Core
+    shards the groups over TP)."""
+    m, t, b = cm.model, cm.parallel.tensor_model_parallel_size, cm.training.micro_batch_size
+    return b * m.query_groups // t
 
 
 def _unfused(cm: ComputeModel) -> tuple[list[Kernel], list[Kernel]]:
@@ -110,6 +119,16 @@ def _unfused(cm: ComputeModel) -> tuple[list[Kernel], list[Kernel]]:
     return forward, backward
 
 
+def flash_hbm_bytes(cm: ComputeModel, backward: bool) -> float:
+    """What a flash kernel moves through HBM on one rank: Q, K, V in and O out
+    (forward); Q, K, V, O, dO in and dQ, dK, dV out (backward). Q, O, dO, dQ have a
+    head per query head, K, V, dK, dV one per group (GQA), so the forward moves
+    e b s d (2 a + 2 g) / T bytes and the backward e b s d (4 a + 4 g) / T."""
+    heads, s, head = _shape(cm)
+    q_tensors, kv_tensors = (4, 4) if backward else (2, 2)
+    return BYTES_PER_ELEMENT * s * head * (q_tensors * heads + kv_tensors * kv_heads_per_rank(cm))
+
+
 def flash_work(cm: ComputeModel, backward: bool) -> Work:
     """One flash-attention kernel (forward, or its backward) on one rank."""
     heads, s, head = _shape(cm)
@@ -121,9 +140,7 @@ def flash_work(cm: ComputeModel, backward: bool) -> Work:
         cm.constants, s, s, head, heads
     )
     compute_s = (executed + cm.gpu.tensor_flops_per_exp * exponentials) / rate
-    # HBM: Q, K, V in and O out (forward); Q, K, V, O, dO in and dQ, dK, dV out (backward)
-    tensors = 8 if backward else 4
-    memory_s = cm.memory_bound(tensors * BYTES_PER_ELEMENT * heads * s * head).duration_s
+    memory_s = cm.memory_bound(flash_hbm_bytes(cm, backward)).duration_s
     model_flops = matmul_flops * (2.0 if backward else 1.0)
     return Work(duration_s=max(compute_s, memory_s), flops=model_flops)
 
