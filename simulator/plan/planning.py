@@ -85,6 +85,7 @@ def with_nodes(base: Scenario, num_nodes: int) -> Scenario:
 
 
 def model_params(scenario: Scenario) -> float:
-    """Parameters of the whole model (embedding and output layer shared, as on one GPU):
-    12 L h^2 + 13 L h + (V + s) h + 2 h for the GPT shape with ffn 4h."""
+    """Parameters of the whole model as one GPU holds it (the output layer shared
+    unless untied): 12 L h^2 + 13 L h + (V + s) h + 2 h for the GPT shape with ffn 4h;
+    `workload.memory.model_params` for any shape."""
     return stage_params_per_rank(_one_gpu_layout(scenario), 0)

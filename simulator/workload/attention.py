@@ -35,6 +35,11 @@ tensor FLOPs (one per score element forward, one backward to recompute P). The
 rest of the softmax (max, scale, sum: FP32 FMA-pipe work) is not counted. Nothing
 in this is fitted.
 
+Grouped-query attention (``model.num_query_groups``) changes the K and V tensors only:
+scores and context stay per query head, so the matmuls and the unfused s x s kernels
+are the same; the flash kernels read and write K, V (and their gradients) per group
+(``flash_hbm_bytes``). ``training.attention_backend = "fused"`` (cuDNN) runs as flash.
+
 The FLOPs a flash kernel reports are the model's (4 b s^2 h / T forward, twice that
 backward, what Megatron's formula counts), so MFU compares across the two kernels;
 the causal skip and the backward's recomputed scores show in the time alone.

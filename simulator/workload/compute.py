@@ -14,6 +14,12 @@ one flash kernel):
 Tensor parallelism shards the GEMMs by heads / ffn columns; layernorm, dropout
 and the residual are sharded only under sequence parallelism.
 
+The shape follows the model keys (docs/design.md, "Model shapes beyond GPT"): the QKV
+GEMM is (heads + 2 x query groups) x head size wide (GQA), fc1 2 x ffn under SwiGLU
+with a ``swiglu`` kernel for bias-GeLU, ``rmsnorm`` kernels for RMSNorm, a ``rope``
+kernel on Q and K after the QKV GEMM, and without biases the fused kernels lose
+their ``bias-`` (same bytes: the bias vector's read was never counted).
+
 A GEMM's time is a roofline: FLOPs / (peak x efficiency) or, if longer, its
 operands' bytes / HBM bandwidth. The efficiency depends on the shape (see
 ``KernelConstants``): output tiles that overhang the matrix (tile

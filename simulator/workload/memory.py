@@ -9,8 +9,10 @@ all; docs/frameworks.md §4).
 The distributed optimizer (ZeRO-1) divides the 12 by the data-parallel size;
 full sharding (ZeRO-3 / FSDP) divides all 16, plus a working set of gathered
 layers.
-Activations follow Korthikanti et al. 2022 (arXiv 2205.05198, Sec 4), bytes
-per layer and micro-batch (the attention core's s x s terms as its kernel keeps
+Parameters follow the model's shape (GQA, SwiGLU, norms, biases, learned or
+rotary positions, tied or untied output layer: `layer_params`, `model_params`).
+Activations follow Korthikanti et al. 2022 (arXiv 2205.05198, Sec 4), generalised to
+those shapes, bytes per layer and micro-batch (the attention core's s x s terms as its kernel keeps
 them: fp32 softmax output on Megatron's unfused fallback, none under flash
 attention), times the activations the schedule keeps in flight:
 a chunk's worth of layers (all the rank's layers when it runs one chunk) for
