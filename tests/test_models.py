@@ -223,3 +223,38 @@ def test_a_llama_scenario_runs_and_reports_model_flops():
     scenario = _small(LLAMA, attention_backend="flash")
     metrics = simulate(scenario).metrics
     assert 0 < metrics.mfu < 1
+
+
+def _file(tmp_path, model, training=""):
+    text = (
+        'name = "t"\n[model]\n' + model + "\n[cluster]\n"
+        'node = "dgx-h100"\nnum_nodes = 1\n[parallel]\ntensor_model_parallel_size = 8\n'
+        "[training]\nglobal_batch_size = 8\n" + training + "\n[network]\n"
+    )
+    path = tmp_path / "s.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_bad_model_keys_are_one_line_cli_errors(tmp_path):
+    from tests.helpers import cli_error
+
+    llama = 'preset = "llama3-8b"\nseq_length = 1024'
+    line = cli_error(_file(tmp_path, llama + "\nnum_query_groups = 4"))
+    assert "tensor_model_parallel_size=8" in line and "num_query_groups=4" in line
+    line = cli_error(_file(tmp_path, llama, "share_embeddings_and_output_weights = true"))
+    assert "untie_embeddings_and_output_weights" in line and "contradicts" in line
+    line = cli_error(_file(tmp_path, llama + '\nnormalization = "rmsnorm"'))
+    assert "model.normalization" in line and "RMSNorm" in line
+
+
+def test_a_preset_file_resolves_and_loads_back(tmp_path):
+    from stepsim.scenario import load_scenario
+    from stepsim.scenario.loader import dumps_toml, scenario_to_dict
+
+    scenario = load_scenario(_file(tmp_path, 'preset = "qwen2.5-72b"\nnum_layers = 8'))
+    assert scenario.model.qkv_bias and not scenario.model.linear_bias
+    assert scenario.training.share_embeddings_and_output_weights is False
+    again = tmp_path / "again.toml"
+    again.write_text(dumps_toml(scenario_to_dict(scenario)), encoding="utf-8")
+    assert load_scenario(again) == scenario
