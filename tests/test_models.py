@@ -258,3 +258,13 @@ def test_a_preset_file_resolves_and_loads_back(tmp_path):
     again = tmp_path / "again.toml"
     again.write_text(dumps_toml(scenario_to_dict(scenario)), encoding="utf-8")
     assert load_scenario(again) == scenario
+
+
+def test_plan_counts_the_shipped_llama_scenarios_parameters():
+    """plan's one-GPU layout drops the overlaps that need the dropped sharding and SP."""
+    from stepsim.plan.planning import model_params as plan_params
+    from stepsim.scenario import load_scenario
+
+    scenario = load_scenario("scenarios/llama2-70b-64nodes-h100.toml")
+    assert scenario.training.overlap_param_gather and scenario.training.tp_comm_overlap
+    assert plan_params(scenario) == model_params(scenario.model, tied=False) == 68_976_648_192

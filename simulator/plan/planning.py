@@ -50,13 +50,17 @@ def _with_schedule(training: TrainingConfig, **changes: Any) -> TrainingConfig:
 def _one_gpu_layout(base: Scenario, **changes: Any) -> Scenario:
     """The base scenario (with ``changes`` to its other fields) on one GPU, plain
     1F1B, no recomputation or sharding: a layout every model takes, replaced by
-    whatever fit or search picks. The other training and network settings stay."""
+    whatever fit or search picks. The other training and network settings stay, but
+    for the two overlaps that need what this layout drops (the distributed optimizer's
+    parameter gather, TP overlap's sequence parallelism)."""
     training = _with_schedule(
         base.training,
         micro_batch_size=1,
         schedule=ONE_F_ONE_B,
         recompute_granularity=RECOMPUTE_NONE,
         data_parallel_sharding=NO_SHARDING,
+        overlap_param_gather=False,
+        tp_comm_overlap=False,
     )
     parallel = ParallelConfig(
         tensor_model_parallel_size=1, pipeline_model_parallel_size=1, data_parallel_size=1
