@@ -9,7 +9,8 @@ choices of what the user typed (`schema`), presets, derived defaults and reading
 custom schedule's file.
 
 Where several rules fail, the first in this order is reported: the model, the
-cluster, the training keys alone, then the name (`check_name`), the layout
+cluster, the training keys alone, then the name (`check_name`), the untied output
+layer against the tied one (`check_tied_embeddings`), the layout
 (`check_layout`), the batch and schedule (`check_schedule`), the size of the
 simulation (`check_size`) and the GPU of the kernel constants (`check_calibration`).
 """
@@ -23,9 +24,12 @@ from stepsim.schedules import V_SHAPE
 from stepsim.schedules import check as schedule_problem
 from stepsim.schedules.custom import check_orders, sizes_of
 
-from ..vocabulary import ATTENTION_FLASH, ATTENTION_UNFUSED, SHARD_OPTIMIZER
+from ..vocabulary import SHARD_OPTIMIZER
 from . import limits
 from .errors import ScenarioError
+from .model_rules import attention_kernel_of as attention_kernel_of  # spec and training call
+from .model_rules import check_model as check_model  # these through rules
+from .model_rules import check_query_groups_split, check_tied_embeddings
 from .softmax import SOURCE as SOFTMAX_SOURCE
 from .softmax import scenario_softmax_path
 from .stages import stage_layers
@@ -81,53 +85,6 @@ def check_values(spec: object, section: str) -> None:
         if key.by_name or (value is None and key.default is None):
             continue
         schema.check_value(key, value)
-
-
-def check_model(model: ModelSpec) -> None:
-    if model.kv_channels is None and model.hidden_size % model.num_attention_heads:
-        raise ScenarioError(
-            key="model.num_attention_heads",
-            value=model.num_attention_heads,
-            rule=f"must divide model.hidden_size={model.hidden_size} (or set model.kv_channels)",
-        )
-    groups = model.num_query_groups
-    if groups is not None and model.num_attention_heads % groups:
-        raise ScenarioError(
-            key="model.num_query_groups",
-            value=groups,
-            rule=f"must divide model.num_attention_heads={model.num_attention_heads} "
-            "(each K/V head serves the same number of query heads)",
-        )
-
-
-def attention_kernel_of(backend: str | None, kernel: str | None) -> str | None:
-    """The attention kernel training.attention_backend asks for (`fused`, cuDNN's fused
-    attention, runs flash's mechanism), or attention_kernel as given; both given must
-    agree."""
-    if backend is None:
-        return kernel
-    wanted = ATTENTION_UNFUSED if backend == ATTENTION_UNFUSED else ATTENTION_FLASH
-    if kernel is not None and kernel != wanted:
-        raise ScenarioError(
-            key="training.attention_backend",
-            value=backend,
-            rule=f"contradicts training.attention_kernel={kernel!r}; give one of them",
-        )
-    return wanted
-
-
-def check_tied_embeddings(model: ModelSpec, training: TrainingConfig) -> None:
-    """One source of truth: model.untie_embeddings_and_output_weights, when given, is
-    the negation of training.share_embeddings_and_output_weights (the loader derives
-    the training key from it; in Python both must agree)."""
-    untie = model.untie_embeddings_and_output_weights
-    if untie is not None and untie == training.share_embeddings_and_output_weights:
-        raise ScenarioError(
-            key="model.untie_embeddings_and_output_weights",
-            value=untie,
-            rule="contradicts training.share_embeddings_and_output_weights="
-            f"{str(training.share_embeddings_and_output_weights).lower()}; give one of them",
-        )
 
 
 def check_cluster(cluster: ClusterSpec) -> None:
@@ -332,16 +289,7 @@ def check_model_split(model: ModelSpec, parallel: ParallelConfig) -> None:
     ):
         if size % tp:
             raise ScenarioError(key=tp_key, value=tp, rule=f"must divide model.{what}={size}")
-    if model.query_groups % tp:
-        # Megatron-Core shards K/V heads over TP and requires this
-        # (TransformerConfig.__post_init__, megatron/core/transformer/transformer_config.py:
-        # "num_query_groups must be a multiple of tensor_model_parallel_size")
-        raise ScenarioError(
-            key=tp_key,
-            value=tp,
-            rule=f"must divide model.num_query_groups={model.query_groups} (Megatron-Core "
-            "shards the K/V heads over TP)",
-        )
+    check_query_groups_split(model, tp)
     stage_layers(model, parallel)
 
 
