@@ -61,6 +61,15 @@ RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL = "none", "selective", "full
 RECOMPUTE_GRANULARITIES: tuple[str, ...] = (RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL)
 ATTENTION_UNFUSED, ATTENTION_FLASH = "unfused", "flash"  # workload.attention's two cores
 ATTENTION_KERNELS: tuple[str, ...] = (ATTENTION_UNFUSED, ATTENTION_FLASH)
+# Megatron-Core's --attention-backend names; `fused` (cuDNN fused attention through
+# Transformer Engine) runs flash's mechanism (workload.attention)
+ATTENTION_FUSED = "fused"
+ATTENTION_BACKENDS: tuple[str, ...] = (ATTENTION_FLASH, ATTENTION_FUSED, ATTENTION_UNFUSED)
+# model.normalization and model.position_embedding_type (Megatron-Core's values)
+LAYER_NORM, RMS_NORM = "LayerNorm", "RMSNorm"
+NORMALIZATIONS: tuple[str, ...] = (LAYER_NORM, RMS_NORM)
+LEARNED_ABSOLUTE, ROPE = "learned_absolute", "rope"
+POSITION_EMBEDDINGS: tuple[str, ...] = (LEARNED_ABSOLUTE, ROPE)
 FAIR_SHARE, ANALYTICAL = "fair-share", "analytical"  # engine.network's two models
 NETWORK_MODELS: tuple[str, ...] = (FAIR_SHARE, ANALYTICAL)
 # replicated, ZeRO-1 (the optimizer state sharded), ZeRO-3/FSDP (everything sharded)

@@ -37,6 +37,7 @@ from stepsim.scenario import ScenarioError, frameworks, scenario_from_dict
 from stepsim.schedules import SCHEDULES, V_SHAPE
 from stepsim.vocabulary import (
     ALL_REDUCE_ALGORITHMS,
+    ATTENTION_BACKENDS,
     ATTENTION_KERNELS,
     BACKWARD,
     BARRIER,
@@ -160,7 +161,10 @@ def scenario_docs(draw, network_model: str | None = None, fabric: str | None = N
     if group is not None:
         training["microbatch_group_size_per_vp_stage"] = group
     _optional(draw, "gradient_accumulation_fusion", [True, False], training)
-    _optional(draw, "attention_kernel", ATTENTION_KERNELS, training)
+    if draw(st.booleans()):
+        _optional(draw, "attention_kernel", ATTENTION_KERNELS, training)
+    else:
+        _optional(draw, "attention_backend", ATTENTION_BACKENDS, training)
     _optional(draw, "reduce_bucket_size", [0, 100_000], training)
     model = {
         "num_layers": layers,
@@ -169,6 +173,17 @@ def scenario_docs(draw, network_model: str | None = None, fabric: str | None = N
         "seq_length": draw(st.sampled_from([128, 256, 512])),
         "vocab_size": 8192,
     }
+    # the Llama-family keys (issue 19): groups that TP divides, SwiGLU, RMSNorm, rope,
+    # biases; untied leaves the training key to the loader
+    groups = [g for g in (tp, heads // 2) if heads % g == 0 and g % tp == 0]
+    _optional(draw, "num_query_groups", groups, model)
+    _optional(draw, "swiglu", [True, False], model)
+    _optional(draw, "normalization", ["LayerNorm", "RMSNorm"], model)
+    _optional(draw, "position_embedding_type", ["learned_absolute", "rope"], model)
+    _optional(draw, "add_bias_linear", [True, False], model)
+    if draw(st.booleans()):
+        model["untie_embeddings_and_output_weights"] = True
+        del training["share_embeddings_and_output_weights"]
     network = {
         "model": network_model or draw(st.sampled_from(["fair-share", "analytical"])),
         "collective_algorithm": draw(st.sampled_from(ALL_REDUCE_ALGORITHMS)),

@@ -33,6 +33,14 @@ def test_keys_are_the_spec_fields_with_key_metadata_in_field_order():
         "ffn_hidden_size",
         "seq_length",
         "vocab_size",
+        "num_query_groups",
+        "kv_channels",
+        "swiglu",
+        "normalization",
+        "position_embedding_type",
+        "untie_embeddings_and_output_weights",
+        "add_bias_linear",
+        "add_qkv_bias",
     ]
     assert "custom_orders" not in keys()["training"]  # read from the file, not a key
     assert [k.name for k in keys()["model"].values() if k.required] == [

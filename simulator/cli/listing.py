@@ -53,7 +53,10 @@ def command(args: argparse.Namespace) -> int:
     }
     models = {
         name: f"{m['num_layers']} layers, hidden {m['hidden_size']}, "
-        f"{m['num_attention_heads']} heads, seq {m['seq_length']}"
+        f"{m['num_attention_heads']} heads"
+        + (f" in {m['num_query_groups']} K/V groups" if "num_query_groups" in m else "")
+        + (", SwiGLU" if m.get("swiglu") else "")
+        + f", seq {m['seq_length']}"
         for name, m in MODELS.items()
     }
     sections = {

@@ -50,13 +50,17 @@ def _with_schedule(training: TrainingConfig, **changes: Any) -> TrainingConfig:
 def _one_gpu_layout(base: Scenario, **changes: Any) -> Scenario:
     """The base scenario (with ``changes`` to its other fields) on one GPU, plain
     1F1B, no recomputation or sharding: a layout every model takes, replaced by
-    whatever fit or search picks. The other training and network settings stay."""
+    whatever fit or search picks. The other training and network settings stay, but
+    for the two overlaps that need what this layout drops (the distributed optimizer's
+    parameter gather, TP overlap's sequence parallelism)."""
     training = _with_schedule(
         base.training,
         micro_batch_size=1,
         schedule=ONE_F_ONE_B,
         recompute_granularity=RECOMPUTE_NONE,
         data_parallel_sharding=NO_SHARDING,
+        overlap_param_gather=False,
+        tp_comm_overlap=False,
     )
     parallel = ParallelConfig(
         tensor_model_parallel_size=1, pipeline_model_parallel_size=1, data_parallel_size=1
@@ -85,6 +89,7 @@ def with_nodes(base: Scenario, num_nodes: int) -> Scenario:
 
 
 def model_params(scenario: Scenario) -> float:
-    """Parameters of the whole model (embedding and output layer shared, as on one GPU):
-    12 L h^2 + 13 L h + (V + s) h + 2 h for the GPT shape with ffn 4h."""
+    """Parameters of the whole model as one GPU holds it (the output layer shared
+    unless untied): 12 L h^2 + 13 L h + (V + s) h + 2 h for the GPT shape with ffn 4h;
+    `workload.memory.model_params` for any shape."""
     return stage_params_per_rank(_one_gpu_layout(scenario), 0)

@@ -349,7 +349,8 @@ def rule_of_thumb(base: Scenario) -> Layout | None:
     1F1B, micro-batch 1, full recomputation, no sharding or sequence parallelism (the
     paper's runs). None when no pipeline size fits."""
     gpn, num_gpus = base.cluster.gpus_per_node, base.cluster.num_gpus
-    tps = [t for t in divisors(gpn) if base.model.num_attention_heads % t == 0]
+    # TP divides the heads and, as Megatron-Core requires, the K/V groups (GQA)
+    tps = [t for t in divisors(gpn) if base.model.query_groups % t == 0]
     tp = max(tps)
     space = SearchSpace(
         tp=(tp,),

@@ -36,7 +36,8 @@ def describe_base(base: Scenario, params: float) -> list[str]:
     m, c = base.model, base.cluster
     return [
         f"  model: {m.num_layers} layers, hidden {m.hidden_size}, {m.num_attention_heads} heads, "
-        f"{params_text(params)} parameters; global batch {base.training.global_batch_size} x "
+        + (f"{m.num_query_groups} K/V groups, " if m.num_query_groups is not None else "")
+        + f"{params_text(params)} parameters; global batch {base.training.global_batch_size} x "
         f"{m.seq_length} tokens",
         f"  cluster: {c.num_nodes} x {c.node or 'custom node'} = {c.num_gpus} GPUs "
         f"({c.gpu.name}, {c.gpu.memory_gib:g} GiB), {c.nics_per_node} x {c.nic_gbps:g} Gb/s "

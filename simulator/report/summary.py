@@ -60,7 +60,12 @@ def summary_text(result: Result) -> str:
             else ""
         )
         + f" · recompute {tr.recompute_granularity}"
-        + (" · flash attention" if tr.mechanism("attention_kernel") == ATTENTION_FLASH else "")
+        + (
+            f" · {'fused (cuDNN, as flash)' if tr.attention_backend == 'fused' else 'flash'} "
+            "attention"
+            if tr.mechanism("attention_kernel") == ATTENTION_FLASH
+            else ""
+        )
         + (" · TP comm overlapped with GEMMs" if tr.tp_comm_overlap else "")
         + (" · overlapped grad reduce" if tr.overlap_grad_reduce else "")
         + (" · overlapped param gather" if tr.overlap_param_gather else "")

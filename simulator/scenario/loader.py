@@ -137,6 +137,9 @@ def scenario_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
 
     model = _build_model(tables["model"])
     cluster = _build_cluster(tables["cluster"])
+    untie = model.untie_embeddings_and_output_weights
+    if untie is not None:  # the model's key is the source of truth (rules.check_tied_embeddings)
+        tables["training"].setdefault("share_embeddings_and_output_weights", not untie)
     training = _build_training(tables["training"], base_dir)
     parallel = _build_parallel(tables["parallel"], model, cluster, training)
     _require("network", tables["network"])

@@ -286,7 +286,17 @@ NODES: dict[str, dict[str, object]] = {
 
 # Model shapes. GPT-3 175B: Brown et al. 2020, Table 2.1 (vocabulary padded to
 # 51200 as Megatron-LM does). MT-NLG 530B: Smith et al. 2022, Sec 3.
-MODELS: dict[str, dict[str, int]] = {
+# The Llama-family shapes (rope, RMSNorm, SwiGLU, untied output layer, no biases) are
+# each model's published config.json (its Hugging Face model card) and paper; the
+# published parameter counts they are tested against are in tests/test_models.py.
+_LLAMA = {
+    "swiglu": True,
+    "normalization": "RMSNorm",
+    "position_embedding_type": "rope",
+    "untie_embeddings_and_output_weights": True,
+    "add_bias_linear": False,
+}
+MODELS: dict[str, dict[str, object]] = {
     "gpt3-175b": {
         "num_layers": 96,
         "hidden_size": 12288,
@@ -300,6 +310,101 @@ MODELS: dict[str, dict[str, int]] = {
         "num_attention_heads": 128,
         "seq_length": 2048,
         "vocab_size": 50272,
+    },
+    # Llama 2: Touvron et al. 2023 (arXiv 2307.09288) Table 1 (context 4k, GQA for 70B)
+    # and meta-llama/Llama-2-{7b,13b,70b}-hf config.json (hidden_size,
+    # intermediate_size, num_attention_heads, num_key_value_heads, num_hidden_layers,
+    # vocab_size 32000).
+    "llama2-7b": {
+        "num_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "ffn_hidden_size": 11008,
+        "seq_length": 4096,
+        "vocab_size": 32000,
+        **_LLAMA,
+    },
+    "llama2-13b": {
+        "num_layers": 40,
+        "hidden_size": 5120,
+        "num_attention_heads": 40,
+        "ffn_hidden_size": 13824,
+        "seq_length": 4096,
+        "vocab_size": 32000,
+        **_LLAMA,
+    },
+    "llama2-70b": {
+        "num_layers": 80,
+        "hidden_size": 8192,
+        "num_attention_heads": 64,
+        "num_query_groups": 8,
+        "ffn_hidden_size": 28672,
+        "seq_length": 4096,
+        "vocab_size": 32000,
+        **_LLAMA,
+    },
+    # Llama 3: Dubey et al. 2024 (The Llama 3 Herd of Models, arXiv 2407.21783) Table 3
+    # (layers, model and FFN dimension, heads, 8 KV heads, vocabulary 128K; pre-training
+    # sequence 8,192, Sec 3.4) and meta-llama/Meta-Llama-3-{8B,70B} and
+    # Llama-3.1-405B config.json (vocab_size 128256).
+    "llama3-8b": {
+        "num_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_query_groups": 8,
+        "ffn_hidden_size": 14336,
+        "seq_length": 8192,
+        "vocab_size": 128256,
+        **_LLAMA,
+    },
+    "llama3-70b": {
+        "num_layers": 80,
+        "hidden_size": 8192,
+        "num_attention_heads": 64,
+        "num_query_groups": 8,
+        "ffn_hidden_size": 28672,
+        "seq_length": 8192,
+        "vocab_size": 128256,
+        **_LLAMA,
+    },
+    "llama3.1-405b": {
+        "num_layers": 126,
+        "hidden_size": 16384,
+        "num_attention_heads": 128,
+        "num_query_groups": 8,
+        "ffn_hidden_size": 53248,
+        "seq_length": 8192,
+        "vocab_size": 128256,
+        **_LLAMA,
+    },
+    # Mistral 7B: Jiang et al. 2023 (arXiv 2310.06825) Table 1 (dim 4096, 32 layers,
+    # head_dim 128, hidden_dim 14336, 32 heads, 8 kv_heads, context_len 8192,
+    # vocab_size 32000) and mistralai/Mistral-7B-v0.1 config.json. Its sliding window
+    # (4096) is not modelled: attention is full causal over the 8192 tokens.
+    "mistral-7b": {
+        "num_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_query_groups": 8,
+        "ffn_hidden_size": 14336,
+        "seq_length": 8192,
+        "vocab_size": 32000,
+        **_LLAMA,
+    },
+    # Qwen2.5-72B: Qwen/Qwen2.5-72B config.json (hidden_size 8192, intermediate_size
+    # 29568, 80 layers, 64 heads, 8 key-value heads, vocab_size 152064,
+    # tie_word_embeddings false) and the Qwen2.5 technical report (arXiv 2412.15115:
+    # QKV bias, pre-training at 4,096 tokens before the long-context stage at 32,768).
+    "qwen2.5-72b": {
+        "num_layers": 80,
+        "hidden_size": 8192,
+        "num_attention_heads": 64,
+        "num_query_groups": 8,
+        "ffn_hidden_size": 29568,
+        "seq_length": 4096,
+        "vocab_size": 152064,
+        **_LLAMA,
+        "add_qkv_bias": True,
     },
 }
 

@@ -10,7 +10,8 @@ custom schedule's file.
 
 Where several rules fail, the first in this order is reported: the model, the
 cluster, the training keys alone, then the cluster's size (`check_cluster_size`: it
-depends on the network mode), the name (`check_name`), the layout
+depends on the network mode), the name (`check_name`), the untied output layer
+against the tied one (`check_tied_embeddings`), the layout
 (`check_layout`), the batch and schedule (`check_schedule`), the size of the
 simulation (`check_size`) and the GPU of the kernel constants (`check_calibration`).
 """
@@ -27,6 +28,9 @@ from stepsim.schedules.custom import check_orders, sizes_of
 from ..vocabulary import SHARD_OPTIMIZER
 from . import limits
 from .errors import ScenarioError
+from .model_rules import attention_kernel_of as attention_kernel_of  # spec and training call
+from .model_rules import check_model as check_model  # these through rules
+from .model_rules import check_query_groups_split, check_tied_embeddings
 from .softmax import SOURCE as SOFTMAX_SOURCE
 from .softmax import scenario_softmax_path
 from .stages import stage_layers
@@ -82,15 +86,6 @@ def check_values(spec: object, section: str) -> None:
         if key.by_name or (value is None and key.default is None):
             continue
         schema.check_value(key, value)
-
-
-def check_model(model: ModelSpec) -> None:
-    if model.hidden_size % model.num_attention_heads:
-        raise ScenarioError(
-            key="model.num_attention_heads",
-            value=model.num_attention_heads,
-            rule=f"must divide model.hidden_size={model.hidden_size}",
-        )
 
 
 def check_cluster(cluster: ClusterSpec) -> None:
@@ -260,6 +255,7 @@ def check_scenario(scenario: Scenario) -> None:
     """Every rule across specs, in the order the errors are reported."""
     check_cluster_size(scenario)
     check_name(scenario.name)
+    check_tied_embeddings(scenario.model, scenario.training)
     check_layout(scenario.model, scenario.parallel, scenario.cluster)
     check_schedule(scenario.model, scenario.parallel, scenario.training)
     check_size(scenario.model, scenario.parallel, scenario.training)
@@ -301,6 +297,7 @@ def check_model_split(model: ModelSpec, parallel: ParallelConfig) -> None:
     ):
         if size % tp:
             raise ScenarioError(key=tp_key, value=tp, rule=f"must divide model.{what}={size}")
+    check_query_groups_split(model, tp)
     stage_layers(model, parallel)
 
 

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from stepsim import schedules
 
 from ..vocabulary import (
+    ATTENTION_BACKENDS,
     ATTENTION_KERNELS,
     COMMUNICATION_DTYPES,
     DATA_PARALLEL_SHARDING,
@@ -161,11 +162,20 @@ class TrainingConfig:
         "buffer (reads and writes it); `false`: a separate add kernel per layer and "
         "micro-batch reads the 2-byte gradient and the buffer and writes the buffer",
     )
+    attention_backend: str | None = key(
+        "Megatron-Core's `--attention-backend`: `flash` (FlashAttention's kernel), `fused` "
+        "(cuDNN fused attention through Transformer Engine, modelled as flash: one kernel, "
+        "no s x s tensors) or `unfused` (Megatron's GEMMs, softmax and dropout); sets "
+        "`attention_kernel`, its older name here (giving both contradicting is an error)",
+        default=None,
+        choices=ATTENTION_BACKENDS,
+        derived="from `attention_kernel`",
+    )
     attention_kernel: str | None = mechanism_key(
-        "the attention core: `unfused` (Megatron-LM's GEMMs, softmax and dropout with the "
-        "s x s scores through HBM) or `flash` (one fused kernel, FlashAttention-2 / cuDNN "
-        "through Transformer Engine, as Megatron-Core runs it: no s x s tensors, the "
-        "backward recomputes the scores; see docs/calibration.md)",
+        "the attention core (the older name of `attention_backend`): `unfused` (Megatron-LM's "
+        "GEMMs, softmax and dropout with the s x s scores through HBM) or `flash` (one fused "
+        "kernel, FlashAttention-2 / cuDNN through Transformer Engine, as Megatron-Core runs "
+        "it: no s x s tensors, the backward recomputes the scores; see docs/calibration.md)",
         choices=ATTENTION_KERNELS,
     )
     masked_softmax_fusion: bool = key(
@@ -221,6 +231,9 @@ class TrainingConfig:
     def __post_init__(self) -> None:
         rules.check_values(self, "training")
         given = {name: getattr(self, name) for name in frameworks.MECHANISMS}
+        given["attention_kernel"] = rules.attention_kernel_of(
+            self.attention_backend, self.attention_kernel
+        )
         version = self.framework_version
         rules.check_framework(self.framework, version, given, self.schedule)
         version, values, note = frameworks.resolve(self.framework, version, given, self.schedule)

@@ -35,6 +35,11 @@ tensor FLOPs (one per score element forward, one backward to recompute P). The
 rest of the softmax (max, scale, sum: FP32 FMA-pipe work) is not counted. Nothing
 in this is fitted.
 
+Grouped-query attention (``model.num_query_groups``) changes the K and V tensors only:
+scores and context stay per query head, so the matmuls and the unfused s x s kernels
+are the same; the flash kernels read and write K, V (and their gradients) per group
+(``flash_hbm_bytes``). ``training.attention_backend = "fused"`` (cuDNN) runs as flash.
+
 The FLOPs a flash kernel reports are the model's (4 b s^2 h / T forward, twice that
 backward, what Megatron's formula counts), so MFU compares across the two kernels;
 the causal skip and the backward's recomputed scores show in the time alone.
@@ -82,8 +87,17 @@ def core_kernels(cm: ComputeModel) -> tuple[list[Kernel], list[Kernel]]:
 
 
 def _shape(cm: ComputeModel) -> tuple[int, int, int]:
+    """(micro-batch x query heads per rank, sequence, head size): every query head has
+    its own s x s scores, whatever K/V head it shares (GQA)."""
     m, t, b = cm.model, cm.parallel.tensor_model_parallel_size, cm.training.micro_batch_size
-    return b * m.num_attention_heads // t, m.seq_length, m.hidden_size // m.num_attention_heads
+    return b * m.num_attention_heads // t, m.seq_length, m.head_size
+
+
+def kv_heads_per_rank(cm: ComputeModel) -> float:
+    """Micro-batch x K/V heads per rank (num_query_groups / TP of them; Megatron-Core
+    shards the groups over TP)."""
+    m, t, b = cm.model, cm.parallel.tensor_model_parallel_size, cm.training.micro_batch_size
+    return b * m.query_groups // t
 
 
 def _unfused(cm: ComputeModel) -> tuple[list[Kernel], list[Kernel]]:
@@ -110,6 +124,16 @@ def _unfused(cm: ComputeModel) -> tuple[list[Kernel], list[Kernel]]:
     return forward, backward
 
 
+def flash_hbm_bytes(cm: ComputeModel, backward: bool) -> float:
+    """What a flash kernel moves through HBM on one rank: Q, K, V in and O out
+    (forward); Q, K, V, O, dO in and dQ, dK, dV out (backward). Q, O, dO, dQ have a
+    head per query head, K, V, dK, dV one per group (GQA), so the forward moves
+    e b s d (2 a + 2 g) / T bytes and the backward e b s d (4 a + 4 g) / T."""
+    heads, s, head = _shape(cm)
+    q_tensors, kv_tensors = (4, 4) if backward else (2, 2)
+    return BYTES_PER_ELEMENT * s * head * (q_tensors * heads + kv_tensors * kv_heads_per_rank(cm))
+
+
 def flash_work(cm: ComputeModel, backward: bool) -> Work:
     """One flash-attention kernel (forward, or its backward) on one rank."""
     heads, s, head = _shape(cm)
@@ -121,9 +145,7 @@ def flash_work(cm: ComputeModel, backward: bool) -> Work:
         cm.constants, s, s, head, heads
     )
     compute_s = (executed + cm.gpu.tensor_flops_per_exp * exponentials) / rate
-    # HBM: Q, K, V in and O out (forward); Q, K, V, O, dO in and dQ, dK, dV out (backward)
-    tensors = 8 if backward else 4
-    memory_s = cm.memory_bound(tensors * BYTES_PER_ELEMENT * heads * s * head).duration_s
+    memory_s = cm.memory_bound(flash_hbm_bytes(cm, backward)).duration_s
     model_flops = matmul_flops * (2.0 if backward else 1.0)
     return Work(duration_s=max(compute_s, memory_s), flops=model_flops)
 

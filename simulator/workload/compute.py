@@ -14,6 +14,12 @@ one flash kernel):
 Tensor parallelism shards the GEMMs by heads / ffn columns; layernorm, dropout
 and the residual are sharded only under sequence parallelism.
 
+The shape follows the model keys (docs/design.md, "Model shapes beyond GPT"): the QKV
+GEMM is (heads + 2 x query groups) x head size wide (GQA), fc1 2 x ffn under SwiGLU
+with a ``swiglu`` kernel for bias-GeLU, ``rmsnorm`` kernels for RMSNorm, a ``rope``
+kernel on Q and K after the QKV GEMM, and without biases the fused kernels lose
+their ``bias-`` (same bytes: the bias vector's read was never counted).
+
 A GEMM's time is a roofline: FLOPs / (peak x efficiency) or, if longer, its
 operands' bytes / HBM bandwidth. The efficiency depends on the shape (see
 ``KernelConstants``): output tiles that overhang the matrix (tile
@@ -278,47 +284,72 @@ class ComputeModel:
                 Kernel(block, "weight", name + " dW", weight + accumulate),
             ]
 
-        qkv = linear("attention", "QKV", h, 3 * h // t)
-        proj = linear("attention", "projection", h // t, h)
-        fc1 = linear("mlp", "fc1", h, f // t)
+        qkv = linear("attention", "QKV", h, m.qkv_width // t)
+        proj = linear("attention", "projection", m.attention_width // t, h)
+        fc1 = linear("mlp", "fc1", h, m.fc1_width // t)
         fc2 = linear("mlp", "fc2", f // t, h)
+        norm = "rmsnorm" if m.rms_norm else "layernorm"
+        bias = "bias-" if m.linear_bias else ""
+        dropout_add, act = bias + "dropout-add", bias + "gelu"
+        # the activation: GeLU reads and writes ffn elements (backward: reads its input and
+        # the gradient, writes one); SwiGLU reads gate and up (2 ffn), writes ffn
+        # (backward: reads gate, up and the gradient, writes two gradients)
+        act_bytes, act_backward_bytes = 2 * e * ffn, 3 * e * ffn
+        if m.gated:
+            act, act_bytes, act_backward_bytes = "swiglu", 3 * e * ffn, 5 * e * ffn
         forward = [
-            Kernel("attention", "forward", "layernorm", mem(2 * e * hidden)),
+            Kernel("attention", "forward", norm, mem(2 * e * hidden)),
             qkv[0],
+            *self.rope_kernels("forward"),
             *core_forward,
             proj[0],
-            Kernel("attention", "forward", "bias-dropout-add", mem((3 * e + mask) * hidden)),
-            Kernel("mlp", "forward", "layernorm", mem(2 * e * hidden)),
+            Kernel("attention", "forward", dropout_add, mem((3 * e + mask) * hidden)),
+            Kernel("mlp", "forward", norm, mem(2 * e * hidden)),
             fc1[0],
-            Kernel("mlp", "forward", "bias-gelu", mem(2 * e * ffn)),
+            Kernel("mlp", "forward", act, mem(act_bytes)),
             fc2[0],
-            Kernel("mlp", "forward", "bias-dropout-add", mem((3 * e + mask) * hidden)),
+            Kernel("mlp", "forward", dropout_add, mem((3 * e + mask) * hidden)),
         ]
         # Backward element-wise kernels read what they saved and the incoming gradient
         # and write a gradient; a layernorm's backward also adds the residual branch.
         backward = [
-            Kernel("mlp", "input", "bias-dropout-add", mem((2 * e + mask) * hidden)),
+            Kernel("mlp", "input", dropout_add, mem((2 * e + mask) * hidden)),
             fc2[1],
             fc2[2],
-            Kernel("mlp", "input", "bias-gelu", mem(3 * e * ffn)),
+            Kernel("mlp", "input", act, mem(act_backward_bytes)),
             fc1[1],
             fc1[2],
-            Kernel("mlp", "input", "layernorm", mem(4 * e * hidden)),
-            Kernel("attention", "input", "bias-dropout-add", mem((2 * e + mask) * hidden)),
+            Kernel("mlp", "input", norm, mem(4 * e * hidden)),
+            Kernel("attention", "input", dropout_add, mem((2 * e + mask) * hidden)),
             proj[1],
             proj[2],
             *core_backward,
+            *self.rope_kernels("input"),
             qkv[1],
             qkv[2],
-            Kernel("attention", "input", "layernorm", mem(4 * e * hidden)),
+            Kernel("attention", "input", norm, mem(4 * e * hidden)),
         ]
         return forward + backward
+
+    def rope_kernels(self, part: str) -> list[Kernel]:
+        """Rotary embedding (Transformer Engine's fused kernel): reads and writes Q and K
+        (heads + groups) x head size per token and rank; its backward does the same with
+        their gradients. None with learned absolute positions."""
+        m = self.model
+        if not m.rope:
+            return []
+        t = self.parallel.tensor_model_parallel_size
+        tokens = self.training.micro_batch_size * m.seq_length
+        elements = tokens * (m.num_attention_heads + m.query_groups) * m.head_size / t
+        return [
+            Kernel("attention", part, "rope", self.memory_bound(2 * BYTES_PER_ELEMENT * elements))
+        ]
 
     # -- what the lowering uses ---------------------------------------------------------
 
     def layer(self) -> LayerWork:
         kernels = self.kernels()
-        h, t = self.model.hidden_size, self.parallel.tensor_model_parallel_size
+        t = self.parallel.tensor_model_parallel_size
 
         def total(block: str, parts: tuple[str, ...], core_only: bool = False) -> Work:
             work = ZERO
@@ -341,7 +372,9 @@ class ComputeModel:
             mlp_weight=total("mlp", ("weight",)),
             attention_last_weight=next(k.work for k in kernels if k.name == "QKV dW"),
             mlp_last_weight=next(k.work for k in kernels if k.name == "fc1 dW"),
-            attention_overlap=self._overlap(kernels, "QKV", "projection", h // t),
+            attention_overlap=self._overlap(
+                kernels, "QKV", "projection", self.model.attention_width // t
+            ),
             mlp_overlap=self._overlap(kernels, "fc1", "fc2", self.model.ffn_hidden_size // t),
         )
 
@@ -365,7 +398,9 @@ class ComputeModel:
         b, s, h, v = self.training.micro_batch_size, m.seq_length, m.hidden_size, m.vocab_size
         tokens, e = b * s, BYTES_PER_ELEMENT
         logits = tokens * v / t  # vocabulary-parallel: each rank its slice
-        embedding = self.memory_bound(EMBEDDING_BYTES_PER_ELEMENT * tokens * h)
+        # rotary positions: no position row to read (2 bytes of the 9)
+        embedding_bytes = EMBEDDING_BYTES_PER_ELEMENT - (2.0 if m.rope else 0.0)
+        embedding = self.memory_bound(embedding_bytes * tokens * h)
         # the embedding's gradient is a scatter-add of the incoming gradient into the
         # table's rows: read it (2) and read-modify-write the fp32 rows (8)
         embedding_weight = self.memory_bound(10.0 * tokens * h)

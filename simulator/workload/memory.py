@@ -9,8 +9,10 @@ all; docs/frameworks.md §4).
 The distributed optimizer (ZeRO-1) divides the 12 by the data-parallel size;
 full sharding (ZeRO-3 / FSDP) divides all 16, plus a working set of gathered
 layers.
-Activations follow Korthikanti et al. 2022 (arXiv 2205.05198, Sec 4), bytes
-per layer and micro-batch (the attention core's s x s terms as its kernel keeps
+Parameters follow the model's shape (GQA, SwiGLU, norms, biases, learned or
+rotary positions, tied or untied output layer: `layer_params`, `model_params`).
+Activations follow Korthikanti et al. 2022 (arXiv 2205.05198, Sec 4), generalised to
+those shapes, bytes per layer and micro-batch (the attention core's s x s terms as its kernel keeps
 them: fp32 softmax output on Megatron's unfused fallback, none under flash
 attention), times the activations the schedule keeps in flight:
 a chunk's worth of layers (all the rank's layers when it runs one chunk) for
@@ -27,7 +29,7 @@ from dataclasses import dataclass
 
 from stepsim.schedules import holder_of
 
-from ..scenario import Scenario
+from ..scenario import ModelSpec, Scenario
 from ..scenario.softmax import scenario_softmax_path
 from ..units import bytes_to_gib
 from ..vocabulary import (
@@ -49,15 +51,48 @@ WEIGHT_BYTES_PER_PARAM = 2.0
 OPTIMIZER_BYTES_PER_PARAM = 12.0
 
 
+def norm_params(model: ModelSpec) -> int:
+    """One norm's parameters: LayerNorm's weight and bias, RMSNorm's weight."""
+    return model.hidden_size if model.rms_norm else 2 * model.hidden_size
+
+
+def layer_params(model: ModelSpec) -> tuple[int, int]:
+    """One transformer layer's parameters: (sharded over TP, replicated on every TP rank).
+
+    Sharded: QKV h x (heads + 2 groups) d, projection heads d x h, fc1 h x ffn (2 ffn
+    with SwiGLU), fc2 ffn x h, and the column-parallel layers' biases (QKV's with
+    ``add_qkv_bias`` alone). Replicated: two norms, the row-parallel layers' biases."""
+    h, f = model.hidden_size, model.ffn_hidden_size
+    qkv, fc1 = model.qkv_width, model.fc1_width
+    bias = model.linear_bias
+    sharded = (
+        h * qkv
+        + (qkv if model.qkv_bias else 0)
+        + model.attention_width * h
+        + h * fc1
+        + (fc1 if bias else 0)
+        + f * h
+    )
+    replicated = 2 * norm_params(model) + (2 * h if bias else 0)
+    return sharded, replicated
+
+
+def model_params(model: ModelSpec, tied: bool = True) -> int:
+    """The whole model's parameters: layers, word embedding, learned positions, final
+    norm and, untied, the output layer (the published counts count each once)."""
+    sharded, replicated = layer_params(model)
+    params = model.num_layers * (sharded + replicated) + model.vocab_size * model.hidden_size
+    if not model.rope:
+        params += model.seq_length * model.hidden_size
+    if not tied:
+        params += model.vocab_size * model.hidden_size
+    return params + norm_params(model)
+
+
 def layer_params_per_rank(scenario: Scenario) -> float:
     """Parameters of one transformer layer held by one tensor-parallel rank."""
-    h, f = scenario.model.hidden_size, scenario.model.ffn_hidden_size
-    t = scenario.parallel.tensor_model_parallel_size
-    sharded = (
-        3 * h * h + 3 * h + h * h + h * f + f + f * h
-    )  # QKV, proj, fc1, fc2 (+ sharded biases)
-    replicated = 2 * h + 2 * h + h + h  # two layernorms, proj and fc2 biases
-    return sharded / t + replicated
+    sharded, replicated = layer_params(scenario.model)
+    return sharded / scenario.parallel.tensor_model_parallel_size + replicated
 
 
 def output_rank(scenario: Scenario) -> int:
@@ -74,16 +109,18 @@ def stage_params_per_rank(scenario: Scenario, stage: int) -> float:
     one holding the last virtual stage).
 
     The output layer shares the word embedding; when it sits on another stage that
-    stage keeps its own copy, as Megatron-LM does.
+    stage keeps its own copy, as Megatron-LM does. Untied, it is its own weight wherever
+    it sits. Learned absolute positions add their table to the first stage; rope none.
     """
     m = scenario.model
     t = scenario.parallel.tensor_model_parallel_size
+    tied = scenario.training.share_embeddings_and_output_weights
     params = layer_params_per_rank(scenario) * scenario.rank_layers(stage)
     if stage == 0:
-        params += m.vocab_size * m.hidden_size / t + m.seq_length * m.hidden_size
+        params += m.vocab_size * m.hidden_size / t + (0 if m.rope else m.seq_length * m.hidden_size)
     if stage == output_rank(scenario):
-        params += 2 * m.hidden_size  # final layernorm
-        if stage != 0:
+        params += norm_params(m)  # final norm
+        if stage != 0 or not tied:
             params += m.vocab_size * m.hidden_size / t
     return params
 
@@ -104,6 +141,17 @@ def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None)
     if recompute is None:
         recompute = scenario.training.recompute_granularity
     sbh = s * b * h
+    # Korthikanti's 24 sbh / t of TP-sharded activations, per element of each tensor:
+    # Q and the projection's input (2 bytes each, heads x d wide), K and V (groups x d),
+    # the activation's input (fc1's output: 2 ffn with SwiGLU) and fc2's input (ffn);
+    # 24 h for GPT's shape. The 10 sbh not sharded without SP: the two norms' inputs,
+    # QKV's and fc1's inputs, the two dropout masks (RMSNorm keeps the same input).
+    sharded = (
+        4 * m.attention_width
+        + 4 * m.query_groups * m.head_size
+        + 2 * m.fc1_width
+        + 2 * m.ffn_hidden_size
+    ) / h
     if recompute == RECOMPUTE_FULL:
         return 2 * sbh / (t if sp else 1)  # only the layer's input is kept
     # softmax output, dropout mask and dropout output: 2 + 1 + 2 bytes per score element
@@ -117,8 +165,8 @@ def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None)
     if recompute == RECOMPUTE_SELECTIVE:
         attention_core = 0.0
     if sp:
-        return sbh * (34 / t + attention_core)
-    return sbh * (10 + 24 / t + attention_core)
+        return sbh * ((10 + sharded) / t + attention_core)
+    return sbh * (10 + sharded / t + attention_core)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,0 +1,72 @@
+"""The model keys' rules (issue 19: GQA, tied or untied output layer, the attention
+backend), apart from `rules` to keep each module small; `rules` runs them in its order."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..vocabulary import ATTENTION_FLASH, ATTENTION_UNFUSED
+from .errors import ScenarioError
+
+if TYPE_CHECKING:
+    from .spec import ModelSpec, TrainingConfig
+
+
+def check_model(model: ModelSpec) -> None:
+    if model.kv_channels is None and model.hidden_size % model.num_attention_heads:
+        raise ScenarioError(
+            key="model.num_attention_heads",
+            value=model.num_attention_heads,
+            rule=f"must divide model.hidden_size={model.hidden_size} (or set model.kv_channels)",
+        )
+    groups = model.num_query_groups
+    if groups is not None and model.num_attention_heads % groups:
+        raise ScenarioError(
+            key="model.num_query_groups",
+            value=groups,
+            rule=f"must divide model.num_attention_heads={model.num_attention_heads} "
+            "(each K/V head serves the same number of query heads)",
+        )
+
+
+def attention_kernel_of(backend: str | None, kernel: str | None) -> str | None:
+    """The attention kernel training.attention_backend asks for (`fused`, cuDNN's fused
+    attention, runs flash's mechanism), or attention_kernel as given; both given must
+    agree."""
+    if backend is None:
+        return kernel
+    wanted = ATTENTION_UNFUSED if backend == ATTENTION_UNFUSED else ATTENTION_FLASH
+    if kernel is not None and kernel != wanted:
+        raise ScenarioError(
+            key="training.attention_backend",
+            value=backend,
+            rule=f"contradicts training.attention_kernel={kernel!r}; give one of them",
+        )
+    return wanted
+
+
+def check_tied_embeddings(model: ModelSpec, training: TrainingConfig) -> None:
+    """One source of truth: model.untie_embeddings_and_output_weights, when given, is
+    the negation of training.share_embeddings_and_output_weights (the loader derives
+    the training key from it; in Python both must agree)."""
+    untie = model.untie_embeddings_and_output_weights
+    if untie is not None and untie == training.share_embeddings_and_output_weights:
+        raise ScenarioError(
+            key="model.untie_embeddings_and_output_weights",
+            value=untie,
+            rule="contradicts training.share_embeddings_and_output_weights="
+            f"{str(training.share_embeddings_and_output_weights).lower()}; give one of them",
+        )
+
+
+def check_query_groups_split(model: ModelSpec, tp: int) -> None:
+    """Megatron-Core shards the K/V heads over TP and requires TP | num_query_groups
+    (TransformerConfig.__post_init__, megatron/core/transformer/transformer_config.py:
+    "num_query_groups must be a multiple of tensor_model_parallel_size")."""
+    if model.query_groups % tp:
+        raise ScenarioError(
+            key="parallel.tensor_model_parallel_size",
+            value=tp,
+            rule=f"must divide model.num_query_groups={model.query_groups} (Megatron-Core "
+            "shards the K/V heads over TP)",
+        )
