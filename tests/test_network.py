@@ -137,3 +137,16 @@ def test_flow_joining_a_running_one_takes_its_share_from_then_on():
     # A: 40 B by 4 s, then 5 B/s; B: 30 B at 5 B/s ends at 10 s; A has 30 B left at 10 B/s
     assert t_b == pytest.approx(10.0)
     assert t_a == pytest.approx(13.0)
+
+
+def test_clock_calls_in_time_order_and_ties_in_scheduling_order_like_simpy():
+    from stepsim.engine.clock import Clock
+
+    clock, seen = Clock(), []
+    for name, delay in (("a", 2.0), ("b", 1.0), ("c", 2.0), ("d", 0.0)):
+        clock.after(delay, lambda name=name: seen.append((name, clock.now)))
+    clock.after(1.0, lambda: clock.after(1.0, lambda: seen.append(("e", clock.now))))
+    clock.run()
+    assert seen == [("d", 0.0), ("b", 1.0), ("a", 2.0), ("c", 2.0), ("e", 2.0)]
+    with pytest.raises(ValueError, match="negative delay"):
+        clock.after(-1.0, lambda: None)

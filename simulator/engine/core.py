@@ -1,6 +1,6 @@
-"""When things run: each lane walks its ops in order on a simpy clock.
+"""When things run: each lane walks its ops in order on the engine's clock (clock.py).
 
-A lane is a small state machine driven by simpy callbacks (see `_Engine`). In
+A lane is a small state machine driven by clock callbacks (see `_Engine`). In
 exact mode, ops that share a ``rendezvous`` are one collective: it starts when
 the last member lane reaches it and ends every member's op.
 
@@ -18,12 +18,15 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-import simpy
-
 from ..results import Span, Trace
 from ..vocabulary import BARRIER, COMPUTE_KINDS, IDLE, PP_SEND, STREAM_OF_COMM, WAIT_OF_COMM
 from ..workload.ops import Workload
+from .clock import Clock
 from .network import FairShareNetwork, NetworkFactory
+
+# builds a named tuple from a tuple of its fields without the Python-level __new__ the
+# namedtuple factory writes: the same object, one call frame less per span
+_new = tuple.__new__
 
 
 class DeadlockError(RuntimeError):
@@ -64,7 +67,7 @@ class _Engine:
         self.num_done = 0
         self.report_every = max(len(workload.ops) // 100, 1)
         self.next_report = self.report_every if progress is not None else -1
-        self.env = simpy.Environment()
+        self.env = Clock()
         self.network = network(self.env)
         n = len(workload.ops)
         self.start_s: list[float | None] = [None] * n
@@ -88,6 +91,11 @@ class _Engine:
             if op.rendezvous >= 0:
                 self.members.setdefault(op.rendezvous, []).append(op.index)
         self.arrived: dict[int, int] = {}
+        # per lane, for the hot paths: its ops, GPU and stream
+        self.ops = workload.ops
+        self.lane_ops = [lane.ops for lane in workload.lanes]
+        self.lane_gpu = [lane.gpu for lane in workload.lanes]
+        self.lane_stream = [lane.stream for lane in workload.lanes]
 
     def run(self) -> Trace:
         self._wake(range(len(self.workload.lanes)))
@@ -102,32 +110,36 @@ class _Engine:
         )
 
     def _op_ended_callback(self, lane: int):
-        def ended(_event=None) -> None:
-            self._end_running_op(lane)
-            if self.draining:
-                self.ready.append(lane)
-            else:
-                self._wake((lane,))
+        ready, end_running_op, drain = self.ready, self._end_running_op, self._drain
+
+        def ended() -> None:
+            end_running_op(lane)
+            ready.append(lane)
+            if not self.draining:
+                drain()
 
         return ended
 
     def _wake(self, lanes) -> None:
         """Advance these lanes, and any they release, one after another (no recursion)."""
-        ready = self.ready
-        ready.extend(lanes)
-        if self.draining:
-            return
+        self.ready.extend(lanes)
+        if not self.draining:
+            self._drain()
+
+    def _drain(self) -> None:
         self.draining = True
-        advance = self._advance
+        ready, advance = self.ready, self._advance
+        popleft = ready.popleft
         while ready:
-            advance(ready.popleft())
+            advance(popleft())
         self.draining = False
 
     def _done(self, index: int) -> None:
-        self.num_done += 1
-        if self.num_done == self.next_report:
-            self.next_report += self.report_every
-            self.progress(self.num_done / len(self.workload.ops))
+        if self.progress is not None:
+            self.num_done += 1
+            if self.num_done == self.next_report:
+                self.next_report += self.report_every
+                self.progress(self.num_done / len(self.workload.ops))
         self.end_s[index] = now = self.env.now
         if now > self.last_end_s:
             self.last_end_s = now
@@ -139,26 +151,38 @@ class _Engine:
 
     def _end_running_op(self, lane_index: int) -> None:
         """The compute op or blocking transfer the lane was running has finished."""
-        lane = self.workload.lanes[lane_index]
         position = self.position[lane_index]
-        index = lane.ops[position]
-        op = self.workload.ops[index]
+        index = self.lane_ops[lane_index][position]
+        op = self.ops[index]
         start, now = self.start_s[index], self.env.now
         if now > start:
             self.spans.append(
-                Span(lane.gpu, lane.stream, op.kind, op.label, op.microbatch, start, now, index)
+                _new(
+                    Span,
+                    (
+                        self.lane_gpu[lane_index],
+                        self.lane_stream[lane_index],
+                        op.kind,
+                        op.label,
+                        op.microbatch,
+                        start,
+                        now,
+                        index,
+                    ),
+                )
             )
         self._done(index)
         self.position[lane_index] = position + 1
 
     def _advance(self, lane_index: int) -> None:
         """Run the lane's ops until one has to wait."""
-        env, ops, end_s, start_s = self.env, self.workload.ops, self.end_s, self.start_s
+        env, ops, end_s, start_s = self.env, self.ops, self.end_s, self.start_s
         now = env.now  # the clock does not move while a lane advances
-        lane_ops = self.workload.lanes[lane_index].ops
+        lane_ops = self.lane_ops[lane_index]
+        num_ops = len(lane_ops)
         position = self.position[lane_index]
         d = self.next_dep[lane_index]
-        while position < len(lane_ops):
+        while position < num_ops:
             index = lane_ops[position]
             op = ops[index]
             deps = op.deps
@@ -169,7 +193,11 @@ class _Engine:
                     self.next_dep[lane_index] = d
                     self.position[lane_index] = position
                     self.waited_from[lane_index] = now
-                    self.waiters.setdefault(dep, []).append(lane_index)
+                    waiting = self.waiters.get(dep)
+                    if waiting is None:
+                        self.waiters[dep] = [lane_index]
+                    else:
+                        waiting.append(lane_index)
                     return
             start_s[index] = now
             d = 0
@@ -178,7 +206,7 @@ class _Engine:
                 if op.duration_s > 0:
                     self.position[lane_index] = position
                     self.next_dep[lane_index] = 0
-                    env.timeout(op.duration_s).callbacks.append(self.op_ended[lane_index])
+                    env.after(op.duration_s, self.op_ended[lane_index])
                     return
             elif kind != BARRIER:
                 if op.rendezvous >= 0:
@@ -186,7 +214,7 @@ class _Engine:
                 elif op.blocking:
                     self.network.start(op.transfer, self.op_ended[lane_index])
                 else:
-                    gpu = self.workload.lanes[lane_index].gpu
+                    gpu = self.lane_gpu[lane_index]
                     self.network.start(op.transfer, self._transfer_done_callback(index, gpu))
                 if op.blocking:
                     self.position[lane_index] = position

@@ -25,6 +25,7 @@ from functools import partial
 
 import simpy
 
+from .clock import Clock, after
 from .flows import Collective, Interval, Transfer
 
 # Relative tolerance when deciding that two fair shares are the same bottleneck.
@@ -51,8 +52,9 @@ class Network:
     when it has finished (a callback rather than a simpy event: one event less per
     transfer, and the engine's lanes are driven by callbacks too)."""
 
-    def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
-        self.env = env
+    def __init__(self, env: Clock | simpy.Environment, capacities: Sequence[float]) -> None:
+        self.env = env  # the engine's Clock, or a simpy Environment (tests, scripts)
+        self._after = after(env)
         self.capacities = list(capacities)
         self.num_transfers = 0
         self.intervals: list[Interval] = []  # every stretch of constant rate, for link stats
@@ -84,7 +86,7 @@ class Network:
 
 
 # Makes a network on the engine's clock: ``Network.factory(capacities)``.
-NetworkFactory = Callable[[simpy.Environment], Network]
+NetworkFactory = Callable[[Clock], Network]
 
 
 def solo_rate_bytes_per_s(
@@ -104,7 +106,7 @@ class AnalyticalNetwork(Network):
             self.intervals.append(
                 Interval(transfer.links, transfer.mults, rate, start_s, self.env.now + duration_s)
             )
-        self.env.timeout(duration_s).callbacks.append(lambda _: on_done())
+        self._after(duration_s, on_done)
 
 
 class _Flow:
@@ -137,7 +139,7 @@ class _Flow:
 
 
 class FairShareNetwork(Network):
-    def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
+    def __init__(self, env: Clock | simpy.Environment, capacities: Sequence[float]) -> None:
         super().__init__(env, capacities)
         assert all(0 < c < float("inf") for c in self.capacities), "link capacities must be finite"
         # Active flows per link, in start order (dicts keep insertion order: deterministic).
@@ -163,7 +165,7 @@ class FairShareNetwork(Network):
 
     def _start_transfer(self, transfer: Transfer, on_done: Callable[[], None]) -> None:
         if transfer.bytes_per_flow <= 0 or not transfer.links:
-            self.env.timeout(transfer.latency_s).callbacks.append(lambda _: on_done())
+            self._after(transfer.latency_s, on_done)
             return
         self._seq += 1
         flow = _Flow(self._seq, transfer, on_done)
@@ -180,12 +182,12 @@ class FairShareNetwork(Network):
         flow.version += 1
         version = flow.version
         duration_s = transfer.latency_s + transfer.bytes_per_flow / rate
-        self.env.timeout(duration_s).callbacks.append(lambda _: self._finish(flow, version))
+        self._after(duration_s, lambda: self._finish(flow, version))
 
     def _start_later(self, flow: _Flow) -> None:
         """An ordinary flow: it starts sharing links when its latency is over."""
         delay_s = max(flow.start_s - self.env.now, 0.0)
-        self.env.timeout(delay_s).callbacks.append(lambda _: self._start(flow))
+        self._after(delay_s, lambda: self._start(flow))
 
     def _release_claims(self, links: Sequence[int]) -> None:
         """Turn the claimants of these links into ordinary flows."""
@@ -271,8 +273,7 @@ class FairShareNetwork(Network):
         flow.rate = rate
         flow.version += 1
         version = flow.version
-        wake = self.env.timeout(max(flow.bytes_left, 0.0) / rate)
-        wake.callbacks.append(lambda _: self._finish(flow, version))
+        self._after(max(flow.bytes_left, 0.0) / rate, lambda: self._finish(flow, version))
 
     def _close_interval(self, flow: _Flow, now: float) -> None:
         if flow.rate > 0 and now > flow.updated_s:
@@ -282,11 +283,11 @@ class FairShareNetwork(Network):
         self._dirty.update(links)
         if not self._recompute_pending:
             self._recompute_pending = True
-            self.env.timeout(0).callbacks.append(self._recompute)
+            self._after(0, self._recompute)
 
     # -- max-min fair rates ------------------------------------------------------------
 
-    def _recompute(self, _event: simpy.Event) -> None:
+    def _recompute(self) -> None:
         self._recompute_pending = False
         dirty = sorted(self._dirty)
         self._dirty.clear()
