@@ -28,6 +28,9 @@ import simpy
 from .clock import Clock, after
 from .flows import Collective, Interval, Transfer
 
+# builds a named tuple from a tuple of its fields, skipping the Python-level __new__
+_new = tuple.__new__
+
 # Relative tolerance when deciding that two fair shares are the same bottleneck.
 _SHARE_RTOL = 1e-12
 
@@ -67,7 +70,7 @@ class Network:
         return partial(cls, capacities=capacities)
 
     def start(self, transfer: Transfer | Collective, on_done: Callable[[], None]) -> None:
-        if not isinstance(transfer, Transfer):
+        if type(transfer) is not Transfer:
             if len(transfer) > 1:
                 start_phases(self.start, transfer, on_done)
                 return
@@ -169,7 +172,8 @@ class FairShareNetwork(Network):
             return
         self._seq += 1
         flow = _Flow(self._seq, transfer, on_done)
-        flow.solo_rate = rate = self._solo_rate(transfer)
+        cached = self._solo.get(id(transfer))
+        flow.solo_rate = rate = cached[1] if cached is not None else self._solo_rate(transfer)
         flow.start_s = self.env.now + transfer.latency_s
         if not self._busy.isdisjoint(flow.links):
             self._start_later(flow)
@@ -250,7 +254,11 @@ class FairShareNetwork(Network):
         if flow.claimed:  # alone from start to end
             flow.claimed = False
             self._busy.difference_update(flow.links)
-            self._close_interval(flow, self.env.now)
+            now = self.env.now
+            if now > flow.updated_s:  # _close_interval (its rate is the solo rate, > 0)
+                self.intervals.append(
+                    _new(Interval, (flow.links, flow.mults, flow.rate, flow.updated_s, now))
+                )
             flow.on_done()
             return
         shared = []

@@ -57,6 +57,10 @@ class Workload(NamedTuple):
     lanes: tuple[Lane, ...]
 
 
+# builds a named tuple from a tuple of its fields, skipping the Python-level __new__
+_new = tuple.__new__
+
+
 class WorkloadBuilder:
     """Collects ops lane by lane; deps may name ops by key (keys.py) before they exist."""
 
@@ -96,18 +100,21 @@ class WorkloadBuilder:
         else:
             deps = ()
         self._ops.append(
-            Op(
-                index,
-                lane,
-                kind,
-                label,
-                microbatch,
-                duration_s,
-                transfer,
-                blocking,
-                deps,
-                flops,
-                first,
+            _new(
+                Op,
+                (
+                    index,
+                    lane,
+                    kind,
+                    label,
+                    microbatch,
+                    duration_s,
+                    transfer,
+                    blocking,
+                    deps,
+                    flops,
+                    first,
+                ),
             )
         )
         self._lanes[lane][4].append(index)
