@@ -181,3 +181,29 @@ def test_bad_calibration_files_are_one_line_errors(synthetic_file, tmp_path, cap
     assert message in err and err.count("\n") == 1
     with pytest.raises(ScenarioError, match=re.escape(message)):
         load_scenario("scenarios/tiny-2gpu.toml", calibration=bad)
+
+
+def test_cross_entropy_is_megatrons_chain_of_full_passes_over_the_fp32_logits():
+    # Megatron's vocab-parallel cross-entropy: cast to fp32 (2 + 4), max (4), subtract
+    # (4 + 4), exp (4 + 4), sum (4), divide (4 + 4) = 38 bytes per logit forward; the
+    # backward's mul_ (4 + 4) and cast back to 16 bits (4 + 2) = 14
+    scenario = load(
+        model={"vocab_size": 51200},
+        parallel={"tensor_model_parallel_size": 2},
+        training={"global_batch_size": 8, "micro_batch_size": 2},
+    )
+    model = ComputeModel(scenario)
+    extras = model.extras()
+    tokens, h = 2 * scenario.model.seq_length, scenario.model.hidden_size
+    logits = tokens * 51200 / 2
+    gpu = scenario.cluster.gpu
+    rate = gpu.hbm_gbytes_per_s * 1e9 * scenario.kernel_constants.memory_efficiency
+    layernorm = 2 * 2 * tokens * h / rate
+    gemm = model.gemm(tokens, 51200 / 2, h).duration_s
+    assert extras.output_forward.duration_s == pytest.approx(layernorm + gemm + 38 * logits / rate)
+    backward_rest = (
+        model.gemm(tokens, h, 51200 / 2).duration_s
+        + extras.output_weight.duration_s
+        + 4 * 2 * tokens * h / rate
+    )
+    assert extras.output_backward.duration_s == pytest.approx(backward_rest + 14 * logits / rate)

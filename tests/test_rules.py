@@ -220,6 +220,8 @@ def test_kernel_constants_out_of_range_are_refused_in_python_as_in_a_file(tmp_pa
     file = tmp_path / "a100.toml"
     lines = [f"{k} = {v!r}" for k, v in asdict(replace(a100, source="test")).items()]
     text = "[constants]\n" + "\n".join(lines).replace("'", '"') + "\n"
-    file.write_text(text.replace("gemm_efficiency = 0.72", "gemm_efficiency = 1.5"))
+    bad = text.replace(f"gemm_efficiency = {a100.gemm_efficiency!r}", "gemm_efficiency = 1.5")
+    assert bad != text
+    file.write_text(bad)
     line = _cli_error(args=("--calibration", str(file)))
     assert line == f"constants.gemm_efficiency=1.5 {err.value.rule} (in {str(file)!r})"

@@ -3,6 +3,7 @@
 import pytest
 
 from stepsim.run import build_cluster, run
+from stepsim.scenario import ScenarioError
 from stepsim.vocabulary import BARRIER, COMPUTE_STREAM, DP_SYNC, OPTIMIZER
 from stepsim.workload.compute import ComputeModel
 from stepsim.workload.dataparallel import (
@@ -221,3 +222,65 @@ def test_sharded_modes_step_the_optimizer_on_their_share(sharding, share):
     (step,) = [op for op in workload.ops if op.kind == OPTIMIZER]
     params = stage_params_per_rank(scenario, 0)
     assert step.duration_s == ComputeModel(scenario).optimizer(params / share).duration_s
+
+
+def _gather_ahead(**training):
+    return run(
+        load(
+            **{
+                **BASE,
+                "training": {
+                    **BASE["training"],
+                    "data_parallel_sharding": "optimizer",
+                    "overlap_grad_reduce": True,
+                    "overlap_param_gather": True,
+                    **training,
+                },
+                "network": {"collective_algorithm": "ring"},
+            }
+        )
+    )
+
+
+def test_overlapped_param_gather_moves_the_step_all_gather_ahead_of_the_first_forward():
+    blocking = run(
+        load(
+            **{
+                **BASE,
+                "training": {
+                    **BASE["training"],
+                    "data_parallel_sharding": "optimizer",
+                    "overlap_grad_reduce": True,
+                },
+                "network": {"collective_algorithm": "ring"},
+            }
+        )
+    )
+    ahead = _gather_ahead()
+    ops = ahead.workload.ops
+    side = [op for op in ops if ahead.workload.lanes[op.lane].stream == "dp"]
+    # one gather per layer in the forward's order, nothing left after the step
+    assert [op.label for op in side] == [f"params all-gather layer {n}" for n in range(4)]
+    assert not [op for op in ops if op.label == "params all-gather"]
+    (step,) = [op for op in blocking.workload.ops if op.label == "params all-gather"]
+    # the gathers move what the blocking one did: every parameter once (the first one
+    # with the embedding and output weights)
+    assert sum(op.transfer[0].bytes_per_flow for op in side) == pytest.approx(
+        step.transfer[0].bytes_per_flow
+    )
+    # the first micro-batch's layer n starts once gather n has ended (the embedding
+    # rides with layer 0), and the gathers start with the iteration, back to back
+    spans = ahead.trace.spans
+    gathers = [sp for sp in spans if sp.label.startswith("params all-gather")]
+    assert gathers[0].start_s == 0.0
+    fwd = [sp for sp in spans if sp.label == "F0" and sp.kind == "forward"]
+    assert gathers[0].end_s <= fwd[0].start_s
+    for n, gather in enumerate(gathers):
+        assert gather.end_s <= fwd[1 + 2 * n].start_s
+    # with the gathers hidden behind the forward the iteration is shorter
+    assert ahead.metrics.iteration_time_s < blocking.metrics.iteration_time_s
+
+
+def test_overlapped_param_gather_needs_the_distributed_optimizer():
+    with pytest.raises(ScenarioError, match="training.overlap_param_gather"):
+        load(training={"overlap_param_gather": True})

@@ -64,7 +64,9 @@ def fit_constants(
         raise ValueError("fit_constants needs GEMM and element-wise timings")
     hbm = gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s)
     rates = sorted(t.bytes / (t.seconds * hbm) for t in memory)
-    memory_efficiency = min(1.0, rates[len(rates) // 2])
+    # four decimals: a kernel timing carries no more, and the float division's last bit
+    # would otherwise differ from the same fraction written by hand
+    memory_efficiency = round(min(1.0, rates[len(rates) // 2]), 4)
 
     def candidate(e: float, k_half: float) -> KernelConstants:
         return replace(

@@ -289,6 +289,7 @@ def h100_scenario(
             "recompute_granularity": choices.recompute,
             "overlap_grad_reduce": True,
             "data_parallel_sharding": SHARD_OPTIMIZER,
+            "overlap_param_gather": True,  # the table's notes: --overlap-param-gather
             "async_tensor_model_parallel_allreduce": True,
             "attention_kernel": choices.attention_kernel,
             "masked_softmax_fusion": choices.masked_softmax_fusion,

@@ -63,6 +63,7 @@ def summary_text(result: Result) -> str:
         + (" · flash attention" if tr.mechanism("attention_kernel") == ATTENTION_FLASH else "")
         + (" · TP comm overlapped with GEMMs" if tr.tp_comm_overlap else "")
         + (" · overlapped grad reduce" if tr.overlap_grad_reduce else "")
+        + (" · overlapped param gather" if tr.overlap_param_gather else "")
         + f" · {tr.engine_label} engine ({_p2p_text(tr)})"
         + f" · {s.network.model} network"
         + ("" if s.network.symmetry else " · exact mode (every GPU simulated)"),

@@ -23,6 +23,7 @@ from stepsim.schedules import V_SHAPE
 from stepsim.schedules import check as schedule_problem
 from stepsim.schedules.custom import check_orders, sizes_of
 
+from ..vocabulary import SHARD_OPTIMIZER
 from . import limits
 from .errors import ScenarioError
 from .softmax import SOURCE as SOFTMAX_SOURCE
@@ -185,6 +186,18 @@ def check_tp_comm_overlap(parallel: ParallelConfig, training: TrainingConfig) ->
         )
 
 
+def check_param_gather(parallel: ParallelConfig, training: TrainingConfig) -> None:
+    """Overlapping the parameter all-gather is the distributed optimizer's (Megatron-LM
+    arguments.py: --overlap-param-gather only with --use-distributed-optimizer)."""
+    if training.overlap_param_gather and training.data_parallel_sharding != SHARD_OPTIMIZER:
+        raise ScenarioError(
+            key="training.overlap_param_gather",
+            value=True,
+            rule="overlaps the distributed optimizer's parameter all-gather",
+            fix='set training.data_parallel_sharding = "optimizer"',
+        )
+
+
 def check_framework(framework: str, version: str | None, given: dict, schedule: str) -> None:
     """The version must be one of the framework's; a blocking p2p mode asked for
     explicitly needs a schedule whose call sites it models (frameworks.py)."""
@@ -251,6 +264,7 @@ def check_scenario(scenario: Scenario) -> None:
     check_size(scenario.model, scenario.parallel, scenario.training)
     check_softmax(scenario)
     check_tp_comm_overlap(scenario.parallel, scenario.training)
+    check_param_gather(scenario.parallel, scenario.training)
     check_calibration(scenario)
 
 

@@ -75,6 +75,13 @@ class TrainingConfig:
         '`data_parallel_sharding = "optimizer"`; no effect under `"full"` or with DP 1)',
         default=False,
     )
+    overlap_param_gather: bool = key(
+        "Megatron-Core's `--overlap-param-gather`: the distributed optimizer's parameter "
+        "all-gather runs during the next iteration's first forward, one layer at a time on "
+        "a communication stream, each layer's first forward waiting for its own, instead of "
+        'blocking after the optimizer step; needs `data_parallel_sharding = "optimizer"`',
+        default=False,
+    )
     async_tensor_model_parallel_allreduce: bool | None = mechanism_key(
         "Megatron-LM's `--async-tensor-model-parallel-allreduce`: in each block's backward, "
         "the all-reduce (reduce-scatter under SP) of the input gradient runs while the "

@@ -66,11 +66,19 @@ OPTIMIZER_BYTES_PER_PARAM = 32.0
 # Embedding lookup + position add + dropout, per output element: read the word and
 # position rows, write the sum, write the mask and the dropped-out result.
 EMBEDDING_BYTES_PER_ELEMENT = 9.0
-# Cross-entropy over fp32 logits: the logits read once for the max, once for the
-# sum of exponentials (the softmax is written in place, 4 + 4 + 4); its backward
-# reads the softmax and writes the fp16 gradient (4 + 2).
-CROSS_ENTROPY_BYTES_PER_LOGIT = 12.0
-CROSS_ENTROPY_BACKWARD_BYTES_PER_LOGIT = 6.0
+# Megatron's vocabulary-parallel cross-entropy (megatron/mpu/cross_entropy.py in
+# 2021, megatron/core/tensor_parallel/cross_entropy.py in Megatron-Core; DeepSpeed's
+# Megatron fork runs the same code) is a chain of separate PyTorch kernels over the
+# logits, each a full pass through memory, per 16-bit logit in bytes:
+# the cast to fp32 (gpt_model's ``output.float()``; inside calculate_logits_max in
+# Megatron-Core): read 2, write 4; the max over the vocabulary: read 4; subtract the
+# max in place: 4 + 4; exp in place: 4 + 4; the sum of exponentials: read 4; divide
+# by it in place (the softmax kept for the backward): 4 + 4. 38 in all.
+CROSS_ENTROPY_BYTES_PER_LOGIT = 38.0
+# backward: the one-hot subtraction touches one logit per token; grad_input.mul_
+# reads and writes the fp32 softmax (4 + 4); the cast's backward turns it into the
+# 16-bit gradient of the logits (read 4, write 2). 14 in all.
+CROSS_ENTROPY_BACKWARD_BYTES_PER_LOGIT = 14.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -283,6 +283,19 @@ class DistributedOptimizer(OverlappedBuckets):
         all_reduce = scenario.training.mechanism("zero_grad_collective") == ZERO_ALL_REDUCE
         self.gradient_kind = ALL_REDUCE if all_reduce else REDUCE_SCATTER
         self.reduce_scatters_after_flush = not overlap and not all_reduce
+        # --overlap-param-gather: the gathers on a side lane ahead of each chunk's first
+        # forward (_GatherAhead) instead of blocking after the step
+        self.gather_ahead = scenario.training.overlap_param_gather
+        self.gathered: set[int] = set()  # chunks whose first forward has its gathers
+        if self.gather_ahead:
+            self.side = gpu.new_lane(STREAM_OF_COMM[DP_SYNC])
+            self.rest_chunk = 0 if gpu.stage == 0 else self.num_chunks - 1
+
+    def forward_pass(self, label, mb, chunk, order) -> Pass:
+        if not self.gather_ahead or chunk in self.gathered:
+            return NO_PASS
+        self.gathered.add(chunk)
+        return _GatherAhead(self, label, mb, order, chunk == self.rest_chunk)
 
     def sync(self) -> None:
         if self.overlap:
@@ -292,6 +305,8 @@ class DistributedOptimizer(OverlappedBuckets):
 
     def step(self) -> None:
         self.optimize(self.params / self.data)
+        if self.gather_ahead:
+            return  # gathered during the (next) iteration's first forward
         message_bytes = self.params * WEIGHT_BYTES_PER_PARAM
         label = f"params {COLLECTIVE_LABELS[ALL_GATHER]}"
         calls = 1 if self.gather_bucket == 0 else max(1, int(self.params // self.gather_bucket))
@@ -437,6 +452,41 @@ class _ShardedWeight(_ShardedPass):
         deps = [self.fsdp.gpu.last_key(self.fsdp.gpu.lane)]
         rest = self.rest and last_layer
         self.fsdp.shard(REDUCE_SCATTER, self.label, self.mb, index, deps, rest)
+
+
+class _GatherAhead(Pass):
+    """Megatron-Core's ``--overlap-param-gather`` around a chunk's first forward of the
+    iteration (megatron/core/optimizer/distrib_optimizer.py, 2024): the first bucket's
+    all-gather is dispatched at the iteration's start (``zero_grad``) and each forward
+    pre-hook waits for its bucket's and dispatches the next, one in flight at a time, in
+    the forward's order across the model chunks. As the CPU runs ahead of the GPU the
+    gathers go back to back on a communication stream (a CPU held at a pipeline receive
+    would start them later: not modelled), one per layer as stepsim's gradient buckets
+    are; the first brings the stage's embedding/output weights. Each layer's first
+    forward waits for its own gather. In steady state the gathers follow the previous
+    iteration's optimizer step, so the iteration starts with them."""
+
+    def __init__(self, zero: DistributedOptimizer, label, mb, order, rest: bool) -> None:
+        self.gathered: dict[int, ShardKey] = {}
+        for n, index in enumerate(order):
+            key = ShardKey(zero.gpu.who, zero.gpu.stage, label, ALL_GATHER, index)
+            params = zero.layer_params + (zero.rest_params if rest and n == 0 else 0.0)
+            zero.collective(
+                zero.side,
+                f"params {COLLECTIVE_LABELS[ALL_GATHER]} layer {index}",
+                ALL_GATHER,
+                params * WEIGHT_BYTES_PER_PARAM,
+                microbatch=mb,
+                key=key,
+            )
+            self.gathered[index] = key
+        self.order = order
+
+    def first(self) -> list[object]:
+        return self.before_layer(self.order[0])
+
+    def before_layer(self, index: int) -> list[object]:
+        return [self.gathered[index]]
 
 
 def strategy_for(gpu: GpuOps, scenario: Scenario, compute: ComputeModel) -> DataParallel:
