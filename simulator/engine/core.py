@@ -1,6 +1,6 @@
-"""When things run: each lane walks its ops in order on the engine's clock (clock.py).
+"""When things run: each lane walks its ops in order on a simpy clock.
 
-A lane is a small state machine driven by clock callbacks (see `_Engine`). In
+A lane is a small state machine driven by simpy callbacks (see `_Engine`). In
 exact mode, ops that share a ``rendezvous`` are one collective: it starts when
 the last member lane reaches it and ends every member's op.
 
@@ -18,10 +18,13 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
+import simpy
+from simpy.events import NORMAL
+
 from ..results import Span, Trace
 from ..vocabulary import BARRIER, COMPUTE_KINDS, IDLE, PP_SEND, STREAM_OF_COMM, WAIT_OF_COMM
 from ..workload.ops import Workload
-from .clock import Clock
+from .events import Call
 from .network import FairShareNetwork, NetworkFactory
 
 # builds a named tuple from a tuple of its fields without the Python-level __new__ the
@@ -41,7 +44,7 @@ def simulate(
 ) -> Trace:
     """Run every lane to its end and return what happened, span by span.
 
-    ``network`` makes the network on the engine's clock, e.g.
+    ``network`` makes the network on the engine's simpy Environment, e.g.
     ``FairShareNetwork.factory(capacities)``; without one, a network with no links,
     enough for workloads whose transfers only take time (abstract pipelines).
     ``progress``, if given, is called with the fraction of ops done, about every 1 % of
@@ -51,10 +54,12 @@ def simulate(
 
 class _Engine:
     """Each lane is a small state machine driven by simpy callbacks: it runs its ops
-    until one must wait (a compute op's timeout, a blocking transfer, an op another lane
+    until one must wait (a compute op's end, a blocking transfer, an op another lane
     has not finished) and resumes from the callback. That is one simpy event per compute
     op and none per dependency, where a generator process per lane costs a resume per
-    yield; the walk itself is the same."""
+    yield; the walk itself is the same. A compute op's end is the lane's own `Call`
+    event, scheduled again for each op (a lane has at most one pending: it waits for
+    it), rather than a new Timeout per op."""
 
     def __init__(
         self,
@@ -67,7 +72,7 @@ class _Engine:
         self.num_done = 0
         self.report_every = max(len(workload.ops) // 100, 1)
         self.next_report = self.report_every if progress is not None else -1
-        self.env = Clock()
+        self.env = simpy.Environment()
         self.network = network(self.env)
         n = len(workload.ops)
         self.start_s: list[float | None] = [None] * n
@@ -85,6 +90,8 @@ class _Engine:
         self.draining = False
         # one callback per lane for "the op it is running has ended"
         self.op_ended = [self._op_ended_callback(i) for i in range(num_lanes)]
+        self.lane_event = [Call() for _ in range(num_lanes)]
+        self.lane_callbacks = [(ended,) for ended in self.op_ended]
         # exact mode: a collective's member ops by its first member, and how many arrived
         self.members: dict[int, list[int]] = {}
         for op in workload.ops:
@@ -112,7 +119,7 @@ class _Engine:
     def _op_ended_callback(self, lane: int):
         ready, end_running_op, drain = self.ready, self._end_running_op, self._drain
 
-        def ended() -> None:
+        def ended(_event: object = None) -> None:
             end_running_op(lane)
             ready.append(lane)
             if not self.draining:
@@ -206,7 +213,9 @@ class _Engine:
                 if op.duration_s > 0:
                     self.position[lane_index] = position
                     self.next_dep[lane_index] = 0
-                    env.after(op.duration_s, self.op_ended[lane_index])
+                    event = self.lane_event[lane_index]
+                    event.callbacks = self.lane_callbacks[lane_index]
+                    env.schedule(event, NORMAL, op.duration_s)
                     return
             elif kind != BARRIER:
                 if op.rendezvous >= 0:
@@ -237,7 +246,7 @@ class _Engine:
             if op.kind == PP_SEND:  # a blocking p2p pair: its span starts with the transfer
                 for index in self.members[first]:
                     self.start_s[index] = self.env.now
-            self.network.start(op.transfer, lambda: self._collective_done(first))
+            self.network.start(op.transfer, lambda _event: self._collective_done(first))
 
     def _collective_done(self, first: int) -> None:
         """Every member's op ends: the lanes blocked on it go on."""
@@ -263,7 +272,7 @@ class _Engine:
             )
 
     def _transfer_done_callback(self, index: int, gpu: int):
-        def done() -> None:
+        def done(_event: object) -> None:
             self._comm_span(index, gpu)
             self._done(index)
             self._wake(())

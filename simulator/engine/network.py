@@ -2,8 +2,8 @@
 
 The network's inputs (`Transfer`, `Collective`) and its record (`Interval`) are its
 own types, in flows.py. Two models share one method, ``start(transfer, on_done)``,
-which calls ``on_done()`` when the transfer (or every phase of a collective) has
-finished:
+which calls ``on_done(event)`` when the transfer (or every phase of a collective) has
+finished (the event it fired from, or None: callbacks ignore it, see events.py):
 
 - `AnalyticalNetwork`: every transfer runs as if alone on the cluster:
   latency + bytes / bottleneck, where the bottleneck counts only the
@@ -25,7 +25,7 @@ from functools import partial
 
 import simpy
 
-from .clock import Clock, after
+from .events import Callback, after
 from .flows import Collective, Interval, Transfer
 
 # builds a named tuple from a tuple of its fields, skipping the Python-level __new__
@@ -35,7 +35,7 @@ _new = tuple.__new__
 _SHARE_RTOL = 1e-12
 
 
-def start_phases(start, phases: Collective, on_done: Callable[[], None]) -> None:
+def start_phases(start, phases: Collective, on_done: Callback) -> None:
     """Start each phase when the previous one ends; ``on_done`` after the last."""
     if len(phases) == 1:
         start(phases[0], on_done)
@@ -43,9 +43,9 @@ def start_phases(start, phases: Collective, on_done: Callable[[], None]) -> None
 
     def next_phase(index: int) -> None:
         if index == len(phases):
-            on_done()
+            on_done(None)
         else:
-            start(phases[index], lambda: next_phase(index + 1))
+            start(phases[index], lambda _event: next_phase(index + 1))
 
     next_phase(0)
 
@@ -55,8 +55,8 @@ class Network:
     when it has finished (a callback rather than a simpy event: one event less per
     transfer, and the engine's lanes are driven by callbacks too)."""
 
-    def __init__(self, env: Clock | simpy.Environment, capacities: Sequence[float]) -> None:
-        self.env = env  # the engine's Clock, or a simpy Environment (tests, scripts)
+    def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
+        self.env = env  # the engine's, or one that simpy processes share (tests, scripts)
         self._after = after(env)
         self.capacities = list(capacities)
         self.num_transfers = 0
@@ -69,7 +69,7 @@ class Network:
         creates (see engine.core.simulate)."""
         return partial(cls, capacities=capacities)
 
-    def start(self, transfer: Transfer | Collective, on_done: Callable[[], None]) -> None:
+    def start(self, transfer: Transfer | Collective, on_done: Callback) -> None:
         if type(transfer) is not Transfer:
             if len(transfer) > 1:
                 start_phases(self.start, transfer, on_done)
@@ -81,15 +81,15 @@ class Network:
     def transfer(self, transfer: Transfer | Collective) -> simpy.Event:
         """The same as an event, for simpy processes (tests, scripts)."""
         done = self.env.event()
-        self.start(transfer, done.succeed)
+        self.start(transfer, lambda _event: done.succeed())
         return done
 
-    def _start_transfer(self, transfer: Transfer, on_done: Callable[[], None]) -> None:
+    def _start_transfer(self, transfer: Transfer, on_done: Callback) -> None:
         raise NotImplementedError
 
 
 # Makes a network on the engine's clock: ``Network.factory(capacities)``.
-NetworkFactory = Callable[[Clock], Network]
+NetworkFactory = Callable[[simpy.Environment], Network]
 
 
 def solo_rate_bytes_per_s(
@@ -100,7 +100,7 @@ def solo_rate_bytes_per_s(
 
 
 class AnalyticalNetwork(Network):
-    def _start_transfer(self, transfer: Transfer, on_done: Callable[[], None]) -> None:
+    def _start_transfer(self, transfer: Transfer, on_done: Callback) -> None:
         duration_s = transfer.latency_s
         if transfer.bytes_per_flow > 0 and transfer.links:
             rate = solo_rate_bytes_per_s(transfer.links, transfer.mults, self.capacities)
@@ -127,7 +127,7 @@ class _Flow:
         "on_done",
     )
 
-    def __init__(self, seq: int, transfer: Transfer, on_done: Callable[[], None]) -> None:
+    def __init__(self, seq: int, transfer: Transfer, on_done: Callback) -> None:
         self.seq = seq
         self.links = transfer.links
         self.mults = transfer.mults
@@ -142,7 +142,7 @@ class _Flow:
 
 
 class FairShareNetwork(Network):
-    def __init__(self, env: Clock | simpy.Environment, capacities: Sequence[float]) -> None:
+    def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
         super().__init__(env, capacities)
         assert all(0 < c < float("inf") for c in self.capacities), "link capacities must be finite"
         # Active flows per link, in start order (dicts keep insertion order: deterministic).
@@ -166,7 +166,7 @@ class FairShareNetwork(Network):
         # collective of a kind on a stage); the transfer is kept so its id stays unique
         self._solo: dict[int, tuple[Transfer, float]] = {}
 
-    def _start_transfer(self, transfer: Transfer, on_done: Callable[[], None]) -> None:
+    def _start_transfer(self, transfer: Transfer, on_done: Callback) -> None:
         if transfer.bytes_per_flow <= 0 or not transfer.links:
             self._after(transfer.latency_s, on_done)
             return
@@ -186,12 +186,12 @@ class FairShareNetwork(Network):
         flow.version += 1
         version = flow.version
         duration_s = transfer.latency_s + transfer.bytes_per_flow / rate
-        self._after(duration_s, lambda: self._finish(flow, version))
+        self._after(duration_s, lambda _event: self._finish(flow, version))
 
     def _start_later(self, flow: _Flow) -> None:
         """An ordinary flow: it starts sharing links when its latency is over."""
         delay_s = max(flow.start_s - self.env.now, 0.0)
-        self._after(delay_s, lambda: self._start(flow))
+        self._after(delay_s, lambda _event: self._start(flow))
 
     def _release_claims(self, links: Sequence[int]) -> None:
         """Turn the claimants of these links into ordinary flows."""
@@ -259,7 +259,7 @@ class FairShareNetwork(Network):
                 self.intervals.append(
                     _new(Interval, (flow.links, flow.mults, flow.rate, flow.updated_s, now))
                 )
-            flow.on_done()
+            flow.on_done(None)
             return
         shared = []
         for link in flow.links:
@@ -274,14 +274,14 @@ class FairShareNetwork(Network):
         flow.rate = 0.0
         if shared:  # only flows on these links can speed up
             self._mark_dirty(shared)
-        flow.on_done()
+        flow.on_done(None)
 
     def _set_rate(self, flow: _Flow, rate: float) -> None:
         """Give the flow a new rate and schedule its end at that rate."""
         flow.rate = rate
         flow.version += 1
         version = flow.version
-        self._after(max(flow.bytes_left, 0.0) / rate, lambda: self._finish(flow, version))
+        self._after(max(flow.bytes_left, 0.0) / rate, lambda _event: self._finish(flow, version))
 
     def _close_interval(self, flow: _Flow, now: float) -> None:
         if flow.rate > 0 and now > flow.updated_s:
@@ -295,7 +295,7 @@ class FairShareNetwork(Network):
 
     # -- max-min fair rates ------------------------------------------------------------
 
-    def _recompute(self) -> None:
+    def _recompute(self, _event: object = None) -> None:
         self._recompute_pending = False
         dirty = sorted(self._dirty)
         self._dirty.clear()
