@@ -72,7 +72,7 @@ class _Engine:
         self.num_done = 0
         self.report_every = max(len(workload.ops) // 100, 1)
         self.next_report = self.report_every if progress is not None else -1
-        self.env = simpy.Environment()
+        self.env = simpy.Environment(0.0)  # float time from the start, as spans record it
         self.network = network(self.env)
         n = len(workload.ops)
         self.start_s: list[float | None] = [None] * n
@@ -88,10 +88,6 @@ class _Engine:
         self.waited_from = [0.0] * num_lanes
         self.ready: deque[int] = deque()  # lanes to advance now, in order
         self.draining = False
-        # one callback per lane for "the op it is running has ended"
-        self.op_ended = [self._op_ended_callback(i) for i in range(num_lanes)]
-        self.lane_event = [Call() for _ in range(num_lanes)]
-        self.lane_callbacks = [(ended,) for ended in self.op_ended]
         # exact mode: a collective's member ops by its first member, and how many arrived
         self.members: dict[int, list[int]] = {}
         for op in workload.ops:
@@ -103,6 +99,10 @@ class _Engine:
         self.lane_ops = [lane.ops for lane in workload.lanes]
         self.lane_gpu = [lane.gpu for lane in workload.lanes]
         self.lane_stream = [lane.stream for lane in workload.lanes]
+        # one callback per lane for "the op it is running has ended"
+        self.op_ended = [self._op_ended_callback(i) for i in range(num_lanes)]
+        self.lane_event = [Call() for _ in range(num_lanes)]
+        self.lane_callbacks = [(ended,) for ended in self.op_ended]
 
     def run(self) -> Trace:
         self._wake(range(len(self.workload.lanes)))
@@ -117,13 +117,36 @@ class _Engine:
         )
 
     def _op_ended_callback(self, lane: int):
-        ready, end_running_op, drain = self.ready, self._end_running_op, self._drain
+        """The callback for "the op the lane runs has ended": `_end_running_op`, then the
+        lane and those it released advance (`_drain`), both written out here because
+        this runs once per compute op and blocking transfer."""
+        ready, done, advance, spans = self.ready, self._done, self._advance, self.spans
+        popleft = ready.popleft
+        positions, lane_ops, ops, start_s = (
+            self.position,
+            self.lane_ops[lane],
+            self.ops,
+            self.start_s,
+        )
+        gpu, stream, env = self.lane_gpu[lane], self.lane_stream[lane], self.env
 
         def ended(_event: object = None) -> None:
-            end_running_op(lane)
+            position = positions[lane]
+            index = lane_ops[position]
+            start, now = start_s[index], env.now
+            if now > start:
+                op = ops[index]
+                spans.append(
+                    _new(Span, (gpu, stream, op.kind, op.label, op.microbatch, start, now, index))
+                )
+            done(index, now)
+            positions[lane] = position + 1
             ready.append(lane)
             if not self.draining:
-                drain()
+                self.draining = True
+                while ready:
+                    advance(popleft())
+                self.draining = False
 
         return ended
 
@@ -141,13 +164,13 @@ class _Engine:
             advance(popleft())
         self.draining = False
 
-    def _done(self, index: int) -> None:
+    def _done(self, index: int, now: float) -> None:
         if self.progress is not None:
             self.num_done += 1
             if self.num_done == self.next_report:
                 self.next_report += self.report_every
                 self.progress(self.num_done / len(self.workload.ops))
-        self.end_s[index] = now = self.env.now
+        self.end_s[index] = now
         if now > self.last_end_s:
             self.last_end_s = now
         lanes = self.waiters.pop(index, None)
@@ -157,7 +180,8 @@ class _Engine:
             self.ready.extend(lanes)
 
     def _end_running_op(self, lane_index: int) -> None:
-        """The compute op or blocking transfer the lane was running has finished."""
+        """The compute op or blocking transfer the lane was running has finished (the
+        lane's ``op_ended`` callback does the same, written out)."""
         position = self.position[lane_index]
         index = self.lane_ops[lane_index][position]
         op = self.ops[index]
@@ -178,7 +202,7 @@ class _Engine:
                     ),
                 )
             )
-        self._done(index)
+        self._done(index, now)
         self.position[lane_index] = position + 1
 
     def _advance(self, lane_index: int) -> None:
@@ -193,19 +217,21 @@ class _Engine:
             index = lane_ops[position]
             op = ops[index]
             deps = op.deps
-            while d < len(deps):
-                dep = deps[d]
-                d += 1
-                if end_s[dep] is None:
-                    self.next_dep[lane_index] = d
-                    self.position[lane_index] = position
-                    self.waited_from[lane_index] = now
-                    waiting = self.waiters.get(dep)
-                    if waiting is None:
-                        self.waiters[dep] = [lane_index]
-                    else:
-                        waiting.append(lane_index)
-                    return
+            if deps:
+                num_deps = len(deps)
+                while d < num_deps:
+                    dep = deps[d]
+                    d += 1
+                    if end_s[dep] is None:
+                        self.next_dep[lane_index] = d
+                        self.position[lane_index] = position
+                        self.waited_from[lane_index] = now
+                        waiting = self.waiters.get(dep)
+                        if waiting is None:
+                            self.waiters[dep] = [lane_index]
+                        else:
+                            waiting.append(lane_index)
+                        return
             start_s[index] = now
             d = 0
             kind = op.kind
@@ -231,7 +257,7 @@ class _Engine:
                     return
                 position += 1
                 continue
-            self._done(index)
+            self._done(index, now)
             position += 1
         self.position[lane_index] = position
         self.next_dep[lane_index] = 0
@@ -258,7 +284,7 @@ class _Engine:
                 self.ready.append(op.lane)
             else:
                 self._comm_span(index, lanes[op.lane].gpu)
-                self._done(index)
+                self._done(index, self.env.now)
         self._wake(())
 
     def _comm_span(self, index: int, gpu: int) -> None:
@@ -274,7 +300,7 @@ class _Engine:
     def _transfer_done_callback(self, index: int, gpu: int):
         def done(_event: object) -> None:
             self._comm_span(index, gpu)
-            self._done(index)
+            self._done(index, self.env.now)
             self._wake(())
 
         return done

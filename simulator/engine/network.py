@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 import simpy
+from simpy.events import NORMAL
 
 from .events import Callback, after
 from .flows import Collective, Interval, Transfer
@@ -125,7 +126,9 @@ class _Flow:
         "updated_s",
         "version",
         "on_done",
+        "callbacks",  # a claimed flow is its own end event, see FairShareNetwork
     )
+    _ok = True  # what simpy's Environment.step reads of an event after its callbacks
 
     def __init__(self, seq: int, transfer: Transfer, on_done: Callback) -> None:
         self.seq = seq
@@ -165,8 +168,17 @@ class FairShareNetwork(Network):
         # solo rate per transfer, by identity (a workload reuses one Transfer for every
         # collective of a kind on a stage); the transfer is kept so its id stays unique
         self._solo: dict[int, tuple[Transfer, float]] = {}
+        self._schedule = env.schedule
+        self._claim_ends = (self._claim_ended,)
 
-    def _start_transfer(self, transfer: Transfer, on_done: Callback) -> None:
+    def start(self, transfer: Transfer | Collective, on_done: Callback) -> None:
+        # Network.start with `_start_transfer` written out: this runs once per transfer
+        if type(transfer) is not Transfer:
+            if len(transfer) > 1:
+                start_phases(self.start, transfer, on_done)
+                return
+            transfer = transfer[0]
+        self.num_transfers += 1
         if transfer.bytes_per_flow <= 0 or not transfer.links:
             self._after(transfer.latency_s, on_done)
             return
@@ -178,15 +190,19 @@ class FairShareNetwork(Network):
         if not self._busy.isdisjoint(flow.links):
             self._start_later(flow)
             return
+        # onto idle, unclaimed links: the flow claims them and runs alone
         flow.claimed = True
         self._busy.update(flow.links)
         self._claimant.update(dict.fromkeys(flow.links, flow))
         flow.rate = rate
         flow.updated_s = flow.start_s
-        flow.version += 1
-        version = flow.version
-        duration_s = transfer.latency_s + transfer.bytes_per_flow / rate
-        self._after(duration_s, lambda _event: self._finish(flow, version))
+        # version 1, its first end event: the flow itself, scheduled once (events.Call)
+        flow.version = 1
+        flow.callbacks = self._claim_ends
+        self._schedule(flow, NORMAL, transfer.latency_s + transfer.bytes_per_flow / rate)
+
+    def _claim_ended(self, flow: _Flow) -> None:
+        self._finish(flow, 1)
 
     def _start_later(self, flow: _Flow) -> None:
         """An ordinary flow: it starts sharing links when its latency is over."""

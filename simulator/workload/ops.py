@@ -137,6 +137,73 @@ class WorkloadBuilder:
         self._keys.setdefault(key, index)
         return key
 
+    # -- repeated bodies: a layer's ops, the same in every pass but for label and
+    # micro-batch, added again without going through the code that made them ---------
+
+    def mark(self) -> tuple[int, int]:
+        """Where the ops and keys stand now, for `body_since`."""
+        return len(self._ops), len(self._keys)
+
+    def body_since(
+        self, mark: tuple[int, int], lane: int, label: str, mb: int, deps: Sequence[object]
+    ) -> tuple[tuple, ...] | None:
+        """The ops added since ``mark`` as rows for `replay`: if they are all on ``lane``,
+        of this label and micro-batch, named by no key, in no rendezvous, and only the
+        first waits, for ``deps``; else None (they cannot be replayed)."""
+        start, num_keys = mark
+        if len(self._keys) != num_keys:
+            return None
+        added = self._ops[start:]
+        deps = tuple(deps)
+        rows = []
+        for n, op in enumerate(added):
+            if (
+                op.lane != lane
+                or op.label != label
+                or op.microbatch != mb
+                or op.rendezvous != -1
+                or op.deps != (deps if n == 0 else ())
+            ):
+                return None
+            rows.append((op.kind, op.duration_s, op.transfer, op.blocking, op.flops))
+        if deps and not rows:
+            return None
+        return tuple(rows)
+
+    def replay(
+        self, lane: int, label: str, mb: int, deps: Sequence[object], rows: tuple[tuple, ...]
+    ) -> None:
+        """Add the ops of ``rows`` (from `body_since`) for this label and micro-batch, the
+        first waiting for ``deps``: the same ops the code that made the rows would add."""
+        ops, lane_ops = self._ops, self._lanes[lane][4]
+        index = len(ops)
+        first_deps = ()
+        if deps:
+            first_deps = tuple(deps)
+            self._unresolved.append(index)
+        for kind, duration_s, transfer, blocking, flops in rows:
+            ops.append(
+                _new(
+                    Op,
+                    (
+                        index,
+                        lane,
+                        kind,
+                        label,
+                        mb,
+                        duration_s,
+                        transfer,
+                        blocking,
+                        first_deps,
+                        flops,
+                        -1,
+                    ),
+                )
+            )
+            lane_ops.append(index)
+            index += 1
+            first_deps = ()
+
     def build(self) -> Workload:
         ops, keys = self._ops, self._keys
         for index in self._unresolved:
