@@ -22,6 +22,7 @@ CASES = {
     "split backward": ({}, {"schedule": "zbh1"}, {}),
     "deepspeed": ({}, {"framework": "deepspeed"}, {}),
     "exact mode": ({}, {}, {"symmetry": False}),
+    "exact mode, sequence parallel": ({"sequence_parallel": True}, {}, {"symmetry": False}),
 }
 
 
@@ -43,5 +44,5 @@ def test_replayed_layers_are_the_ops_the_blocks_make(name, monkeypatch):
     monkeypatch.setattr(WorkloadBuilder, "body_since", lambda *args: None)
     made = lower(scenario, cluster)
     assert replayed == made
-    # replayed unless the bodies name ops (asynchronous TP) or join rendezvous (exact)
-    assert bool(replays) == (name not in ("tp comm overlap", "exact mode"))
+    # replayed unless the bodies name ops (TP collectives alongside the GEMMs)
+    assert bool(replays) == (name != "tp comm overlap")

@@ -408,13 +408,15 @@ class _Stage:
         (what the blocks add depends on the stage's layer, layout and mechanisms only),
         so the first body of each kind is made by the blocks and recorded, and later
         ones are replayed from the record (WorkloadBuilder.replay): the same ops at a
-        fraction of the cost. Bodies that name ops or join rendezvous (asynchronous TP,
-        exact mode) are made by the blocks every time."""
+        fraction of the cost, in exact mode with their TP collectives' rendezvous named
+        again in order. Bodies that name ops (asynchronous TP, --tp-comm-overlap) are made
+        by the blocks every time."""
         shape = (kind, bool(deps))
         rows = self.bodies.get(shape)
-        builder = self.gpu.builder
+        gpu = self.gpu
+        builder = gpu.builder
         if rows:
-            builder.replay(self.gpu.lane, label, mb, deps, rows)
+            builder.replay(gpu.lane, label, mb, deps, rows, gpu.rendezvous)
             return
         mark = builder.mark()
         if kind == "F":
@@ -422,7 +424,10 @@ class _Stage:
         else:
             self.backward_layer(label, mb, deps)
         if rows is None:
-            self.bodies[shape] = builder.body_since(mark, self.gpu.lane, label, mb, deps) or ()
+            # exact mode: a TP collective's rendezvous is named by its group and count
+            kinds = (TP_COMM,) if gpu.exact else ()
+            body = builder.body_since(mark, gpu.lane, label, mb, deps, kinds)
+            self.bodies[shape] = body or ()
 
     def forward_layer(self, label: str, mb: int, deps: list[object]) -> None:
         layer = self.layer

@@ -19,7 +19,7 @@ reaches its op, and every member's op ends with it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple
 
 from stepsim.schedules import LOOPED, Step, holder_of, stage_of, step_label
@@ -145,11 +145,18 @@ class WorkloadBuilder:
         return len(self._ops), len(self._keys)
 
     def body_since(
-        self, mark: tuple[int, int], lane: int, label: str, mb: int, deps: Sequence[object]
+        self,
+        mark: tuple[int, int],
+        lane: int,
+        label: str,
+        mb: int,
+        deps: Sequence[object],
+        rendezvous_kinds: Collection[str] = (),
     ) -> tuple[tuple, ...] | None:
         """The ops added since ``mark`` as rows for `replay`: if they are all on ``lane``,
-        of this label and micro-batch, named by no key, in no rendezvous, and only the
-        first waits, for ``deps``; else None (they cannot be replayed)."""
+        of this label and micro-batch, named by no key, and only the first waits, for
+        ``deps``, and those in a rendezvous are of ``rendezvous_kinds`` (whose rendezvous
+        names `replay` asks for again); else None (they cannot be replayed)."""
         start, num_keys = mark
         if len(self._keys) != num_keys:
             return None
@@ -157,31 +164,40 @@ class WorkloadBuilder:
         deps = tuple(deps)
         rows = []
         for n, op in enumerate(added):
+            joins = op.rendezvous != -1
             if (
                 op.lane != lane
                 or op.label != label
                 or op.microbatch != mb
-                or op.rendezvous != -1
+                or (joins and op.kind not in rendezvous_kinds)
                 or op.deps != (deps if n == 0 else ())
             ):
                 return None
-            rows.append((op.kind, op.duration_s, op.transfer, op.blocking, op.flops))
+            rows.append((op.kind, op.duration_s, op.transfer, op.blocking, op.flops, joins))
         if deps and not rows:
             return None
         return tuple(rows)
 
     def replay(
-        self, lane: int, label: str, mb: int, deps: Sequence[object], rows: tuple[tuple, ...]
+        self,
+        lane: int,
+        label: str,
+        mb: int,
+        deps: Sequence[object],
+        rows: tuple[tuple, ...],
+        rendezvous: Callable[[str], object] | None = None,
     ) -> None:
         """Add the ops of ``rows`` (from `body_since`) for this label and micro-batch, the
-        first waiting for ``deps``: the same ops the code that made the rows would add."""
+        first waiting for ``deps``: the same ops the code that made the rows would add.
+        ``rendezvous(kind)`` names the rendezvous of each row that joined one."""
         ops, lane_ops = self._ops, self._lanes[lane][4]
         index = len(ops)
         first_deps = ()
         if deps:
             first_deps = tuple(deps)
             self._unresolved.append(index)
-        for kind, duration_s, transfer, blocking, flops in rows:
+        for kind, duration_s, transfer, blocking, flops, joins in rows:
+            first = self._rendezvous.setdefault(rendezvous(kind), index) if joins else -1
             ops.append(
                 _new(
                     Op,
@@ -196,7 +212,7 @@ class WorkloadBuilder:
                         blocking,
                         first_deps,
                         flops,
-                        -1,
+                        first,
                     ),
                 )
             )
@@ -212,7 +228,7 @@ class WorkloadBuilder:
                 deps = tuple(d if isinstance(d, int) else keys[d] for d in op.deps)
             except KeyError as exc:
                 raise ValueError(f"op {op.label!r} depends on unknown op {exc.args[0]!r}") from None
-            ops[index] = op._replace(deps=deps)
+            ops[index] = _new(Op, (*op[:8], deps, *op[9:]))  # op._replace(deps=deps)
         lanes = tuple(
             Lane(i, gpu, stream, stage, stands_for, tuple(op_ids))
             for i, (gpu, stream, stage, stands_for, op_ids) in enumerate(self._lanes)
