@@ -2,6 +2,7 @@
 
     python benchmarks/performance.py                 # the target cases, median of 3
     python benchmarks/performance.py --exact         # also MT-NLG in exact mode (minutes)
+    python benchmarks/performance.py --long          # also GPT-3 at p = 16, m = 192 and 3,072
     python benchmarks/performance.py --scaling       # growth with micro-batches x stages, DP
     python benchmarks/performance.py --scaling --write   # and update docs/performance.md
 
@@ -102,6 +103,17 @@ FLAT = {
         ],
     ),
 }
+# issue 18: long pipelines, GPT-3 175B (TP 8, PP 16, DP 8) with m micro-batches per
+# pipeline (global batch 8 m); the target is m = 3,072 within 10x of m = 192
+LONG = {
+    f"gpt3-p16-m{m}": (
+        f"GPT-3 175B, PP 16, m = {m:,} micro-batches",
+        [GPT3, "--set", f"training.global_batch_size={8 * m}", "--allow-oom"],
+        None,
+        None,
+    )
+    for m in (192, 3072)
+}
 EXACT = {
     "mt-nlg-3360-exact": (
         "the MT-NLG run in exact mode (every GPU simulated)",
@@ -119,6 +131,8 @@ def _case_arguments(name: str) -> list[str] | None:
         return EXACT[name][1]
     if name in FLAT:
         return FLAT[name][1]
+    if name in LONG:
+        return LONG[name][1]
     # the run arguments themselves (scaling points, time_scenarios.py); some layouts of
     # the sweep would not fit in memory, and the speed of simulating them is what counts
     return [*json.loads(name), "--allow-oom"]
@@ -352,6 +366,9 @@ def main() -> None:
     parser.add_argument(
         "--no-flat", action="store_true", help="skip the data-parallel growth cases"
     )
+    parser.add_argument(
+        "--long", action="store_true", help="also time m = 192 and 3,072 at p = 16 (~2 min)"
+    )
     parser.add_argument("--scaling", action="store_true", help="time the growth sweeps")
     parser.add_argument("--write", action="store_true", help="update docs/performance.md")
     args = parser.parse_args()
@@ -374,6 +391,12 @@ def main() -> None:
     if flat:
         print()
         print(flat_table(flat))
+    if args.long:
+        long = {name: measure(name, args.repeat, 3600) for name in LONG}
+        for name, row in long.items():
+            print(f"  {name:<20} {row['median_s']:7.2f} s  {row['peak_gib']:5.2f} GiB")
+        ratio = long["gpt3-p16-m3072"]["median_s"] / long["gpt3-p16-m192"]["median_s"]
+        print(f"  m = 3,072 / m = 192: {ratio:.1f}x (target: at most 10x)")
     scaling = run_scaling(1) if args.scaling else None
     if args.write:
         write_docs(results, scaling, flat)

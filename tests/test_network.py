@@ -137,3 +137,19 @@ def test_flow_joining_a_running_one_takes_its_share_from_then_on():
     # A: 40 B by 4 s, then 5 B/s; B: 30 B at 5 B/s ends at 10 s; A has 30 B left at 10 B/s
     assert t_b == pytest.approx(10.0)
     assert t_a == pytest.approx(13.0)
+
+
+def test_calls_run_in_time_order_and_ties_in_scheduling_order_among_simpy_timeouts():
+    from stepsim.engine.events import after
+
+    env, seen = simpy.Environment(), []
+    call = after(env)
+    for name, delay in (("a", 2.0), ("b", 1.0), ("c", 2.0), ("d", 0.0)):
+        call(delay, lambda _event, name=name: seen.append((name, env.now)))
+        # a Timeout scheduled just after each call runs just after it at the same time
+        env.timeout(delay).callbacks.append(lambda _event, name=name: seen.append(name.upper()))
+    call(1.0, lambda _event: call(1.0, lambda _event: seen.append(("e", env.now))))
+    env.run()
+    assert seen == [("d", 0.0), "D", ("b", 1.0), "B", ("a", 2.0), "A", ("c", 2.0), "C", ("e", 2.0)]
+    with pytest.raises(ValueError, match="negative delay"):
+        call(-1.0, lambda _event: None)

@@ -19,11 +19,17 @@ from collections import deque
 from collections.abc import Callable
 
 import simpy
+from simpy.events import NORMAL
 
 from ..results import Span, Trace
 from ..vocabulary import BARRIER, COMPUTE_KINDS, IDLE, PP_SEND, STREAM_OF_COMM, WAIT_OF_COMM
 from ..workload.ops import Workload
+from .events import Call
 from .network import FairShareNetwork, NetworkFactory
+
+# builds a named tuple from a tuple of its fields without the Python-level __new__ the
+# namedtuple factory writes: the same object, one call frame less per span
+_new = tuple.__new__
 
 
 class DeadlockError(RuntimeError):
@@ -38,7 +44,7 @@ def simulate(
 ) -> Trace:
     """Run every lane to its end and return what happened, span by span.
 
-    ``network`` makes the network on the engine's clock, e.g.
+    ``network`` makes the network on the engine's simpy Environment, e.g.
     ``FairShareNetwork.factory(capacities)``; without one, a network with no links,
     enough for workloads whose transfers only take time (abstract pipelines).
     ``progress``, if given, is called with the fraction of ops done, about every 1 % of
@@ -48,10 +54,12 @@ def simulate(
 
 class _Engine:
     """Each lane is a small state machine driven by simpy callbacks: it runs its ops
-    until one must wait (a compute op's timeout, a blocking transfer, an op another lane
+    until one must wait (a compute op's end, a blocking transfer, an op another lane
     has not finished) and resumes from the callback. That is one simpy event per compute
     op and none per dependency, where a generator process per lane costs a resume per
-    yield; the walk itself is the same."""
+    yield; the walk itself is the same. A compute op's end is the lane's own `Call`
+    event, scheduled again for each op (a lane has at most one pending: it waits for
+    it), rather than a new Timeout per op."""
 
     def __init__(
         self,
@@ -64,7 +72,7 @@ class _Engine:
         self.num_done = 0
         self.report_every = max(len(workload.ops) // 100, 1)
         self.next_report = self.report_every if progress is not None else -1
-        self.env = simpy.Environment()
+        self.env = simpy.Environment(0.0)  # float time from the start, as spans record it
         self.network = network(self.env)
         n = len(workload.ops)
         self.start_s: list[float | None] = [None] * n
@@ -80,14 +88,21 @@ class _Engine:
         self.waited_from = [0.0] * num_lanes
         self.ready: deque[int] = deque()  # lanes to advance now, in order
         self.draining = False
-        # one callback per lane for "the op it is running has ended"
-        self.op_ended = [self._op_ended_callback(i) for i in range(num_lanes)]
         # exact mode: a collective's member ops by its first member, and how many arrived
         self.members: dict[int, list[int]] = {}
         for op in workload.ops:
             if op.rendezvous >= 0:
                 self.members.setdefault(op.rendezvous, []).append(op.index)
         self.arrived: dict[int, int] = {}
+        # per lane, for the hot paths: its ops, GPU and stream
+        self.ops = workload.ops
+        self.lane_ops = [lane.ops for lane in workload.lanes]
+        self.lane_gpu = [lane.gpu for lane in workload.lanes]
+        self.lane_stream = [lane.stream for lane in workload.lanes]
+        # one callback per lane for "the op it is running has ended"
+        self.op_ended = [self._op_ended_callback(i) for i in range(num_lanes)]
+        self.lane_event = [Call() for _ in range(num_lanes)]
+        self.lane_callbacks = [(ended,) for ended in self.op_ended]
 
     def run(self) -> Trace:
         self._wake(range(len(self.workload.lanes)))
@@ -102,33 +117,60 @@ class _Engine:
         )
 
     def _op_ended_callback(self, lane: int):
-        def ended(_event=None) -> None:
-            self._end_running_op(lane)
-            if self.draining:
-                self.ready.append(lane)
-            else:
-                self._wake((lane,))
+        """The callback for "the op the lane runs has ended": `_end_running_op`, then the
+        lane and those it released advance (`_drain`), both written out here because
+        this runs once per compute op and blocking transfer."""
+        ready, done, advance, spans = self.ready, self._done, self._advance, self.spans
+        popleft = ready.popleft
+        positions, lane_ops, ops, start_s = (
+            self.position,
+            self.lane_ops[lane],
+            self.ops,
+            self.start_s,
+        )
+        gpu, stream, env = self.lane_gpu[lane], self.lane_stream[lane], self.env
+
+        def ended(_event: object = None) -> None:
+            position = positions[lane]
+            index = lane_ops[position]
+            start, now = start_s[index], env.now
+            if now > start:
+                op = ops[index]
+                spans.append(
+                    _new(Span, (gpu, stream, op.kind, op.label, op.microbatch, start, now, index))
+                )
+            done(index, now)
+            positions[lane] = position + 1
+            ready.append(lane)
+            if not self.draining:
+                self.draining = True
+                while ready:
+                    advance(popleft())
+                self.draining = False
 
         return ended
 
     def _wake(self, lanes) -> None:
         """Advance these lanes, and any they release, one after another (no recursion)."""
-        ready = self.ready
-        ready.extend(lanes)
-        if self.draining:
-            return
+        self.ready.extend(lanes)
+        if not self.draining:
+            self._drain()
+
+    def _drain(self) -> None:
         self.draining = True
-        advance = self._advance
+        ready, advance = self.ready, self._advance
+        popleft = ready.popleft
         while ready:
-            advance(ready.popleft())
+            advance(popleft())
         self.draining = False
 
-    def _done(self, index: int) -> None:
-        self.num_done += 1
-        if self.num_done == self.next_report:
-            self.next_report += self.report_every
-            self.progress(self.num_done / len(self.workload.ops))
-        self.end_s[index] = now = self.env.now
+    def _done(self, index: int, now: float) -> None:
+        if self.progress is not None:
+            self.num_done += 1
+            if self.num_done == self.next_report:
+                self.next_report += self.report_every
+                self.progress(self.num_done / len(self.workload.ops))
+        self.end_s[index] = now
         if now > self.last_end_s:
             self.last_end_s = now
         lanes = self.waiters.pop(index, None)
@@ -138,39 +180,58 @@ class _Engine:
             self.ready.extend(lanes)
 
     def _end_running_op(self, lane_index: int) -> None:
-        """The compute op or blocking transfer the lane was running has finished."""
-        lane = self.workload.lanes[lane_index]
+        """The compute op or blocking transfer the lane was running has finished (the
+        lane's ``op_ended`` callback does the same, written out)."""
         position = self.position[lane_index]
-        index = lane.ops[position]
-        op = self.workload.ops[index]
+        index = self.lane_ops[lane_index][position]
+        op = self.ops[index]
         start, now = self.start_s[index], self.env.now
         if now > start:
             self.spans.append(
-                Span(lane.gpu, lane.stream, op.kind, op.label, op.microbatch, start, now, index)
+                _new(
+                    Span,
+                    (
+                        self.lane_gpu[lane_index],
+                        self.lane_stream[lane_index],
+                        op.kind,
+                        op.label,
+                        op.microbatch,
+                        start,
+                        now,
+                        index,
+                    ),
+                )
             )
-        self._done(index)
+        self._done(index, now)
         self.position[lane_index] = position + 1
 
     def _advance(self, lane_index: int) -> None:
         """Run the lane's ops until one has to wait."""
-        env, ops, end_s, start_s = self.env, self.workload.ops, self.end_s, self.start_s
+        env, ops, end_s, start_s = self.env, self.ops, self.end_s, self.start_s
         now = env.now  # the clock does not move while a lane advances
-        lane_ops = self.workload.lanes[lane_index].ops
+        lane_ops = self.lane_ops[lane_index]
+        num_ops = len(lane_ops)
         position = self.position[lane_index]
         d = self.next_dep[lane_index]
-        while position < len(lane_ops):
+        while position < num_ops:
             index = lane_ops[position]
             op = ops[index]
             deps = op.deps
-            while d < len(deps):
-                dep = deps[d]
-                d += 1
-                if end_s[dep] is None:
-                    self.next_dep[lane_index] = d
-                    self.position[lane_index] = position
-                    self.waited_from[lane_index] = now
-                    self.waiters.setdefault(dep, []).append(lane_index)
-                    return
+            if deps:
+                num_deps = len(deps)
+                while d < num_deps:
+                    dep = deps[d]
+                    d += 1
+                    if end_s[dep] is None:
+                        self.next_dep[lane_index] = d
+                        self.position[lane_index] = position
+                        self.waited_from[lane_index] = now
+                        waiting = self.waiters.get(dep)
+                        if waiting is None:
+                            self.waiters[dep] = [lane_index]
+                        else:
+                            waiting.append(lane_index)
+                        return
             start_s[index] = now
             d = 0
             kind = op.kind
@@ -178,7 +239,9 @@ class _Engine:
                 if op.duration_s > 0:
                     self.position[lane_index] = position
                     self.next_dep[lane_index] = 0
-                    env.timeout(op.duration_s).callbacks.append(self.op_ended[lane_index])
+                    event = self.lane_event[lane_index]
+                    event.callbacks = self.lane_callbacks[lane_index]
+                    env.schedule(event, NORMAL, op.duration_s)
                     return
             elif kind != BARRIER:
                 if op.rendezvous >= 0:
@@ -186,7 +249,7 @@ class _Engine:
                 elif op.blocking:
                     self.network.start(op.transfer, self.op_ended[lane_index])
                 else:
-                    gpu = self.workload.lanes[lane_index].gpu
+                    gpu = self.lane_gpu[lane_index]
                     self.network.start(op.transfer, self._transfer_done_callback(index, gpu))
                 if op.blocking:
                     self.position[lane_index] = position
@@ -194,7 +257,7 @@ class _Engine:
                     return
                 position += 1
                 continue
-            self._done(index)
+            self._done(index, now)
             position += 1
         self.position[lane_index] = position
         self.next_dep[lane_index] = 0
@@ -209,7 +272,7 @@ class _Engine:
             if op.kind == PP_SEND:  # a blocking p2p pair: its span starts with the transfer
                 for index in self.members[first]:
                     self.start_s[index] = self.env.now
-            self.network.start(op.transfer, lambda: self._collective_done(first))
+            self.network.start(op.transfer, lambda _event: self._collective_done(first))
 
     def _collective_done(self, first: int) -> None:
         """Every member's op ends: the lanes blocked on it go on."""
@@ -221,7 +284,7 @@ class _Engine:
                 self.ready.append(op.lane)
             else:
                 self._comm_span(index, lanes[op.lane].gpu)
-                self._done(index)
+                self._done(index, self.env.now)
         self._wake(())
 
     def _comm_span(self, index: int, gpu: int) -> None:
@@ -235,9 +298,9 @@ class _Engine:
             )
 
     def _transfer_done_callback(self, index: int, gpu: int):
-        def done() -> None:
+        def done(_event: object) -> None:
             self._comm_span(index, gpu)
-            self._done(index)
+            self._done(index, self.env.now)
             self._wake(())
 
         return done

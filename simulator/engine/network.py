@@ -2,8 +2,8 @@
 
 The network's inputs (`Transfer`, `Collective`) and its record (`Interval`) are its
 own types, in flows.py. Two models share one method, ``start(transfer, on_done)``,
-which calls ``on_done()`` when the transfer (or every phase of a collective) has
-finished:
+which calls ``on_done(event)`` when the transfer (or every phase of a collective) has
+finished (the event it fired from, or None: callbacks ignore it, see events.py):
 
 - `AnalyticalNetwork`: every transfer runs as if alone on the cluster:
   latency + bytes / bottleneck, where the bottleneck counts only the
@@ -25,14 +25,19 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 import simpy
+from simpy.events import NORMAL
 
+from .events import Callback, after
 from .flows import Collective, Interval, Transfer
+
+# builds a named tuple from a tuple of its fields, skipping the Python-level __new__
+_new = tuple.__new__
 
 # Relative tolerance when deciding that two fair shares are the same bottleneck.
 _SHARE_RTOL = 1e-12
 
 
-def start_phases(start, phases: Collective, on_done: Callable[[], None]) -> None:
+def start_phases(start, phases: Collective, on_done: Callback) -> None:
     """Start each phase when the previous one ends; ``on_done`` after the last."""
     if len(phases) == 1:
         start(phases[0], on_done)
@@ -40,9 +45,9 @@ def start_phases(start, phases: Collective, on_done: Callable[[], None]) -> None
 
     def next_phase(index: int) -> None:
         if index == len(phases):
-            on_done()
+            on_done(None)
         else:
-            start(phases[index], lambda: next_phase(index + 1))
+            start(phases[index], lambda _event: next_phase(index + 1))
 
     next_phase(0)
 
@@ -53,7 +58,8 @@ class Network:
     transfer, and the engine's lanes are driven by callbacks too)."""
 
     def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
-        self.env = env
+        self.env = env  # the engine's, or one that simpy processes share (tests, scripts)
+        self._after = after(env)
         self.capacities = list(capacities)
         self.num_transfers = 0
         self.intervals: list[Interval] = []  # every stretch of constant rate, for link stats
@@ -65,8 +71,8 @@ class Network:
         creates (see engine.core.simulate)."""
         return partial(cls, capacities=capacities)
 
-    def start(self, transfer: Transfer | Collective, on_done: Callable[[], None]) -> None:
-        if not isinstance(transfer, Transfer):
+    def start(self, transfer: Transfer | Collective, on_done: Callback) -> None:
+        if type(transfer) is not Transfer:
             if len(transfer) > 1:
                 start_phases(self.start, transfer, on_done)
                 return
@@ -77,10 +83,10 @@ class Network:
     def transfer(self, transfer: Transfer | Collective) -> simpy.Event:
         """The same as an event, for simpy processes (tests, scripts)."""
         done = self.env.event()
-        self.start(transfer, done.succeed)
+        self.start(transfer, lambda _event: done.succeed())
         return done
 
-    def _start_transfer(self, transfer: Transfer, on_done: Callable[[], None]) -> None:
+    def _start_transfer(self, transfer: Transfer, on_done: Callback) -> None:
         raise NotImplementedError
 
 
@@ -96,7 +102,7 @@ def solo_rate_bytes_per_s(
 
 
 class AnalyticalNetwork(Network):
-    def _start_transfer(self, transfer: Transfer, on_done: Callable[[], None]) -> None:
+    def _start_transfer(self, transfer: Transfer, on_done: Callback) -> None:
         duration_s = transfer.latency_s
         if transfer.bytes_per_flow > 0 and transfer.links:
             rate = solo_rate_bytes_per_s(transfer.links, transfer.mults, self.capacities)
@@ -105,7 +111,7 @@ class AnalyticalNetwork(Network):
             self.intervals.append(
                 Interval(transfer.links, transfer.mults, rate, start_s, self.env.now + duration_s)
             )
-        self.env.timeout(duration_s).callbacks.append(lambda _: on_done())
+        self._after(duration_s, on_done)
 
 
 class _Flow:
@@ -121,9 +127,11 @@ class _Flow:
         "updated_s",
         "version",
         "on_done",
+        "callbacks",  # a claimed flow is its own end event, see FairShareNetwork
     )
+    _ok = True  # what simpy's Environment.step reads of an event after its callbacks
 
-    def __init__(self, seq: int, transfer: Transfer, on_done: Callable[[], None]) -> None:
+    def __init__(self, seq: int, transfer: Transfer, on_done: Callback) -> None:
         self.seq = seq
         self.links = transfer.links
         self.mults = transfer.mults
@@ -165,32 +173,46 @@ class FairShareNetwork(Network):
         # solo rate per transfer, by identity (a workload reuses one Transfer for every
         # collective of a kind on a stage); the transfer is kept so its id stays unique
         self._solo: dict[int, tuple[Transfer, float]] = {}
+        self._schedule = env.schedule
+        self._claim_ends = (self._claim_ended,)
 
-    def _start_transfer(self, transfer: Transfer, on_done: Callable[[], None]) -> None:
+    def start(self, transfer: Transfer | Collective, on_done: Callback) -> None:
+        # Network.start with `_start_transfer` written out: this runs once per transfer
+        if type(transfer) is not Transfer:
+            if len(transfer) > 1:
+                start_phases(self.start, transfer, on_done)
+                return
+            transfer = transfer[0]
+        self.num_transfers += 1
         if transfer.bytes_per_flow <= 0 or not transfer.links:
-            self.env.timeout(transfer.latency_s).callbacks.append(lambda _: on_done())
+            self._after(transfer.latency_s, on_done)
             return
         self._seq += 1
         flow = _Flow(self._seq, transfer, on_done)
-        flow.solo_rate = rate = self._solo_rate(transfer)
+        cached = self._solo.get(id(transfer))
+        flow.solo_rate = rate = cached[1] if cached is not None else self._solo_rate(transfer)
         flow.start_s = self.env.now + transfer.latency_s
         if not self._busy.isdisjoint(flow.links):
             self._start_later(flow)
             return
+        # onto idle, unclaimed links: the flow claims them and runs alone
         flow.claimed = True
         self._busy.update(flow.links)
         self._claimant.update(dict.fromkeys(flow.links, flow))
         flow.rate = rate
         flow.updated_s = flow.start_s
-        flow.version += 1
-        version = flow.version
-        duration_s = transfer.latency_s + transfer.bytes_per_flow / rate
-        self.env.timeout(duration_s).callbacks.append(lambda _: self._finish(flow, version))
+        # version 1, its first end event: the flow itself, scheduled once (events.Call)
+        flow.version = 1
+        flow.callbacks = self._claim_ends
+        self._schedule(flow, NORMAL, transfer.latency_s + transfer.bytes_per_flow / rate)
+
+    def _claim_ended(self, flow: _Flow) -> None:
+        self._finish(flow, 1)
 
     def _start_later(self, flow: _Flow) -> None:
         """An ordinary flow: it starts sharing links when its latency is over."""
         delay_s = max(flow.start_s - self.env.now, 0.0)
-        self.env.timeout(delay_s).callbacks.append(lambda _: self._start(flow))
+        self._after(delay_s, lambda _event: self._start(flow))
 
     def _release_claims(self, links: Sequence[int]) -> None:
         """Turn the claimants of these links into ordinary flows."""
@@ -253,8 +275,12 @@ class FairShareNetwork(Network):
         if flow.claimed:  # alone from start to end
             flow.claimed = False
             self._busy.difference_update(flow.links)
-            self._close_interval(flow, self.env.now)
-            flow.on_done()
+            now = self.env.now
+            if now > flow.updated_s:  # _close_interval (its rate is the solo rate, > 0)
+                self.intervals.append(
+                    _new(Interval, (flow.links, flow.mults, flow.rate, flow.updated_s, now))
+                )
+            flow.on_done(None)
             return
         shared = []
         for link in flow.links:
@@ -269,15 +295,14 @@ class FairShareNetwork(Network):
         flow.rate = 0.0
         if shared:  # only flows on these links can speed up
             self._mark_dirty(shared)
-        flow.on_done()
+        flow.on_done(None)
 
     def _set_rate(self, flow: _Flow, rate: float) -> None:
         """Give the flow a new rate and schedule its end at that rate."""
         flow.rate = rate
         flow.version += 1
         version = flow.version
-        wake = self.env.timeout(max(flow.bytes_left, 0.0) / rate)
-        wake.callbacks.append(lambda _: self._finish(flow, version))
+        self._after(max(flow.bytes_left, 0.0) / rate, lambda _event: self._finish(flow, version))
 
     def _close_interval(self, flow: _Flow, now: float) -> None:
         if flow.rate > 0 and now > flow.updated_s:
@@ -287,11 +312,11 @@ class FairShareNetwork(Network):
         self._dirty.update(links)
         if not self._recompute_pending:
             self._recompute_pending = True
-            self.env.timeout(0).callbacks.append(self._recompute)
+            self._after(0, self._recompute)
 
     # -- max-min fair rates ------------------------------------------------------------
 
-    def _recompute(self, _event: simpy.Event) -> None:
+    def _recompute(self, _event: object = None) -> None:
         self._recompute_pending = False
         dirty = sorted(self._dirty)
         self._dirty.clear()

@@ -46,9 +46,17 @@ def mean_utilization(
         return np.zeros_like(capacity)
     # Bytes per real flow, summed per coupled-flow shape first: a large run has few
     # shapes (one per collective and send of a stage) and many intervals of each.
+    # Intervals of one shape mostly share its tuples: the shape is looked up by their
+    # identities (hashing a pair of ints, not two tuples of links), then summed in
+    # interval order under its value, as if keyed by value throughout.
     per_shape: dict[tuple, float] = {}
+    shape_of: dict[tuple[int, int], tuple] = {}
     for iv in intervals:
-        key = (iv.links, iv.mults)
+        links, mults = iv.links, iv.mults
+        ids = (id(links), id(mults))
+        key = shape_of.get(ids)
+        if key is None:
+            key = shape_of[ids] = (links, mults)
         per_shape[key] = per_shape.get(key, 0.0) + iv.rate_bytes_per_s * (iv.end_s - iv.start_s)
     carried = np.zeros_like(capacity)
     for (links, mults), moved_bytes in per_shape.items():
@@ -69,7 +77,18 @@ def utilization_over_time(
     out: dict[int, np.ndarray] = {}
     if not intervals:
         return edges, {link: np.zeros(bins) for link in links}
-    all_links, loads, starts, ends = _rows(intervals, set(links))
+    # only the intervals that cross a chosen link (decided once per shape, by
+    # identity), and only the chosen links' rows of them
+    chosen = set(links)
+    crosses: dict[int, bool] = {}
+    mine_only = []
+    for iv in intervals:
+        hit = crosses.get(id(iv.links))
+        if hit is None:
+            hit = crosses[id(iv.links)] = not chosen.isdisjoint(iv.links)
+        if hit:
+            mine_only.append(iv)
+    all_links, loads, starts, ends = _rows(mine_only, chosen)
     for link in links:
         mine = all_links == link
         times = np.concatenate([starts[mine], ends[mine]])

@@ -46,10 +46,10 @@ def stage_breakdowns(trace: Trace) -> list[dict[str, float]]:
     by_lane: dict[tuple[int, str], dict[str, float]] = {
         (lane.gpu, lane.stream): defaultdict(float) for lane in lanes
     }
-    for span in trace.spans:
-        totals = by_lane.get((span.gpu, span.stream))
+    for gpu, stream, kind, _label, _mb, start_s, end_s, _op in trace.spans:
+        totals = by_lane.get((gpu, stream))
         if totals is not None:
-            totals[CATEGORY_OF_KIND[span.kind]] += span.end_s - span.start_s
+            totals[CATEGORY_OF_KIND[kind]] += end_s - start_s
     out = []
     for lane in lanes:
         totals = by_lane[(lane.gpu, lane.stream)]
@@ -82,13 +82,15 @@ def summarize(
     iteration_s = trace.end_s
     num_gpus = scenario.parallel.num_gpus
     hardware_flops = model_flops = 0.0
+    ops = workload.ops
     for lane in workload.lanes:
         lane_hw = lane_model = 0.0
         for index in lane.ops:
-            op = workload.ops[index]
-            lane_hw += op.flops
+            op = ops[index]
+            flops = op.flops
+            lane_hw += flops
             if op.kind in MODEL_KINDS:
-                lane_model += op.flops
+                lane_model += flops
         hardware_flops += lane_hw * lane.stands_for
         model_flops += lane_model * lane.stands_for
     per_gpu = 1.0 / (num_gpus * iteration_s * 1e12) if iteration_s > 0 else 0.0

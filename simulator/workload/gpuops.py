@@ -52,13 +52,16 @@ class GpuOps:
 
     def collective(self, lane: int, kind: str, label: str, transfer, **fields) -> None:
         """A collective op (TP_COMM or DP_SYNC); in exact mode a rendezvous of the group."""
-        rendezvous = None
-        if self.exact:
-            count = self._num_collectives[kind] = self._num_collectives.get(kind, 0) + 1
-            # a TP group is the replica's tensor ranks, a DP group the tensor rank's replicas
-            group = self.d if kind == TP_COMM else self.j
-            rendezvous = RendezvousKey(kind, self.stage, group, count)
+        rendezvous = self.rendezvous(kind) if self.exact else None
         self.builder.add(lane, kind, label, transfer=transfer, rendezvous=rendezvous, **fields)
+
+    def rendezvous(self, kind: str) -> RendezvousKey:
+        """Exact mode: the name of this GPU's next collective of ``kind`` (TP_COMM or
+        DP_SYNC), which every member of its group gives the same."""
+        count = self._num_collectives[kind] = self._num_collectives.get(kind, 0) + 1
+        # a TP group is the replica's tensor ranks, a DP group the tensor rank's replicas
+        group = self.d if kind == TP_COMM else self.j
+        return RendezvousKey(kind, self.stage, group, count)
 
     def last_key(self, lane: int) -> OpKey:
         """A key for the last op added to ``lane``."""

@@ -40,6 +40,7 @@ from stepsim.schedules.p2p import (
     megatron_interleaved_calls,
 )
 
+from ..engine.flows import Transfer
 from ..scenario import Scenario, frameworks
 from ..units import us_to_s
 from ..vocabulary import (
@@ -165,6 +166,10 @@ class _Stage:
             for kind, partitioned in self.gather.items()
         }
         self.regather = scatter and training.mechanism("pipeline_regather_output")
+        # a layer's ops by pass kind and whether its first waits: rows to replay, or ()
+        # when they cannot be replayed (layer_body)
+        self.bodies: dict[tuple[str, bool], tuple[tuple, ...]] = {}
+        self.p2p_sites: dict[tuple[str, str, int, str], tuple[Transfer, int, str]] = {}
 
     # -- small builders -----------------------------------------------------------------
 
@@ -272,7 +277,7 @@ class _Stage:
         rendezvous with the other stage's op for it, P2PKey), then the lane waits for all
         of them. DeepSpeed sends a partitioned tensor's meta message first, as a call of
         its own (frameworks.md §1(b), §2(b))."""
-        gpu, p = self.gpu, self.pipeline
+        gpu = self.gpu
         sequential = self.p2p == frameworks.SEQUENTIAL_BLOCKING
         first = call.transfers[0]
         label = " + ".join(f"{x.direction} {x.kind}{x.microbatch}" for x in call.transfers)
@@ -285,32 +290,39 @@ class _Stage:
         parts = ["data"]
         if sequential and self.gather[first.kind] and gpu.comm.tp(ALL_GATHER, gpu.d):
             parts = ["meta", "data"]
+        add, lane, who, sites = gpu.builder.add, gpu.lane, self.who, self.p2p_sites
         for part in parts:
             keys = []
             for x in call.transfers:
-                # ranks form a ring under interleaving: rank p - 1's chunk k feeds rank 0's k + 1
-                step = 1 if x.kind == "F" else -1
-                sender = self.stage if x.direction == "send" else (self.stage - step) % p
-                receiver = (sender + step) % p
-                nbytes = self.p2p_bytes[x.kind] if part == "data" else meta_bytes(gpu)
-                name = f"{x.direction} {x.kind}{x.microbatch}" + (" meta" if part == "meta" else "")
-                gpu.builder.add(
-                    gpu.lane,
-                    PP_SEND,
-                    name,
-                    microbatch=x.microbatch,
-                    transfer=gpu.comm.between(sender, receiver, gpu.j, gpu.d, nbytes),
-                    blocking=False,
-                    rendezvous=P2PKey(
-                        self.who,
-                        stage_of(sender, x.chunk, p, self.placement),
-                        x.kind,
-                        x.microbatch,
-                        part,
-                    ),
+                site = sites.get((x.direction, x.kind, x.chunk, part))
+                if site is None:
+                    site = sites[(x.direction, x.kind, x.chunk, part)] = self.p2p_site(x, part)
+                transfer, sender, suffix = site
+                keys.append(
+                    add(
+                        lane,
+                        PP_SEND,
+                        f"{x.direction} {x.kind}{x.microbatch}{suffix}",
+                        microbatch=x.microbatch,
+                        transfer=transfer,
+                        blocking=False,
+                        rendezvous=P2PKey(who, sender, x.kind, x.microbatch, part),
+                    )
                 )
-                keys.append(gpu.last_key(gpu.lane))
             gpu.barrier(label, keys, first.microbatch)
+
+    def p2p_site(self, x, part: str) -> tuple[Transfer, int, str]:
+        """What every transfer of a call with this direction, kind, sending chunk and part
+        shares: the transfer, the sender's virtual stage and the label's suffix."""
+        gpu, p = self.gpu, self.pipeline
+        # ranks form a ring under interleaving: rank p - 1's chunk k feeds rank 0's k + 1
+        step = 1 if x.kind == "F" else -1
+        sender = self.stage if x.direction == "send" else (self.stage - step) % p
+        receiver = (sender + step) % p
+        nbytes = self.p2p_bytes[x.kind] if part == "data" else meta_bytes(gpu)
+        transfer = gpu.comm.between(sender, receiver, gpu.j, gpu.d, nbytes)
+        suffix = " meta" if part == "meta" else ""
+        return transfer, stage_of(sender, x.chunk, p, self.placement), suffix
 
     def layers(self, chunk: int) -> list[int]:
         """The rank-local indices of a chunk's layers, in forward order."""
@@ -352,15 +364,7 @@ class _Stage:
             self.gpu.work(FORWARD, label, mb, self.extras.embedding_forward, recv + dp.first())
             recv = []
         for n, index in enumerate(layers):
-            self.block(
-                FORWARD,
-                label,
-                mb,
-                self.layer.attention_forward,
-                self.layer.attention_overlap,
-                recv + dp.before_layer(index),
-            )
-            self.block(FORWARD, label, mb, self.layer.mlp_forward, self.layer.mlp_overlap)
+            self.layer_body("F", label, mb, recv + dp.before_layer(index))
             dp.after_layer(n, index)
             recv = []
         if last:
@@ -370,7 +374,7 @@ class _Stage:
 
     def backward(self, step: Step, last_microbatch: bool) -> None:
         """The backward pass, or under a split schedule its input-gradient part (B)."""
-        mb, virtual, layer = step.microbatch, self.virtual[step.chunk], self.layer
+        mb, virtual = step.microbatch, self.virtual[step.chunk]
         label = step_label(step, self.num_chunks)
         first, last = virtual == 0, virtual == self.num_virtual - 1
         recv: list[object] = []
@@ -388,24 +392,8 @@ class _Stage:
                 output = output - self.extras.output_weight
             self.gpu.work(BACKWARD, label, mb, output, recv + dp.first())
             recv = []
-        mlp, attention = layer.mlp_backward, layer.attention_backward
-        if split:
-            mlp, attention = mlp - layer.mlp_weight, attention - layer.attention_weight
         for n, index in enumerate(order):
-            recv = recv + dp.before_layer(index)
-            if self.recompute == RECOMPUTE_FULL:
-                self.block(
-                    RECOMPUTE, label, mb, layer.attention_forward, layer.attention_overlap, recv
-                )
-                self.block(RECOMPUTE, label, mb, layer.mlp_forward, layer.mlp_overlap)
-                recv = []
-            elif self.recompute == RECOMPUTE_SELECTIVE:
-                self.gpu.work(RECOMPUTE, label, mb, layer.attention_core_forward, recv)
-                recv = []
-            self.backward_block(label, mb, mlp, layer.mlp_last_weight, layer.mlp_overlap, recv)
-            self.backward_block(
-                label, mb, attention, layer.attention_last_weight, layer.attention_overlap, ()
-            )
+            self.layer_body("B", label, mb, recv + dp.before_layer(index))
             dp.after_layer(n, index)
             recv = []
         if first and not split:
@@ -413,6 +401,55 @@ class _Stage:
         dp.end()
         if not first:
             self.hand_over(label, mb, "B", virtual, virtual - 1)
+
+    def layer_body(self, kind: str, label: str, mb: int, deps: list[object]) -> None:
+        """A layer's ops in a forward (F) or backward (B) pass, its first waiting for
+        ``deps``. They are alike in every pass of the stage but for label and micro-batch
+        (what the blocks add depends on the stage's layer, layout and mechanisms only),
+        so the first body of each kind is made by the blocks and recorded, and later
+        ones are replayed from the record (WorkloadBuilder.replay): the same ops at a
+        fraction of the cost, in exact mode with their TP collectives' rendezvous named
+        again in order. Bodies that name ops (asynchronous TP, --tp-comm-overlap) are made
+        by the blocks every time."""
+        shape = (kind, bool(deps))
+        rows = self.bodies.get(shape)
+        gpu = self.gpu
+        builder = gpu.builder
+        if rows:
+            builder.replay(gpu.lane, label, mb, deps, rows, gpu.rendezvous)
+            return
+        mark = builder.mark()
+        if kind == "F":
+            self.forward_layer(label, mb, deps)
+        else:
+            self.backward_layer(label, mb, deps)
+        if rows is None:
+            # exact mode: a TP collective's rendezvous is named by its group and count
+            kinds = (TP_COMM,) if gpu.exact else ()
+            body = builder.body_since(mark, gpu.lane, label, mb, deps, kinds)
+            self.bodies[shape] = body or ()
+
+    def forward_layer(self, label: str, mb: int, deps: list[object]) -> None:
+        layer = self.layer
+        self.block(FORWARD, label, mb, layer.attention_forward, layer.attention_overlap, deps)
+        self.block(FORWARD, label, mb, layer.mlp_forward, layer.mlp_overlap)
+
+    def backward_layer(self, label: str, mb: int, recv: list[object]) -> None:
+        layer = self.layer
+        mlp, attention = layer.mlp_backward, layer.attention_backward
+        if self.split:
+            mlp, attention = mlp - layer.mlp_weight, attention - layer.attention_weight
+        if self.recompute == RECOMPUTE_FULL:
+            self.block(RECOMPUTE, label, mb, layer.attention_forward, layer.attention_overlap, recv)
+            self.block(RECOMPUTE, label, mb, layer.mlp_forward, layer.mlp_overlap)
+            recv = []
+        elif self.recompute == RECOMPUTE_SELECTIVE:
+            self.gpu.work(RECOMPUTE, label, mb, layer.attention_core_forward, recv)
+            recv = []
+        self.backward_block(label, mb, mlp, layer.mlp_last_weight, layer.mlp_overlap, recv)
+        self.backward_block(
+            label, mb, attention, layer.attention_last_weight, layer.attention_overlap, ()
+        )
 
     def weight(self, step: Step, last_microbatch: bool) -> None:
         """The weight-gradient part (W) of a split backward: no communication but what

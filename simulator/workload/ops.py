@@ -19,7 +19,7 @@ reaches its op, and every member's op ends with it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple
 
 from stepsim.schedules import LOOPED, Step, holder_of, stage_of, step_label
@@ -55,6 +55,10 @@ class Lane(NamedTuple):
 class Workload(NamedTuple):
     ops: tuple[Op, ...]
     lanes: tuple[Lane, ...]
+
+
+# builds a named tuple from a tuple of its fields, skipping the Python-level __new__
+_new = tuple.__new__
 
 
 class WorkloadBuilder:
@@ -96,18 +100,21 @@ class WorkloadBuilder:
         else:
             deps = ()
         self._ops.append(
-            Op(
-                index,
-                lane,
-                kind,
-                label,
-                microbatch,
-                duration_s,
-                transfer,
-                blocking,
-                deps,
-                flops,
-                first,
+            _new(
+                Op,
+                (
+                    index,
+                    lane,
+                    kind,
+                    label,
+                    microbatch,
+                    duration_s,
+                    transfer,
+                    blocking,
+                    deps,
+                    flops,
+                    first,
+                ),
             )
         )
         self._lanes[lane][4].append(index)
@@ -130,6 +137,89 @@ class WorkloadBuilder:
         self._keys.setdefault(key, index)
         return key
 
+    # -- repeated bodies: a layer's ops, the same in every pass but for label and
+    # micro-batch, added again without going through the code that made them ---------
+
+    def mark(self) -> tuple[int, int]:
+        """Where the ops and keys stand now, for `body_since`."""
+        return len(self._ops), len(self._keys)
+
+    def body_since(
+        self,
+        mark: tuple[int, int],
+        lane: int,
+        label: str,
+        mb: int,
+        deps: Sequence[object],
+        rendezvous_kinds: Collection[str] = (),
+    ) -> tuple[tuple, ...] | None:
+        """The ops added since ``mark`` as rows for `replay`: if they are all on ``lane``,
+        of this label and micro-batch, named by no key, and only the first waits, for
+        ``deps``, and those in a rendezvous are of ``rendezvous_kinds`` (whose rendezvous
+        names `replay` asks for again); else None (they cannot be replayed)."""
+        start, num_keys = mark
+        if len(self._keys) != num_keys:
+            return None
+        added = self._ops[start:]
+        deps = tuple(deps)
+        rows = []
+        for n, op in enumerate(added):
+            joins = op.rendezvous != -1
+            if (
+                op.lane != lane
+                or op.label != label
+                or op.microbatch != mb
+                or (joins and op.kind not in rendezvous_kinds)
+                or op.deps != (deps if n == 0 else ())
+            ):
+                return None
+            rows.append((op.kind, op.duration_s, op.transfer, op.blocking, op.flops, joins))
+        if deps and not rows:
+            return None
+        return tuple(rows)
+
+    def replay(
+        self,
+        lane: int,
+        label: str,
+        mb: int,
+        deps: Sequence[object],
+        rows: tuple[tuple, ...],
+        rendezvous: Callable[[str], object] | None = None,
+    ) -> None:
+        """Add the ops of ``rows`` (from `body_since`) for this label and micro-batch, the
+        first waiting for ``deps``: the same ops the code that made the rows would add.
+        ``rendezvous(kind)`` names the rendezvous of each row that joined one."""
+        ops, lane_ops = self._ops, self._lanes[lane][4]
+        index = len(ops)
+        first_deps = ()
+        if deps:
+            first_deps = tuple(deps)
+            self._unresolved.append(index)
+        for kind, duration_s, transfer, blocking, flops, joins in rows:
+            first = self._rendezvous.setdefault(rendezvous(kind), index) if joins else -1
+            ops.append(
+                _new(
+                    Op,
+                    (
+                        index,
+                        lane,
+                        kind,
+                        label,
+                        mb,
+                        duration_s,
+                        transfer,
+                        blocking,
+                        first_deps,
+                        flops,
+                        first,
+                    ),
+                )
+            )
+            lane_ops.append(index)
+            index += 1
+            first_deps = ()
+
     def build(self) -> Workload:
         ops, keys = self._ops, self._keys
         for index in self._unresolved:
@@ -138,7 +228,7 @@ class WorkloadBuilder:
                 deps = tuple(d if isinstance(d, int) else keys[d] for d in op.deps)
             except KeyError as exc:
                 raise ValueError(f"op {op.label!r} depends on unknown op {exc.args[0]!r}") from None
-            ops[index] = op._replace(deps=deps)
+            ops[index] = _new(Op, (*op[:8], deps, *op[9:]))  # op._replace(deps=deps)
         lanes = tuple(
             Lane(i, gpu, stream, stage, stands_for, tuple(op_ids))
             for i, (gpu, stream, stage, stands_for, op_ids) in enumerate(self._lanes)

@@ -1,0 +1,49 @@
+"""The engine's events: a function called some delay from now, on a simpy Environment.
+
+The engine and the network only ever ask simpy for one thing: call this function
+``delay_s`` from now. A `simpy.Timeout` per call does that with an Event object (its
+environment, value, callback list) and a Python ``__init__``; `Call` is the least
+`simpy.Environment.step` reads of an event it pops (``callbacks``, then ``_ok``), put
+on the queue with the public `simpy.Environment.schedule`. The queue, the time, the
+order and the run loop stay simpy's: by time, then by the order things were scheduled
+(every event here has simpy's normal priority, as a Timeout has), so a simulation
+gives the same result to the last bit as with Timeouts, and simpy processes (tests,
+scripts) can share the Environment.
+
+A callback receives the event it was called from, as a simpy callback does; the
+engine's and the network's callbacks ignore it (``on_done(None)`` when called
+directly).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+from simpy.events import NORMAL
+
+Callback = Callable[[object], None]
+
+
+class Call:
+    """An event for `simpy.Environment.schedule`: step calls each of ``callbacks`` with
+    it, then reads ``_ok`` (always true: a call cannot fail). One object may be
+    scheduled again once its callbacks have run (step sets them to None first)."""
+
+    __slots__ = ("callbacks",)
+    _ok = True
+
+
+def after(env: simpy.Environment) -> Callable[[float, Callback], None]:
+    """``after(env)(delay_s, fn)`` calls ``fn(event)`` when ``delay_s`` has passed on
+    ``env``, in simpy's order."""
+    schedule = env.schedule
+
+    def call_after(delay_s: float, fn: Callback) -> None:
+        if delay_s < 0:
+            raise ValueError(f"negative delay {delay_s}")
+        event = Call()
+        event.callbacks = (fn,)
+        schedule(event, NORMAL, delay_s)
+
+    return call_after
