@@ -161,3 +161,14 @@ def test_every_run_says_how_its_gpus_constants_were_obtained(tmp_path):
     path.write_text(dumps_toml(scenario()), encoding="utf-8")
     label = run(load_scenario(path, calibration=calibration)).metrics.calibration
     assert label == f"calibration file {str(calibration)!r}: measured here"
+
+
+def test_the_gb200_scenario_fills_each_rack_with_a_stage_and_says_it_is_uncalibrated():
+    from stepsim.scenario import load_scenario
+
+    scenario = load_scenario("scenarios/llama3-70b-4racks-gb200.toml")
+    cluster, parallel = scenario.cluster, scenario.parallel
+    assert (cluster.gpu, cluster.num_nodes, cluster.nvlink_domain_gpus) == (GPUS["gb200"], 4, 72)
+    assert parallel.tensor_model_parallel_size * parallel.data_parallel_size == 72
+    # what metrics.json's "calibration" and the summary print (checked on a run above)
+    assert scenario.kernel_constants.source == "uncalibrated: scaled from h100-sxm5-80gb"

@@ -189,3 +189,14 @@ def test_an_nvl72_rack_is_one_72_gpu_nvlink_domain_with_a_nic_per_gpu(node, nic_
     nvlink = [cluster.links[i].bandwidth_bytes_per_s for i in cluster.route(0, 71)]
     assert nvlink == pytest.approx([900e9 * 370 / 450] * 2)
     assert cluster.links[cluster.route(5, 77)[0]].dst == ("nic", 0, 5)
+
+
+def test_topology_command_summarises_and_draws_four_nvl72_racks(tmp_path, capsys):
+    png = tmp_path / "nvl72.png"
+    scenario = "scenarios/llama3-70b-4racks-gb200.toml"
+    assert main(["topology", scenario, "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "4 nodes x 72 GPUs (gb200-nvl72) = 288 GPUs, 288 NICs of 400 Gb/s" in out
+    # one rack's 72 NICs each way, at the 95 % of line rate assumed from the DGX H100
+    assert "bisection bandwidth: 6,840 GB/s" in out
+    assert png.read_bytes().startswith(b"\x89PNG")
