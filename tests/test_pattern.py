@@ -235,3 +235,56 @@ def test_a_symmetric_run_over_the_gpu_limit_runs(monkeypatch):
     assert isinstance(result.cluster, PatternCluster)
     with pytest.raises(ScenarioError, match=r"about 32 GPUs, over the limit of 16 GPUs"):
         load(**sets, network={"model": "fair-share", "symmetry": False})
+
+
+# a rack-scale NVLink domain as one node: 72 GPUs on one NVSwitch, a NIC per GPU
+# (the gb200-nvl72 / gb300-nvl72 presets); checked on fewer nodes, every pair routed
+NVL72 = ("nvswitch", 72, 72)
+
+
+@pytest.mark.parametrize(
+    ("fabric", "num_nodes"),
+    [(ONE_SWITCH[0], 1), (ONE_SWITCH[0], 2), (TREES[0], 3), (TREES[5], 3)],
+    ids=["switch-1", "switch-2", "ft-3", "rails-3"],
+)
+def test_a_72_gpu_node_gives_the_same_links_and_routes_on_the_pattern(fabric, num_nodes):
+    node = _shape(*NVL72)
+    whole = Cluster(
+        build_graph(num_nodes, node, fabric, nvlink_domain_gpus=72),
+        gpus_per_node=72,
+        nvlink_domain_gpus=72,
+    )
+    kind = PatternCluster if fabric.kind == "switch" else TreePatternCluster
+    pattern = kind(num_nodes, node, fabric, nvlink_domain_gpus=72)
+    assert list(pattern.links) == whole.links
+    assert pattern.capacities == whole.capacities
+    assert [pattern.link_role(i) for i in range(len(whole.links))] == [
+        whole.link_role(i) for i in range(len(whole.links))
+    ]
+    for a in range(whole.num_gpus):
+        for b in range(whole.num_gpus):
+            assert pattern.route(a, b) == whole.route(a, b), (a, b)
+    for n in range(num_nodes):
+        members = list(range(n * 72, (n + 1) * 72))
+        assert pattern.intra_node_rings(members) == whole.intra_node_rings(members) == [members]
+
+
+@pytest.mark.parametrize("fabric", ["switch", "rails"])
+@pytest.mark.parametrize("node", ["gb200-nvl72", "gb300-nvl72"])
+def test_symmetric_lowering_over_nvl72_racks_builds_the_same_transfers(node, fabric):
+    """TP 8 x DP 9 fills a rack (one stage per NVLink domain), PP 4 spans four racks."""
+    rails = {"fabric": "rail-optimized", "nodes_per_leaf": 2, "spine_switches": 2}
+    scenario = load(
+        cluster={"node": node, "num_nodes": 4, **(rails if fabric == "rails" else {})},
+        parallel={
+            "tensor_model_parallel_size": 8,
+            "pipeline_model_parallel_size": 4,
+            "data_parallel_size": 9,
+        },
+        training={"global_batch_size": 18},
+        network={"collective_algorithm": "auto"},
+    )
+    pattern = build_cluster(scenario.cluster, pattern=True)
+    assert isinstance(pattern, PatternCluster | TreePatternCluster)
+    expected = _transfers(scenario, build_cluster(scenario.cluster))
+    assert expected and _transfers(scenario, pattern) == expected

@@ -26,8 +26,13 @@ def test_every_gpu_preset_is_complete_and_in_range(name):
     }, "a new GpuSpec field needs a check here"
     assert gpu.peak_tflops > 0 and gpu.memory_gib > 0 and gpu.hbm_gbytes_per_s > 0
     # 16 exponentials per SM per clock against the tensor FLOPs per SM per clock:
-    # 64 (Volta), 128 (Ampere), 256 (Hopper)
-    assert gpu.tensor_flops_per_exp in (64, 128, 256)
+    # 64 (Volta), 128 (Ampere), 256 (Hopper); Blackwell: the dense BF16 peak over the
+    # published EX2 rate, 5 (Blackwell) or 10.7 (Blackwell Ultra) x 10^12 per second
+    exp_rate = {"b200-sxm-180gb": 5.0, "gb200": 5.0, "b300-sxm-288gb": 10.7, "gb300": 10.7}
+    if name in exp_rate:
+        assert gpu.tensor_flops_per_exp == gpu.peak_tflops / exp_rate[name]
+    else:
+        assert gpu.tensor_flops_per_exp in (64, 128, 256)
     # FP8 tensor cores (Hopper) run twice the FP16/BF16 rate; older GPUs have none
     assert gpu.peak_tflops_fp8 is None or gpu.peak_tflops_fp8 == pytest.approx(
         2 * gpu.peak_tflops, rel=1e-4
@@ -59,6 +64,24 @@ def test_only_the_calibrated_gpus_say_they_were_fitted():
         assert source in fitted and GPUS[source].kernels.gemm_efficiency == (
             GPUS[name].kernels.gemm_efficiency
         )
+
+
+# name: (dense BF16, dense FP8 TFLOP/s, memory GB, HBM GB/s, SMs), docs/reference.md
+TODAYS_GPUS = {
+    "h800-sxm5-80gb": (989.4, 1978.9, 80.0, 3350.0, 132),
+    "b200-sxm-180gb": (2250.0, 4500.0, 180.0, 8000.0, 148),
+    "gb200": (2500.0, 5000.0, 186.0, 8000.0, 148),
+    "b300-sxm-288gb": (2250.0, 4500.0, 288.0, 8000.0, 160),
+    "gb300": (2500.0, 5000.0, 279.0, 8000.0, 160),
+}
+
+
+@pytest.mark.parametrize("name", sorted(TODAYS_GPUS))
+def test_todays_gpus_carry_their_sourced_figures_and_say_they_are_uncalibrated(name):
+    gpu = GPUS[name]
+    figures = (gpu.peak_tflops, gpu.peak_tflops_fp8, gpu.memory_gib)
+    assert figures + (gpu.hbm_gbytes_per_s, gpu.num_sms) == TODAYS_GPUS[name]
+    assert gpu.kernel_provenance == "uncalibrated: scaled from h100-sxm5-80gb"
 
 
 def test_the_dgx2_preset_is_sixteen_v100s_on_nvswitch_with_eight_100g_nics():
@@ -138,3 +161,14 @@ def test_every_run_says_how_its_gpus_constants_were_obtained(tmp_path):
     path.write_text(dumps_toml(scenario()), encoding="utf-8")
     label = run(load_scenario(path, calibration=calibration)).metrics.calibration
     assert label == f"calibration file {str(calibration)!r}: measured here"
+
+
+def test_the_gb200_scenario_fills_each_rack_with_a_stage_and_says_it_is_uncalibrated():
+    from stepsim.scenario import load_scenario
+
+    scenario = load_scenario("scenarios/llama3-70b-4racks-gb200.toml")
+    cluster, parallel = scenario.cluster, scenario.parallel
+    assert (cluster.gpu, cluster.num_nodes, cluster.nvlink_domain_gpus) == (GPUS["gb200"], 4, 72)
+    assert parallel.tensor_model_parallel_size * parallel.data_parallel_size == 72
+    # what metrics.json's "calibration" and the summary print (checked on a run above)
+    assert scenario.kernel_constants.source == "uncalibrated: scaled from h100-sxm5-80gb"

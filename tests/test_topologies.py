@@ -164,3 +164,39 @@ def test_switch_paths_are_every_shortest_path_from_one_search_per_source(fabric)
             if a != b:
                 expected = sorted(nx.all_shortest_paths(switches, a, b))
                 assert cluster._switch_paths_between(a, b) == expected
+
+
+@pytest.mark.parametrize(("node", "nic_gb_per_s"), [("gb200-nvl72", 50), ("gb300-nvl72", 100)])
+def test_an_nvl72_rack_is_one_72_gpu_nvlink_domain_with_a_nic_per_gpu(node, nic_gb_per_s):
+    """Two racks on one switch: per rack 72 NVLink cables (GPU <-> NVSwitch), 72 PCIe
+    (GPU <-> its own NIC) and 72 InfiniBand (NIC <-> switch), two directed links each;
+    the bisection is one rack's 72 NICs."""
+    spec = load(cluster={"node": node, "num_nodes": 2, "nic_efficiency": 1.0}).cluster
+    assert (spec.gpus_per_node, spec.nics_per_node, spec.nvlink_domain_gpus) == (72, 72, 72)
+    cluster = build_cluster(spec)
+    summary = summarize(cluster.graph, spec.gpus_per_node)
+    assert (summary["num_gpus"], summary["num_nics"]) == (144, 144)
+    assert {kind: v["count"] for kind, v in summary["links"].items()} == {
+        "ib": 2 * 144,
+        "nvlink": 2 * 144,
+        "pcie": 2 * 144,
+    }
+    assert summary["switches_by_level"] == {1: 1}
+    assert summary["bisection_bytes_per_s"] == pytest.approx(72 * nic_gb_per_s * 1e9)
+    assert [cluster.nvlink_domain_of(g) for g in (0, 71, 72, 143)] == [0, 0, 1, 1]
+    # 900 GB/s per direction at the DGX H100's 370/450 (assumed), GPUs 0 and 71 one
+    # NVSwitch apart, GPU 5 leaving the rack through its own NIC 5
+    nvlink = [cluster.links[i].bandwidth_bytes_per_s for i in cluster.route(0, 71)]
+    assert nvlink == pytest.approx([900e9 * 370 / 450] * 2)
+    assert cluster.links[cluster.route(5, 77)[0]].dst == ("nic", 0, 5)
+
+
+def test_topology_command_summarises_and_draws_four_nvl72_racks(tmp_path, capsys):
+    png = tmp_path / "nvl72.png"
+    scenario = "scenarios/llama3-70b-4racks-gb200.toml"
+    assert main(["topology", scenario, "--png", str(png)]) == 0
+    out = capsys.readouterr().out
+    assert "4 nodes x 72 GPUs (gb200-nvl72) = 288 GPUs, 288 NICs of 400 Gb/s" in out
+    # one rack's 72 NICs each way, at the 95 % of line rate assumed from the DGX H100
+    assert "bisection bandwidth: 6,840 GB/s" in out
+    assert png.read_bytes().startswith(b"\x89PNG")

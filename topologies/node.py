@@ -12,9 +12,15 @@ Three groupings of GPUs that today's nodes make coincide:
 Every node preset is one server that is its own NVLink domain, so a domain is
 ``gpus_per_node`` GPUs (scenario.spec.ClusterSpec.nvlink_domain_gpus) and
 ``build_graph`` refuses any other size. A rack-scale domain spans servers: a
-GB200 NVL72 rack is one NVLink domain of 72 GPUs across 18 servers (compute
-trays of 4 GPUs, each tray with its own NICs) joined by NVSwitch trays.
-Modelling one would take:
+GB200 / GB300 NVL72 rack is one NVLink domain of 72 GPUs across 18 servers
+(compute trays of 4 GPUs, each tray with its own NICs) joined by NVSwitch trays.
+The ``gb200-nvl72`` and ``gb300-nvl72`` presets model the rack as one node of 72
+GPUs and 72 NICs on one NVSwitch: with a NIC per GPU, every GPU reaches the rest
+of its rack over NVLink and leaves it through its own NIC, so the trays' borders
+change no link, route or ring (topologies.describe names the NVSwitch "of node
+N": of rack N). Only a rack whose trays share NICs between GPUs, or an NVLink
+domain over several racks (NVL576), would need servers smaller than the domain,
+which would take:
 
 - a cluster key for the domain size, a multiple of ``gpus_per_node`` (today
   ``ClusterSpec.nvlink_domain_gpus`` is a property; the key replaces it);
@@ -34,8 +40,8 @@ Modelling one would take:
 
 Three NVLink layouts (``NodeShape.nvlink_topology``):
 
-``nvswitch`` (DGX A100 / H100 / H200) — every GPU has one port into the
-NVSwitch carrying its whole NVLink bandwidth::
+``nvswitch`` (DGX A100 / H100 / H200 / B200, an NVL72 rack) — every GPU has one
+port into the NVSwitch carrying its whole NVLink bandwidth::
 
     GPU0 ─┐              GPU i ── NIC(i) over PCIe
     GPU1 ─┼─ NVSwitch    NIC(i) = i * nics // gpus (nic_of)

@@ -17,7 +17,11 @@ def add_command(sub) -> None:
         description="Print what the cluster graph of SCENARIO holds; optionally draw it.",
     )
     scenario_arguments(topo, "SECTION.KEY=VALUE", "override a scenario key")
-    topo.add_argument("--png", metavar="FILE", help="draw the graph (clusters of up to 128 GPUs)")
+    topo.add_argument(
+        "--png",
+        metavar="FILE",
+        help="draw the graph (clusters of up to 288 GPUs: four NVL72 racks)",
+    )
     json_argument(topo)
     topo.set_defaults(handler=command)
 

@@ -17,7 +17,7 @@ from .timeline import COLORS
 if TYPE_CHECKING:
     from ..plan.questions import ScalePoint
 
-MAX_DRAWN_GPUS = 128  # topology_figure draws clusters up to this size
+MAX_DRAWN_GPUS = 288  # topology_figure draws clusters up to this size (four NVL72 racks)
 
 
 def sweep_figure(keys: list[str], points: Sequence[SweepPoint], title: str) -> Figure:
@@ -91,13 +91,15 @@ def topology_figure(graph, title: str) -> Figure:
     positions = {
         n: ((i + 0.5) / len(row), -depth) for depth, row in rows.items() for i, n in enumerate(row)
     }
+    # rows wider than 128 (several 72-GPU racks) get smaller dots and thinner lines
+    crowd = min(1.0, 128 / max(len(row) for row in rows.values()))
     fig = Figure(figsize=(14, 7), layout="constrained")
     ax = fig.add_subplot()
     colors = {"nvlink": COLORS[TP_COMM], "pcie": "#888888", "ib": COLORS[PP_SEND]}
     top = max(d["bw"] for _, _, d in undirected.edges(data=True))
     for kind, color in colors.items():
         edges = [(a, b) for a, b, d in undirected.edges(data=True) if d["kind"] == kind]
-        widths = [0.5 + 3 * undirected[a][b]["bw"] / top for a, b in edges]
+        widths = [(0.5 + 3 * undirected[a][b]["bw"] / top) * crowd for a, b in edges]
         nx.draw_networkx_edges(
             undirected, positions, edgelist=edges, edge_color=color, width=widths, ax=ax, label=kind
         )
@@ -114,7 +116,7 @@ def topology_figure(graph, title: str) -> Figure:
             positions,
             nodelist=nodes,
             node_color=color,
-            node_size=60 if kind != SWITCH else 120,
+            node_size=(60 if kind != SWITCH else 120) * crowd,
             ax=ax,
         )
     names = {GPU: "GPUs", NVSWITCH: "NVSwitches", NIC: "NICs"}
@@ -129,7 +131,7 @@ def topology_figure(graph, title: str) -> Figure:
                 ax.text(x, y - 0.12, label, ha="center", va="top", fontsize=6)
     ax.set_xlim(-0.2, 1.0)
     ax.set_title(title + "  (edge width ~ bandwidth; NIC k.j: node k's NIC j)")
-    ax.legend(loc="upper right", fontsize=8)
+    ax.legend(loc="lower right", fontsize=8)  # clear of the GPU row
     ax.set_axis_off()
     return fig
 

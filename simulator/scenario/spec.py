@@ -322,8 +322,9 @@ class ClusterSpec:
     @property
     def nvlink_domain_gpus(self) -> int:
         """The GPUs one NVLink fabric joins (topologies.node explains the domain).
-        Every node type today is its own NVLink domain; a rack-scale domain such as a
-        GB200 NVL72 (72 GPUs over 18 servers) would become a cluster key here."""
+        Every node type today is its own NVLink domain; the NVL72 racks are nodes of 72
+        GPUs with a NIC each. A domain over servers that share NICs would become a
+        cluster key here."""
         return self.gpus_per_node
 
     def fabric_shape(self) -> FabricShape:

@@ -1,0 +1,445 @@
+"""Named GPUs and nodes that scenario files can refer to (re-exported by
+simulator.scenario.presets, which scenario files and the schema read).
+
+Every number carries its source. Hardware figures are vendor datasheet values
+(copied from the project's reference notes, docs/reference.md, which lists the
+sources of the H800 and Blackwell figures); latencies are derived from published
+NCCL measurements as explained next to them.
+"""
+
+from __future__ import annotations
+
+from .spec import GpuSpec, KernelConstants
+
+# Kernel constants: the only numbers of the compute model that are not shapes or
+# datasheet values (simulator.workload.compute explains each).
+#
+# num_sms: the datasheets (V100 80, A100 108, H100 SXM5 132, H200 132).
+# tile_m x tile_n: the output tile of the fp16 tensor-core GEMM kernels cuBLAS
+#   picks for large transformer shapes on Volta..Hopper (256 x 128; CUTLASS's
+#   largest default threadblock tile).
+# gemm_efficiency, gemm_k_half, memory_efficiency: fitted per GPU on that GPU's
+#   calibration set by benchmarks/calibrate.py --gpu a100|v100|h100, one set of
+#   constants for all rows of the set (docs/calibration.md says how, with the
+#   commands; docs/validation.md shows what remains):
+#   - A100: Narayanan et al. 2021 Table 1 and Korthikanti et al. 2022 Table 4
+#     (DGX A100 80 GB);
+#   - V100: the Megatron-LM README's DGX-2 table of 2020 (16 x V100 SXM3 32 GB);
+#   - H100: Megatron-Core r0.8.0's weak-scaling table (NVIDIA/Megatron-LM README, 2024).
+#   A GPU with no calibration data of its own carries the fractions of the closest
+#   calibrated one and says so in its label ("uncalibrated: scaled from ...").
+#   The H100's two fractions are the values its kernels were measured to reach
+#   (benchmarks/measured/, docs/calibration.md: large GEMMs 0.69 of the peak sustained
+#   under the power cap, element-wise 0.91 of the HBM bandwidth), held fixed; only
+#   gemm_k_half is fitted on the set, its rows run as Megatron-Core r0.8.0 runs them
+#   (flash attention through Transformer Engine, --tp-comm-overlap). The set is still
+#   not met (docs/validation.md).
+_FITS = {
+    "a100": {"gemm_efficiency": 0.75, "gemm_k_half": 0.0, "memory_efficiency": 0.70},
+    "v100": {"gemm_efficiency": 0.73, "gemm_k_half": 8.0, "memory_efficiency": 0.95},
+    "h100": {"gemm_efficiency": 0.69, "gemm_k_half": 128.0, "memory_efficiency": 0.91},
+}
+_SOURCES = {
+    "a100": "fit on the A100 calibration set (Megatron-LM 2021 Table 1 + Korthikanti 2022 "
+    "Table 4; benchmarks/calibrate.py --gpu a100)",
+    "v100": "fit on the V100 DGX-2 set (Megatron-LM README 2020; "
+    "benchmarks/calibrate.py --gpu v100)",
+    "h100": "fit on the H100 set (Megatron-Core r0.8.0 2024; benchmarks/calibrate.py --gpu h100) "
+    "with gemm_efficiency and memory_efficiency fixed at kernel measurements on a real H100 "
+    "(benchmarks/measured/); the set is not met (docs/calibration.md)",
+}
+# the GPU each calibration set ran on, which benchmarks/calibrate.py fits
+CALIBRATED_GPUS = {"a100": "a100-sxm4-80gb", "v100": "v100-sxm3-32gb", "h100": "h100-sxm5-80gb"}
+CALIBRATED_GPU = CALIBRATED_GPUS["a100"]
+
+
+def _scaled(family: str) -> str:
+    return f"uncalibrated: scaled from {CALIBRATED_GPUS[family]}"
+
+
+# Dense FP16/BF16 tensor-core FLOPs per SM per clock (peak / (SMs x boost clock):
+# V100 8 tensor cores x 64 FMA x 2; A100 and H100 4 x 256 and 4 x 512 FMA x 2, NVIDIA's
+# A100 and H100 architecture white papers) over the 16 exponentials (ex2, the MUFU
+# special-function units) an SM issues per clock on compute capability 7.0-9.0 (CUDA C++
+# Programming Guide, "Arithmetic Instructions" throughput table). Both run on the SM
+# clock, so the ratio holds whatever clock the power cap leaves. Shah et al. 2024
+# (FlashAttention-3, arXiv 2407.08608, Sec 3) give the H100's: 989 TFLOP/s of matmul
+# against 3.9 TFLOP/s of exponentials, 256.
+_TENSOR_FLOPS_PER_SM_CLOCK = {"v100": 1024, "a100": 2048, "h100": 4096}
+EXPONENTIALS_PER_SM_CLOCK = 16
+
+
+def _gpu(
+    name: str,
+    *,
+    peak_tflops: float,
+    peak_tflops_fp8: float | None,
+    memory_gib: float,
+    hbm_gbytes_per_s: float,
+    num_sms: int,
+    family: str,
+    fitted: bool,
+    tensor_flops_per_exp: float | None = None,
+) -> GpuSpec:
+    """A GPU record whose kernel constants are the 256 x 128 tile and the fractions
+    fitted on ``family``'s calibration set, with the GPU's own SM count; ``fitted``
+    says whether this GPU is the one that set ran on (else: scaled from it).
+    ``tensor_flops_per_exp``: the family's per-SM-clock ratio unless given (the
+    Blackwell GPUs give theirs from the published rates, see _BLACKWELL_EXP)."""
+    kernels = KernelConstants(
+        gpu=name,
+        num_sms=num_sms,
+        tile_m=256,
+        tile_n=128,
+        source=_SOURCES[family] if fitted else _scaled(family),
+        **_FITS[family],
+    )
+    return GpuSpec(
+        name=name,
+        peak_tflops=peak_tflops,
+        peak_tflops_fp8=peak_tflops_fp8,
+        memory_gib=memory_gib,
+        hbm_gbytes_per_s=hbm_gbytes_per_s,
+        tensor_flops_per_exp=(
+            _TENSOR_FLOPS_PER_SM_CLOCK[family] / EXPONENTIALS_PER_SM_CLOCK
+            if tensor_flops_per_exp is None
+            else tensor_flops_per_exp
+        ),
+        kernels=kernels,
+    )
+
+
+# Dense FP16/BF16 tensor peak, memory and HBM bandwidth: NVIDIA datasheets for
+# V100, A100 and H100 and the H200 product brief. Memory is what CUDA reports
+# (rounded GiB), which is what a training run can use. V100 has no BF16: its
+# peak is FP16. Dense FP8 (Hopper only): the H100 datasheet's 3,958 TFLOP/s
+# with sparsity, halved (1978.9 dense in the H100 architecture white paper); the
+# H200 brief quotes the same 3,958. V100 and A100 have no FP8 tensor cores.
+# V100 SXM3 32 GB (the DGX-2's GPU): the same GV100 chip, 32 GB and 900 GB/s as the
+# SXM2 part, 125 TFLOP/s FP16 (the DGX-2 datasheet's 2 PFLOP/s over 16 GPUs);
+# ../shared/reference/hardware.md lists the V100 figures.
+#
+# Today's GPUs (docs/reference.md lists each figure with its source):
+# - H800 SXM5 80 GB: the H100 SXM5 die with NVLink cut to 400 GB/s both directions
+#   together (200 per direction) and FP64 cut; "same silicon", same 80 GB, 3.35 TB/s and
+#   low-precision tensor rates (philisun.com "NVIDIA H800 vs H100" comparison table), so
+#   the H100 SXM5's peaks and 132 SMs.
+# - B200 (DGX/HGX B200, 1,000 W): docs.nvidia.com DGX B200 user guide (8 x B200,
+#   1,440 GB: 180 GB each; 2 NVSwitches, 14.4 TB/s aggregate: 1.8 TB/s per GPU, 900 per
+#   direction) and nvidia.com DGX B200 (64 TB/s HBM3e: 8 TB/s each; FP8 72 PFLOP/s with
+#   sparsity over 8 GPUs: 4.5 dense each); dense BF16 2,250 and FP4 9,000 TFLOP/s (HGX
+#   B200 at 1,000 W; glennklockwood.com/garden/processors/B200, ml-engineering's H200 vs
+#   B200 table). 148 SMs (74 enabled per die; Chips and Cheese, "Nvidia's B200").
+# - GB200 (the NVL72's B200 at 1,200 W): nvidia.com GB200 NVL72, rack figures over 72
+#   GPUs with sparsity halved: FP16/BF16 360 PFLOP/s -> 2,500 dense, FP8 720 -> 5,000,
+#   FP4 1,440 -> 10,000; 13.4 TB HBM3e -> 186 GB (the MLPerf v6.1 GB200 system
+#   description's 186 GB per GPU), 576 TB/s -> 8 TB/s; NVLink 130 TB/s -> 1.8 TB/s per
+#   GPU. Same die as B200: 148 SMs.
+# - B300 (HGX B300, Blackwell Ultra): NVIDIA technical blog "Inside NVIDIA Blackwell
+#   Ultra" (160 SMs, 288 GB HBM3e, 8 TB/s, 15 PFLOP/s dense NVFP4 for the GB300 part);
+#   dense BF16 2,250 and FP8 4,500 TFLOP/s for the HGX part (Verda's GB300 NVL72 post,
+#   glennklockwood.com/garden/processors/B300 agree).
+# - GB300 (the NVL72's B300): nvidia.com GB300 NVL72 rack figures over 72 GPUs, sparsity
+#   halved: BF16 360 PFLOP/s -> 2,500, FP8 720 -> 5,000 (Verda: 2.5 / 5 PFLOP/s dense
+#   per GPU); 279 GB HBM3e per GPU as the rack's 20 TB gives it (Verda's per-GPU table);
+#   8 TB/s; 160 SMs.
+# Memory of the Blackwell parts is the datasheet's GB (the H100/H200 rows' GiB differ
+# from theirs by under 1 %, but these have not been checked against what CUDA reports).
+# FP4 has no field: nothing in stepsim computes in FP4 yet (docs/reference.md keeps it).
+#
+# Flash attention's exponentials on Blackwell: NVIDIA's "Inside NVIDIA Blackwell Ultra"
+# table (copied in Verda's GB300 post) gives the special-function units' EX2 rate,
+# 5 TeraExponentials/s on Blackwell and 10.7 on Blackwell Ultra (SFU throughput for
+# attention doubled). No per-SM-clock figure is published, so the ratio is the two
+# published rates: dense BF16 TFLOP/s over tera-exponentials per second.
+_BLACKWELL_EXP_PER_S = {"blackwell": 5.0, "blackwell-ultra": 10.7}  # 10^12 exp/s
+
+GPUS: dict[str, GpuSpec] = {
+    gpu.name: gpu
+    for gpu in (
+        _gpu(
+            "v100-sxm2-32gb",
+            peak_tflops=125.0,
+            peak_tflops_fp8=None,
+            memory_gib=32.0,
+            hbm_gbytes_per_s=900.0,
+            num_sms=80,
+            family="v100",
+            fitted=False,
+        ),
+        _gpu(
+            "v100-sxm3-32gb",
+            peak_tflops=125.0,
+            peak_tflops_fp8=None,
+            memory_gib=32.0,
+            hbm_gbytes_per_s=900.0,
+            num_sms=80,
+            family="v100",
+            fitted=True,
+        ),
+        _gpu(
+            "a100-sxm4-40gb",
+            peak_tflops=312.0,
+            peak_tflops_fp8=None,
+            memory_gib=40.0,
+            hbm_gbytes_per_s=1555.0,
+            num_sms=108,
+            family="a100",
+            fitted=False,
+        ),
+        _gpu(
+            "a100-sxm4-80gb",
+            peak_tflops=312.0,
+            peak_tflops_fp8=None,
+            memory_gib=80.0,
+            hbm_gbytes_per_s=2039.0,
+            num_sms=108,
+            family="a100",
+            fitted=True,
+        ),
+        _gpu(
+            "h100-sxm5-80gb",
+            peak_tflops=989.4,
+            peak_tflops_fp8=1978.9,
+            memory_gib=80.0,
+            hbm_gbytes_per_s=3350.0,
+            num_sms=132,
+            family="h100",
+            fitted=True,
+        ),
+        _gpu(
+            "h200-sxm-141gb",
+            peak_tflops=989.4,
+            peak_tflops_fp8=1978.9,
+            memory_gib=140.0,
+            hbm_gbytes_per_s=4800.0,
+            num_sms=132,
+            family="h100",
+            fitted=False,
+        ),
+        _gpu(
+            "h800-sxm5-80gb",
+            peak_tflops=989.4,
+            peak_tflops_fp8=1978.9,
+            memory_gib=80.0,
+            hbm_gbytes_per_s=3350.0,
+            num_sms=132,
+            family="h100",
+            fitted=False,
+        ),
+        _gpu(
+            "b200-sxm-180gb",
+            peak_tflops=2250.0,
+            peak_tflops_fp8=4500.0,
+            memory_gib=180.0,
+            hbm_gbytes_per_s=8000.0,
+            num_sms=148,
+            family="h100",
+            fitted=False,
+            tensor_flops_per_exp=2250.0 / _BLACKWELL_EXP_PER_S["blackwell"],
+        ),
+        _gpu(
+            "gb200",
+            peak_tflops=2500.0,
+            peak_tflops_fp8=5000.0,
+            memory_gib=186.0,
+            hbm_gbytes_per_s=8000.0,
+            num_sms=148,
+            family="h100",
+            fitted=False,
+            tensor_flops_per_exp=2500.0 / _BLACKWELL_EXP_PER_S["blackwell"],
+        ),
+        _gpu(
+            "b300-sxm-288gb",
+            peak_tflops=2250.0,
+            peak_tflops_fp8=4500.0,
+            memory_gib=288.0,
+            hbm_gbytes_per_s=8000.0,
+            num_sms=160,
+            family="h100",
+            fitted=False,
+            tensor_flops_per_exp=2250.0 / _BLACKWELL_EXP_PER_S["blackwell-ultra"],
+        ),
+        _gpu(
+            "gb300",
+            peak_tflops=2500.0,
+            peak_tflops_fp8=5000.0,
+            memory_gib=279.0,
+            hbm_gbytes_per_s=8000.0,
+            num_sms=160,
+            family="h100",
+            fitted=False,
+            tensor_flops_per_exp=2500.0 / _BLACKWELL_EXP_PER_S["blackwell-ultra"],
+        ),
+    )
+}
+
+# Latencies (one directed hop). The small-message ring all-reduce on one DGX
+# A100 takes 10 us with 2 GPUs and 33.7 us with 8 (nccl-tests issue #123): a
+# fit gives ~6 us of fixed cost plus ~2 us per ring step, and one NVLink step is
+# two hops (GPU -> NVSwitch -> GPU), hence 1 us a hop and 6 us base. NCCL's
+# tuner (src/graph/tuning.cc) charges 2.7-9.6 us per inter-node step; one such
+# step here is PCIe + IB + IB + PCIe = 0.5 + 2 + 2 + 0.5 = 5 us.
+_LATENCIES = {
+    "nvlink_latency_us": 1.0,
+    "pcie_latency_us": 0.5,
+    "ib_latency_us": 2.0,
+    "collective_base_latency_us": 6.0,
+}
+
+# What NCCL reaches of the line rate: measured all-reduce bus bandwidth (which a
+# ring over the links would make equal to the per-direction link rate) divided by
+# that rate; NVIDIA GTC24 talk S62129, copied in docs/reference.md:
+# DGX A100 232 GB/s in a node over 300, 192 GB/s between nodes over 8 x 25;
+# DGX H100 370 over 450, 380 over 8 x 50; V100 NVLink 2 node 122 over 150;
+# one 200/400 Gb/s NIC 24/48 GB/s over 25/50 (used for the V100 nodes' NICs).
+_EFFICIENCY = {
+    "a100": {"nvlink_efficiency": 232 / 300, "nic_efficiency": 192 / 200},
+    "h100": {"nvlink_efficiency": 370 / 450, "nic_efficiency": 380 / 400},
+    "v100": {"nvlink_efficiency": 122 / 150, "nic_efficiency": 24 / 25},
+}
+# No NCCL bus bandwidth of an H800, B200, GB200 or GB300 machine is in the reference
+# notes: their nodes assume the DGX H100's two fractions (docs/reference.md says so).
+_ASSUMED_EFFICIENCY = _EFFICIENCY["h100"]
+
+# NVLink figures are per GPU and per direction (the datasheets quote both
+# directions together: 300 / 600 / 900 GB/s). PCIe: Gen3 x16 ~16 GB/s,
+# Gen4 x16 ~32 GB/s, Gen5 x16 ~64 GB/s per direction (nominal).
+NODES: dict[str, dict[str, object]] = {
+    # DGX A100: 8 x A100 on NVSwitch, 8 x 200 Gb/s HDR InfiniBand for compute.
+    "dgx-a100": {
+        "gpu": "a100-sxm4-80gb",
+        "gpus_per_node": 8,
+        "nics_per_node": 8,
+        "nic_gbps": 200.0,
+        "nvlink_gbytes_per_s": 300.0,
+        "pcie_gbytes_per_s": 32.0,
+        **_EFFICIENCY["a100"],
+        **_LATENCIES,
+    },
+    # DGX H100: 8 x H100 SXM5, NVLink 4, 8 x ConnectX-7 NDR 400 Gb/s.
+    "dgx-h100": {
+        "gpu": "h100-sxm5-80gb",
+        "gpus_per_node": 8,
+        "nics_per_node": 8,
+        "nic_gbps": 400.0,
+        "nvlink_gbytes_per_s": 450.0,
+        "pcie_gbytes_per_s": 64.0,
+        **_EFFICIENCY["h100"],
+        **_LATENCIES,
+    },
+    # DGX H200: as DGX H100 with H200 GPUs.
+    "dgx-h200": {
+        "gpu": "h200-sxm-141gb",
+        "gpus_per_node": 8,
+        "nics_per_node": 8,
+        "nic_gbps": 400.0,
+        "nvlink_gbytes_per_s": 450.0,
+        "pcie_gbytes_per_s": 64.0,
+        **_EFFICIENCY["h100"],
+        **_LATENCIES,
+    },
+    # H800 node as DeepSeek-V3 trained on it (DeepSeek-AI 2024, arXiv 2412.19437, Sec 3.1
+    # and 3.2.2): 8 x H800 on NVLink + NVSwitch, one 400 Gb/s InfiniBand NIC per GPU
+    # (50 GB/s); the H800's NVLink is 400 GB/s both directions together: 200 per
+    # direction (the paper measures about 160 GB/s of it).
+    "hgx-h800": {
+        "gpu": "h800-sxm5-80gb",
+        "gpus_per_node": 8,
+        "nics_per_node": 8,
+        "nic_gbps": 400.0,
+        "nvlink_gbytes_per_s": 200.0,
+        "pcie_gbytes_per_s": 64.0,
+        **_ASSUMED_EFFICIENCY,
+        **_LATENCIES,
+    },
+    # DGX B200: 8 x B200 on two NVLink 5 NVSwitches (14.4 TB/s aggregate: 1.8 TB/s per
+    # GPU, 900 per direction), 8 x ConnectX-7 single-port 400 Gb/s for compute
+    # (docs.nvidia.com DGX B200 user guide, hardware overview); PCIe Gen5 (its Xeon 8570s).
+    "dgx-b200": {
+        "gpu": "b200-sxm-180gb",
+        "gpus_per_node": 8,
+        "nics_per_node": 8,
+        "nic_gbps": 400.0,
+        "nvlink_gbytes_per_s": 900.0,
+        "pcie_gbytes_per_s": 64.0,
+        **_ASSUMED_EFFICIENCY,
+        **_LATENCIES,
+    },
+    # GB200 NVL72: one rack, 72 GPUs in one NVLink domain (9 NVSwitch trays, 130 TB/s:
+    # 1.8 TB/s per GPU, 900 per direction) over 18 compute trays of 4 GPUs, each tray
+    # with 4 ConnectX-7 400 Gb/s: one NIC per GPU (nvidia.com GB200 NVL72; the MLPerf
+    # v6.1 GB200 NVL72 system description lists 4 ConnectX-7 per 4-GPU tray). Modelled
+    # as one 72-GPU node: with a NIC per GPU the trays' borders change no link or route
+    # (topologies.node). ConnectX-7 is PCIe Gen5 x16.
+    "gb200-nvl72": {
+        "gpu": "gb200",
+        "gpus_per_node": 72,
+        "nics_per_node": 72,
+        "nic_gbps": 400.0,
+        "nvlink_gbytes_per_s": 900.0,
+        "pcie_gbytes_per_s": 64.0,
+        **_ASSUMED_EFFICIENCY,
+        **_LATENCIES,
+    },
+    # GB300 NVL72: the same rack with B300 GPUs; each compute tray has 4 ConnectX-8
+    # (800 Gb/s) for the compute network, one per GPU (docs.nvidia.com Enterprise RA,
+    # "NVL72 AI factory" components; nvidia.com GB300 NVL72 lists 72 ConnectX-8).
+    # Each B300 reaches its ConnectX-8 over PCIe Gen6 x16 (NVIDIA's Hot Chips 2025
+    # ConnectX-8 talk, as ServeTheHome reported it): 128 GB/s per direction, nominal.
+    "gb300-nvl72": {
+        "gpu": "gb300",
+        "gpus_per_node": 72,
+        "nics_per_node": 72,
+        "nic_gbps": 800.0,
+        "nvlink_gbytes_per_s": 900.0,
+        "pcie_gbytes_per_s": 128.0,
+        **_ASSUMED_EFFICIENCY,
+        **_LATENCIES,
+    },
+    # Jean Zay V100 node (BigScience): 4 x V100 SXM2 32 GB, 400 Gb/s theoretical
+    # between nodes (bigscience-workshop/bigscience, experiments/README.md). The
+    # source gives the node total only, so it is one 400 Gb/s pipe here. The
+    # four GPUs are all-to-all on NVLink 2: 6 lanes of 25 GB/s per direction per
+    # GPU, two lanes to each peer (150 GB/s per GPU, 50 GB/s per pair).
+    "v100x4": {
+        "gpu": "v100-sxm2-32gb",
+        "gpus_per_node": 4,
+        "nics_per_node": 1,
+        "nic_gbps": 400.0,
+        "nvlink_gbytes_per_s": 150.0,
+        "nvlink_topology": "all-to-all",
+        "pcie_gbytes_per_s": 16.0,
+        **_EFFICIENCY["v100"],
+        **_LATENCIES,
+    },
+    # DGX-2: 16 x V100 SXM3 32 GB on NVSwitch (300 GB/s per GPU, both directions
+    # together: 150 per direction), 8 x 100 Gb/s InfiniBand adapters (100 GB/s per
+    # server); ../shared/reference/hardware.md (Shoeybi et al. 2019, Sec 5; the
+    # Megatron-LM README's DGX-2 table). NVLink and NIC efficiencies: the V100's.
+    "dgx-2": {
+        "gpu": "v100-sxm3-32gb",
+        "gpus_per_node": 16,
+        "nics_per_node": 8,
+        "nic_gbps": 100.0,
+        "nvlink_gbytes_per_s": 150.0,
+        "nvlink_topology": "nvswitch",
+        "pcie_gbytes_per_s": 16.0,
+        **_EFFICIENCY["v100"],
+        **_LATENCIES,
+    },
+    # DGX-1 with V100: 8 x V100 SXM2 in the NVLink hybrid cube-mesh (6 lanes of
+    # 25 GB/s per direction per GPU), 4 x 100 Gb/s EDR InfiniBand (NVIDIA DGX-1
+    # with Tesla V100 system architecture white paper).
+    "dgx-1-v100": {
+        "gpu": "v100-sxm2-32gb",
+        "gpus_per_node": 8,
+        "nics_per_node": 4,
+        "nic_gbps": 100.0,
+        "nvlink_gbytes_per_s": 150.0,
+        "nvlink_topology": "hybrid-cube-mesh",
+        "pcie_gbytes_per_s": 16.0,
+        **_EFFICIENCY["v100"],
+        **_LATENCIES,
+    },
+}
