@@ -55,10 +55,9 @@ def build_cluster(
     )
     fabric = spec.fabric_shape()
     domain = spec.nvlink_domain_gpus
-    if pattern and one_switch(spec.num_nodes, fabric):
-        return PatternCluster(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain)
     if pattern:
-        return TreePatternCluster(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain)
+        kind = PatternCluster if one_switch(spec.num_nodes, fabric) else TreePatternCluster
+        return kind(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain)
     limits.check_cluster(spec)
     return Cluster(
         build_graph(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain),

@@ -62,7 +62,32 @@ class Links(Sequence):
         return (self._cluster.link(i) for i in range(len(self)))
 
 
-class PatternCluster:
+class _CountedCluster:
+    """What a cluster counted from its pattern (`PatternCluster`, the tree fabrics'
+    `tree_pattern.TreePatternCluster`) answers as the whole graph would, from the
+    attributes both set: ``num_nodes``, ``node``, ``fabric``, ``gpus_per_node``,
+    ``nvlink_domain_gpus`` and ``_graph`` (None until drawn)."""
+
+    @property
+    def graph(self):
+        """The whole graph, drawn on first use (a drawing or a summary asks for it)."""
+        if self._graph is None:
+            self._graph = build_graph(
+                self.num_nodes,
+                self.node,
+                self.fabric,
+                nvlink_domain_gpus=self.nvlink_domain_gpus,
+            )
+        return self._graph
+
+    def node_of(self, gpu: int) -> int:
+        return gpu // self.gpus_per_node
+
+    def nvlink_domain_of(self, gpu: int) -> int:
+        return gpu // self.nvlink_domain_gpus
+
+
+class PatternCluster(_CountedCluster):
     """``Cluster``'s answers (links, routes, rings) for ``num_nodes`` servers on one
     switch, from a unit of two servers. ``translate(links, k)`` maps link numbers of
     servers ``n`` to those of servers ``n + k`` (an automorphism of the fabric and of
@@ -115,24 +140,6 @@ class PatternCluster:
             raise AssertionError("the unit's switch links are not its NICs' in order")
 
     # -- what Cluster answers --------------------------------------------------------
-
-    @property
-    def graph(self):
-        """The whole graph, drawn on first use (a drawing or a summary asks for it)."""
-        if self._graph is None:
-            self._graph = build_graph(
-                self.num_nodes,
-                self.node,
-                self.fabric,
-                nvlink_domain_gpus=self.nvlink_domain_gpus,
-            )
-        return self._graph
-
-    def node_of(self, gpu: int) -> int:
-        return gpu // self.gpus_per_node
-
-    def nvlink_domain_of(self, gpu: int) -> int:
-        return gpu // self.nvlink_domain_gpus
 
     def link(self, index: int) -> Link:
         block, nics = self.block, self.nics

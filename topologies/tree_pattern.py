@@ -30,10 +30,13 @@ from .cluster import Cluster, Link, build_graph
 from .describe import link_role
 from .fabric import FabricShape, spines_per_leaf
 from .node import GPU, NIC, SWITCH, NodeShape
-from .pattern import Links, moved_vertex
+from .pattern import Links, _CountedCluster, moved_vertex
 
 
-class TreePatternCluster:
+class TreePatternCluster(_CountedCluster):
+    """``Cluster``'s answers for a fat tree (2 or 3 levels) or a rail-optimized fabric,
+    counted from a two-server unit and the switch levels (the module docstring)."""
+
     def __init__(
         self, num_nodes: int, node: NodeShape, fabric: FabricShape, *, nvlink_domain_gpus: int
     ) -> None:
@@ -171,20 +174,6 @@ class TreePatternCluster:
         return (n // self.npl) * self.rails + (k if self.rails > 1 else 0)
 
     # -- what Cluster answers --------------------------------------------------------
-
-    @property
-    def graph(self):
-        if self._graph is None:
-            self._graph = build_graph(
-                self.num_nodes, self.node, self.fabric, nvlink_domain_gpus=self.nvlink_domain_gpus
-            )
-        return self._graph
-
-    def node_of(self, gpu: int) -> int:
-        return gpu // self.gpus_per_node
-
-    def nvlink_domain_of(self, gpu: int) -> int:
-        return gpu // self.nvlink_domain_gpus
 
     def link(self, index: int) -> Link:
         if index < self.server_links:

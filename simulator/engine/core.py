@@ -117,36 +117,15 @@ class _Engine:
         )
 
     def _op_ended_callback(self, lane: int):
-        """The callback for "the op the lane runs has ended": `_end_running_op`, then the
-        lane and those it released advance (`_drain`), both written out here because
-        this runs once per compute op and blocking transfer."""
-        ready, done, advance, spans = self.ready, self._done, self._advance, self.spans
-        popleft = ready.popleft
-        positions, lane_ops, ops, start_s = (
-            self.position,
-            self.lane_ops[lane],
-            self.ops,
-            self.start_s,
-        )
-        gpu, stream, env = self.lane_gpu[lane], self.lane_stream[lane], self.env
+        """The callback for "the op the lane runs has ended": the lane, and any it
+        released, advance."""
+        end_running_op, ready = self._end_running_op, self.ready
 
         def ended(_event: object = None) -> None:
-            position = positions[lane]
-            index = lane_ops[position]
-            start, now = start_s[index], env.now
-            if now > start:
-                op = ops[index]
-                spans.append(
-                    _new(Span, (gpu, stream, op.kind, op.label, op.microbatch, start, now, index))
-                )
-            done(index, now)
-            positions[lane] = position + 1
+            end_running_op(lane)
             ready.append(lane)
             if not self.draining:
-                self.draining = True
-                while ready:
-                    advance(popleft())
-                self.draining = False
+                self._drain()
 
         return ended
 
@@ -180,8 +159,7 @@ class _Engine:
             self.ready.extend(lanes)
 
     def _end_running_op(self, lane_index: int) -> None:
-        """The compute op or blocking transfer the lane was running has finished (the
-        lane's ``op_ended`` callback does the same, written out)."""
+        """The compute op or blocking transfer the lane was running has finished."""
         position = self.position[lane_index]
         index = self.lane_ops[lane_index][position]
         op = self.ops[index]

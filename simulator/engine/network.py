@@ -176,14 +176,7 @@ class FairShareNetwork(Network):
         self._schedule = env.schedule
         self._claim_ends = (self._claim_ended,)
 
-    def start(self, transfer: Transfer | Collective, on_done: Callback) -> None:
-        # Network.start with `_start_transfer` written out: this runs once per transfer
-        if type(transfer) is not Transfer:
-            if len(transfer) > 1:
-                start_phases(self.start, transfer, on_done)
-                return
-            transfer = transfer[0]
-        self.num_transfers += 1
+    def _start_transfer(self, transfer: Transfer, on_done: Callback) -> None:
         if transfer.bytes_per_flow <= 0 or not transfer.links:
             self._after(transfer.latency_s, on_done)
             return
@@ -275,11 +268,7 @@ class FairShareNetwork(Network):
         if flow.claimed:  # alone from start to end
             flow.claimed = False
             self._busy.difference_update(flow.links)
-            now = self.env.now
-            if now > flow.updated_s:  # _close_interval (its rate is the solo rate, > 0)
-                self.intervals.append(
-                    _new(Interval, (flow.links, flow.mults, flow.rate, flow.updated_s, now))
-                )
+            self._close_interval(flow, self.env.now)
             flow.on_done(None)
             return
         shared = []
@@ -306,7 +295,9 @@ class FairShareNetwork(Network):
 
     def _close_interval(self, flow: _Flow, now: float) -> None:
         if flow.rate > 0 and now > flow.updated_s:
-            self.intervals.append(Interval(flow.links, flow.mults, flow.rate, flow.updated_s, now))
+            self.intervals.append(
+                _new(Interval, (flow.links, flow.mults, flow.rate, flow.updated_s, now))
+            )
 
     def _mark_dirty(self, links: Sequence[int]) -> None:
         self._dirty.update(links)
