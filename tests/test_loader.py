@@ -12,7 +12,7 @@ from stepsim.scenario import (
     scenario_from_dict,
     scenario_to_dict,
 )
-from tests.helpers import scenario
+from tests.helpers import load, scenario
 
 
 def test_presets_fill_in_and_keys_override_them():
@@ -216,3 +216,21 @@ def test_files_that_cannot_be_read_are_one_line_each(tmp_path):
         str(err.value)
         == "cannot read training.schedule_file='orders.txt': No such file or directory"
     )
+
+
+def test_use_distributed_optimizer_is_megatron_cores_switch_for_zero_1():
+    """`--use-distributed-optimizer` sets the sharding; false, or a contradicting
+    sharding, is checked against data_parallel_sharding."""
+    dp = {"data_parallel_size": 8}
+    on = load(parallel=dp, training={"use_distributed_optimizer": True})
+    assert on.training.data_parallel_sharding == "optimizer"
+    full = {"use_distributed_optimizer": True, "data_parallel_sharding": "full"}
+    assert load(parallel=dp, training=full).training.data_parallel_sharding == "full"
+    off = load(parallel=dp, training={"use_distributed_optimizer": False})
+    assert off.training.data_parallel_sharding == "none"
+    for given in (
+        {"use_distributed_optimizer": True, "data_parallel_sharding": "none"},
+        {"use_distributed_optimizer": False, "data_parallel_sharding": "optimizer"},
+    ):
+        with pytest.raises(ScenarioError, match="use_distributed_optimizer.*contradicts"):
+            load(parallel=dp, training=given)

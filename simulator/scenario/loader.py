@@ -23,6 +23,7 @@ from stepsim.schedules import LOOPED
 from stepsim.schedules import SCHEDULES as SCHEDULE_INFO
 from stepsim.schedules.custom import sizes_of
 
+from ..vocabulary import SHARD_OPTIMIZER
 from . import presets, rules, schema
 from .errors import ScenarioError
 from .files import (
@@ -140,6 +141,8 @@ def scenario_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
     untie = model.untie_embeddings_and_output_weights
     if untie is not None:  # the model's key is the source of truth (rules.check_tied_embeddings)
         tables["training"].setdefault("share_embeddings_and_output_weights", not untie)
+    if tables["training"].get("use_distributed_optimizer") is True:  # Megatron-Core's switch
+        tables["training"].setdefault("data_parallel_sharding", SHARD_OPTIMIZER)
     training = _build_training(tables["training"], base_dir)
     parallel = _build_parallel(tables["parallel"], model, cluster, training)
     _require("network", tables["network"])

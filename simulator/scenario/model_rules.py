@@ -1,11 +1,11 @@
 """The model keys' rules (issue 19: GQA, tied or untied output layer, the attention
-backend), apart from `rules` to keep each module small; `rules` runs them in its order."""
+backend, the distributed optimizer's switch), apart from `rules` to keep each module small; `rules` runs them in its order."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..vocabulary import ATTENTION_FLASH, ATTENTION_UNFUSED
+from ..vocabulary import ATTENTION_FLASH, ATTENTION_UNFUSED, NO_SHARDING
 from .errors import ScenarioError
 
 if TYPE_CHECKING:
@@ -70,3 +70,16 @@ def check_query_groups_split(model: ModelSpec, tp: int) -> None:
             rule=f"must divide model.num_query_groups={model.query_groups} (Megatron-Core "
             "shards the K/V heads over TP)",
         )
+
+
+def check_distributed_optimizer(use: bool | None, sharding: str) -> None:
+    """Megatron-Core's `--use-distributed-optimizer` is stepsim's
+    data_parallel_sharding = "optimizer" (or "full", which shards the optimizer too);
+    the loader derives the sharding from it, and both given must agree."""
+    if use is None or use == (sharding != NO_SHARDING):
+        return
+    raise ScenarioError(
+        key="training.use_distributed_optimizer",
+        value=use,
+        rule=f"contradicts training.data_parallel_sharding={sharding!r}; give one of them",
+    )

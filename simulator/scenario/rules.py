@@ -29,6 +29,7 @@ from ..vocabulary import SHARD_OPTIMIZER
 from . import limits
 from .errors import ScenarioError
 from .model_rules import attention_kernel_of as attention_kernel_of  # spec and training call
+from .model_rules import check_distributed_optimizer as check_distributed_optimizer
 from .model_rules import check_model as check_model  # these through rules
 from .model_rules import check_query_groups_split, check_tied_embeddings
 from .softmax import SOURCE as SOFTMAX_SOURCE

@@ -103,6 +103,14 @@ class TrainingConfig:
         default=NO_SHARDING,
         choices=DATA_PARALLEL_SHARDING,
     )
+    use_distributed_optimizer: bool | None = key(
+        "Megatron-Core's `--use-distributed-optimizer`: `true` shards the optimizer states "
+        '(and the fp32 main weights) over data parallelism, i.e. `data_parallel_sharding = '
+        '"optimizer"` unless `"full"` is given; `false` means no sharding (giving one that '
+        "contradicts `data_parallel_sharding` is an error)",
+        default=None,
+        derived="from `data_parallel_sharding`",
+    )
     # -- the gradient path (docs/frameworks.md §3-§6, §8) ---------------------------------
     params_dtype: str = key(
         "16-bit type of weights and activations (`--fp16` / `--bf16`); bf16 needs an A100 or newer",
@@ -241,6 +249,7 @@ class TrainingConfig:
         object.__setattr__(self, "resolved", resolved)
         object.__setattr__(self, "framework_note", note)
         rules.check_training_alone(self)
+        rules.check_distributed_optimizer(self.use_distributed_optimizer, self.data_parallel_sharding)
 
     def mechanism(self, name: str) -> Any:
         """A mechanism key (or ``framework_version``) as resolved."""
