@@ -1,5 +1,6 @@
 """The model keys' rules (issue 19: GQA, tied or untied output layer, the attention
-backend, the distributed optimizer's switch), apart from `rules` to keep each module small; `rules` runs them in its order."""
+backend, the distributed optimizer's switch), apart from `rules` to keep each module
+small; `rules` runs them in its order."""
 
 from __future__ import annotations
 

@@ -249,7 +249,9 @@ class TrainingConfig:
         object.__setattr__(self, "resolved", resolved)
         object.__setattr__(self, "framework_note", note)
         rules.check_training_alone(self)
-        rules.check_distributed_optimizer(self.use_distributed_optimizer, self.data_parallel_sharding)
+        rules.check_distributed_optimizer(
+            self.use_distributed_optimizer, self.data_parallel_sharding
+        )
 
     def mechanism(self, name: str) -> Any:
         """A mechanism key (or ``framework_version``) as resolved."""
