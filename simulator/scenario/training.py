@@ -105,7 +105,7 @@ class TrainingConfig:
     )
     use_distributed_optimizer: bool | None = key(
         "Megatron-Core's `--use-distributed-optimizer`: `true` shards the optimizer states "
-        '(and the fp32 main weights) over data parallelism, i.e. `data_parallel_sharding = '
+        "(and the fp32 main weights) over data parallelism, i.e. `data_parallel_sharding = "
         '"optimizer"` unless `"full"` is given; `false` means no sharding (giving one that '
         "contradicts `data_parallel_sharding` is an error)",
         default=None,
