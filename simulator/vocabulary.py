@@ -74,8 +74,19 @@ FAIR_SHARE, ANALYTICAL = "fair-share", "analytical"  # engine.network's two mode
 NETWORK_MODELS: tuple[str, ...] = (FAIR_SHARE, ANALYTICAL)
 # replicated, ZeRO-1 (the optimizer state sharded), ZeRO-3/FSDP (everything sharded)
 NO_SHARDING, SHARD_OPTIMIZER, SHARD_FULL = "none", "optimizer", "full"
-DATA_PARALLEL_SHARDING: tuple[str, ...] = (NO_SHARDING, SHARD_OPTIMIZER, SHARD_FULL)
-SHARDING_NAMES = {NO_SHARDING: "-", SHARD_OPTIMIZER: "ZeRO-1", SHARD_FULL: "FSDP"}  # in tables
+SHARD_GRADIENTS = "gradients"  # ZeRO-2: the optimizer states and the gradients
+DATA_PARALLEL_SHARDING: tuple[str, ...] = (
+    NO_SHARDING,
+    SHARD_OPTIMIZER,
+    SHARD_GRADIENTS,
+    SHARD_FULL,
+)
+SHARDING_NAMES = {  # in tables
+    NO_SHARDING: "-",
+    SHARD_OPTIMIZER: "ZeRO-1",
+    SHARD_GRADIENTS: "ZeRO-2",
+    SHARD_FULL: "FSDP",
+}
 RING, TREE, HIERARCHICAL, AUTO = "ring", "tree", "hierarchical", "auto"  # collectives.all_reduce
 ALL_REDUCE_ALGORITHMS: tuple[str, ...] = (RING, TREE, HIERARCHICAL, AUTO)
 # the gradient path (docs/frameworks.md §4-§6): dtypes and their bytes, how ZeRO-1's

@@ -1,4 +1,4 @@
-"""Data-parallel strategies: plain all-reduce, distributed optimizer (ZeRO-1), FSDP."""
+"""Data-parallel strategies: plain all-reduce, distributed optimizer (ZeRO-1), ZeRO-2, FSDP."""
 
 import pytest
 
@@ -12,6 +12,7 @@ from stepsim.workload.dataparallel import (
     DistributedOptimizer,
     FullySharded,
     OverlappedBuckets,
+    ShardedGradients,
     strategy_for,
 )
 from stepsim.workload.gpuops import GpuOps
@@ -48,6 +49,29 @@ def test_memory_per_gpu_by_sharding():
     assert fsdp.optimizer_bytes == pytest.approx(12 * params / 4)
     assert fsdp.weights_bytes == pytest.approx(2 * params / 4 + 2 * (2 * layer + rest))
     assert fsdp.gradients_bytes == pytest.approx(2 * params / 4 + 2 * (layer + rest))
+
+
+def test_zero2_keeps_a_share_of_the_gradients_and_one_layer_whole():
+    none, zero2 = (_run(s).memory[0] for s in ("none", "gradients"))
+    params = none.params
+    layer = (12 * 1024 * 1024 + 7 * 1024) / 8 + 6 * 1024  # one layer on one of 8 TP ranks
+    rest = params - 4 * layer  # embedding and final norm: reduced once, kept whole
+    assert zero2.optimizer_bytes == pytest.approx(12 * params / 4)
+    assert zero2.weights_bytes == none.weights_bytes == 2 * params
+    assert zero2.gradients_bytes == pytest.approx(2 * 4 * layer / 4 + 2 * (layer + rest))
+
+
+def test_zero2_reduce_scatters_every_layer_of_every_micro_batch():
+    """Layers x micro-batches reduce-scatters of one layer each, then ZeRO-1's tail: the
+    embedding's reduce-scatter and the parameter all-gather; each reduce-scatter moves
+    half an all-reduce's bytes per ring edge."""
+    sync, _ = _compute_lane_sync("gradients", False)
+    labels = [label for label, _, _ in sync]
+    per_microbatch = [f"{layer} micro-batch {mb}" for mb in (0, 1) for layer in LAYERS]
+    assert labels == [*per_microbatch, "grads embedding/output", "params all-gather"]
+    assert all(not blocking for _, blocking, _ in sync[:-1])
+    buckets, _ = _compute_lane_sync("none", True)
+    assert sync[0][2] == buckets[0][2] / 2
 
 
 def test_distributed_optimizer_moves_the_same_bytes_as_an_all_reduce():
@@ -160,6 +184,7 @@ def _scenario(sharding, overlap=False, data=4):
         ("none", True, 4, OverlappedBuckets),
         ("optimizer", False, 4, DistributedOptimizer),
         ("optimizer", True, 4, DistributedOptimizer),
+        ("gradients", False, 4, ShardedGradients),
         ("full", False, 4, FullySharded),
     ],
 )
@@ -215,7 +240,9 @@ def test_each_mode_syncs_gradients_where_it_should():
     ]
 
 
-@pytest.mark.parametrize(("sharding", "share"), [("none", 1), ("optimizer", 4), ("full", 4)])
+@pytest.mark.parametrize(
+    ("sharding", "share"), [("none", 1), ("optimizer", 4), ("gradients", 4), ("full", 4)]
+)
 def test_sharded_modes_step_the_optimizer_on_their_share(sharding, share):
     scenario = _scenario(sharding)
     workload = lower(scenario, build_cluster(scenario.cluster))

@@ -23,9 +23,8 @@ from ..plan.space import (
 from ..scenario import Scenario, ScenarioError, load_scenario
 from ..vocabulary import (
     DATA_PARALLEL_SHARDING,
+    NO_SHARDING,
     RECOMPUTE_GRANULARITIES,
-    SHARD_FULL,
-    SHARD_OPTIMIZER,
     SHARDING_NAMES,
 )
 
@@ -157,7 +156,7 @@ def space_arguments(parser: argparse.ArgumentParser) -> None:
         help="default all three",
     )
     named = ", ".join(
-        f"{mode} ({SHARDING_NAMES[mode]})" if mode in (SHARD_OPTIMIZER, SHARD_FULL) else mode
+        f"{mode} ({SHARDING_NAMES[mode]})" if mode != NO_SHARDING else mode
         for mode in DATA_PARALLEL_SHARDING
     )
     space.add_argument(

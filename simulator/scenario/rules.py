@@ -25,7 +25,7 @@ from stepsim.schedules import V_SHAPE
 from stepsim.schedules import check as schedule_problem
 from stepsim.schedules.custom import check_orders, sizes_of
 
-from ..vocabulary import SHARD_OPTIMIZER
+from ..vocabulary import SHARD_GRADIENTS, SHARD_OPTIMIZER
 from . import limits
 from .errors import ScenarioError
 from .model_rules import attention_kernel_of as attention_kernel_of  # spec and training call
@@ -185,7 +185,8 @@ def check_tp_comm_overlap(parallel: ParallelConfig, training: TrainingConfig) ->
 def check_param_gather(parallel: ParallelConfig, training: TrainingConfig) -> None:
     """Overlapping the parameter all-gather is the distributed optimizer's (Megatron-LM
     arguments.py: --overlap-param-gather only with --use-distributed-optimizer)."""
-    if training.overlap_param_gather and training.data_parallel_sharding != SHARD_OPTIMIZER:
+    sharding = training.data_parallel_sharding
+    if training.overlap_param_gather and sharding not in (SHARD_OPTIMIZER, SHARD_GRADIENTS):
         raise ScenarioError(
             key="training.overlap_param_gather",
             value=True,

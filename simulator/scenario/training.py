@@ -80,7 +80,8 @@ class TrainingConfig:
         "Megatron-Core's `--overlap-param-gather`: the distributed optimizer's parameter "
         "all-gather runs during the next iteration's first forward, one layer at a time on "
         "a communication stream, each layer's first forward waiting for its own, instead of "
-        'blocking after the optimizer step; needs `data_parallel_sharding = "optimizer"`',
+        'blocking after the optimizer step; needs `data_parallel_sharding = "optimizer"` '
+        'or `"gradients"`',
         default=False,
     )
     async_tensor_model_parallel_allreduce: bool | None = mechanism_key(
@@ -99,7 +100,9 @@ class TrainingConfig:
         default=False,
     )
     data_parallel_sharding: str = key(
-        "`optimizer` is ZeRO-1, `full` ZeRO-3 / FSDP; no effect with DP 1",
+        "`optimizer` is ZeRO-1, `gradients` ZeRO-2 (optimizer states and gradients: "
+        "Megatron-FSDP's `optim_grads`, each micro-batch's gradients reduce-scattered per "
+        "layer), `full` ZeRO-3 / FSDP; no effect with DP 1",
         default=NO_SHARDING,
         choices=DATA_PARALLEL_SHARDING,
     )

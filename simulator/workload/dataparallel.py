@@ -18,6 +18,9 @@ The modes (`strategy_for` picks one):
 - `DistributedOptimizer` (ZeRO-1): gradients reduce-scattered (after the flush, or per
   layer when overlapped), the optimizer step on 1/D of the parameters, then the
   parameters all-gathered;
+- `ShardedGradients` (ZeRO-2): as ZeRO-1, but every micro-batch's gradients are
+  reduce-scattered per layer as soon as its backward is done (a gradient is not kept
+  whole to accumulate over micro-batches);
 - `FullySharded` (ZeRO-3/FSDP): a second lane per GPU (stream "dp") runs, one at a time
   as FSDP's stream does, each layer's parameter all-gather before its forward and
   backward and each layer's gradient reduce-scatter; the embedding and output weights
@@ -52,6 +55,7 @@ from ..vocabulary import (
     OPTIMIZER,
     REDUCE_SCATTER,
     SHARD_FULL,
+    SHARD_GRADIENTS,
     SHARD_OPTIMIZER,
     STREAM_OF_COMM,
     TIED_AFTER_DP,
@@ -313,6 +317,29 @@ class DistributedOptimizer(OverlappedBuckets):
         self.in_calls(label, ALL_GATHER, message_bytes, calls)
 
 
+class ShardedGradients(DistributedOptimizer):
+    """ZeRO-2 (DeepSpeed's stage 2; Megatron-FSDP's ``optim_grads``): the optimizer
+    states and the gradients sharded over the replicas, the parameters whole. A replica
+    keeps only its 1/D of the accumulated gradients, so each micro-batch's backward
+    reduce-scatters every layer's gradients in a non-blocking bucket once the layer's
+    weight gradients are done (the W pass under a split schedule), whatever
+    ``overlap_grad_reduce`` says; the embedding/output weights' gradients go once, after
+    the last backward. The step and the parameter all-gather are ZeRO-1's."""
+
+    def __init__(self, gpu: GpuOps, scenario: Scenario, compute: ComputeModel) -> None:
+        super().__init__(gpu, scenario, compute, overlap=True)
+        self.gradient_kind = REDUCE_SCATTER
+
+    def backward_pass(self, label, mb, chunk, order, last_microbatch) -> Pass:
+        return NO_PASS if self.split else _Buckets(self, mb)
+
+    def weight_pass(self, label, mb, chunk, order, last_microbatch) -> Pass:
+        return _Buckets(self, mb)
+
+    def layer_bucket(self, mb: int, index: int) -> None:
+        self.bucket(f"grads layer {index} micro-batch {mb}", mb, self.layer_params)
+
+
 class FullySharded(DataParallel):
     """ZeRO-3/FSDP: parameters, gradients and optimizer state sharded over the replicas.
     A side lane (stream "dp") gathers each layer's parameters before its forward and
@@ -497,6 +524,8 @@ def strategy_for(gpu: GpuOps, scenario: Scenario, compute: ComputeModel) -> Data
         return DataParallel(gpu, scenario, compute)
     if training.data_parallel_sharding == SHARD_FULL:
         return FullySharded(gpu, scenario, compute, stray_buckets=overlap)
+    if training.data_parallel_sharding == SHARD_GRADIENTS:
+        return ShardedGradients(gpu, scenario, compute)
     if training.data_parallel_sharding == SHARD_OPTIMIZER:
         return DistributedOptimizer(gpu, scenario, compute, overlap=overlap)
     if overlap:

@@ -39,6 +39,7 @@ from ..vocabulary import (
     RECOMPUTE_NONE,
     RECOMPUTE_SELECTIVE,
     SHARD_FULL,
+    SHARD_GRADIENTS,
     SHARD_OPTIMIZER,
 )
 
@@ -212,7 +213,7 @@ def sharding_of(scenario: Scenario) -> str:
 def optimizer_sharded(scenario: Scenario) -> bool:
     """Whether each replica holds 1/D of the optimizer state and steps on 1/D of the
     parameters (ZeRO-1 and FSDP): the memory here and the bound (plan.bound) read it."""
-    return sharding_of(scenario) in (SHARD_OPTIMIZER, SHARD_FULL)
+    return sharding_of(scenario) in (SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_FULL)
 
 
 def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> StageMemory:
@@ -234,6 +235,12 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
         rest = params - layer * scenario.rank_layers(stage)
         weights = weights / d + (2 * layer + rest) * WEIGHT_BYTES_PER_PARAM
         gradients = gradients / d + (layer + rest) * gradient_bytes
+    elif sharding_of(scenario) == SHARD_GRADIENTS:
+        # ZeRO-2: 1/D of the gradients, plus one layer's full gradients before their
+        # reduce-scatter and the embedding/output weights' (reduced once, at the end)
+        layer = layer_params_per_rank(scenario)
+        rest = params - layer * scenario.rank_layers(stage)
+        gradients = (params - rest) * gradient_bytes / d + (layer + rest) * gradient_bytes
     chunks = scenario.chunk_layers[stage]
     if len(set(chunks)) == 1:  # every chunk alike: the peak in flight times a chunk's layers
         activations = activation_bytes_per_layer(scenario) * chunks[0] * inflight_activations
