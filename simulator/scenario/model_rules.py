@@ -89,8 +89,8 @@ def check_context_parallel(
         raise ScenarioError(
             key=key,
             value=cp,
-            rule=f"2 x it must divide model.seq_length={model.seq_length} (two chunks per "
-            "rank for causal load balance)",
+            rule=f"must split model.seq_length={model.seq_length} into 2 x {cp} equal chunks "
+            "(two per rank, for causal load balance)",
         )
     if training.mechanism("attention_kernel") != ATTENTION_FLASH:
         raise ScenarioError(

@@ -11,7 +11,8 @@ custom schedule's file.
 Where several rules fail, the first in this order is reported: the model, the
 cluster, the training keys alone, then the cluster's size (`check_cluster_size`: it
 depends on the network mode), the name (`check_name`), the untied output layer
-against the tied one (`check_tied_embeddings`), the layout
+against the tied one (`check_tied_embeddings`), context parallelism's needs
+(`check_context_parallel`), the layout
 (`check_layout`), the batch and schedule (`check_schedule`), the size of the
 simulation (`check_size`) and the GPU of the kernel constants (`check_calibration`).
 """
@@ -256,12 +257,12 @@ def check_scenario(scenario: Scenario) -> None:
     check_cluster_size(scenario)
     check_name(scenario.name)
     check_tied_embeddings(scenario.model, scenario.training)
+    check_context_parallel(scenario.model, scenario.parallel, scenario.training)
     check_layout(scenario.model, scenario.parallel, scenario.cluster)
     check_schedule(scenario.model, scenario.parallel, scenario.training)
     check_size(scenario.model, scenario.parallel, scenario.training)
     check_softmax(scenario)
     check_tp_comm_overlap(scenario.parallel, scenario.training)
-    check_context_parallel(scenario.model, scenario.parallel, scenario.training)
     check_param_gather(scenario.parallel, scenario.training)
     check_calibration(scenario)
 

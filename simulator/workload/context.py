@@ -38,6 +38,7 @@ two all_gather kernels, and the chunk reordering copies.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..units import tflops_to_flops_per_s
@@ -110,7 +111,7 @@ class ContextAttention:
     """The attention core of one layer on one CP rank (tensor rank) for one micro-batch:
     its steps forward and backward, and the bytes CP moves (module docstring)."""
 
-    def __init__(self, cm: ComputeModel) -> None:
+    def __init__(self, cm: ComputeModel, overlap_tp: bool = False, split: bool = False) -> None:
         m, par, b = cm.model, cm.parallel, cm.training.micro_batch_size
         t, cp = par.tensor_model_parallel_size, par.cp_size
         self.cp, self.comm_type = cp, par.cp_comm
@@ -125,6 +126,11 @@ class ContextAttention:
         self.model_flops = 4.0 * self.heads * s * s * d / cp
         self.forward = self._steps(cm, False)
         self.backward = self._steps(cm, True)
+        # what the attention block computes around the core (lower_block); the kernels
+        # are the layer's own only once compute.py asks this module for the core's
+        self._split = (overlap_tp, split)
+        self._cm = cm
+        self._core_split: CoreSplit | None = None
 
     def _steps(self, cm: ComputeModel, backward: bool) -> list[Step]:
         cp, heads, s = self.cp, self.heads, cm.model.seq_length
@@ -160,6 +166,26 @@ class ContextAttention:
         for step in self.backward if backward else self.forward:
             total = total + step.work
         return total
+
+    def lower_block(
+        self, gpu: GpuOps, kind: str, label: str, mb: int, w: Work, deps: Sequence[object]
+    ) -> None:
+        """The attention block's compute ``w`` between its TP collectives, with the core's
+        steps in place of the core: what comes before it, the steps, what follows."""
+        if self._core_split is None:
+            self._core_split = core_split(self._cm, *self._split)
+        split = self._core_split
+        backward = kind == BACKWARD
+        core = self.core(backward)
+        if backward:
+            before = split.backward_head
+            after = w - before - core
+        else:
+            after = split.forward_tail
+            before = w - core - after
+        gpu.work(kind, label, mb, before, deps)
+        self.lower(gpu, kind, label, mb, ())
+        gpu.work(kind, label, mb, after)
 
     def bytes_sent(self, backward: bool) -> float:
         """Bytes one rank sends per layer and micro-batch (forward or backward): a ring

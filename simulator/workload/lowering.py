@@ -59,7 +59,7 @@ from ..vocabulary import (
 )
 from .collectives import Fabric
 from .compute import ComputeModel, OverlapGemms, Work
-from .context import ContextAttention, core_split
+from .context import ContextAttention
 from .dataparallel import strategy_for
 from .gpuops import GpuOps
 from .keys import AsyncTpKey, P2PKey, PipelineKey
@@ -155,9 +155,9 @@ class _Stage:
         self.async_count = 0
         self.layer, self.extras = compute.layer(), compute.extras()
         # context parallelism: the attention core's steps and what surrounds them
-        self.cp = ContextAttention(compute) if scenario.parallel.cp_size > 1 else None
-        if self.cp is not None:
-            self.cp_split = core_split(compute, self.overlap_tp, self.split)
+        self.cp = None
+        if scenario.parallel.cp_size > 1:
+            self.cp = ContextAttention(compute, self.overlap_tp, self.split)
         self.dp = strategy_for(gpu, scenario, compute)
         self.p2p = training.mechanism("pipeline_p2p")
         self.blocking = self.p2p != frameworks.OVERLAPPED
@@ -195,43 +195,28 @@ class _Stage:
         w: Work,
         gemms: OverlapGemms,
         deps: Sequence[object] = (),
-        core: bool = False,
     ) -> None:
         """A block and its TP collective (an all-gather before it under SP). ``deps`` go
         on the block's first op, so nothing starts before its input arrives. With
         --tp-comm-overlap the all-gather runs alongside the GEMM it feeds and the
-        reduce-scatter alongside the GEMM producing it (on the SMs it leaves). ``core``:
-        the block holds the attention core (with CP, its steps: `middle`)."""
+        reduce-scatter alongside the GEMM producing it (on the SMs it leaves)."""
         if not self.overlap_tp:
             if self.sequence_parallel:
                 deps = self.tp(label, mb, ALL_GATHER, deps)
-            self.middle(kind, label, mb, w, deps, core)
+            self.middle(kind, label, mb, w, deps, gemms)
             self.tp(label, mb, REDUCE_SCATTER if self.sequence_parallel else ALL_REDUCE, ())
             return
         self.alongside(kind, label, mb, ALL_GATHER, gemms.gather, deps)
-        self.middle(kind, label, mb, w - gemms.gather - gemms.scatter, (), core)
+        self.middle(kind, label, mb, w - gemms.gather - gemms.scatter, (), gemms)
         self.alongside(kind, label, mb, REDUCE_SCATTER, gemms.scatter_shared)
 
-    def middle(
-        self, kind: str, label: str, mb: int, w: Work, deps: Sequence[object], core: bool
-    ) -> None:
+    def middle(self, kind: str, label: str, mb: int, w: Work, deps, gemms: OverlapGemms) -> None:
         """A block's compute between its TP collectives; with context parallelism the
-        attention core's steps and exchanges (context.py) in its place."""
-        cp = self.cp
-        if cp is None or not core:
+        attention block's core is its steps and exchanges (context.py)."""
+        if self.cp is None or gemms is not self.layer.attention_overlap:
             self.gpu.work(kind, label, mb, w, deps)
-            return
-        backward = kind == BACKWARD
-        core_work = cp.core(backward)
-        if backward:
-            before = self.cp_split.backward_head
-            after = w - before - core_work
         else:
-            after = self.cp_split.forward_tail
-            before = w - core_work - after
-        self.gpu.work(kind, label, mb, before, deps)
-        cp.lower(self.gpu, kind, label, mb, ())
-        self.gpu.work(kind, label, mb, after)
+            self.cp.lower_block(self.gpu, kind, label, mb, w, deps)
 
     def alongside(
         self, kind: str, label: str, mb: int, collective: str, w: Work, deps: Sequence[object] = ()
@@ -248,14 +233,7 @@ class _Stage:
         gpu.barrier(label, [key], mb)
 
     def backward_block(
-        self,
-        label: str,
-        mb: int,
-        w: Work,
-        last_weight: Work,
-        gemms: OverlapGemms,
-        deps,
-        core: bool = False,
+        self, label: str, mb: int, w: Work, last_weight: Work, gemms: OverlapGemms, deps
     ) -> None:
         """A block's backward. With the async TP all-reduce (and with --tp-comm-overlap,
         TE's bulk overlap), the input gradient's collective runs while the weight
@@ -265,7 +243,7 @@ class _Stage:
         kind = REDUCE_SCATTER if self.sequence_parallel else ALL_REDUCE
         gpu = self.gpu
         if gpu.comm.tp(kind, gpu.d) is None:  # no TP group
-            self.middle(BACKWARD, label, mb, w, deps, core)
+            self.middle(BACKWARD, label, mb, w, deps, gemms)
             return
         if self.overlap_tp:
             self.alongside(BACKWARD, label, mb, ALL_GATHER, gemms.gather_backward, deps)
@@ -273,10 +251,10 @@ class _Stage:
         elif self.sequence_parallel:
             deps = self.tp(label, mb, ALL_GATHER, deps)
         if not (self.async_tp or (self.overlap_tp and not self.split)):
-            self.middle(BACKWARD, label, mb, w, deps, core)
+            self.middle(BACKWARD, label, mb, w, deps, gemms)
             self.tp(label, mb, kind, ())
             return
-        self.middle(BACKWARD, label, mb, w - last_weight, deps, core)
+        self.middle(BACKWARD, label, mb, w - last_weight, deps, gemms)
         self.alongside(BACKWARD, label, mb, kind, last_weight)
 
     def hand_over(self, label: str, mb: int, kind: str, virtual: int, to: int) -> None:
@@ -467,9 +445,7 @@ class _Stage:
 
     def forward_layer(self, label: str, mb: int, deps: list[object]) -> None:
         layer = self.layer
-        self.block(
-            FORWARD, label, mb, layer.attention_forward, layer.attention_overlap, deps, core=True
-        )
+        self.block(FORWARD, label, mb, layer.attention_forward, layer.attention_overlap, deps)
         self.block(FORWARD, label, mb, layer.mlp_forward, layer.mlp_overlap)
 
     def backward_layer(self, label: str, mb: int, recv: list[object]) -> None:
@@ -478,15 +454,7 @@ class _Stage:
         if self.split:
             mlp, attention = mlp - layer.mlp_weight, attention - layer.attention_weight
         if self.recompute == RECOMPUTE_FULL:
-            self.block(
-                RECOMPUTE,
-                label,
-                mb,
-                layer.attention_forward,
-                layer.attention_overlap,
-                recv,
-                core=True,
-            )
+            self.block(RECOMPUTE, label, mb, layer.attention_forward, layer.attention_overlap, recv)
             self.block(RECOMPUTE, label, mb, layer.mlp_forward, layer.mlp_overlap)
             recv = []
         elif self.recompute == RECOMPUTE_SELECTIVE and self.cp is not None:
@@ -497,13 +465,7 @@ class _Stage:
             recv = []
         self.backward_block(label, mb, mlp, layer.mlp_last_weight, layer.mlp_overlap, recv)
         self.backward_block(
-            label,
-            mb,
-            attention,
-            layer.attention_last_weight,
-            layer.attention_overlap,
-            (),
-            core=True,
+            label, mb, attention, layer.attention_last_weight, layer.attention_overlap, ()
         )
 
     def weight(self, step: Step, last_microbatch: bool) -> None:
