@@ -77,9 +77,11 @@ def check_context_parallel(
     model: ModelSpec, parallel: ParallelConfig, training: TrainingConfig
 ) -> None:
     """Context parallelism as Megatron-Core and Transformer Engine allow it: the sequence
-    splits into 2 x CP equal chunks (megatron/core/utils.py `get_batch_on_this_cp_rank`),
-    the attention is Transformer Engine's (Megatron-Core's local DotProductAttention
-    asserts context_parallel_size == 1), and `a2a` splits every TP rank's heads and
+    splits into 2 x CP equal chunks (Megatron-LM megatron/training/utils.py
+    `get_batch_on_this_cp_rank`),
+    the attention is Transformer Engine's (Megatron-Core's local DotProductAttention,
+    megatron/core/transformer/dot_product_attention.py, asserts "Context parallelism is
+    only supported by TEDotProductAttention!"), and `a2a` splits every TP rank's heads and
     query groups over CP (TE context_parallel.py `AttnFuncWithCPAndQKVOA2A`)."""
     cp = parallel.cp_size
     if cp == 1:
