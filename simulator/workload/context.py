@@ -2,11 +2,12 @@
 
 Megatron-Core with Transformer Engine (Megatron-LM megatron/training/utils.py
 `get_batch_on_this_cp_rank`; TE transformer_engine/pytorch/attention/
-dot_product_attention/context_parallel.py): each sequence is cut into 2 x CP
-chunks of c = s / 2CP tokens and CP rank r holds chunks r and 2CP - 1 - r, so every rank has the same share of the causal work. Everything but
-the attention core runs on the rank's s / CP tokens (compute.py scales them); the core
-needs every earlier token's K and V, which TE's `cp_comm_type` moves one of three ways
-(docs/design.md, "Context parallelism"):
+dot_product_attention/context_parallel.py): each sequence is cut into 2 x CP chunks
+of c = s / 2CP tokens and CP rank r holds chunks r and 2CP - 1 - r, so every rank has
+the same share of the causal work. Everything but the attention core runs on the
+rank's s / CP tokens (compute.py scales them); the core needs every earlier token's K
+and V, which TE's `cp_comm_type` moves one of three ways (docs/design.md, "Context
+parallelism"):
 
 - ``p2p`` (`AttnFuncWithCPAndKVP2P`): CP steps. At step i a rank attends its Q to the
   K/V block it holds while sending that block to the next rank of the ring and
