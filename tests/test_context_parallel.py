@@ -4,12 +4,14 @@ from dataclasses import replace
 
 import pytest
 
-from stepsim.run import memory_per_stage, run
+from stepsim.run import build_cluster, memory_per_stage, run
 from stepsim.scenario import ScenarioError, dumps_toml, scenario_to_dict
 from stepsim.vocabulary import BREAKDOWN_KEYS, CP_COMM
 from stepsim.workload.compute import ComputeModel
 from stepsim.workload.context import ContextAttention
+from stepsim.workload.lowering import lower
 from stepsim.workload.memory import activation_bytes_per_layer
+from stepsim.workload.ops import WorkloadBuilder
 from stepsim.workload.placement import placement_of
 from tests.helpers import load
 
@@ -145,3 +147,25 @@ def test_the_rules_name_key_value_and_rule():
         )
     with pytest.raises(ScenarioError, match=r"context_parallel_size.*0"):
         cp_scenario(cp=0)
+
+
+@pytest.mark.parametrize("symmetry", [True, False])
+def test_layers_with_ring_steps_are_replayed_as_the_blocks_make_them(symmetry, monkeypatch):
+    """A ring step's barrier names its send by index within the layer body, which
+    WorkloadBuilder.replay moves with the body (exact mode: with its rendezvous)."""
+    s = cp_scenario(
+        cp=2,
+        tp=2,
+        parallel={"data_parallel_size": 2},
+        training={"recompute_granularity": "selective"},
+        network={"model": "fair-share", "symmetry": symmetry},
+    )
+    cluster = build_cluster(s.cluster)
+    replays = []
+    replay = WorkloadBuilder.replay
+    monkeypatch.setattr(
+        WorkloadBuilder, "replay", lambda self, *args: replays.append(1) or replay(self, *args)
+    )
+    replayed = lower(s, cluster)
+    monkeypatch.setattr(WorkloadBuilder, "body_since", lambda *args: None)
+    assert replays and replayed == lower(s, cluster)
