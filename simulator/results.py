@@ -13,7 +13,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from .vocabulary import BREAKDOWN_COLUMN, BREAKDOWN_KEYS, EXPOSED_COMM_KEYS
+from .vocabulary import (
+    BREAKDOWN_COLUMN,
+    BREAKDOWN_KEYS,
+    CP_BREAKDOWN_KEYS,
+    CP_COMM,
+    EXPOSED_COMM_KEYS,
+)
 
 # The version of every JSON document stepsim writes (metrics.json and each command's
 # --json). Raised when a key is renamed or removed or its meaning changes; keys may be
@@ -124,8 +130,10 @@ class Metrics:
         return out
 
     def exposed_comm_s(self) -> float:
-        """Exposed tensor-parallel, pipeline and data-parallel communication, mean per GPU."""
-        return sum(self.breakdown_s[key] for key in EXPOSED_COMM_KEYS)
+        """Exposed tensor-parallel, pipeline and data-parallel communication (and
+        context-parallel, with CP), mean per GPU."""
+        exposed = sum(self.breakdown_s[key] for key in EXPOSED_COMM_KEYS)
+        return exposed + self.breakdown_s.get(CP_COMM, 0.0)
 
     def summary_row(self) -> MetricsRow:
         """The scalars of these metrics with the exposed-communication share and whether
@@ -175,7 +183,11 @@ class MetricsRow:
     def from_row(cls, row: Mapping[str, Any]) -> MetricsRow:
         """Read back what ``row()`` wrote (the search journal)."""
         values = {f.name: row[f.name] for f in fields(cls) if f.name != "breakdown_s"}
-        breakdown = {key: row[BREAKDOWN_COLUMN.format(key)] for key in BREAKDOWN_KEYS}
+        breakdown = {
+            key: row[BREAKDOWN_COLUMN.format(key)]
+            for key in CP_BREAKDOWN_KEYS
+            if key in BREAKDOWN_KEYS or BREAKDOWN_COLUMN.format(key) in row
+        }
         return cls(**values, breakdown_s=breakdown)
 
 

@@ -21,6 +21,7 @@ OPTIMIZER = "optimizer"
 TP_COMM = "tp_comm"
 PP_SEND = "pp_send"
 DP_SYNC = "dp_sync"
+CP_COMM = "cp_comm"  # context-parallel attention's K/V exchange (workload.context)
 BARRIER = "barrier"  # waits for its dependencies, nothing else
 
 COMPUTE_KINDS = frozenset({FORWARD, BACKWARD, WEIGHT, RECOMPUTE, OPTIMIZER})
@@ -35,25 +36,31 @@ IDLE = "idle"
 PP_WAIT = "pp_wait"
 DP_WAIT = "dp_wait"
 TP_WAIT = "tp_wait"
-WAIT_OF_COMM = {PP_SEND: PP_WAIT, DP_SYNC: DP_WAIT, TP_COMM: TP_WAIT}
+CP_WAIT = "cp_wait"
+WAIT_OF_COMM = {PP_SEND: PP_WAIT, DP_SYNC: DP_WAIT, TP_COMM: TP_WAIT, CP_COMM: CP_WAIT}
 COMM_WAITS = frozenset(WAIT_OF_COMM.values())  # a lane waiting on a transfer in flight
 
 # -- streams: a GPU's compute stream, and the bands its non-blocking transfers run in --
 COMPUTE_STREAM = "compute"
-PP_STREAM, DP_STREAM, TP_STREAM = "pp", "dp", "tp"
-STREAM_OF_COMM = {PP_SEND: PP_STREAM, DP_SYNC: DP_STREAM, TP_COMM: TP_STREAM}
-STREAM_ORDER = {COMPUTE_STREAM: 0, PP_STREAM: 1, DP_STREAM: 2, TP_STREAM: 3}  # trace threads
+PP_STREAM, DP_STREAM, TP_STREAM, CP_STREAM = "pp", "dp", "tp", "cp"
+STREAM_OF_COMM = {PP_SEND: PP_STREAM, DP_SYNC: DP_STREAM, TP_COMM: TP_STREAM, CP_COMM: CP_STREAM}
+# trace threads
+STREAM_ORDER = {COMPUTE_STREAM: 0, PP_STREAM: 1, DP_STREAM: 2, TP_STREAM: 3, CP_STREAM: 4}
 
 # -- collective kinds (workload.collectives builds them) --------------------------------
 ALL_REDUCE = "all_reduce"
 REDUCE_SCATTER = "reduce_scatter"
 ALL_GATHER = "all_gather"
+ALL_TO_ALL = "all_to_all"  # context parallelism's a2a (workload.context)
+RING_SEND = "ring_send"  # one step of a ring: every member sends to the next (context.py)
 
 # how the lowering names a data-parallel collective in op labels ("grads all-reduce")
 COLLECTIVE_LABELS = {
     ALL_REDUCE: "all-reduce",
     REDUCE_SCATTER: "reduce-scatter",
     ALL_GATHER: "all-gather",
+    ALL_TO_ALL: "all-to-all",
+    RING_SEND: "ring send",
 }
 
 # -- choices a scenario makes -----------------------------------------------------------
@@ -87,6 +94,9 @@ SHARDING_NAMES = {  # in tables
     SHARD_GRADIENTS: "ZeRO-2",
     SHARD_FULL: "FSDP",
 }
+# parallel.cp_comm_type: Transformer Engine's context-parallel attention (workload.context)
+CP_P2P, CP_ALL_GATHER, CP_A2A = "p2p", "all_gather", "a2a"
+CP_COMM_TYPES: tuple[str, ...] = (CP_P2P, CP_ALL_GATHER, CP_A2A)
 RING, TREE, HIERARCHICAL, AUTO = "ring", "tree", "hierarchical", "auto"  # collectives.all_reduce
 ALL_REDUCE_ALGORITHMS: tuple[str, ...] = (RING, TREE, HIERARCHICAL, AUTO)
 # the gradient path (docs/frameworks.md §4-§6): dtypes and their bytes, how ZeRO-1's
@@ -113,6 +123,11 @@ class Category(NamedTuple):
 # category keys (the communication ones share their op kind's name)
 COMPUTE_TIME, PP_P2P_TIME, IDLE_TIME = "compute", "pp_p2p", IDLE  # idle: what the rest leave
 
+# context-parallel communication: a category of the runs that have it (CP > 1) only, so
+# that a run without CP reports the six categories below, as before CP existed
+CP_CATEGORY = Category(
+    CP_COMM, "context-parallel comm (exposed)", "#8172B3", (CP_COMM, CP_WAIT), "cp"
+)
 CATEGORIES: tuple[Category, ...] = (
     Category(COMPUTE_TIME, "compute", "#4C72B0", (FORWARD, BACKWARD, WEIGHT, RECOMPUTE), "compute"),
     Category(TP_COMM, "tensor-parallel comm (exposed)", "#55A868", (TP_COMM, TP_WAIT), "tp"),
@@ -122,8 +137,23 @@ CATEGORIES: tuple[Category, ...] = (
     Category(IDLE_TIME, "idle (pipeline bubble)", "#BBBBBB", (IDLE,), "idle"),
 )
 BREAKDOWN_KEYS: tuple[str, ...] = tuple(c.key for c in CATEGORIES)
-CATEGORY_OF_KIND = {kind: c.key for c in CATEGORIES for kind in c.kinds}
-EXPOSED_COMM_KEYS: tuple[str, ...] = (TP_COMM, PP_P2P_TIME, DP_SYNC)
+# every category, CP's after TP's: what a run with context parallelism reports
+ALL_CATEGORIES: tuple[Category, ...] = (*CATEGORIES[:2], CP_CATEGORY, *CATEGORIES[2:])
+CP_BREAKDOWN_KEYS: tuple[str, ...] = tuple(c.key for c in ALL_CATEGORIES)
+CATEGORY_OF_KIND = {kind: c.key for c in ALL_CATEGORIES for kind in c.kinds}
+EXPOSED_COMM_KEYS: tuple[str, ...] = (TP_COMM, PP_P2P_TIME, DP_SYNC)  # and CP's, if any
+
+
+def breakdown_keys(context_parallel: bool) -> tuple[str, ...]:
+    """The breakdown's keys of a run with or without context parallelism."""
+    return CP_BREAKDOWN_KEYS if context_parallel else BREAKDOWN_KEYS
+
+
+def categories_of(breakdown) -> tuple[Category, ...]:
+    """The categories a breakdown (a dict by key) has, in order."""
+    return tuple(c for c in ALL_CATEGORIES if c.key in breakdown)
+
+
 BREAKDOWN_COLUMN = "breakdown_s.{}"  # a category's column in sweep.csv and search.csv
 
 
@@ -140,6 +170,8 @@ KIND_STYLES = {
     RECOMPUTE: KindStyle("#DA8BC3", "recompute"),  # pink: apart from forward's blue
     TP_COMM: KindStyle("#55A868", "tensor-parallel comm"),
     TP_WAIT: KindStyle("#55A868", None),
+    CP_COMM: KindStyle("#8172B3", "context-parallel comm"),
+    CP_WAIT: KindStyle("#8172B3", None),
     PP_SEND: KindStyle("#C44E52", "pipeline p2p (send / exposed wait)"),
     PP_WAIT: KindStyle("#C44E52", None),
     DP_SYNC: KindStyle("#937860", "data-parallel grad sync"),

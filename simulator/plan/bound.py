@@ -75,7 +75,7 @@ def iteration_lower_bound_s(scenario: Scenario) -> float:
         + (extras.embedding_weight if split else extras.embedding_backward).duration_s
     )
     output = (extras.output_forward + extras.output_backward).duration_s
-    d = par.data_parallel_size
+    d = par.gradient_group_size  # ZeRO shards over data x context parallel
     sharded = optimizer_sharded(scenario)
     last = output_rank(scenario)
     best = 0.0

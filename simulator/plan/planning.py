@@ -27,6 +27,8 @@ def apply_layout(base: Scenario, layout: Layout) -> Scenario:
         data_parallel_size=layout.dp,
         virtual_pipeline_model_parallel_size=layout.chunks,
         sequence_parallel=layout.sequence_parallel,
+        context_parallel_size=base.parallel.context_parallel_size,  # kept, not searched
+        cp_comm_type=base.parallel.cp_comm_type,
         decoder_first_pipeline_num_layers=layout.first_layers,
         decoder_last_pipeline_num_layers=layout.last_layers,
     )

@@ -170,22 +170,24 @@ def pipeline_sizes(num_layers: int) -> list[int]:
 
 
 def layouts(base: Scenario, space: SearchSpace) -> list[Layout]:
-    """Every combination of the space's values that uses the whole cluster (TP x PP x DP
-    = its GPUs), in a fixed order. Not yet checked against the loader's rules."""
+    """Every combination of the space's values that uses the whole cluster (TP x CP x PP
+    x DP = its GPUs, the base scenario's CP kept), in a fixed order. Not yet checked
+    against the loader's rules."""
     num_gpus, gpn = base.cluster.num_gpus, base.cluster.gpus_per_node
+    cp = base.parallel.cp_size
     tps = space.tp if space.tp is not None else tuple(divisors(gpn))
     num_layers = base.model.num_layers
     pps = space.pp if space.pp is not None else tuple(pipeline_sizes(num_layers))
     out = []
     for tp, pp in itertools.product(sorted(set(tps)), sorted(set(pps))):
-        if num_gpus % (tp * pp):
+        if num_gpus % (tp * pp * cp):
             continue
-        dp = num_gpus // (tp * pp)
+        dp = num_gpus // (tp * pp * cp)
         for mb, schedule, recompute, sharding, sp in itertools.product(
             sorted(set(space.micro_batch)),
             space.schedules,
             space.recompute,
-            space.sharding if dp > 1 else (NO_SHARDING,),
+            space.sharding if dp * cp > 1 else (NO_SHARDING,),
             sorted(set(space.sequence_parallel)) if tp > 1 else (False,),
         ):
             info = schedules.SCHEDULES[schedule]

@@ -29,6 +29,7 @@ from ..vocabulary import (
     COMPUTE_STREAM,
     IDLE_TIME,
     MODEL_KINDS,
+    breakdown_keys,
 )
 from ..workload.memory import StageMemory
 from ..workload.ops import Lane, Workload
@@ -39,8 +40,9 @@ def compute_lanes(lanes: Sequence[Lane]) -> list[Lane]:
     return [lane for lane in lanes if lane.stream == COMPUTE_STREAM]
 
 
-def stage_breakdowns(trace: Trace) -> list[dict[str, float]]:
-    """Seconds per category on each simulated GPU's compute stream, idle filling the rest."""
+def stage_breakdowns(trace: Trace, keys: Sequence[str] = BREAKDOWN_KEYS) -> list[dict[str, float]]:
+    """Seconds per category on each simulated GPU's compute stream, idle filling the rest;
+    ``keys``: the categories (vocabulary.breakdown_keys: CP's with context parallelism)."""
     iteration_s = trace.end_s
     lanes = compute_lanes(trace.lanes)
     by_lane: dict[tuple[int, str], dict[str, float]] = {
@@ -53,7 +55,7 @@ def stage_breakdowns(trace: Trace) -> list[dict[str, float]]:
     out = []
     for lane in lanes:
         totals = by_lane[(lane.gpu, lane.stream)]
-        row = {key: totals.get(key, 0.0) for key in BREAKDOWN_KEYS if key != IDLE_TIME}
+        row = {key: totals.get(key, 0.0) for key in keys if key != IDLE_TIME}
         row[IDLE_TIME] = max(iteration_s - sum(row.values()), 0.0)
         out.append(row)
     return out
@@ -65,7 +67,7 @@ def _mean_breakdown(lanes: Sequence[Lane], breakdowns: Sequence[dict]) -> dict[s
     total = sum(weights)
     return {
         key: sum(w * row[key] for w, row in zip(weights, breakdowns, strict=True)) / total
-        for key in BREAKDOWN_KEYS
+        for key in breakdowns[0]
     }
 
 
@@ -96,7 +98,7 @@ def summarize(
     per_gpu = 1.0 / (num_gpus * iteration_s * 1e12) if iteration_s > 0 else 0.0
     hardware_tflops = hardware_flops * per_gpu
     model_tflops = model_flops * per_gpu
-    breakdowns = stage_breakdowns(trace)
+    breakdowns = stage_breakdowns(trace, breakdown_keys(scenario.parallel.cp_size > 1))
     lanes = compute_lanes(workload.lanes)
     mean = _mean_breakdown(lanes, breakdowns)
     per_stage: dict[int, list[int]] = {}

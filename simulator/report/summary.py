@@ -12,7 +12,8 @@ from ..scenario.softmax import SOURCE as SOFTMAX_SOURCE
 from ..scenario.softmax import scenario_softmax_path
 from ..scenario.stages import is_uneven
 from ..units import bytes_to_gib
-from ..vocabulary import ATTENTION_FLASH, BREAKDOWN_KEYS, CATEGORIES
+from ..vocabulary import ATTENTION_FLASH, CP_COMM, categories_of
+from .metrics import compute_lanes
 
 
 def layer_counts(scenario: Scenario) -> str:
@@ -48,8 +49,9 @@ def summary_text(result: Result) -> str:
         f"stepsim · {s.name}",
         f"  {used} ({cl.num_nodes} {node}, {cl.gpu.name}, {cl.nics_per_node} x "
         f"{cl.nic_gbps:g} Gb/s NICs per node)",
-        f"  TP {par.tensor_model_parallel_size} x PP {par.pipeline_model_parallel_size} x "
-        f"DP {par.data_parallel_size}"
+        f"  TP {par.tensor_model_parallel_size} x "
+        + (f"CP {par.cp_size} x " if par.cp_size > 1 else "")
+        + f"PP {par.pipeline_model_parallel_size} x DP {par.data_parallel_size}"
         + (f" (layers per stage {layer_counts(s)})" if is_uneven(par) else "")
         + (" + sequence parallel" if par.sequence_parallel else "")
         + f" · {m.num_microbatches} micro-batches of {tr.micro_batch_size} per pipeline"
@@ -86,12 +88,14 @@ def summary_text(result: Result) -> str:
     softmax = scenario_softmax_path(s)
     if not softmax.fused:
         lines.append(f"  attention softmax unfused: {softmax.reason} ({SOFTMAX_SOURCE})")
+    if par.cp_size > 1:
+        lines += context_parallel_lines(result)
     if m.out_of_memory:
         lines.append(f"  WARNING: {m.out_of_memory}")
     iteration = m.iteration_time_s
     places = decimal_places(iteration)
     lines += ["", "  where the time goes, mean per GPU      seconds       %"]
-    for category in CATEGORIES:
+    for category in categories_of(m.breakdown_s):
         value = m.breakdown_s[category.key]
         share = 100 * value / iteration if iteration else 0.0
         lines.append(f"    {category.label:<34}{value:>10.{places}f}{share:>8.1f}")
@@ -110,6 +114,44 @@ def summary_text(result: Result) -> str:
     return "\n".join(lines)
 
 
+def context_parallel_lines(result: Result) -> list[str]:
+    """What context parallelism does in this run: its size and exchange, where its
+    groups sit, and its communication: on the wire (mean per simulated GPU, overlapped
+    or not) against what the compute stream waited for."""
+    s, m = result.scenario, result.metrics
+    par = s.parallel
+    wire_s, lanes = 0.0, compute_lanes(result.trace.lanes)
+    gpus = {lane.gpu for lane in lanes}
+    for gpu, _stream, kind, _label, _mb, start_s, end_s, _op in result.trace.spans:
+        if kind == CP_COMM and gpu in gpus:
+            wire_s += end_s - start_s
+    wire_s /= max(1, len(lanes))
+    exposed_s = m.breakdown_s.get(CP_COMM, 0.0)
+    text = context_text(s)
+    return [
+        f"  context parallel          CP {par.cp_size}, {text}",
+        f"  CP communication          {wire_s:.4g} s per GPU on the wire, {exposed_s:.4g} s "
+        f"exposed ({100 * exposed_s / m.iteration_time_s if m.iteration_time_s else 0:.1f} % "
+        "of the iteration)",
+    ]
+
+
+def context_text(scenario: Scenario) -> str:
+    """The context-parallel exchange and where a CP group sits: CP peers are TP-adjacent
+    (rank order tp-cp-dp-pp), so a group spans TP x CP consecutive GPUs."""
+    par, cl = scenario.parallel, scenario.cluster
+    span = par.tensor_model_parallel_size * par.cp_size
+    where = (
+        "inside a node" if span <= cl.gpus_per_node else f"across {span // cl.gpus_per_node} nodes"
+    )
+    how = {
+        "p2p": "K/V ring (p2p), each step's send overlapped with a block of attention",
+        "all_gather": "K/V all-gathered before attention (all_gather), dK/dV reduce-scattered",
+        "a2a": "all-to-all of Q, K, V and the output (a2a, Ulysses)",
+    }[par.cp_comm]
+    return f"{how}; groups of {par.cp_size} GPUs {par.tensor_model_parallel_size} apart, {where}"
+
+
 def decimal_places(total_s: float, digits: int = 4) -> int:
     """Decimals that show ``total_s`` to ``digits`` significant digits: every part of it
     in a table is then printed with the same places, so columns line up and a small part
@@ -120,14 +162,15 @@ def decimal_places(total_s: float, digits: int = 4) -> int:
 
 
 def _stage_table(stages: Sequence[StageMetrics], places: int) -> str:
-    head = "  per stage (seconds)  " + "".join(f"{k:>10}" for k in BREAKDOWN_KEYS) + "   mem GiB"
+    keys = list(stages[0].breakdown_s) if stages else []
+    head = "  per stage (seconds)  " + "".join(f"{k:>10}" for k in keys) + "   mem GiB"
     rows = [head]
     shown = list(stages) if len(stages) <= 12 else [*stages[:5], None, *stages[-5:]]
     for stage in shown:
         if stage is None:
             rows.append("    ...")
             continue
-        values = "".join(f"{stage.breakdown_s[k]:>10.{places}f}" for k in BREAKDOWN_KEYS)
+        values = "".join(f"{stage.breakdown_s[k]:>10.{places}f}" for k in keys)
         rows.append(
             f"    stage {stage.stage:<3} x{stage.stands_for_gpus:<5}  {values}"
             f"{bytes_to_gib(stage.memory.total_bytes):>10.1f}"

@@ -13,9 +13,10 @@ from matplotlib.patches import Patch
 from ..results import Result, Trace
 from ..vocabulary import (
     BACKWARD,
-    CATEGORIES,
     COMM_WAITS,
     COMPUTE_STREAM,
+    CP_COMM,
+    CP_WAIT,
     DP_SYNC,
     DP_WAIT,
     FORWARD,
@@ -31,6 +32,7 @@ from ..vocabulary import (
     TP_COMM,
     TP_WAIT,
     WEIGHT,
+    categories_of,
 )
 from .metrics import compute_lanes
 
@@ -114,6 +116,8 @@ STACK_ORDER = (
     WEIGHT,
     TP_COMM,
     TP_WAIT,
+    CP_COMM,
+    CP_WAIT,
     PP_SEND,
     PP_WAIT,
     DP_SYNC,
@@ -215,7 +219,7 @@ def breakdown_figure(result: Result) -> Figure:
     ax = fig.add_subplot()
     x = list(range(len(stages)))
     bottom = [0.0] * len(stages)
-    for category in CATEGORIES:
+    for category in categories_of(result.metrics.breakdown_s):
         values = [stage.breakdown_s[category.key] * scale for stage in stages]
         ax.bar(x, values, bottom=bottom, color=category.color, label=category.label, width=0.8)
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]

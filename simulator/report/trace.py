@@ -26,6 +26,7 @@ from ..results import Result, Span
 from ..vocabulary import (
     BACKWARD,
     COMPUTE_STREAM,
+    CP_STREAM,
     DP_STREAM,
     FORWARD,
     PASS_KINDS,
@@ -44,6 +45,7 @@ TRACK_TITLES = {
     PP_STREAM: "pp send",
     DP_STREAM: "dp comm",
     TP_STREAM: "tp comm",
+    CP_STREAM: "cp comm",
 }
 
 

@@ -243,6 +243,7 @@ def _build_parallel(
     if "data_parallel_size" not in values:
         probe = ParallelConfig(**{**values, "data_parallel_size": 1})
         model_gpus = probe.tensor_model_parallel_size * probe.pipeline_model_parallel_size
+        model_gpus *= probe.cp_size
         if cluster.num_gpus % model_gpus:
             rules.check_model_split(model, probe)  # its errors come first, as when set
             raise ScenarioError(

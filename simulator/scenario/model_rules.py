@@ -1,16 +1,17 @@
 """The model keys' rules (issue 19: GQA, tied or untied output layer, the attention
-backend, the distributed optimizer's switch), apart from `rules` to keep each module
-small; `rules` runs them in its order."""
+backend, what context parallelism needs of the model and attention, the distributed
+optimizer's switch), apart from `rules` to keep each module small; `rules` runs them in
+its order."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..vocabulary import ATTENTION_FLASH, ATTENTION_UNFUSED, NO_SHARDING
+from ..vocabulary import ATTENTION_FLASH, ATTENTION_UNFUSED, CP_A2A, NO_SHARDING
 from .errors import ScenarioError
 
 if TYPE_CHECKING:
-    from .spec import ModelSpec, TrainingConfig
+    from .spec import ModelSpec, ParallelConfig, TrainingConfig
 
 
 def check_model(model: ModelSpec) -> None:
@@ -84,3 +85,46 @@ def check_distributed_optimizer(use: bool | None, sharding: str) -> None:
         value=use,
         rule=f"contradicts training.data_parallel_sharding={sharding!r}; give one of them",
     )
+
+
+def check_context_parallel(
+    model: ModelSpec, parallel: ParallelConfig, training: TrainingConfig
+) -> None:
+    """Context parallelism as Megatron-Core and Transformer Engine allow it: the sequence
+    splits into 2 x CP equal chunks (Megatron-LM megatron/training/utils.py
+    `get_batch_on_this_cp_rank`),
+    the attention is Transformer Engine's (Megatron-Core's local DotProductAttention,
+    megatron/core/transformer/dot_product_attention.py, asserts "Context parallelism is
+    only supported by TEDotProductAttention!"), and `a2a` splits every TP rank's heads and
+    query groups over CP (TE context_parallel.py `AttnFuncWithCPAndQKVOA2A`)."""
+    cp = parallel.cp_size
+    if cp == 1:
+        return
+    key = "parallel.context_parallel_size"
+    if model.seq_length % (2 * cp):
+        raise ScenarioError(
+            key=key,
+            value=cp,
+            rule=f"must split model.seq_length={model.seq_length} into 2 x {cp} equal chunks "
+            "(two per rank, for causal load balance)",
+        )
+    if training.mechanism("attention_kernel") != ATTENTION_FLASH:
+        raise ScenarioError(
+            key=key,
+            value=cp,
+            rule="needs Transformer Engine's attention: training.attention_backend = "
+            "'flash' or 'fused' (found unfused)",
+        )
+    if parallel.cp_comm == CP_A2A:
+        tp = parallel.tensor_model_parallel_size
+        for what, heads in (
+            ("num_attention_heads", model.num_attention_heads),
+            ("num_query_groups", model.query_groups),
+        ):
+            if (heads // tp) % cp:
+                raise ScenarioError(
+                    key=key,
+                    value=cp,
+                    rule=f"must divide model.{what} per TP rank={heads // tp} with "
+                    "parallel.cp_comm_type = 'a2a' (heads are split over CP)",
+                )

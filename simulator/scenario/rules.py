@@ -11,7 +11,8 @@ custom schedule's file.
 Where several rules fail, the first in this order is reported: the model, the
 cluster, the training keys alone, then the cluster's size (`check_cluster_size`: it
 depends on the network mode), the name (`check_name`), the untied output layer
-against the tied one (`check_tied_embeddings`), the layout
+against the tied one (`check_tied_embeddings`), context parallelism's needs
+(`check_context_parallel`), the layout
 (`check_layout`), the batch and schedule (`check_schedule`), the size of the
 simulation (`check_size`) and the GPU of the kernel constants (`check_calibration`).
 """
@@ -29,9 +30,9 @@ from ..vocabulary import SHARD_GRADIENTS, SHARD_OPTIMIZER
 from . import limits
 from .errors import ScenarioError
 from .model_rules import attention_kernel_of as attention_kernel_of  # spec and training call
+from .model_rules import check_context_parallel, check_query_groups_split, check_tied_embeddings
 from .model_rules import check_distributed_optimizer as check_distributed_optimizer
 from .model_rules import check_model as check_model  # these through rules
-from .model_rules import check_query_groups_split, check_tied_embeddings
 from .softmax import SOURCE as SOFTMAX_SOURCE
 from .softmax import scenario_softmax_path
 from .stages import stage_layers
@@ -258,6 +259,7 @@ def check_scenario(scenario: Scenario) -> None:
     check_cluster_size(scenario)
     check_name(scenario.name)
     check_tied_embeddings(scenario.model, scenario.training)
+    check_context_parallel(scenario.model, scenario.parallel, scenario.training)
     check_layout(scenario.model, scenario.parallel, scenario.cluster)
     check_schedule(scenario.model, scenario.parallel, scenario.training)
     check_size(scenario.model, scenario.parallel, scenario.training)
@@ -307,21 +309,24 @@ def check_layout(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpe
     """The model splits evenly, the layout fits in the cluster, and sits in it alike."""
     check_model_split(model, parallel)
     tp, dp = parallel.tensor_model_parallel_size, parallel.data_parallel_size
+    cp = parallel.cp_size
     if parallel.num_gpus > cluster.num_gpus:
+        sizes = "tensor x context x pipeline x data" if cp > 1 else "tensor x pipeline x data"
         raise ScenarioError(
-            f"parallel.data_parallel_size={dp} asks for tensor x pipeline x data = "
+            f"parallel.data_parallel_size={dp} asks for {sizes} = "
             f"{parallel.num_gpus} GPUs but the cluster has {cluster.num_gpus} "
             f"(cluster.num_nodes={cluster.num_nodes} x gpus_per_node={cluster.gpus_per_node})",
             key="parallel.data_parallel_size",
             value=dp,
             rule="tensor x pipeline x data must be <= the cluster's GPUs",
         )
-    check_symmetric(tp, tp * dp, cluster)
+    check_symmetric(tp, tp * cp * dp, cluster, cp)
 
 
-def check_symmetric(tp: int, stage_gpus: int, cluster: ClusterSpec) -> None:
+def check_symmetric(tp: int, stage_gpus: int, cluster: ClusterSpec, cp: int = 1) -> None:
     """One GPU per stage is simulated for all its TP ranks and DP replicas, which needs
-    every one of them to sit in the cluster the same way (docs/design.md)."""
+    every one of them to sit in the cluster the same way (docs/design.md); with context
+    parallelism, every CP group too (its TP x CP consecutive GPUs)."""
     gpn, nics = cluster.gpus_per_node, cluster.nics_per_node
     if gpn % nics:
         raise ScenarioError(
@@ -331,8 +336,14 @@ def check_symmetric(tp: int, stage_gpus: int, cluster: ClusterSpec) -> None:
             "(every NIC serves the same number of GPUs)",
         )
     per_nic = gpn // nics
+    context = (
+        [("parallel.context_parallel_size", f"tensor x context parallel size={tp * cp}", tp * cp)]
+        if cp > 1
+        else []
+    )
     for key, name, size in (
         ("parallel.tensor_model_parallel_size", f"parallel.tensor_model_parallel_size={tp}", tp),
+        *context,
         (
             "tensor x data parallel size",
             f"tensor x data parallel size={stage_gpus} (the GPUs of one pipeline stage)",

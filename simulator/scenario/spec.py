@@ -24,6 +24,8 @@ from ..units import us_to_s
 from ..vocabulary import (
     ALL_REDUCE_ALGORITHMS,
     AUTO,
+    CP_COMM_TYPES,
+    CP_P2P,
     FAIR_SHARE,
     NETWORK_MODELS,
     NORMALIZATIONS,
@@ -352,8 +354,8 @@ class ParallelConfig:
         default=1,
     )
     data_parallel_size: int = key(
-        "TP x PP x DP must be <= the GPU count; see the layout rules below",
-        derived="GPU count / (TP x PP)",
+        "TP x CP x PP x DP must be <= the GPU count; see the layout rules below",
+        derived="GPU count / (TP x CP x PP)",
     )
     virtual_pipeline_model_parallel_size: int = key(
         "chunks per pipeline rank; >= 2 for `interleaved`, `looped_bfs`, `interleaved_zb`, "
@@ -363,6 +365,26 @@ class ParallelConfig:
     )
     sequence_parallel: bool = key(
         "Megatron sequence parallelism within the TP group", default=False
+    )
+    # None (not set) reads as 1 and `p2p`: a scenario without CP writes neither key
+    context_parallel_size: int | None = key(
+        "Megatron-Core's context parallelism: each sequence split over this many GPUs (2 x "
+        "this chunks, two per GPU, for causal balance); `model.seq_length` must be a "
+        "multiple of 2 x it, and it needs flash or fused attention; TP x CP x PP x DP GPUs",
+        default=None,
+        derived="1 (no context parallelism)",
+        low=1,
+        high=4096,
+    )
+    cp_comm_type: str | None = key(
+        "how the context-parallel attention exchanges K/V (Transformer Engine's "
+        "`cp_comm_type`): `p2p` (a ring, each step's send overlapped with a block's "
+        "attention), `all_gather` (K/V gathered before attention; Megatron's `allgather`), "
+        "`a2a` (Ulysses: all-to-all of Q, K, V and the output; heads and query groups per "
+        "TP rank divisible by CP)",
+        default=None,
+        derived="`p2p`",
+        choices=CP_COMM_TYPES,
     )
     decoder_first_pipeline_num_layers: int | None = key(
         "Megatron-Core's `--decoder-first-pipeline-num-layers`: transformer layers on the "
@@ -394,9 +416,26 @@ class ParallelConfig:
         rules.check_values(self, "parallel")
 
     @property
+    def cp_size(self) -> int:
+        """Context-parallel size in effect: `context_parallel_size`, or 1."""
+        return self.context_parallel_size or 1
+
+    @property
+    def cp_comm(self) -> str:
+        """`cp_comm_type` in effect: as given, or `p2p` (Megatron-Core's default)."""
+        return self.cp_comm_type or CP_P2P
+
+    @property
+    def gradient_group_size(self) -> int:
+        """GPUs a gradient is reduced (and ZeRO shards) over: data x context parallel,
+        Megatron-Core's data-parallel group with context parallelism."""
+        return self.data_parallel_size * self.cp_size
+
+    @property
     def num_gpus(self) -> int:
         return (
             self.tensor_model_parallel_size
+            * self.cp_size
             * self.pipeline_model_parallel_size
             * self.data_parallel_size
         )

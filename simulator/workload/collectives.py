@@ -302,3 +302,17 @@ def point_to_point(pairs: Sequence[Edge], message_bytes: float, fabric: Fabric) 
     src, dst = pairs[0]
     latency = fabric.route_latency_s(fabric.route(src, dst))
     return _coupled([[pair] for pair in pairs], fabric, message_bytes, latency)
+
+
+def exchange(
+    edge_sets: Sequence[Sequence[Edge]], message_bytes: float, fabric: Fabric, collective: bool
+) -> Transfer:
+    """Every edge of ``edge_sets[0]`` (the representative group's) carries
+    ``message_bytes`` at one rate while the congruent sets do the same: one step of a
+    ring of sends (context parallelism's K/V ring) or an all-to-all. A ``collective``
+    (the all-to-all) pays the fixed launch latency before its slowest route's; a ring
+    step, as a pipeline send, only the route's."""
+    latency = _hop_latency_s(edge_sets[0], fabric)
+    if collective:
+        latency += fabric.base_latency_s
+    return _coupled(edge_sets, fabric, message_bytes, latency)

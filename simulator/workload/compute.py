@@ -226,6 +226,13 @@ class ComputeModel:
         self._stream_bytes_per_s = (
             gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s) * self.constants.memory_efficiency
         )
+        # tokens of a micro-batch on this GPU: with context parallelism its 1/CP share of
+        # each sequence (workload.context), which every kernel but attention's scales with
+        self.tokens = (
+            scenario.training.micro_batch_size
+            * scenario.model.seq_length
+            // scenario.parallel.cp_size
+        )
 
     # -- kernels ------------------------------------------------------------------------
 
@@ -265,7 +272,7 @@ class ComputeModel:
             m.ffn_hidden_size,
         )
         e, mask = BYTES_PER_ELEMENT, MASK_BYTES
-        tokens = b * s
+        tokens = b * s // self.parallel.cp_size  # a CP rank's share of each sequence
         # layernorm, dropout and residual elements per rank (sharded only under SP)
         hidden = tokens * h / (t if self.parallel.sequence_parallel else 1)
         ffn = tokens * f / t
@@ -339,7 +346,7 @@ class ComputeModel:
         if not m.rope:
             return []
         t = self.parallel.tensor_model_parallel_size
-        tokens = self.training.micro_batch_size * m.seq_length
+        tokens = self.tokens
         elements = tokens * (m.num_attention_heads + m.query_groups) * m.head_size / t
         return [
             Kernel("attention", part, "rope", self.memory_bound(2 * BYTES_PER_ELEMENT * elements))
@@ -384,7 +391,7 @@ class ComputeModel:
         def work(name: str, part: str) -> Work:
             return next(k.work for k in kernels if k.name == name and k.part == part)
 
-        tokens = self.training.micro_batch_size * self.model.seq_length
+        tokens = self.tokens
         h = self.model.hidden_size
         return OverlapGemms(
             gather=work(first, "forward"),
@@ -396,7 +403,7 @@ class ComputeModel:
     def extras(self) -> StageExtras:
         m, t = self.model, self.parallel.tensor_model_parallel_size
         b, s, h, v = self.training.micro_batch_size, m.seq_length, m.hidden_size, m.vocab_size
-        tokens, e = b * s, BYTES_PER_ELEMENT
+        tokens, e = b * s // self.parallel.cp_size, BYTES_PER_ELEMENT
         logits = tokens * v / t  # vocabulary-parallel: each rank its slice
         # rotary positions: no position row to read (2 bytes of the 9)
         embedding_bytes = EMBEDDING_BYTES_PER_ELEMENT - (2.0 if m.rope else 0.0)

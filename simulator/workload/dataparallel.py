@@ -107,7 +107,7 @@ class DataParallel:
         par = scenario.parallel
         v = par.virtual_pipeline_model_parallel_size
         self.gpu, self.compute = gpu, compute
-        self.data = par.data_parallel_size
+        self.data = par.gradient_group_size  # data x context parallel replicas
         self.num_chunks = v
         self.split = scenario.training.split_backward
         self.layer_params = layer_params_per_rank(scenario)
@@ -520,7 +520,7 @@ def strategy_for(gpu: GpuOps, scenario: Scenario, compute: ComputeModel) -> Data
     """The data-parallel mode of the scenario, for one simulated GPU."""
     training = scenario.training
     overlap = training.overlap_grad_reduce
-    if scenario.parallel.data_parallel_size == 1:
+    if scenario.parallel.gradient_group_size == 1:
         return DataParallel(gpu, scenario, compute)
     if training.data_parallel_sharding == SHARD_FULL:
         return FullySharded(gpu, scenario, compute, stray_buckets=overlap)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..vocabulary import BARRIER, COMPUTE_STREAM, TP_COMM
+from ..vocabulary import BARRIER, COMPUTE_STREAM, CP_COMM, TP_COMM
 from .compute import Work
 from .keys import OpKey, RendezvousKey, Who
 from .ops import WorkloadBuilder
@@ -59,8 +59,11 @@ class GpuOps:
         """Exact mode: the name of this GPU's next collective of ``kind`` (TP_COMM or
         DP_SYNC), which every member of its group gives the same."""
         count = self._num_collectives[kind] = self._num_collectives.get(kind, 0) + 1
-        # a TP group is the replica's tensor ranks, a DP group the tensor rank's replicas
-        group = self.d if kind == TP_COMM else self.j
+        # a TP group is the replica's tensor ranks, a DP group the tensor rank's replicas,
+        # a CP group the tensor rank's replicas of one context-parallel group
+        group: object = self.d if kind == TP_COMM else self.j
+        if kind == CP_COMM:
+            group = (self.j, self.d // self.comm.placement.context)
         return RendezvousKey(kind, self.stage, group, count)
 
     def last_key(self, lane: int) -> OpKey:

@@ -47,6 +47,7 @@ from ..vocabulary import (
     ALL_GATHER,
     ALL_REDUCE,
     BACKWARD,
+    CP_COMM,
     FORWARD,
     PP_SEND,
     RECOMPUTE,
@@ -58,6 +59,7 @@ from ..vocabulary import (
 )
 from .collectives import Fabric
 from .compute import ComputeModel, OverlapGemms, Work
+from .context import ContextAttention
 from .dataparallel import strategy_for
 from .gpuops import GpuOps
 from .keys import AsyncTpKey, P2PKey, PipelineKey
@@ -152,6 +154,10 @@ class _Stage:
         )
         self.async_count = 0
         self.layer, self.extras = compute.layer(), compute.extras()
+        # context parallelism: the attention core's steps and what surrounds them
+        self.cp = None
+        if scenario.parallel.cp_size > 1:
+            self.cp = ContextAttention(compute, self.overlap_tp, self.split)
         self.dp = strategy_for(gpu, scenario, compute)
         self.p2p = training.mechanism("pipeline_p2p")
         self.blocking = self.p2p != frameworks.OVERLAPPED
@@ -197,12 +203,20 @@ class _Stage:
         if not self.overlap_tp:
             if self.sequence_parallel:
                 deps = self.tp(label, mb, ALL_GATHER, deps)
-            self.gpu.work(kind, label, mb, w, deps)
+            self.middle(kind, label, mb, w, deps, gemms)
             self.tp(label, mb, REDUCE_SCATTER if self.sequence_parallel else ALL_REDUCE, ())
             return
         self.alongside(kind, label, mb, ALL_GATHER, gemms.gather, deps)
-        self.gpu.work(kind, label, mb, w - gemms.gather - gemms.scatter)
+        self.middle(kind, label, mb, w - gemms.gather - gemms.scatter, (), gemms)
         self.alongside(kind, label, mb, REDUCE_SCATTER, gemms.scatter_shared)
+
+    def middle(self, kind: str, label: str, mb: int, w: Work, deps, gemms: OverlapGemms) -> None:
+        """A block's compute between its TP collectives; with context parallelism the
+        attention block's core is its steps and exchanges (context.py)."""
+        if self.cp is None or gemms is not self.layer.attention_overlap:
+            self.gpu.work(kind, label, mb, w, deps)
+        else:
+            self.cp.lower_block(self.gpu, kind, label, mb, w, deps)
 
     def alongside(
         self, kind: str, label: str, mb: int, collective: str, w: Work, deps: Sequence[object] = ()
@@ -229,7 +243,7 @@ class _Stage:
         kind = REDUCE_SCATTER if self.sequence_parallel else ALL_REDUCE
         gpu = self.gpu
         if gpu.comm.tp(kind, gpu.d) is None:  # no TP group
-            gpu.work(BACKWARD, label, mb, w, deps)
+            self.middle(BACKWARD, label, mb, w, deps, gemms)
             return
         if self.overlap_tp:
             self.alongside(BACKWARD, label, mb, ALL_GATHER, gemms.gather_backward, deps)
@@ -237,10 +251,10 @@ class _Stage:
         elif self.sequence_parallel:
             deps = self.tp(label, mb, ALL_GATHER, deps)
         if not (self.async_tp or (self.overlap_tp and not self.split)):
-            gpu.work(BACKWARD, label, mb, w, deps)
+            self.middle(BACKWARD, label, mb, w, deps, gemms)
             self.tp(label, mb, kind, ())
             return
-        gpu.work(BACKWARD, label, mb, w - last_weight, deps)
+        self.middle(BACKWARD, label, mb, w - last_weight, deps, gemms)
         self.alongside(BACKWARD, label, mb, kind, last_weight)
 
     def hand_over(self, label: str, mb: int, kind: str, virtual: int, to: int) -> None:
@@ -425,7 +439,7 @@ class _Stage:
             self.backward_layer(label, mb, deps)
         if rows is None:
             # exact mode: a TP collective's rendezvous is named by its group and count
-            kinds = (TP_COMM,) if gpu.exact else ()
+            kinds = (TP_COMM, CP_COMM) if gpu.exact else ()
             body = builder.body_since(mark, gpu.lane, label, mb, deps, kinds)
             self.bodies[shape] = body or ()
 
@@ -442,6 +456,9 @@ class _Stage:
         if self.recompute == RECOMPUTE_FULL:
             self.block(RECOMPUTE, label, mb, layer.attention_forward, layer.attention_overlap, recv)
             self.block(RECOMPUTE, label, mb, layer.mlp_forward, layer.mlp_overlap)
+            recv = []
+        elif self.recompute == RECOMPUTE_SELECTIVE and self.cp is not None:
+            self.cp.lower(self.gpu, RECOMPUTE, label, mb, recv)  # its exchanges again
             recv = []
         elif self.recompute == RECOMPUTE_SELECTIVE:
             self.gpu.work(RECOMPUTE, label, mb, layer.attention_core_forward, recv)

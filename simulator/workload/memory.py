@@ -129,10 +129,11 @@ def stage_params_per_rank(scenario: Scenario, stage: int) -> float:
 def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None) -> float:
     """Korthikanti et al. 2022, Sec 4.2 and Table 2: one layer, one micro-batch, one rank.
 
-    ``recompute`` defaults to the scenario's granularity."""
+    ``recompute`` defaults to the scenario's granularity. With context parallelism s is
+    a rank's share of the sequence, s / CP (workload.context)."""
     m = scenario.model
     s, b, h, a = (
-        m.seq_length,
+        m.seq_length // scenario.parallel.cp_size,
         scenario.training.micro_batch_size,
         m.hidden_size,
         (m.num_attention_heads),
@@ -204,8 +205,10 @@ class StageMemory:
 
 def sharding_of(scenario: Scenario) -> str:
     """The data-parallel sharding in effect: the scenario's, or none with one replica
-    (there is nothing to shard over)."""
-    if scenario.parallel.data_parallel_size > 1:
+    (there is nothing to shard over). Replicas are data x context parallel: Megatron-Core
+    reduces gradients and shards the distributed optimizer over the data-parallel group
+    with context parallelism."""
+    if scenario.parallel.gradient_group_size > 1:
         return scenario.training.data_parallel_sharding
     return NO_SHARDING
 
@@ -220,7 +223,7 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
     m = scenario.model
     t = scenario.parallel.tensor_model_parallel_size
     params = stage_params_per_rank(scenario, stage)
-    d = scenario.parallel.data_parallel_size
+    d = scenario.parallel.gradient_group_size  # data x context parallel
     weights = params * WEIGHT_BYTES_PER_PARAM
     gradient_bytes = scenario.training.gradient_bytes
     gradients = params * gradient_bytes
@@ -251,7 +254,8 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
         activations += activation_bytes_per_layer(scenario, RECOMPUTE_NONE)
     if stage == output_rank(scenario):
         # fp32 logits of the micro-batch whose loss is being computed (Korthikanti Sec 4.3).
-        activations += 4 * m.seq_length * scenario.training.micro_batch_size * m.vocab_size / t
+        tokens = m.seq_length // scenario.parallel.cp_size * scenario.training.micro_batch_size
+        activations += 4 * tokens * m.vocab_size / t
     return StageMemory(
         stage=stage,
         params=params,

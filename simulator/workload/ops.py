@@ -154,9 +154,11 @@ class WorkloadBuilder:
         rendezvous_kinds: Collection[str] = (),
     ) -> tuple[tuple, ...] | None:
         """The ops added since ``mark`` as rows for `replay`: if they are all on ``lane``,
-        of this label and micro-batch, named by no key, and only the first waits, for
-        ``deps``, and those in a rendezvous are of ``rendezvous_kinds`` (whose rendezvous
-        names `replay` asks for again); else None (they cannot be replayed)."""
+        of this label and micro-batch, named by no key, the first waits for ``deps`` and
+        the others only for ops of the body itself (by index: a barrier on a transfer
+        launched alongside compute), and those in a rendezvous are of ``rendezvous_kinds``
+        (whose rendezvous names `replay` asks for again); else None (they cannot be
+        replayed)."""
         start, num_keys = mark
         if len(self._keys) != num_keys:
             return None
@@ -165,15 +167,20 @@ class WorkloadBuilder:
         rows = []
         for n, op in enumerate(added):
             joins = op.rendezvous != -1
+            back = ()
+            if n and op.deps:  # earlier ops of the body, as offsets from its first
+                if not all(isinstance(d, int) and start <= d < start + n for d in op.deps):
+                    return None
+                back = tuple(d - start for d in op.deps)
             if (
                 op.lane != lane
                 or op.label != label
                 or op.microbatch != mb
                 or (joins and op.kind not in rendezvous_kinds)
-                or op.deps != (deps if n == 0 else ())
+                or (n == 0 and op.deps != deps)
             ):
                 return None
-            rows.append((op.kind, op.duration_s, op.transfer, op.blocking, op.flops, joins))
+            rows.append((op.kind, op.duration_s, op.transfer, op.blocking, op.flops, joins, back))
         if deps and not rows:
             return None
         return tuple(rows)
@@ -196,8 +203,11 @@ class WorkloadBuilder:
         if deps:
             first_deps = tuple(deps)
             self._unresolved.append(index)
-        for kind, duration_s, transfer, blocking, flops, joins in rows:
+        start = index
+        for kind, duration_s, transfer, blocking, flops, joins, back in rows:
             first = self._rendezvous.setdefault(rendezvous(kind), index) if joins else -1
+            if back:
+                first_deps = tuple(start + offset for offset in back)
             ops.append(
                 _new(
                     Op,

@@ -2,7 +2,12 @@
 
 Placement follows Megatron-LM's rank order, tensor-parallel fastest, then
 data-parallel, then pipeline: ``gpu = tp + T * (dp + D * pp)``, so a tensor-parallel
-group sits inside a node whenever T divides the node size.
+group sits inside a node whenever T divides the node size. With context parallelism
+Megatron-Core's order is tp-cp-dp-pp (parallel_state.py `RankGenerator`, order
+"tp-cp-ep-dp-pp"): ``gpu = tp + T * (cp + C * (dp + D * pp))``, which is the formula
+above with the stage's C x D *replicas* ``r = cp + C * dp`` in place of D. A CP group
+is C consecutive replicas (its GPUs T apart), and the gradient group of a tensor rank
+is all C x D replicas (Megatron-Core's data-parallel group with context parallelism).
 """
 
 from __future__ import annotations
@@ -12,7 +17,7 @@ from dataclasses import dataclass
 
 from ..engine.flows import Collective, Transfer
 from ..scenario import Scenario
-from ..vocabulary import ALL_REDUCE
+from ..vocabulary import ALL_REDUCE, ALL_TO_ALL, RING_SEND
 from . import collectives
 from .collectives import Fabric, LayoutError
 from .compute import BYTES_PER_ELEMENT
@@ -21,8 +26,9 @@ from .compute import BYTES_PER_ELEMENT
 @dataclass(frozen=True, slots=True)
 class Placement:
     tensor: int
-    data: int
+    data: int  # replicas of a stage: data-parallel x context-parallel size
     pipeline: int
+    context: int = 1  # CP size: a CP group is this many consecutive replicas
 
     def gpu(self, tp: int, dp: int, pp: int) -> int:
         return tp + self.tensor * (dp + self.data * pp)
@@ -31,13 +37,22 @@ class Placement:
         return [self.gpu(j, dp, pp) for j in range(self.tensor)]
 
     def dp_group(self, tp: int, pp: int) -> list[int]:
+        """The gradient group: every replica (data x context parallel) of tensor rank tp."""
         return [self.gpu(tp, d, pp) for d in range(self.data)]
+
+    def cp_group(self, tp: int, replica: int, pp: int) -> list[int]:
+        """The context-parallel group of tensor rank ``tp`` of ``replica``, in CP rank order."""
+        first = replica - replica % self.context
+        return [self.gpu(tp, first + c, pp) for c in range(self.context)]
 
 
 def placement_of(scenario: Scenario) -> Placement:
     p = scenario.parallel
     return Placement(
-        p.tensor_model_parallel_size, p.data_parallel_size, p.pipeline_model_parallel_size
+        p.tensor_model_parallel_size,
+        p.data_parallel_size * p.cp_size,
+        p.pipeline_model_parallel_size,
+        p.cp_size,
     )
 
 
@@ -57,12 +72,15 @@ class StageComm:
         self.exact = not scenario.network.symmetry
         self.algorithm = scenario.network.collective_algorithm
         m, b = scenario.model, scenario.training.micro_batch_size
-        self.activation_bytes = b * m.seq_length * m.hidden_size * BYTES_PER_ELEMENT
+        # a micro-batch's activations on one GPU: its 1/CP share of each sequence
+        tokens = b * m.seq_length // placement.context
+        self.activation_bytes = tokens * m.hidden_size * BYTES_PER_ELEMENT
         self.shard_bytes = self.activation_bytes / placement.tensor
         # by (kind, replica), (kind, message bytes, tensor rank), (src, dst, bytes, j, d)
         self._tp: dict[tuple[str, int], Collective | None] = {}
         self._dp: dict[tuple[str, float, int], Collective | None] = {}
         self._sends: dict[tuple[int, int, float, int, int], Transfer] = {}
+        self._cp: dict[tuple[str, float, tuple[int, int]], Transfer | Collective] = {}
 
     def tp(self, kind: str, d: int) -> Collective | None:
         """A tensor-parallel collective (a vocabulary collective kind) of one
@@ -84,6 +102,46 @@ class StageComm:
 
                 self._tp[key] = self._shared(("tp", kind), self.stage, build)
         return self._tp[key]
+
+    def cp(self, kind: str, message_bytes: float, j: int, d: int) -> Transfer | Collective:
+        """Context parallelism's exchange in the CP group of tensor rank ``j`` of replica
+        ``d`` (symmetric: rank 0's and the congruent groups of every tensor rank and
+        replica): one ring
+        step (``RING_SEND``, each member sends ``message_bytes`` to the next), an
+        all-to-all (each member sends ``message_bytes`` / C to every other) or a ring
+        all-gather / reduce-scatter of ``message_bytes`` in all."""
+        group = (j, d // self.placement.context) if self.exact else (0, 0)
+        key = (kind, message_bytes, group)
+        if key not in self._cp:
+            placement = self.placement
+            if self.exact:
+                groups = [placement.cp_group(j, d, self.stage)]
+                self._cp[key] = self._context(kind, groups, message_bytes)
+            else:
+
+                def build(stage: int) -> Transfer | Collective:
+                    rep = placement.cp_group(0, 0, stage)
+                    span = placement.tensor * placement.context
+                    offsets = [
+                        t + span * r
+                        for r in range(placement.data // placement.context)
+                        for t in range(placement.tensor)
+                    ]
+                    groups = [[g + o for g in rep] for o in self._kept(rep, offsets)]
+                    return self._context(kind, groups, message_bytes)
+
+                self._cp[key] = self._shared(("cp", kind, message_bytes), self.stage, build)
+        return self._cp[key]
+
+    def _context(self, kind: str, groups, message_bytes: float) -> Transfer | Collective:
+        if kind == RING_SEND:
+            edge_sets = [[(g[c], g[(c + 1) % len(g)]) for c in range(len(g))] for g in groups]
+            return collectives.exchange(edge_sets, message_bytes, self.fabric, False)
+        if kind == ALL_TO_ALL:
+            edge_sets = [[(a, b) for a in g for b in g if a != b] for g in groups]
+            share = message_bytes / len(groups[0])
+            return collectives.exchange(edge_sets, share, self.fabric, True)
+        return self._collective(kind, groups, message_bytes)
 
     def dp(self, kind: str, message_bytes: float, j: int) -> Collective | None:
         """A collective over the data-parallel group of tensor rank ``j`` (and, symmetric,
