@@ -447,7 +447,7 @@ NODES: dict[str, dict[str, object]] = {
 # NVLink SHARP (NVLS): the NVSwitch reduces and multicasts (multimem.ld_reduce / st) on
 # NVSwitch generation 3 and later (NVIDIA's Hopper architecture white paper: third-gen
 # NVSwitch with SHARP; NCCL 2.17+'s NVLS algorithm, src/transport/nvls.cc). What it
-# reaches of the NVLink rate is NCCL's own `nvlsEfficiency` (src/graph/tuning.cc:
+# reaches of the NVLink rate is NCCL's own `nvlsEfficiency` (src/graph/tuning.cc, 2.28:
 # Hopper 0.85, Blackwell 0.74), the factor its tuner puts on NVLS's intra-node bandwidth.
 # Kept out of the NODES records so that their resolved scenarios stay as they were
 # (`cluster.nvls_efficiency` overrides it; ClusterSpec.nvls_fraction reads both). The

@@ -322,8 +322,8 @@ class ClusterSpec:
         high=1024,
     )
     oversubscription: float = key(
-        "bandwidth below a switch level / bandwidth of its uplinks; `fat-tree` and "
-        "`rail-optimized`",
+        "bandwidth below a switch level / bandwidth of its uplinks; `fat-tree`, "
+        "`rail-optimized` and `multi-plane`",
         default=1.0,
         low=1.0,
         high=1000.0,
