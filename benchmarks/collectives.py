@@ -27,7 +27,7 @@ from stepsim.engine.network import FairShareNetwork  # noqa: E402
 from stepsim.run import build_cluster  # noqa: E402
 from stepsim.scenario import scenario_from_dict  # noqa: E402
 from stepsim.units import us_to_s  # noqa: E402
-from stepsim.vocabulary import TP_COMM  # noqa: E402
+from stepsim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, TP_COMM  # noqa: E402
 from stepsim.workload import collectives  # noqa: E402
 from stepsim.workload.collectives import Fabric  # noqa: E402
 from stepsim.workload.ops import WorkloadBuilder  # noqa: E402
@@ -81,6 +81,21 @@ CASES = [
         "2 nodes, 1 GPU and 1 NIC each",
     ),
 ]
+# NVLink SHARP: (label, cluster keys, GPUs, measured NVLS busbw GB/s or None, note). The
+# 480 GB/s of one DGX H100 is the nccl-tests figure issue 19 quotes (against 370 for the
+# ring); the 4-node figure is NVLS with IB SHARP (CollNet), which stepsim does not model:
+# there it runs NVLS_TREE (NVLS in the nodes, double binary trees across).
+NVLS_CASES = [
+    ("DGX H100, 1 node", {"node": "dgx-h100", "num_nodes": 1}, 8, 480.0, "NVLS"),
+    (
+        "DGX H100, 4 nodes",
+        {"node": "dgx-h100", "num_nodes": 4},
+        32,
+        480.0,
+        "measured with IB SHARP; stepsim: NVLS_TREE",
+    ),
+    ("DGX B200, 1 node", {"node": "dgx-b200", "num_nodes": 1}, 8, None, "no measurement"),
+]
 # Small-message ring all-reduce on one DGX A100 (nccl-tests issue #123), in us.
 LATENCY_CASES = [(2, 10.0), (4, 16.9), (6, 25.2), (8, 33.7)]
 
@@ -101,11 +116,19 @@ def _fabric(cluster_keys: dict):
     }
     spec = scenario_from_dict(doc).cluster
     cluster = build_cluster(spec)
-    return cluster, Fabric.of(cluster, us_to_s(spec.collective_base_latency_us))
+    base = us_to_s(spec.collective_base_latency_us)
+    return cluster, Fabric.of(cluster, base, spec.nvls_fraction)
 
 
-def all_reduce_s(cluster, fabric, n: int, size: float, algorithm: str) -> float:
-    collective = collectives.all_reduce(algorithm, [list(range(n))], size, fabric)
+def all_reduce_s(
+    cluster, fabric, n: int, size: float, algorithm: str, kind: str = ALL_REDUCE
+) -> float:
+    collective = collectives.collective(algorithm, kind, [list(range(n))], size, fabric)
+    return _alone_s(cluster, collective)
+
+
+def _alone_s(cluster, collective) -> float:
+    """How long ``collective`` takes alone on the cluster's links."""
     builder = WorkloadBuilder()
     lane = builder.lane(gpu=0, stream="compute", stage=0)
     builder.add(lane, TP_COMM, "all-reduce", transfer=collective)
@@ -128,6 +151,67 @@ def sweep() -> list[dict]:
             ]
         rows.append({"label": label, "n": n, "measured": measured, "note": note, **curves})
     return rows
+
+
+def nvls_sweep() -> list[dict]:
+    """Ring and NVLS all-reduce busbw over the sizes for the NVLS cases, and on one node
+    the reduce-scatter and all-gather busbw (S / t x (n-1)/n) at the peak size."""
+    rows = []
+    for label, keys, n, measured, note in NVLS_CASES:
+        cluster, fabric = _fabric(keys)
+        row = {"label": label, "n": n, "measured": measured, "note": note}
+        for algorithm in ("ring", "nvls"):
+            row[algorithm] = [
+                busbw_gb_per_s(all_reduce_s(cluster, fabric, n, s, algorithm), n, s) for s in SIZES
+            ]
+        if n == keys.get("gpus_per_node", 8):
+            for kind in (REDUCE_SCATTER, ALL_GATHER):
+                group = [list(range(n))]
+                for algorithm, collective in (
+                    ("ring", collectives.ring(kind, group, PEAK_SIZE, fabric)),
+                    ("nvls", collectives.nvls(kind, group, PEAK_SIZE, fabric)),
+                ):
+                    t = _alone_s(cluster, collective)
+                    row[f"{kind}-{algorithm}"] = PEAK_SIZE / t * (n - 1) / n / 1e9
+        rows.append(row)
+    return rows
+
+
+def nvls_table(rows: list[dict]) -> str:
+    lines = [
+        "| case | GPUs | measured NVLS busbw GB/s | stepsim ring | stepsim nvls | error | "
+        "nvls / ring |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        ring, nvls = r["ring"][-1], r["nvls"][-1]
+        measured = "-" if r["measured"] is None else f"{r['measured']:g}"
+        error = (
+            "-" if r["measured"] is None else f"{round(100 * (nvls / r['measured'] - 1)) + 0:+d} %"
+        )
+        lines.append(
+            f"| {r['label']} ({r['note']}) | {r['n']} | {measured} | {ring:.0f} | {nvls:.0f} | "
+            f"{error} | {nvls / ring:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def nvls_others(rows: list[dict]) -> str:
+    """Reduce-scatter and all-gather busbw on one node, ring and NVLS."""
+    lines = [
+        "| case | reduce-scatter ring | reduce-scatter NVLS | all-gather ring | all-gather NVLS |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        if f"{REDUCE_SCATTER}-ring" not in r:
+            continue
+        cells = [
+            f"{r[f'{kind}-{algorithm}']:.0f}"
+            for kind in (REDUCE_SCATTER, ALL_GATHER)
+            for algorithm in ("ring", "nvls")
+        ]
+        lines.append(f"| {r['label']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def latencies() -> list[tuple[int, float, float]]:
@@ -176,17 +260,27 @@ def main() -> None:
     args = parser.parse_args()
     rows = sweep()
     print(table(rows))
+    nvls_rows = nvls_sweep()
+    print(nvls_table(nvls_rows))
+    print(nvls_others(nvls_rows))
     lat = latencies()
     for n, simulated, measured in lat:
         print(f"small all-reduce, {n} GPUs: stepsim {simulated:.1f} us, measured {measured} us")
     if args.write:
-        text = render(rows, lat, ROOT / "docs" / "images")
+        text = render(rows, lat, ROOT / "docs" / "images", nvls_rows)
         (ROOT / "docs" / "network.md").write_text(text)
         print("wrote docs/network.md and docs/images/network-busbw.png")
 
 
-def render(rows: list[dict], lat: list[tuple[int, float, float]], images: Path | None) -> str:
-    """docs/network.md from the sweep and the latencies; the plot into ``images``."""
+def render(
+    rows: list[dict],
+    lat: list[tuple[int, float, float]],
+    images: Path | None,
+    nvls_rows: list[dict] | None = None,
+) -> str:
+    """docs/network.md from the sweeps and the latencies; the plot into ``images``."""
+    if nvls_rows is None:
+        nvls_rows = nvls_sweep()
     if images is not None:
         figure(rows).savefig(images / "network-busbw.png", dpi=110)
     sweep_rows = "\n".join(
@@ -196,8 +290,21 @@ def render(rows: list[dict], lat: list[tuple[int, float, float]], images: Path |
     head = "| bytes | " + " | ".join(r["label"] for r in rows) + " |"
     rule = "|---:|" + "---:|" * len(rows)
     lat_rows = "\n".join(f"| {n} | {m} | {s:.1f} |" for n, s, m in lat)
+    nvls_head = "| bytes | " + " | ".join(f"{r['label']} ring | nvls" for r in nvls_rows) + " |"
+    nvls_rule = "|---:|" + "---:|---:|" * len(nvls_rows)
+    nvls_sizes = "\n".join(
+        f"| {s:,} | "
+        + " | ".join(f"{r['ring'][i]:.1f} | {r['nvls'][i]:.1f}" for r in nvls_rows)
+        + " |"
+        for i, s in enumerate(SIZES)
+    )
     return TEMPLATE.format(
-        table=table(rows), sweep="\n".join([head, rule, sweep_rows]), latency=lat_rows
+        table=table(rows),
+        sweep="\n".join([head, rule, sweep_rows]),
+        latency=lat_rows,
+        nvls_table=nvls_table(nvls_rows),
+        nvls_others=nvls_others(nvls_rows),
+        nvls_sweep="\n".join([nvls_head, nvls_rule, nvls_sizes]),
     )
 
 
@@ -235,8 +342,95 @@ What the table says:
   constant was fitted.
 - What remains between the columns is the pipeline of phases and latencies at 4 GiB,
   a fraction of a per cent to a few per cent.
-- NVLink SHARP (NVLS) and IB SHARP in-network reductions, which reach 480 GB/s on
-  H100 systems, are not modelled.
+- The ring column is what NCCL runs without in-network reduction. NVLink SHARP (NVLS),
+  which reaches 480 GB/s on one DGX H100, is `collective_algorithm = "nvls"`: next
+  section. IB SHARP (CollNet) across nodes is not modelled.
+
+## NVLink SHARP (NVLS)
+
+On NVSwitch generation 3 and later (DGX/HGX H100, H200, H800, DGX B200, the NVL72
+racks) the switch itself reduces: NCCL's NVLS algorithm (NCCL 2.17+,
+src/transport/nvls.cc; all_reduce.h's NVLS kernel) has each GPU own one chunk of
+S/k; its `multimem.ld_reduce` makes the switch read that chunk from all k GPUs and
+return the sum, and its `multimem.st` sends the sum up once for the switch to
+multicast to all k GPUs. On each GPU's NVLink that is S + S/k up (the switch's loads
+and the owner's store) and S/k + S down (the owner's sum and the multicast), against
+2(k-1)/k S each way for the ring: 9/8 S against 14/8 S on 8 GPUs. NVLS reduce-scatter
+is the load-reduce alone (S up, S/k down), all-gather the store alone (S/k up, S
+down); NCCL 2.19+ runs both on NVLS inside a node (across nodes only with IB SHARP).
+
+stepsim builds these as flows on the GPU <-> NVSwitch links (chunks of S/k, each GPU's
+up link charged k+1 of them for an all-reduce): they share the links with everything
+else, and two NVLS collectives on the same GPUs at once each take twice the bytes'
+time. What limits NVLS beyond the bytes is the switch: multimem traffic reaches a
+fraction of the NVLink rate, which NCCL's tuner carries as `nvlsEfficiency`
+(src/graph/tuning.cc, NCCL 2.28: 0.85 on Hopper, 0.74 on Blackwell). stepsim takes
+that constant as it is (each NVLS byte occupies 1/0.85 of a byte of link), per node
+preset (`hardware.NVLS_EFFICIENCY`, or
+`cluster.nvls_efficiency`); nothing is fitted to the measured figure. Latency: the
+base plus one GPU -> NVSwitch -> GPU route per step (2 for an all-reduce).
+
+{nvls_table}
+
+So on one DGX H100 the mechanism and NCCL's constant give 1.32 x the ring's bus
+bandwidth, within a few per cent of the 480 GB/s measured (issue 19's nccl-tests
+figure, against 370 for the ring). NCCL's tuner itself models NVLS all-reduce as twice
+the per-channel bandwidth ("AllReduce pipelines two operations") x 0.85, an estimate
+for choosing an algorithm rather than a count of bytes on links. Across nodes stepsim
+runs NVLS_TREE (NVLS reduce-scatter in each node, double binary trees of each local
+rank's shard across nodes, NVLS all-gather): at 4 GiB the NICs bound it as they bound
+the ring, so the 480 GB/s that NVIDIA measures across DGX H100 nodes needs IB SHARP
+(the InfiniBand switches reducing), which is left out. No measured B200 figure is in
+the reference notes.
+
+Reduce-scatter and all-gather on one node by the ring and by NVLS alone, bus
+bandwidth S / t x (k-1)/k at 4 GiB. NVLS's busier direction carries S / 0.85, the
+ring's (k-1)/k S, so by this mechanism NVLS reduce-scatter and all-gather are slower
+than the ring at large sizes (without the all-reduce's saving, only the efficiency
+remains) and `nvls` keeps the ring for them there:
+
+{nvls_others}
+
+Selection: `collective_algorithm = "nvls"` is `auto` with NVLS (one node) and
+NVLS_TREE (several) among the candidates, chosen by the same estimate; reduce-scatters
+and all-gathers inside a node take the faster of the ring and NVLS (NVLS for small
+messages, one step of latency instead of k-1). On two GPUs the ring moves less than
+NVLS and stays. `auto`, the default, never picks NVLS, although
+NCCL does by default on capable systems (NCCL_NVLS_ENABLE): the calibration was fitted
+with rings and every existing scenario keeps its numbers. Asking for `nvls` on a node
+whose switch cannot reduce (DGX A100, DGX-2, the V100 meshes) is an error.
+
+Bus bandwidth against size, ring and NVLS (GB/s):
+
+{nvls_sweep}
+
+## Fabrics without a spine between rails: rail-only and multi-plane
+
+Beside one switch, fat trees of 2 or 3 levels and the rail-optimized fat tree
+(topologies/fabric.py), two fabrics keep each NIC index on a network of its own:
+
+- **`rail-only`** (Wang et al., "Rail-only: A Low-Cost High-Performance Network for
+  Training LLMs with Trillion Parameters", arXiv 2307.12169): one switch per rail, NIC
+  k of every node on rail switch k, no spine. A rail switch holds `nodes_per_leaf`
+  nodes (its ports); a larger cluster is an error that points to `multi-plane`.
+- **`multi-plane`** (the eight-plane two-layer fat tree DeepSeek-V3 was trained on:
+  DeepSeek-AI, arXiv 2412.19437, Sec 3.1, and "Insights into DeepSeek-V3", arXiv
+  2505.09343, Sec 5.1): NIC k sits on plane k mod `fabric_planes` (default: one plane
+  per NIC), each plane a two-level fat tree of its own (leaves of `nodes_per_leaf`
+  nodes, `spine_switches` spines per plane, `oversubscription`), no cable between
+  planes.
+
+Traffic between NICs of different rails or planes has no switch path. It crosses
+NVLink first, to the GPU of the source server with the destination's local index,
+and leaves through that GPU's NIC on the destination's rail (NCCL's PXN, which the
+rail-only paper assumes too; DeepSeek-V3 forwards on the receiving side instead, which
+loads the same kinds of links). NCCL's rings already hop between GPUs of the same local
+index (one ring per NIC, every other node walked backwards), so a ring over an even
+number of nodes never leaves its rail and takes the same time on rail-only as on the
+rail-optimized fat tree (tests/test_fabrics_planes.py); tree all-reduces and pipeline
+sends between whole-node stages stay on rails too. Symmetric mode draws these two
+fabrics whole (topologies/pattern.py's builders know one switch, fat trees and
+rail-optimized trees), so their set-up grows with the cluster; the run summary says so.
 
 ## Bus bandwidth against message size (algorithm auto, GB/s)
 

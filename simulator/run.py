@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from stepsim.topologies import (
+    PLANAR,
     Cluster,
     NodeShape,
     PatternCluster,
@@ -55,7 +56,7 @@ def build_cluster(
     )
     fabric = spec.fabric_shape()
     domain = spec.nvlink_domain_gpus
-    if pattern:
+    if pattern and fabric.kind not in PLANAR:  # rail-only, multi-plane: drawn whole
         kind = PatternCluster if one_switch(spec.num_nodes, fabric) else TreePatternCluster
         return kind(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain)
     limits.check_cluster(spec)

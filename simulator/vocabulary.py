@@ -99,6 +99,9 @@ CP_P2P, CP_ALL_GATHER, CP_A2A = "p2p", "all_gather", "a2a"
 CP_COMM_TYPES: tuple[str, ...] = (CP_P2P, CP_ALL_GATHER, CP_A2A)
 RING, TREE, HIERARCHICAL, AUTO = "ring", "tree", "hierarchical", "auto"  # collectives.all_reduce
 ALL_REDUCE_ALGORITHMS: tuple[str, ...] = (RING, TREE, HIERARCHICAL, AUTO)
+# NVLink SHARP (in-switch reduction): `auto`'s choice with NVLS among the candidates
+NVLS = "nvls"
+COLLECTIVE_ALGORITHMS: tuple[str, ...] = (*ALL_REDUCE_ALGORITHMS, NVLS)
 # the gradient path (docs/frameworks.md §4-§6): dtypes and their bytes, how ZeRO-1's
 # gradients meet, when the tied embedding's gradient all-reduce runs
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}

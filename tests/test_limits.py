@@ -100,6 +100,8 @@ def test_cable_count_is_what_build_graph_draws():
         ("fat-tree", 2, 2, 8, 4),
         ("fat-tree", 3, 1, 2, 4),
         ("rail-optimized", 2, 2, 8, 2),
+        ("rail-only", 2, 4, 8, 4),
+        ("multi-plane", 2, 2, 8, 2),
     ]
     for (topology, gpus, nics), (
         kind,

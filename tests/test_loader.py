@@ -101,11 +101,13 @@ def test_resolved_toml_loads_back_to_the_same_scenario(tmp_path):
         ("cluster.nvlink_topology=ring", "cluster.nvlink_topology='ring' must be one of"),
         (
             "training.data_parallel_sharding=zero3",
-            "training.data_parallel_sharding='zero3' must be one of: none, optimizer, gradients, full",
+            "training.data_parallel_sharding='zero3' must be one of: "
+            "none, optimizer, gradients, full",
         ),
         (
-            "network.collective_algorithm=nvls",
-            "network.collective_algorithm='nvls' must be one of: ring, tree, hierarchical, auto",
+            "network.collective_algorithm=collnet",
+            "network.collective_algorithm='collnet' must be one of: ring, tree, hierarchical, "
+            "auto, nvls",
         ),
         ("cluster.nvlink_gbytes_per_s=1e-320", "must be between 0.001 and 1e+07"),
         ("cluster.num_nodes=10000000", "cluster.num_nodes=10000000 must be between 1 and 100000"),

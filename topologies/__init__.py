@@ -1,13 +1,14 @@
 """Cluster graphs (networkx) and their frozen form with links and routes."""
 
 from .cluster import Cluster, Link, build_graph
-from .fabric import FABRICS, FabricShape, cable_count
+from .fabric import FABRICS, PLANAR, FabricShape, cable_count
 from .node import GPU, NIC, NVLINK_TOPOLOGIES, NVSWITCH, SWITCH, NodeShape
 from .pattern import PatternCluster, one_switch
 from .tree_pattern import TreePatternCluster
 
 __all__ = [
     "FABRICS",
+    "PLANAR",
     "GPU",
     "NIC",
     "NVLINK_TOPOLOGIES",

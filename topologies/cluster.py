@@ -160,7 +160,14 @@ class Cluster:
             path = self._nvlink_path(src, dst)
         else:
             nic_a, nic_b = self._gpu_nic[src_gpu], self._gpu_nic[dst_gpu]
-            choices = self._switch_paths_between(self._nic_switch[nic_a], self._nic_switch[nic_b])
+            leaf_a, leaf_b = self._nic_switch[nic_a], self._nic_switch[nic_b]
+            if leaf_b not in self._predecessors(leaf_a):
+                # another rail or plane (rail-only, multi-plane): over NVLink to this
+                # server's GPU of the destination's local index, then out through its NIC
+                gpn = self.gpus_per_node
+                via = self.node_of(src_gpu) * gpn + dst_gpu % gpn
+                return self.route(src_gpu, via) + self.route(via, dst_gpu)
+            choices = self._switch_paths_between(leaf_a, leaf_b)
             middle = choices[self._port[nic_b] % len(choices)]
             path = [src, nic_a, *middle, nic_b, dst]
         return tuple(self._index[(a, b)] for a, b in zip(path, path[1:], strict=False))
@@ -215,15 +222,20 @@ class Cluster:
             return [members]
         return [ring for cycle in best for ring in (cycle, [cycle[0], *cycle[:0:-1]])]
 
+    def _predecessors(self, a: tuple) -> dict[tuple, list[tuple]]:
+        """Breadth-first predecessors of every switch reachable from switch ``a``."""
+        pred = self._switch_pred.get(a)
+        if pred is None:
+            pred = self._switch_pred[a] = nx.predecessor(self._switches, a)
+        return pred
+
     def _switch_paths_between(self, a: tuple, b: tuple) -> list[list[tuple]]:
         """Every shortest switch path from a to b, sorted (what nx.all_shortest_paths
         gives, but with one breadth-first search per source switch instead of one per
         pair: a 3-level fat tree of 1,000 single-node leaves has about 6,000 pairs)."""
         paths = self._switch_paths.get((a, b))
         if paths is None:
-            pred = self._switch_pred.get(a)
-            if pred is None:
-                pred = self._switch_pred[a] = nx.predecessor(self._switches, a)
+            pred = self._predecessors(a)
             if b not in pred:
                 raise nx.NetworkXNoPath(f"no switch path from {a} to {b}")
             paths = sorted(_paths_back(pred, a, b))

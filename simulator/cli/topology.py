@@ -27,7 +27,9 @@ def add_command(sub) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
+    from stepsim.topologies import PLANAR
     from stepsim.topologies.describe import summarize
+    from stepsim.topologies.fabric import planes_of
 
     from ..report.figures import MAX_DRAWN_GPUS, topology_figure
     from ..report.text import topology_text
@@ -49,7 +51,10 @@ def command(args: argparse.Namespace) -> int:
     else:
         print(topology_text(scenario, summary))
     if args.png:
-        topology_figure(cluster.graph, scenario.name).savefig(args.png, dpi=110, format="png")
+        spec = scenario.cluster
+        planes = planes_of(spec.fabric_shape(), spec.nics_per_node) if spec.fabric in PLANAR else 1
+        figure = topology_figure(cluster.graph, scenario.name, planes)
+        figure.savefig(args.png, dpi=110, format="png")
         if not args.json:
             print(f"\n  wrote {args.png}")
     return 0

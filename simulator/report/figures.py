@@ -69,8 +69,10 @@ def sweep_figure(keys: list[str], points: Sequence[SweepPoint], title: str) -> F
     return fig
 
 
-def topology_figure(graph, title: str) -> Figure:
-    """The cluster graph, by layer: GPUs, NVSwitches, NICs, then switch levels."""
+def topology_figure(graph, title: str, planes: int = 1) -> Figure:
+    """The cluster graph, by layer: GPUs, NVSwitches, NICs, then switch levels. With
+    ``planes`` > 1 (rail-only, multi-plane) the leaves are drawn plane by plane (leaf i
+    is on plane i mod planes), each plane's above its own spines."""
     import networkx as nx
 
     from stepsim.topologies import GPU, NIC, NVSWITCH, SWITCH
@@ -82,7 +84,13 @@ def topology_figure(graph, title: str) -> Figure:
 
     undirected = nx.Graph()
     rows: dict[int, list[tuple]] = {}
-    for n in sorted(graph, key=lambda n: (layer_of(n), n[1:])):
+
+    def order(n: tuple) -> tuple:
+        if planes > 1 and n[0] == SWITCH and n[1] == 1:
+            return (layer_of(n), n[2] % planes, n[2])
+        return (layer_of(n), *n[1:])
+
+    for n in sorted(graph, key=order):
         undirected.add_node(n)
         rows.setdefault(layer_of(n), []).append(n)
     for a, b, data in graph.edges(data=True):
@@ -131,7 +139,8 @@ def topology_figure(graph, title: str) -> Figure:
                 ax.text(x, y - 0.12, label, ha="center", va="top", fontsize=6)
     ax.set_xlim(-0.2, 1.0)
     ax.set_title(title + "  (edge width ~ bandwidth; NIC k.j: node k's NIC j)")
-    ax.legend(loc="lower right", fontsize=8)  # clear of the GPU row
+    # below the drawing, clear of the GPU row and of the last switch
+    fig.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncols=3, fontsize=8)
     ax.set_axis_off()
     return fig
 

@@ -6,13 +6,15 @@ import itertools
 import math
 from collections.abc import Sequence
 
+from stepsim.topologies import PLANAR
+
 from ..results import Result, StageMetrics
 from ..scenario import Scenario
 from ..scenario.softmax import SOURCE as SOFTMAX_SOURCE
 from ..scenario.softmax import scenario_softmax_path
 from ..scenario.stages import is_uneven
 from ..units import bytes_to_gib
-from ..vocabulary import ATTENTION_FLASH, CP_COMM, categories_of
+from ..vocabulary import ATTENTION_FLASH, CP_COMM, NVLS, categories_of
 from .metrics import compute_lanes
 
 
@@ -73,6 +75,14 @@ def summary_text(result: Result) -> str:
         + (" · overlapped param gather" if tr.overlap_param_gather else "")
         + f" · {tr.engine_label} engine ({_p2p_text(tr)})"
         + f" · {s.network.model} network"
+        + (" · NVLS collectives" if s.network.collective_algorithm == NVLS else "")
+        + (
+            f" · {cl.fabric} fabric (drawn whole: no pattern builder)"
+            if cl.fabric in PLANAR and s.network.symmetry
+            else f" · {cl.fabric} fabric"
+            if cl.fabric in PLANAR
+            else ""
+        )
         + ("" if s.network.symmetry else " · exact mode (every GPU simulated)"),
         "",
         f"  iteration time            {m.iteration_time_s:.4g} s",

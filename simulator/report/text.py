@@ -38,9 +38,35 @@ def sweep_table_text(keys: list[str], points: Sequence[SweepPoint]) -> str:
 _LEVEL_NAMES = {1: "leaf", 2: "spine/aggregation", 3: "core"}
 
 
+def _fabric_text(cl) -> str:
+    """The fabric line of `stepsim topology`."""
+    if cl.fabric == "switch":
+        return "  fabric: switch"
+    if cl.fabric == "rail-only":
+        return (
+            f"  fabric: rail-only, one switch per rail ({cl.nics_per_node} rails, no spines);\n"
+            "    traffic to another rail crosses NVLink to the GPU on that rail first"
+        )
+    oversubscription = f"oversubscription {cl.oversubscription:g}:1"
+    if cl.fabric == "multi-plane":
+        planes = cl.fabric_planes or cl.nics_per_node
+        return (
+            f"  fabric: multi-plane, {planes} planes (NIC k on plane k mod {planes}), each a "
+            f"2-level fat tree:\n    {cl.nodes_per_leaf} nodes per leaf, {cl.spine_switches} "
+            f"spines per plane, {oversubscription};\n"
+            "    traffic to another plane crosses NVLink first"
+        )
+    three_levels = cl.fabric == "fat-tree" and cl.fabric_levels == 3
+    return (
+        f"  fabric: {cl.fabric}, {cl.nodes_per_leaf} nodes per leaf, {cl.spine_switches} "
+        f"switches above each leaf{' and pod' if three_levels else ''}, {oversubscription}"
+        + (f", 3 levels ({cl.leaves_per_pod} leaves per pod)" if three_levels else "")
+    )
+
+
 def topology_text(scenario, summary: dict) -> str:
     cl = scenario.cluster
-    three_levels = cl.fabric == "fat-tree" and cl.fabric_levels == 3
+    nvls = cl.nvls_fraction
     lines = [
         f"stepsim topology · {scenario.name}",
         f"  {summary['num_nodes']} nodes x {cl.gpus_per_node} GPUs"
@@ -50,19 +76,15 @@ def topology_text(scenario, summary: dict) -> str:
         f"per direction; GPU-NIC over PCIe at {cl.pcie_gbytes_per_s:g} GB/s",
         f"  links run at what NCCL reaches of the line rate: NVLink "
         f"{cl.nvlink_efficiency:.0%}, NICs {cl.nic_efficiency:.0%} (the figures below)",
-        f"  fabric: {cl.fabric}"
-        + (
-            ""
-            if cl.fabric == "switch"
-            else f", {cl.nodes_per_leaf} nodes per leaf, {cl.spine_switches} switches above each "
-            f"leaf{' and pod' if three_levels else ''}, oversubscription "
-            f"{cl.oversubscription:g}:1"
-            + (
-                f", 3 levels ({cl.leaves_per_pod} leaves per pod)"
-                if cl.fabric == "fat-tree" and cl.fabric_levels == 3
-                else ""
-            )
+        *(
+            [
+                f"  the NVSwitch reduces (NVLink SHARP, NVLS) at {nvls:.0%} of NVLink "
+                '(collective_algorithm = "nvls")'
+            ]
+            if nvls
+            else []
         ),
+        _fabric_text(cl),
         "  switches: "
         + ", ".join(
             f"{n} {_LEVEL_NAMES.get(level, f'level {level}')}"

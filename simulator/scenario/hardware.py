@@ -443,3 +443,21 @@ NODES: dict[str, dict[str, object]] = {
         **_LATENCIES,
     },
 }
+
+# NVLink SHARP (NVLS): the NVSwitch reduces and multicasts (multimem.ld_reduce / st) on
+# NVSwitch generation 3 and later (NVIDIA's Hopper architecture white paper: third-gen
+# NVSwitch with SHARP; NCCL 2.17+'s NVLS algorithm, src/transport/nvls.cc). What it
+# reaches of the NVLink rate is NCCL's own `nvlsEfficiency` (src/graph/tuning.cc, 2.28:
+# Hopper 0.85, Blackwell 0.74), the factor its tuner puts on NVLS's intra-node bandwidth.
+# Kept out of the NODES records so that their resolved scenarios stay as they were
+# (`cluster.nvls_efficiency` overrides it; ClusterSpec.nvls_fraction reads both). The
+# HGX H800 has the H100's third-gen NVSwitch (fewer NVLinks per GPU): assumed capable.
+# DGX A100 (NVSwitch gen 2), DGX-2 and the V100 meshes have no NVLS.
+NVLS_EFFICIENCY: dict[str, float] = {
+    "dgx-h100": 0.85,
+    "dgx-h200": 0.85,
+    "hgx-h800": 0.85,
+    "dgx-b200": 0.74,
+    "gb200-nvl72": 0.74,
+    "gb300-nvl72": 0.74,
+}

@@ -25,8 +25,9 @@ from stepsim.schedules import SCHEDULES as SCHEDULE_INFO
 from stepsim.schedules import V_SHAPE
 from stepsim.schedules import check as schedule_problem
 from stepsim.schedules.custom import check_orders, sizes_of
+from stepsim.topologies import PLANAR  # drawn whole in symmetric mode too (run.build_cluster)
 
-from ..vocabulary import SHARD_GRADIENTS, SHARD_OPTIMIZER
+from ..vocabulary import NVLS, SHARD_GRADIENTS, SHARD_OPTIMIZER
 from . import limits
 from .errors import ScenarioError
 from .model_rules import attention_kernel_of as attention_kernel_of  # spec and training call
@@ -113,6 +114,29 @@ def check_cluster(cluster: ClusterSpec) -> None:
             key="cluster.gpus_per_node",
             value=gpn,
             rule="must be 8 for cluster.nvlink_topology='hybrid-cube-mesh'",
+        )
+    if cluster.nvls_efficiency and topology != "nvswitch":
+        raise ScenarioError(
+            key="cluster.nvls_efficiency",
+            value=cluster.nvls_efficiency,
+            rule=f"must be 0 for cluster.nvlink_topology={topology!r} (NVLS reduces in an "
+            "NVSwitch)",
+        )
+    if cluster.fabric == "rail-only" and cluster.num_nodes > cluster.nodes_per_leaf:
+        raise ScenarioError(
+            key="cluster.num_nodes",
+            value=cluster.num_nodes,
+            rule=f"must be <= cluster.nodes_per_leaf={cluster.nodes_per_leaf}: a rail-only fabric "
+            "has one switch per rail, holding nodes_per_leaf nodes (raise it to the switch's "
+            "ports, or use cluster.fabric='multi-plane')",
+        )
+    planes = cluster.fabric_planes
+    if planes is not None and cluster.nics_per_node % planes:
+        raise ScenarioError(
+            key="cluster.fabric_planes",
+            value=planes,
+            rule=f"must divide cluster.nics_per_node={cluster.nics_per_node} (NIC k on plane k "
+            "mod fabric_planes)",
         )
     if cluster.nics_per_node > gpn:
         raise ScenarioError(
@@ -267,13 +291,27 @@ def check_scenario(scenario: Scenario) -> None:
     check_tp_comm_overlap(scenario.parallel, scenario.training)
     check_param_gather(scenario.parallel, scenario.training)
     check_calibration(scenario)
+    check_nvls(scenario)
+
+
+def check_nvls(scenario: Scenario) -> None:
+    """`nvls` asks for the NVSwitch's in-switch reduction, which only NVSwitch
+    generation 3 and later have (NCCL refuses NCCL_ALGO=NVLS where it is missing)."""
+    if scenario.network.collective_algorithm == NVLS and scenario.cluster.nvls_fraction == 0:
+        raise ScenarioError(
+            key="network.collective_algorithm",
+            value=NVLS,
+            rule=f"needs an NVSwitch that reduces (NVLS: H100/H200/H800/B200/GB200 nodes); "
+            f"cluster.node={scenario.cluster.node!r} has none (or set cluster.nvls_efficiency)",
+        )
 
 
 def check_cluster_size(scenario: Scenario) -> None:
     """The cluster's GPUs and links within their limits, counting what the run builds:
     a symmetric run builds its repeating unit and counts its switches, not a graph per
     GPU (run.build_cluster; drawing the whole graph checks the whole of it)."""
-    limits.check_cluster(scenario.cluster, whole=not scenario.network.symmetry)
+    whole = not scenario.network.symmetry or scenario.cluster.fabric in PLANAR
+    limits.check_cluster(scenario.cluster, whole=whole)
 
 
 def check_softmax(scenario: Scenario) -> None:

@@ -22,8 +22,8 @@ from stepsim.topologies import FABRICS, NVLINK_TOPOLOGIES, FabricShape
 
 from ..units import us_to_s
 from ..vocabulary import (
-    ALL_REDUCE_ALGORITHMS,
     AUTO,
+    COLLECTIVE_ALGORITHMS,
     CP_COMM_TYPES,
     CP_P2P,
     FAIR_SHARE,
@@ -289,13 +289,31 @@ class ClusterSpec:
         choices=NVLINK_TOPOLOGIES,
         preset=True,
     )
+    nvls_efficiency: float | None = key(
+        "fraction of the NVLink rate that NVLink SHARP (NVLS) in-switch reductions reach "
+        "(NCCL's nvlsEfficiency: 0.85 Hopper, 0.74 Blackwell); 0: the NVSwitch cannot "
+        "reduce; unset: the `node` preset's (0 without one); read by "
+        '`network.collective_algorithm = "nvls"`',
+        default=None,
+        low=0.0,
+        high=1.0,
+        may_be_zero=True,
+    )
     fabric: str = key(
         "how the nodes' NICs are joined, see below", default="switch", choices=FABRICS
     )
     fabric_levels: int = key("switch levels; used by `fat-tree` only", default=2, low=2, high=3)
+    fabric_planes: int | None = key(
+        "planes of a `multi-plane` fabric (NIC k of a node on plane k mod this); must "
+        "divide `nics_per_node`; unset: one plane per NIC",
+        default=None,
+        low=1,
+        high=1024,
+    )
     nodes_per_leaf: int = key(
-        "nodes (with all their NICs) under one leaf switch; for `rail-optimized`, nodes per "
-        "group of rail leaves; `fat-tree` and `rail-optimized`",
+        "nodes (with all their NICs) under one leaf switch; for `rail-optimized` and "
+        "`multi-plane`, nodes per group of rail or plane leaves; for `rail-only`, the nodes "
+        "one rail switch holds (its ports: the cluster's most nodes)",
         default=16,
     )
     leaves_per_pod: int = key("leaves per pod; 3-level `fat-tree` only", default=8)
@@ -306,8 +324,8 @@ class ClusterSpec:
         high=1024,
     )
     oversubscription: float = key(
-        "bandwidth below a switch level / bandwidth of its uplinks; `fat-tree` and "
-        "`rail-optimized`",
+        "bandwidth below a switch level / bandwidth of its uplinks; `fat-tree`, "
+        "`rail-optimized` and `multi-plane`",
         default=1.0,
         low=1.0,
         high=1000.0,
@@ -329,6 +347,19 @@ class ClusterSpec:
         cluster key here."""
         return self.gpus_per_node
 
+    @property
+    def nvls_fraction(self) -> float:
+        """What NVLS reaches of the NVLink rate: `nvls_efficiency`, or when unset the
+        node preset's (hardware.NVLS_EFFICIENCY: NVSwitch generation 3 and later); 0
+        where the NVSwitch cannot reduce or the GPUs are not on an NVSwitch."""
+        if self.nvls_efficiency is not None:
+            return self.nvls_efficiency
+        if self.nvlink_topology != "nvswitch":
+            return 0.0
+        from .hardware import NVLS_EFFICIENCY  # hardware imports this module
+
+        return NVLS_EFFICIENCY.get(self.node, 0.0)
+
     def fabric_shape(self) -> FabricShape:
         """The fabric keys as topologies takes them (the latency converted to seconds)."""
         return FabricShape(
@@ -339,6 +370,7 @@ class ClusterSpec:
             spines=self.spine_switches,
             oversubscription=self.oversubscription,
             latency_s=us_to_s(self.ib_latency_us),
+            planes=self.fabric_planes or 0,
         )
 
 
@@ -451,9 +483,9 @@ class NetworkConfig:
     )
     collective_algorithm: str = key(
         "all-reduce algorithm (TP and DP all-reduces; reduce-scatters and all-gathers are "
-        "always rings), see below",
+        "rings, or NVLS inside a node under `nvls`), see below",
         default=AUTO,
-        choices=ALL_REDUCE_ALGORITHMS,
+        choices=COLLECTIVE_ALGORITHMS,
     )
     symmetry: bool = key(
         "`true`: one GPU per pipeline stage is simulated and stands for the stage's TP x DP "

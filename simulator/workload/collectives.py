@@ -31,6 +31,18 @@ Algorithms, as NCCL runs them (message S bytes, n ranks):
 - ``auto``: whichever of those is fastest for this message when alone on the
   network (latency + bytes / bottleneck per phase), the way NCCL's tuner
   picks an algorithm from its cost model.
+- ``nvls``: as ``auto`` with NVLink SHARP among the candidates (NCCL's NVLS and
+  NVLS_TREE), where the NVSwitch reduces (``Fabric.nvls_efficiency`` > 0). Inside
+  a node of k GPUs the switch reduces: every GPU's data goes up its NVLink once
+  (multimem.ld_reduce reads chunk j of every GPU for the GPU owning chunk j), each
+  owner takes its reduced chunk down and stores it back up (multimem.st), and the
+  switch multicasts it down to every GPU: (k+1)/k S up and down each GPU's link
+  for an all-reduce (the ring: 2(k-1)/k S), S up and S/k down for a
+  reduce-scatter, the reverse for an all-gather. Multimem traffic reaches
+  ``nvls_efficiency`` of the link rate (NCCL's nvlsEfficiency), so each byte
+  occupies 1/efficiency of a byte of the link: a flow on the real links that
+  still shares them. Across nodes (NVLS_TREE): NVLS reduce-scatter in the nodes,
+  double binary trees across, NVLS all-gather. IB SHARP (CollNet) is not modelled.
 
 Every phase pays a fixed base latency plus, per step, the slowest hop's latency.
 """
@@ -42,7 +54,16 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ..engine.flows import Collective, Transfer
-from ..vocabulary import ALL_GATHER, ALL_REDUCE, AUTO, HIERARCHICAL, REDUCE_SCATTER, RING, TREE
+from ..vocabulary import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    AUTO,
+    HIERARCHICAL,
+    NVLS,
+    REDUCE_SCATTER,
+    RING,
+    TREE,
+)
 
 Edge = tuple[int, int]
 
@@ -81,9 +102,10 @@ class Fabric(NamedTuple):
     capacities: Sequence[float]
     base_latency_s: float
     pattern: Pattern | None = None  # None: the whole graph, every copy enumerated
+    nvls_efficiency: float = 0.0  # > 0: the NVSwitch reduces (NVLS), at this fraction
 
     @classmethod
-    def of(cls, cluster, base_latency_s: float) -> Fabric:
+    def of(cls, cluster, base_latency_s: float, nvls_efficiency: float = 0.0) -> Fabric:
         """From a topologies.Cluster or PatternCluster."""
         translate = getattr(cluster, "translate", None)
         return cls(
@@ -103,6 +125,7 @@ class Fabric(NamedTuple):
                 translate,
                 {},
             ),
+            nvls_efficiency=nvls_efficiency,
         )
 
 
@@ -287,14 +310,116 @@ def all_reduce(
     flat = ring(ALL_REDUCE, groups, message_bytes, fabric)
     if flat is None or algorithm == RING:
         return flat
-    if algorithm != AUTO:
+    if algorithm not in (AUTO, NVLS):
         return two_level_all_reduce(algorithm, groups, message_bytes, fabric) or flat
     candidates = [flat]
     for name in (TREE, HIERARCHICAL):
         other = two_level_all_reduce(name, groups, message_bytes, fabric)
         if other is not None:
             candidates.append(other)
+    if algorithm == NVLS:
+        other = nvls(ALL_REDUCE, groups, message_bytes, fabric)
+        if other is not None:
+            candidates.append(other)
     return min(candidates, key=lambda c: estimate_s(c, fabric.capacities))  # first on a tie
+
+
+def collective(
+    algorithm: str,
+    kind: str,
+    groups: Sequence[Sequence[int]],
+    message_bytes: float,
+    fabric: Fabric,
+) -> Collective | None:
+    """A collective of ``kind`` by the scenario's ``algorithm``: all-reduces by
+    `all_reduce`; reduce-scatters and all-gathers are rings, or under ``nvls`` the
+    faster of the ring and NVLS for a group inside one node (NCCL 2.19+ runs them on
+    NVLS; across nodes only with IB SHARP, not modelled)."""
+    if kind == ALL_REDUCE:
+        return all_reduce(algorithm, groups, message_bytes, fabric)
+    flat = ring(kind, groups, message_bytes, fabric)
+    if algorithm != NVLS or flat is None or len(_by_node(groups[0], fabric)) > 1:
+        return flat
+    other = nvls(kind, groups, message_bytes, fabric)
+    if other is None:
+        return flat
+    return min((flat, other), key=lambda c: estimate_s(c, fabric.capacities))
+
+
+# chunks of S/k each GPU's NVLink carries (up to the switch, down from it) per NVLS kind
+_NVLS_CHUNKS = {
+    ALL_REDUCE: lambda k: (k + 1, k + 1),
+    REDUCE_SCATTER: lambda k: (k, 1),
+    ALL_GATHER: lambda k: (1, k),
+}
+_NVLS_STEPS = {ALL_REDUCE: 2, REDUCE_SCATTER: 1, ALL_GATHER: 1}
+
+
+def _nvls_phase(
+    kind: str, groups: Sequence[Sequence[int]], message_bytes: float, fabric: Fabric
+) -> Transfer | None:
+    """One NVLS ``kind`` inside every node of the group at once (all nodes hold k GPUs).
+
+    The real flows are chunks of S/k: each GPU's up link carries ``up`` of them and
+    its down link ``down`` (`_NVLS_CHUNKS`), each chunk's bytes divided by the NVLS
+    efficiency. Latency: the base plus one GPU -> NVSwitch -> GPU route per step
+    (an all-reduce's load-reduce and its multicast store: 2; the others 1). None for
+    one GPU per node or where a GPU's peers are not one NVSwitch away."""
+    per_node = [_by_node(g, fabric) for g in groups]
+    k = len(per_node[0][0])
+    if k == 1 or fabric.nvls_efficiency <= 0:
+        return None
+    up, down = _NVLS_CHUNKS[kind](k)
+    routes = [
+        [(m, fabric.route(m, ms[(i + 1) % k])) for ms in nodes for i, m in enumerate(ms)]
+        for nodes in per_node
+    ]
+    if any(len(route) != 2 for _, route in routes[0]):
+        return None  # not behind one NVSwitch (a mesh): no NVLS
+    _check_alike(
+        [[(m, ms[(i + 1) % k]) for ms in nodes for i, m in enumerate(ms)] for nodes in per_node],
+        fabric,
+    )
+    own = Counter()
+    for _, (first, last) in routes[0]:
+        own[first] += up  # this GPU's link up to the switch
+        own[last] += down  # the next GPU's link down from it (each GPU's once)
+    mults = Counter()
+    for copy in routes:
+        for _, (first, last) in copy:
+            mults.update({first: up} if first in own else {})
+            mults.update({last: down} if last in own else {})
+    links = tuple(sorted(own))
+    hop = max(fabric.route_latency_s(route) for _, route in routes[0])
+    latency = fabric.base_latency_s + _NVLS_STEPS[kind] * hop
+    bytes_per_flow = message_bytes / (k * fabric.nvls_efficiency)
+    return Transfer(links, tuple(mults[i] for i in links), bytes_per_flow, latency)
+
+
+def nvls(
+    kind: str, groups: Sequence[Sequence[int]], message_bytes: float, fabric: Fabric
+) -> Collective | None:
+    """NVLS (NVLink SHARP) for a group inside one node, or NVLS_TREE for an all-reduce
+    over nodes holding equal shares of it (NVLS reduce-scatter in the nodes, double
+    binary trees of each local rank's shard across, NVLS all-gather). None where it
+    does not apply (no NVLS, one GPU per node, unequal shares, a reduce-scatter or
+    all-gather across nodes)."""
+    nodes = _by_node(groups[0], fabric)
+    if len({len(m) for m in nodes}) != 1:
+        return None
+    if len(nodes) == 1:
+        phase = _nvls_phase(kind, groups, message_bytes, fabric)
+        return None if phase is None else (phase,)
+    if kind != ALL_REDUCE:
+        return None
+    scatter = _nvls_phase(REDUCE_SCATTER, groups, message_bytes, fabric)
+    if scatter is None:
+        return None
+    return (
+        scatter,
+        _inter_phase(TREE, groups, message_bytes, fabric),
+        _nvls_phase(ALL_GATHER, groups, message_bytes, fabric),
+    )
 
 
 def point_to_point(pairs: Sequence[Edge], message_bytes: float, fabric: Fabric) -> Transfer:

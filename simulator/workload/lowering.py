@@ -86,7 +86,11 @@ def lower(scenario: Scenario, cluster) -> Workload:
     (symmetric mode) or per GPU (exact mode, ``network.symmetry = false``). Raises
     collectives.LayoutError when the layout's congruent groups are not alike."""
     placement = placement_of(scenario)
-    fabric = Fabric.of(cluster, us_to_s(scenario.cluster.collective_base_latency_us))
+    fabric = Fabric.of(
+        cluster,
+        us_to_s(scenario.cluster.collective_base_latency_us),
+        scenario.cluster.nvls_fraction,
+    )
     compute = ComputeModel(scenario)
     builder = WorkloadBuilder()
     orders = stage_orders(scenario)

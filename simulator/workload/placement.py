@@ -287,10 +287,8 @@ class StageComm:
     def _collective(
         self, kind: str, groups: Sequence[Sequence[int]], message_bytes: float
     ) -> Collective | None:
-        """An all-reduce by the scenario's algorithm; a ring for the other kinds."""
-        if kind == ALL_REDUCE:
-            return collectives.all_reduce(self.algorithm, groups, message_bytes, self.fabric)
-        return collectives.ring(kind, groups, message_bytes, self.fabric)
+        """A collective by the scenario's algorithm (collectives.collective)."""
+        return collectives.collective(self.algorithm, kind, groups, message_bytes, self.fabric)
 
 
 def _moved(result, nodes: int, translate):
