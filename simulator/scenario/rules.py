@@ -31,6 +31,7 @@ from .errors import ScenarioError
 from .model_rules import attention_kernel_of as attention_kernel_of  # spec and training call
 from .model_rules import check_model as check_model  # these through rules
 from .model_rules import check_query_groups_split, check_tied_embeddings
+from .precision import check_fp8
 from .softmax import SOURCE as SOFTMAX_SOURCE
 from .softmax import scenario_softmax_path
 from .stages import stage_layers
@@ -262,6 +263,7 @@ def check_scenario(scenario: Scenario) -> None:
     check_softmax(scenario)
     check_tp_comm_overlap(scenario.parallel, scenario.training)
     check_param_gather(scenario.parallel, scenario.training)
+    check_fp8(scenario)
     check_calibration(scenario)
 
 
