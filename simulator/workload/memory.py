@@ -19,6 +19,11 @@ a chunk's worth of layers (all the rank's layers when it runs one chunk) for
 each forward whose backward (or, when split, weight gradient) has not yet run; with
 chunks of unequal size (an uneven split), each forward counts its own chunk's layers.
 
+FP8 (`training.fp8_format`, docs/design.md "FP8 training"): the linear layers' saved
+inputs take 1 byte, their weights gain TE's FP8 copies (`fp8_weight_bytes`), and with
+``fp8_param_gather`` the FP8 weights replace the 16-bit ones and are gathered in FP8
+(`gathered_param_bytes`).
+
 "Stage" below is a pipeline rank: with v chunks per rank it holds v of the
 p x v virtual stages (schedules.stage_of).
 """
