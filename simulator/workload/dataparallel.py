@@ -309,8 +309,8 @@ class DistributedOptimizer(OverlappedBuckets):
         self.optimize(self.params / self.data)
         if self.gather_ahead:
             return  # gathered during the (next) iteration's first forward
-        layers, scenario = self.compute.scenario.rank_layers(self.gpu.stage), self.compute.scenario
-        message_bytes = gathered_param_bytes(scenario, self.params, layers)
+        layers = self.compute.scenario.rank_layers(self.gpu.stage)
+        message_bytes = gathered_param_bytes(self.compute.scenario, self.params, layers)
         label = f"params {COLLECTIVE_LABELS[ALL_GATHER]}"
         calls = 1 if self.gather_bucket == 0 else max(1, int(self.params // self.gather_bucket))
         self.in_calls(label, ALL_GATHER, message_bytes, calls)
