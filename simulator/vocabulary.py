@@ -107,6 +107,13 @@ COLLECTIVE_ALGORITHMS: tuple[str, ...] = (*ALL_REDUCE_ALGORITHMS, NVLS)
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 PARAMS_DTYPES: tuple[str, ...] = ("fp16", "bf16")
 COMMUNICATION_DTYPES: tuple[str, ...] = ("fp16", "bf16", "fp32")
+# FP8 training through Transformer Engine: Megatron-Core's --fp8-format and --fp8-recipe
+# (megatron/core/transformer/transformer_config.py: fp8, fp8_recipe)
+FP8_HYBRID, FP8_E4M3 = "hybrid", "e4m3"
+FP8_FORMATS: tuple[str, ...] = (FP8_HYBRID, FP8_E4M3)
+FP8_DELAYED, FP8_TENSORWISE = "delayed", "tensorwise"
+FP8_BLOCKWISE, FP8_MXFP8 = "blockwise", "mxfp8"
+FP8_RECIPES: tuple[str, ...] = (FP8_DELAYED, FP8_TENSORWISE, FP8_BLOCKWISE, FP8_MXFP8)
 ZERO_REDUCE_SCATTER, ZERO_ALL_REDUCE = "reduce-scatter", "all-reduce"
 ZERO_GRAD_COLLECTIVES: tuple[str, ...] = (ZERO_REDUCE_SCATTER, ZERO_ALL_REDUCE)
 TIED_AFTER_DP, TIED_BEFORE_DP = "after-dp", "before-dp"

@@ -19,10 +19,13 @@ def test_every_gpu_preset_is_complete_and_in_range(name):
         "name",
         "peak_tflops",
         "peak_tflops_fp8",
+        "peak_tflops_fp4",
+        "compute_capability",
         "memory_gib",
         "hbm_gbytes_per_s",
         "tensor_flops_per_exp",
         "kernels",
+        "fp8_kernels",
     }, "a new GpuSpec field needs a check here"
     assert gpu.peak_tflops > 0 and gpu.memory_gib > 0 and gpu.hbm_gbytes_per_s > 0
     # 16 exponentials per SM per clock against the tensor FLOPs per SM per clock:
@@ -37,6 +40,17 @@ def test_every_gpu_preset_is_complete_and_in_range(name):
     assert gpu.peak_tflops_fp8 is None or gpu.peak_tflops_fp8 == pytest.approx(
         2 * gpu.peak_tflops, rel=1e-4
     )
+    # FP8 from compute capability 8.9 (Ada, Hopper); FP4 and its doubled rate on Blackwell
+    # (10.x); FP8 GEMM constants exactly where there is an FP8 peak
+    major, minor = gpu.compute_capability
+    assert (gpu.peak_tflops_fp8 is not None) == ((major, minor) >= (8, 9))
+    assert (gpu.peak_tflops_fp4 is not None) == (major == 10)
+    assert gpu.peak_tflops_fp4 is None or 1.5 <= gpu.peak_tflops_fp4 / gpu.peak_tflops_fp8 <= 3
+    assert (gpu.fp8_kernels is None) == (gpu.peak_tflops_fp8 is None)
+    if gpu.fp8_kernels is not None:
+        f = gpu.fp8_kernels
+        assert 0 < f.gemm_efficiency <= f.fast_accum_gemm_efficiency <= 1 and f.gemm_k_half >= 0
+        assert f.source.strip()
     assert isinstance(gpu.kernels, KernelConstants)
     assert gpu.num_sms == gpu.kernels.num_sms > 0
     assert gpu.kernel_provenance.strip()

@@ -33,6 +33,15 @@ def _first_comment(text: str, width: int = 90) -> str:
     return sentence if len(sentence) <= width else sentence[: width - 3].rstrip() + "..."
 
 
+def _gpu_text(gpu) -> str:
+    """Dense peak per precision (TFLOP/s), memory, and where the constants came from."""
+    peaks = [f"{gpu.peak_tflops:g} TFLOP/s BF16/FP16"]
+    for precision, peak in (("FP8", gpu.peak_tflops_fp8), ("FP4", gpu.peak_tflops_fp4)):
+        if peak is not None:
+            peaks.append(f"{peak:g} {precision}")
+    return f"{', '.join(peaks)}, {gpu.memory_gib:g} GiB; {gpu.kernels.source}"
+
+
 def command(args: argparse.Namespace) -> int:
     from ..scenario import shipped_scenarios
     from ..scenario.presets import GPUS, MODELS, NODES
@@ -42,10 +51,7 @@ def command(args: argparse.Namespace) -> int:
         name: _first_comment(path.read_text(encoding="utf-8"))
         for name, path in shipped_scenarios().items()
     }
-    gpus = {
-        name: f"{gpu.peak_tflops:g} TFLOP/s, {gpu.memory_gib:g} GiB; {gpu.kernels.source}"
-        for name, gpu in GPUS.items()
-    }
+    gpus = {name: _gpu_text(gpu) for name, gpu in GPUS.items()}
     nodes = {
         name: f"{node['gpus_per_node']} x {node['gpu']}, {node['nics_per_node']} x "
         f"{node['nic_gbps']:g} Gb/s"

@@ -10,6 +10,7 @@ from stepsim.topologies import PLANAR
 
 from ..results import Result, StageMetrics
 from ..scenario import Scenario
+from ..scenario.precision import fast_accumulation, fp8_enabled, fp8_param_gather, recipe_of
 from ..scenario.softmax import SOURCE as SOFTMAX_SOURCE
 from ..scenario.softmax import scenario_softmax_path
 from ..scenario.stages import is_uneven
@@ -37,6 +38,21 @@ def _p2p_text(training) -> str:
     if not training.mechanism("scatter_gather_tensors_in_pipeline"):
         text += ", whole tensors"
     return text
+
+
+def fp8_text(scenario: Scenario) -> str:
+    """The FP8 GEMMs' rate and where their constants came from (uncalibrated unless
+    measured on the GPU's own kernels)."""
+    gpu, training = scenario.cluster.gpu, scenario.training
+    fp8 = gpu.fp8_kernels
+    rates = f"{fp8.gemm_efficiency:g}"
+    if fast_accumulation(recipe_of(training)):
+        rates += f" (fprop, fast accumulation: {fp8.fast_accum_gemm_efficiency:g})"
+    gather = "; parameters kept and gathered in FP8" if fp8_param_gather(training) else ""
+    return (
+        f"linear layers at {rates} of {gpu.peak_tflops_fp8:,g} TFLOP/s x the shape's "
+        f"efficiency{gather}; {fp8.source}"
+    )
 
 
 def summary_text(result: Result) -> str:
@@ -70,6 +86,7 @@ def summary_text(result: Result) -> str:
             if tr.mechanism("attention_kernel") == ATTENTION_FLASH
             else ""
         )
+        + (f" · FP8 {tr.fp8_format} ({recipe_of(tr)})" if fp8_enabled(tr) else "")
         + (" · TP comm overlapped with GEMMs" if tr.tp_comm_overlap else "")
         + (" · overlapped grad reduce" if tr.overlap_grad_reduce else "")
         + (" · overlapped param gather" if tr.overlap_param_gather else "")
@@ -89,12 +106,15 @@ def summary_text(result: Result) -> str:
         f"  throughput                {m.tokens_per_s:,.0f} tokens/s",
         f"  hardware TFLOP/s per GPU  {m.hardware_tflops_per_gpu:.1f}  (recomputation included)",
         f"  model TFLOP/s per GPU     {m.model_tflops_per_gpu:.1f}",
-        f"  MFU                       {100 * m.mfu:.1f} %",
+        f"  MFU                       {100 * m.mfu:.1f} %"
+        + (f"  (of the BF16 peak, {cl.gpu.peak_tflops:,g} TFLOP/s)" if fp8_enabled(tr) else ""),
         f"  pipeline bubble           {100 * m.bubble_fraction:.1f} % of the iteration",
         f"  memory per GPU            {m.memory_per_gpu_gib:.1f} GiB of "
         f"{m.gpu_memory_gib:g} GiB (peak on stage {m.memory_peak_stage})",
         f"  kernel constants          {m.calibration}",
     ]
+    if fp8_enabled(tr):
+        lines.append(f"  FP8 GEMMs                 {fp8_text(s)}")
     softmax = scenario_softmax_path(s)
     if not softmax.fused:
         lines.append(f"  attention softmax unfused: {softmax.reason} ({SOFTMAX_SOURCE})")

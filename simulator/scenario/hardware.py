@@ -9,7 +9,7 @@ NCCL measurements as explained next to them.
 
 from __future__ import annotations
 
-from .spec import GpuSpec, KernelConstants
+from .spec import Fp8KernelConstants, GpuSpec, KernelConstants
 
 # Kernel constants: the only numbers of the compute model that are not shapes or
 # datasheet values (simulator.workload.compute explains each).
@@ -57,6 +57,24 @@ def _scaled(family: str) -> str:
     return f"uncalibrated: scaled from {CALIBRATED_GPUS[family]}"
 
 
+# FP8 GEMM constants, fractions of the dense FP8 peak, from kernel measurements only
+# (docs/calibration.md, "FP8 GEMMs"): FP8 GEMMs timed with benchmarks/measure_kernels.py
+# --precision fp8 on a real H100 SXM5 (benchmarks/measured/h100-sxm5-80gb-fp8*.toml,
+# 2026-11-23). Split accumulation (TE's dgrad and wgrad): back-to-back 8192^3 FP8 GEMMs
+# sustained 1,230 TFLOP/s under the 700 W power cap, 0.62 of 1,978.9 (the median of the
+# 22 GEMMs of at least 1 TFLOP, default timing, 1,231); fast accumulation (TE's fprop):
+# the same median 1,330 TFLOP/s, 0.67 (default timing matched the sustained rate within
+# 0.5 % for BF16 and for FP8). gemm_k_half: the FP8 fit's 256 (fp8.toml), the per-tile
+# cost at twice the BF16 rate. The other FP8 GPUs carry the H100's and say so.
+_FP8_FITS = {
+    "h100": {"gemm_efficiency": 0.62, "fast_accum_gemm_efficiency": 0.67, "gemm_k_half": 256.0}
+}
+_FP8_SOURCES = {
+    "h100": "FP8 GEMM kernel measurements on a real H100 (benchmarks/measured/"
+    "h100-sxm5-80gb-fp8*.toml; docs/calibration.md)",
+}
+
+
 # Dense FP16/BF16 tensor-core FLOPs per SM per clock (peak / (SMs x boost clock):
 # V100 8 tensor cores x 64 FMA x 2; A100 and H100 4 x 256 and 4 x 512 FMA x 2, NVIDIA's
 # A100 and H100 architecture white papers) over the 16 exponentials (ex2, the MUFU
@@ -74,6 +92,8 @@ def _gpu(
     *,
     peak_tflops: float,
     peak_tflops_fp8: float | None,
+    peak_tflops_fp4: float | None,
+    compute_capability: tuple[int, int],
     memory_gib: float,
     hbm_gbytes_per_s: float,
     num_sms: int,
@@ -94,10 +114,17 @@ def _gpu(
         source=_SOURCES[family] if fitted else _scaled(family),
         **_FITS[family],
     )
+    fp8_kernels = None
+    if peak_tflops_fp8 is not None:
+        fp8_kernels = Fp8KernelConstants(
+            source=_FP8_SOURCES[family] if fitted else _scaled(family), **_FP8_FITS[family]
+        )
     return GpuSpec(
         name=name,
         peak_tflops=peak_tflops,
         peak_tflops_fp8=peak_tflops_fp8,
+        peak_tflops_fp4=peak_tflops_fp4,
+        compute_capability=compute_capability,
         memory_gib=memory_gib,
         hbm_gbytes_per_s=hbm_gbytes_per_s,
         tensor_flops_per_exp=(
@@ -106,6 +133,7 @@ def _gpu(
             else tensor_flops_per_exp
         ),
         kernels=kernels,
+        fp8_kernels=fp8_kernels,
     )
 
 
@@ -145,7 +173,11 @@ def _gpu(
 #   8 TB/s; 160 SMs.
 # Memory of the Blackwell parts is the datasheet's GB (the H100/H200 rows' GiB differ
 # from theirs by under 1 %, but these have not been checked against what CUDA reports).
-# FP4 has no field: nothing in stepsim computes in FP4 yet (docs/reference.md keeps it).
+# Dense FP4 (Blackwell only; nothing in stepsim computes in FP4, the record carries it):
+# B200 9,000, GB200 10,000, GB300 15,000 as above; HGX B300 13,125 (glennklockwood.com
+# B300's HGX table, "13 PF"; sources differ between 13 and 14 PFLOP/s, docs/reference.md).
+# Compute capability (CUDA's list of GPUs, developer.nvidia.com/cuda-gpus): V100 7.0,
+# A100 8.0, H100 / H200 / H800 9.0, B200 / GB200 10.0, B300 / GB300 10.3 (sm_103).
 #
 # Flash attention's exponentials on Blackwell: NVIDIA's "Inside NVIDIA Blackwell Ultra"
 # table (copied in Verda's GB300 post) gives the special-function units' EX2 rate,
@@ -161,6 +193,8 @@ GPUS: dict[str, GpuSpec] = {
             "v100-sxm2-32gb",
             peak_tflops=125.0,
             peak_tflops_fp8=None,
+            peak_tflops_fp4=None,
+            compute_capability=(7, 0),
             memory_gib=32.0,
             hbm_gbytes_per_s=900.0,
             num_sms=80,
@@ -171,6 +205,8 @@ GPUS: dict[str, GpuSpec] = {
             "v100-sxm3-32gb",
             peak_tflops=125.0,
             peak_tflops_fp8=None,
+            peak_tflops_fp4=None,
+            compute_capability=(7, 0),
             memory_gib=32.0,
             hbm_gbytes_per_s=900.0,
             num_sms=80,
@@ -181,6 +217,8 @@ GPUS: dict[str, GpuSpec] = {
             "a100-sxm4-40gb",
             peak_tflops=312.0,
             peak_tflops_fp8=None,
+            peak_tflops_fp4=None,
+            compute_capability=(8, 0),
             memory_gib=40.0,
             hbm_gbytes_per_s=1555.0,
             num_sms=108,
@@ -191,6 +229,8 @@ GPUS: dict[str, GpuSpec] = {
             "a100-sxm4-80gb",
             peak_tflops=312.0,
             peak_tflops_fp8=None,
+            peak_tflops_fp4=None,
+            compute_capability=(8, 0),
             memory_gib=80.0,
             hbm_gbytes_per_s=2039.0,
             num_sms=108,
@@ -201,6 +241,8 @@ GPUS: dict[str, GpuSpec] = {
             "h100-sxm5-80gb",
             peak_tflops=989.4,
             peak_tflops_fp8=1978.9,
+            peak_tflops_fp4=None,
+            compute_capability=(9, 0),
             memory_gib=80.0,
             hbm_gbytes_per_s=3350.0,
             num_sms=132,
@@ -211,6 +253,8 @@ GPUS: dict[str, GpuSpec] = {
             "h200-sxm-141gb",
             peak_tflops=989.4,
             peak_tflops_fp8=1978.9,
+            peak_tflops_fp4=None,
+            compute_capability=(9, 0),
             memory_gib=140.0,
             hbm_gbytes_per_s=4800.0,
             num_sms=132,
@@ -221,6 +265,8 @@ GPUS: dict[str, GpuSpec] = {
             "h800-sxm5-80gb",
             peak_tflops=989.4,
             peak_tflops_fp8=1978.9,
+            peak_tflops_fp4=None,
+            compute_capability=(9, 0),
             memory_gib=80.0,
             hbm_gbytes_per_s=3350.0,
             num_sms=132,
@@ -231,6 +277,8 @@ GPUS: dict[str, GpuSpec] = {
             "b200-sxm-180gb",
             peak_tflops=2250.0,
             peak_tflops_fp8=4500.0,
+            peak_tflops_fp4=9000.0,
+            compute_capability=(10, 0),
             memory_gib=180.0,
             hbm_gbytes_per_s=8000.0,
             num_sms=148,
@@ -242,6 +290,8 @@ GPUS: dict[str, GpuSpec] = {
             "gb200",
             peak_tflops=2500.0,
             peak_tflops_fp8=5000.0,
+            peak_tflops_fp4=10000.0,
+            compute_capability=(10, 0),
             memory_gib=186.0,
             hbm_gbytes_per_s=8000.0,
             num_sms=148,
@@ -253,6 +303,8 @@ GPUS: dict[str, GpuSpec] = {
             "b300-sxm-288gb",
             peak_tflops=2250.0,
             peak_tflops_fp8=4500.0,
+            peak_tflops_fp4=13125.0,
+            compute_capability=(10, 3),
             memory_gib=288.0,
             hbm_gbytes_per_s=8000.0,
             num_sms=160,
@@ -264,6 +316,8 @@ GPUS: dict[str, GpuSpec] = {
             "gb300",
             peak_tflops=2500.0,
             peak_tflops_fp8=5000.0,
+            peak_tflops_fp4=15000.0,
+            compute_capability=(10, 3),
             memory_gib=279.0,
             hbm_gbytes_per_s=8000.0,
             num_sms=160,

@@ -34,6 +34,7 @@ from .model_rules import attention_kernel_of as attention_kernel_of  # spec and 
 from .model_rules import check_context_parallel, check_query_groups_split, check_tied_embeddings
 from .model_rules import check_distributed_optimizer as check_distributed_optimizer
 from .model_rules import check_model as check_model  # these through rules
+from .precision import check_fp8
 from .softmax import SOURCE as SOFTMAX_SOURCE
 from .softmax import scenario_softmax_path
 from .stages import stage_layers
@@ -290,6 +291,7 @@ def check_scenario(scenario: Scenario) -> None:
     check_softmax(scenario)
     check_tp_comm_overlap(scenario.parallel, scenario.training)
     check_param_gather(scenario.parallel, scenario.training)
+    check_fp8(scenario)
     check_calibration(scenario)
     check_nvls(scenario)
 

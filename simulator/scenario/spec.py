@@ -33,7 +33,7 @@ from ..vocabulary import (
     RMS_NORM,
     ROPE,
 )
-from . import rules
+from . import precision, rules
 from .errors import ScenarioError
 from .fields import key, presets_of
 from .stages import virtual_stage_layers
@@ -65,6 +65,24 @@ class KernelConstants:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Fp8KernelConstants:
+    """The FP8 GEMMs' own constants (simulator.workload.precision): fractions of the
+    dense FP8 peak a large, well-shaped FP8 GEMM reaches with Hopper's split
+    (two-level) accumulation, which Transformer Engine uses for dgrad and wgrad, and
+    with fast accumulation, its default for the forward (fprop) GEMMs; and the inner
+    dimension at which an FP8 GEMM reaches half of that. Tile, SM count and the wave
+    model are the GPU's KernelConstants'."""
+
+    gemm_efficiency: float
+    fast_accum_gemm_efficiency: float
+    gemm_k_half: float
+    source: str  # kernel measurements, or uncalibrated and from where
+
+    def __post_init__(self) -> None:
+        precision.check_fp8_kernel_constants(self)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class GpuSpec:
     """One GPU: everything stepsim needs of it in one record, so that a GPU preset
     cannot lack a number (tests/test_presets.py checks every one is complete).
@@ -76,12 +94,17 @@ class GpuSpec:
     name: str
     peak_tflops: float  # dense FP16/BF16 tensor-core peak (FP16 on GPUs without BF16)
     peak_tflops_fp8: float | None  # dense FP8 tensor-core peak; None: no FP8 tensor cores
+    peak_tflops_fp4: float | None  # dense FP4 tensor-core peak; None: no FP4 tensor cores
+    # CUDA compute capability (major, minor): which FP8 recipes Transformer Engine runs
+    # and which GEMM layouts FP8 takes (simulator.scenario.precision)
+    compute_capability: tuple[int, int]
     memory_gib: float
     hbm_gbytes_per_s: float
     # tensor-core FLOPs an SM does in the time its special-function units do one
     # exponential: what flash attention's softmax costs in matmul time (workload.attention)
     tensor_flops_per_exp: float
     kernels: KernelConstants  # the compute model's constants for this GPU (gpu == name)
+    fp8_kernels: Fp8KernelConstants | None  # FP8 GEMMs' constants; None without FP8
 
     @property
     def num_sms(self) -> int:

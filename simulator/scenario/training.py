@@ -15,6 +15,8 @@ from ..vocabulary import (
     COMMUNICATION_DTYPES,
     DATA_PARALLEL_SHARDING,
     DTYPE_BYTES,
+    FP8_FORMATS,
+    FP8_RECIPES,
     NO_SHARDING,
     PARAMS_DTYPES,
     RECOMPUTE_GRANULARITIES,
@@ -188,6 +190,34 @@ class TrainingConfig:
         "kernel, FlashAttention-2 / cuDNN through Transformer Engine, as Megatron-Core runs "
         "it: no s x s tensors, the backward recomputes the scores; see docs/calibration.md)",
         choices=ATTENTION_KERNELS,
+    )
+    # -- FP8 through Transformer Engine (scenario/precision.py, workload/precision.py) -----
+    fp8_format: str | None = key(
+        "Megatron-Core's `--fp8-format`: the transformer layers' linear GEMMs (QKV, "
+        "projection, fc1, fc2; forward, dgrad, wgrad) run in FP8 at the GPU's FP8 peak, "
+        "with their inputs cast to FP8; `hybrid` (E4M3 forward, E5M2 gradients) or `e4m3` "
+        "(the same time here); attention, embedding and output layer stay 16-bit; needs "
+        "a GPU with FP8 tensor cores",
+        default=None,
+        choices=FP8_FORMATS,
+        derived="off",
+    )
+    fp8_recipe: str | None = key(
+        "Megatron-Core's `--fp8-recipe`, with `fp8_format` only: `delayed` (scales from an "
+        "amax history), `tensorwise` (current scaling: an amax pass before each cast), "
+        "`blockwise` (1 x 128 / 128 x 128 blocks; compute capability 9.0+) or `mxfp8` "
+        "(1 x 32 blocks; Blackwell only)",
+        default=None,
+        choices=FP8_RECIPES,
+        derived="`delayed` (Megatron-Core's default)",
+    )
+    fp8_param_gather: bool | None = key(
+        "Megatron-LM's `--fp8-param-gather`, with `fp8_format` and "
+        '`data_parallel_sharding = "optimizer"`: the linear weights are kept in FP8 (1 byte '
+        "instead of the 16-bit copy and its FP8 cache) and the distributed optimizer's "
+        "parameter all-gather moves them in FP8",
+        default=None,
+        derived="`false`",
     )
     masked_softmax_fusion: bool = key(
         "`unfused` attention only: Megatron's fused scale-mask-softmax kernel where its "

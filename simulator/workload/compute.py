@@ -197,19 +197,25 @@ def gemm_seconds(
     k: float,
     batch: int = 1,
     extra_bytes: float = 0.0,
+    *,
+    peak_tflops: float | None = None,
+    input_bytes: float | None = None,
 ) -> float:
     """An m x k by k x n GEMM (``batch`` of them): the slower of its FLOPs at the
     shape's efficiency and its operands' bytes (plus ``extra_bytes``, an epilogue's)
-    at the HBM streaming rate."""
+    at the HBM streaming rate. ``peak_tflops`` and ``input_bytes`` (per element of the
+    two inputs; the output stays 16-bit) are an FP8 GEMM's (workload.precision); the
+    defaults are the GPU's 16-bit peak and 2 bytes."""
     flops = 2.0 * batch * m * n * k
-    compute_s = flops / (
-        tflops_to_flops_per_s(gpu.peak_tflops) * gemm_efficiency(c, m, n, k, batch)
-    )
+    peak = gpu.peak_tflops if peak_tflops is None else peak_tflops
+    compute_s = flops / (tflops_to_flops_per_s(peak) * gemm_efficiency(c, m, n, k, batch))
     stream_bytes_per_s = gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s) * c.memory_efficiency
-    memory_s = (BYTES_PER_ELEMENT * batch * (m * k + k * n + m * n) + extra_bytes) / (
-        stream_bytes_per_s
-    )
-    return max(compute_s, memory_s)
+    if input_bytes is None:
+        memory_bytes = BYTES_PER_ELEMENT * batch * (m * k + k * n + m * n) + extra_bytes
+    else:
+        memory_bytes = batch * (input_bytes * (m * k + k * n) + BYTES_PER_ELEMENT * m * n)
+        memory_bytes += extra_bytes
+    return max(compute_s, memory_bytes / stream_bytes_per_s)
 
 
 class ComputeModel:
@@ -233,6 +239,10 @@ class ComputeModel:
             * scenario.model.seq_length
             // scenario.parallel.cp_size
         )
+        from .precision import Fp8Linear  # precision builds on this module
+
+        # the linear layers' FP8 GEMMs and casts (None: 16-bit, `training.fp8_format` unset)
+        self.fp8 = Fp8Linear.of(self)
 
     # -- kernels ------------------------------------------------------------------------
 
@@ -253,7 +263,10 @@ class ComputeModel:
         return self.gemm(k_in, n_out, tokens), self.memory_bound((2 + 2 * g) * weights)
 
     def gemm_sharing(self, m: float, n: float, k: float, reserved_sms: int) -> Work:
-        """A GEMM on the SMs left when ``reserved_sms`` run a communication kernel."""
+        """A GEMM on the SMs left when ``reserved_sms`` run a communication kernel (a
+        forward linear GEMM: FP8 under `training.fp8_format`)."""
+        if self.fp8 is not None:
+            return self.fp8.gemm_sharing(m, n, k, reserved_sms)
         c = self.constants
         fewer = dataclasses.replace(c, num_sms=max(1, c.num_sms - reserved_sms))
         return Work(duration_s=gemm_seconds(self.gpu, fewer, m, n, k), flops=2.0 * m * n * k)
@@ -281,15 +294,18 @@ class ComputeModel:
 
         core_forward, core_backward = core_kernels(self)
 
-        def linear(block: str, name: str, k_in: int, n_out: int) -> list[Kernel]:
-            """Y[tokens, n_out] = X[tokens, k_in] W: forward, input and weight gradients
-            (the last with its accumulation into the gradient buffer)."""
+        def linear(block: str, name: str, k_in: int, n_out: int) -> tuple[list[Kernel], ...]:
+            """Y[tokens, n_out] = X[tokens, k_in] W: the kernels of its forward, input
+            gradient and weight gradient (the last with its accumulation into the gradient
+            buffer); in FP8 (``self.fp8``) the GEMMs at the FP8 rate, after their casts."""
+            if self.fp8 is not None:
+                return self.fp8.linear(block, name, k_in, n_out, tokens)
             weight, accumulate = self.weight_gradient(k_in, n_out, tokens)
-            return [
-                Kernel(block, "forward", name, g(tokens, n_out, k_in)),
-                Kernel(block, "input", name + " dX", g(tokens, k_in, n_out)),
-                Kernel(block, "weight", name + " dW", weight + accumulate),
-            ]
+            return (
+                [Kernel(block, "forward", name, g(tokens, n_out, k_in))],
+                [Kernel(block, "input", name + " dX", g(tokens, k_in, n_out))],
+                [Kernel(block, "weight", name + " dW", weight + accumulate)],
+            )
 
         qkv = linear("attention", "QKV", h, m.qkv_width // t)
         proj = linear("attention", "projection", m.attention_width // t, h)
@@ -306,34 +322,34 @@ class ComputeModel:
             act, act_bytes, act_backward_bytes = "swiglu", 3 * e * ffn, 5 * e * ffn
         forward = [
             Kernel("attention", "forward", norm, mem(2 * e * hidden)),
-            qkv[0],
+            *qkv[0],
             *self.rope_kernels("forward"),
             *core_forward,
-            proj[0],
+            *proj[0],
             Kernel("attention", "forward", dropout_add, mem((3 * e + mask) * hidden)),
             Kernel("mlp", "forward", norm, mem(2 * e * hidden)),
-            fc1[0],
+            *fc1[0],
             Kernel("mlp", "forward", act, mem(act_bytes)),
-            fc2[0],
+            *fc2[0],
             Kernel("mlp", "forward", dropout_add, mem((3 * e + mask) * hidden)),
         ]
         # Backward element-wise kernels read what they saved and the incoming gradient
         # and write a gradient; a layernorm's backward also adds the residual branch.
         backward = [
             Kernel("mlp", "input", dropout_add, mem((2 * e + mask) * hidden)),
-            fc2[1],
-            fc2[2],
+            *fc2[1],
+            *fc2[2],
             Kernel("mlp", "input", act, mem(act_backward_bytes)),
-            fc1[1],
-            fc1[2],
+            *fc1[1],
+            *fc1[2],
             Kernel("mlp", "input", norm, mem(4 * e * hidden)),
             Kernel("attention", "input", dropout_add, mem((2 * e + mask) * hidden)),
-            proj[1],
-            proj[2],
+            *proj[1],
+            *proj[2],
             *core_backward,
             *self.rope_kernels("input"),
-            qkv[1],
-            qkv[2],
+            *qkv[1],
+            *qkv[2],
             Kernel("attention", "input", norm, mem(4 * e * hidden)),
         ]
         return forward + backward

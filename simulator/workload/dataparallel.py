@@ -28,8 +28,9 @@ The modes (`strategy_for` picks one):
 
 Gradient collectives move ``training.communication_bytes`` per parameter (the
 accumulation dtype unless ``communication_data_type`` says otherwise), parameter
-all-gathers 2 (memory.WEIGHT_BYTES_PER_PARAM). After the flush a stage's gradients go in
-calls of at most ``reduce_bucket_size`` elements, ZeRO-1's parameters in
+all-gathers 2 (1 per linear weight with ``fp8_param_gather``: memory.gathered_param_bytes).
+After the flush a stage's gradients go in calls of at most ``reduce_bucket_size``
+elements, ZeRO-1's parameters in
 max(1, N // ``allgather_bucket_size``) calls (DeepSpeed's buckets; 0: one call). ZeRO-1
 reduce-scatters (Megatron-LM's distributed optimizer) or, with ``zero_grad_collective =
 "all-reduce"``, all-reduces the gradients and keeps its 1/D (DeepSpeed's stage 1).
@@ -67,6 +68,7 @@ from .gpuops import GpuOps
 from .keys import BucketKey, LayerKey, ShardKey, TiedKey, TiedReadyKey
 from .memory import (
     WEIGHT_BYTES_PER_PARAM,
+    gathered_param_bytes,
     layer_params_per_rank,
     output_rank,
     stage_params_per_rank,
@@ -311,7 +313,8 @@ class DistributedOptimizer(OverlappedBuckets):
         self.optimize(self.params / self.data)
         if self.gather_ahead:
             return  # gathered during the (next) iteration's first forward
-        message_bytes = self.params * WEIGHT_BYTES_PER_PARAM
+        layers = self.compute.scenario.rank_layers(self.gpu.stage)
+        message_bytes = gathered_param_bytes(self.compute.scenario, self.params, layers)
         label = f"params {COLLECTIVE_LABELS[ALL_GATHER]}"
         calls = 1 if self.gather_bucket == 0 else max(1, int(self.params // self.gather_bucket))
         self.in_calls(label, ALL_GATHER, message_bytes, calls)
@@ -502,7 +505,7 @@ class _GatherAhead(Pass):
                 zero.side,
                 f"params {COLLECTIVE_LABELS[ALL_GATHER]} layer {index}",
                 ALL_GATHER,
-                params * WEIGHT_BYTES_PER_PARAM,
+                gathered_param_bytes(zero.compute.scenario, params, 1),
                 microbatch=mb,
                 key=key,
             )

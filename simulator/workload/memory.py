@@ -19,6 +19,11 @@ a chunk's worth of layers (all the rank's layers when it runs one chunk) for
 each forward whose backward (or, when split, weight gradient) has not yet run; with
 chunks of unequal size (an uneven split), each forward counts its own chunk's layers.
 
+FP8 (`training.fp8_format`, docs/design.md "FP8 training"): the linear layers' saved
+inputs take 1 byte, their weights gain TE's FP8 copies (`fp8_weight_bytes`), and with
+``fp8_param_gather`` the FP8 weights replace the 16-bit ones and are gathered in FP8
+(`gathered_param_bytes`).
+
 "Stage" below is a pipeline rank: with v chunks per rank it holds v of the
 p x v virtual stages (schedules.stage_of).
 """
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 from stepsim.schedules import holder_of
 
 from ..scenario import ModelSpec, Scenario
+from ..scenario.precision import fp8_enabled, fp8_param_gather, recipe_of, second_copy
 from ..scenario.softmax import scenario_softmax_path
 from ..units import bytes_to_gib
 from ..vocabulary import (
@@ -88,6 +94,40 @@ def model_params(model: ModelSpec, tied: bool = True) -> int:
     if not tied:
         params += model.vocab_size * model.hidden_size
     return params + norm_params(model)
+
+
+def fp8_linear_params_per_rank(scenario: Scenario) -> float:
+    """One layer's linear weights on one tensor-parallel rank (QKV, projection, fc1, fc2;
+    no biases): what FP8 casts, caches and, with ``fp8_param_gather``, keeps and gathers
+    in FP8 (TE quantizes the GEMMs' weights; biases and norms stay 16-bit)."""
+    m = scenario.model
+    h = m.hidden_size
+    weights = h * m.qkv_width + m.attention_width * h + h * m.fc1_width + m.ffn_hidden_size * h
+    return weights / scenario.parallel.tensor_model_parallel_size
+
+
+def gathered_param_bytes(scenario: Scenario, params: float, layers: float) -> float:
+    """Bytes of a parameter all-gather of ``params`` parameters holding ``layers``
+    transformer layers: 2 per parameter, 1 per FP8 linear weight with
+    ``fp8_param_gather`` (Megatron-LM's --fp8-param-gather gathers the FP8 parameters)."""
+    gathered = params * WEIGHT_BYTES_PER_PARAM
+    if fp8_param_gather(scenario.training):
+        gathered -= layers * fp8_linear_params_per_rank(scenario) * (WEIGHT_BYTES_PER_PARAM - 1)
+    return gathered
+
+
+def fp8_weight_bytes(scenario: Scenario, layers: float) -> float:
+    """What FP8 adds to the weights of ``layers`` layers on one rank (0 without FP8): TE's
+    cached FP8 copy of each linear weight and its second copy (transpose or column-wise,
+    scenario.precision.second_copy), 1 byte each, kept from the first micro-batch on;
+    with ``fp8_param_gather`` the FP8 weight replaces the 16-bit one (1 byte less)."""
+    training = scenario.training
+    if not fp8_enabled(training):
+        return 0.0
+    copies = 1 + second_copy(scenario.cluster.gpu, recipe_of(training))
+    if fp8_param_gather(training):
+        copies -= WEIGHT_BYTES_PER_PARAM
+    return layers * fp8_linear_params_per_rank(scenario) * copies
 
 
 def layer_params_per_rank(scenario: Scenario) -> float:
@@ -156,6 +196,13 @@ def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None)
     ) / h
     if recompute == RECOMPUTE_FULL:
         return 2 * sbh / (t if sp else 1)  # only the layer's input is kept
+    replicated = 10
+    if fp8_enabled(scenario.training):
+        # TE saves each linear layer's input for wgrad as FP8 (1 byte, its one copy the
+        # backward reads): the projection's and fc2's inputs in the sharded part, QKV's
+        # and fc1's of the 10 (Q, K, V, the activation's input and the norms' stay 16-bit)
+        sharded -= (m.attention_width + m.ffn_hidden_size) / h
+        replicated = 8
     # softmax output, dropout mask and dropout output: 2 + 1 + 2 bytes per score element
     attention_core = 5 * a * s / (h * t)
     if scenario.training.mechanism("attention_kernel") == ATTENTION_FLASH:
@@ -167,8 +214,8 @@ def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None)
     if recompute == RECOMPUTE_SELECTIVE:
         attention_core = 0.0
     if sp:
-        return sbh * ((10 + sharded) / t + attention_core)
-    return sbh * (10 + sharded / t + attention_core)
+        return sbh * ((replicated + sharded) / t + attention_core)
+    return sbh * (replicated + sharded / t + attention_core)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -238,12 +285,17 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
         rest = params - layer * scenario.rank_layers(stage)
         weights = weights / d + (2 * layer + rest) * WEIGHT_BYTES_PER_PARAM
         gradients = gradients / d + (layer + rest) * gradient_bytes
-    elif sharding_of(scenario) == SHARD_GRADIENTS:
-        # ZeRO-2: 1/D of the gradients, plus one layer's full gradients before their
-        # reduce-scatter and the embedding/output weights' (reduced once, at the end)
-        layer = layer_params_per_rank(scenario)
-        rest = params - layer * scenario.rank_layers(stage)
-        gradients = (params - rest) * gradient_bytes / d + (layer + rest) * gradient_bytes
+        if fp8_enabled(scenario.training):
+            weights += fp8_weight_bytes(scenario, 2)  # the FP8 copies of the working set
+    else:
+        if sharding_of(scenario) == SHARD_GRADIENTS:
+            # ZeRO-2: 1/D of the gradients, plus one layer's full gradients before their
+            # reduce-scatter and the embedding/output weights' (reduced once, at the end)
+            layer = layer_params_per_rank(scenario)
+            rest = params - layer * scenario.rank_layers(stage)
+            gradients = (params - rest) * gradient_bytes / d + (layer + rest) * gradient_bytes
+        if fp8_enabled(scenario.training):
+            weights += fp8_weight_bytes(scenario, scenario.rank_layers(stage))
     chunks = scenario.chunk_layers[stage]
     if len(set(chunks)) == 1:  # every chunk alike: the peak in flight times a chunk's layers
         activations = activation_bytes_per_layer(scenario) * chunks[0] * inflight_activations
