@@ -430,7 +430,10 @@ def run_goodput_text(costs: Costs, rows: Sequence[Interval], times: TrainingTime
     else:
         every = "no checkpoints"
     mtbf = "no failures" if costs.job_mtbf_s == math.inf else f"job MTBF {_hours(costs.job_mtbf_s)}"
-    lines = ["", f"  goodput {100 * goodput:.1f} % ({mtbf}, {every}; stepsim plan goodput: why)"]
+    lines = [
+        "",
+        f"  goodput {100 * goodput:.1f} % ({mtbf}, {every}; the breakdown: stepsim plan goodput)",
+    ]
     if times is not None and goodput > 0:
         lines.append(
             f"  with failures, checkpoints and restarts: {times.days / goodput:.1f} days, "
