@@ -179,7 +179,8 @@ def test_time_to_train_divides_by_goodput_only_when_asked(capsys):
         ("--read-gbytes-per-s", "inf", "--read-gbytes-per-s=inf must be"),
         ("--restart-minutes", "-2", "--restart-minutes=-2 must be >= 0"),
         ("--checkpoint-interval", "0", "--checkpoint-interval=0 must be >= 1"),
-        ("--iteration-s", "nan", "--iteration-s=nan must be a positive number"),
+        ("--iteration-s", "nan", "--iteration-s=nan must lie in [1e-06, 1e+06]"),
+        ("--mtbf-gpu-hours", "1e300", "--mtbf-gpu-hours=1e+300 must be a positive number up to"),
     ],
 )
 def test_bad_goodput_flags_exit_2_with_one_line(capsys, flag, value, named):

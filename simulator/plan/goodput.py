@@ -54,6 +54,11 @@ DEFAULT_RESTART_MINUTES = 10.0
 CHECKPOINT_BYTES_PER_PARAM = 2 + 12
 # past this many job MTBFs of work between checkpoints, goodput is below 50 e^-50
 MAX_INTERVAL_MTBFS = 50.0
+# the flags' ranges: wide, but keeping the search's intervals well inside a float
+MAX_MTBF_GPU_HOURS = 1e9
+ITERATION_S_RANGE = (1e-6, 1e6)
+MAX_GBYTES_PER_S = 1e9
+MAX_RESTART_MINUTES = 1e6
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,15 +73,20 @@ class Reliability:
 
     def __post_init__(self) -> None:
         checks = (
-            ("--mtbf-gpu-hours", self.mtbf_gpu_hours, True),
-            ("--storage-gbytes-per-s", self.storage_write_gbytes_per_s, False),
-            ("--read-gbytes-per-s", self.storage_read_gbytes_per_s, False),
+            ("--mtbf-gpu-hours", self.mtbf_gpu_hours, MAX_MTBF_GPU_HOURS, " (or inf: none)"),
+            ("--storage-gbytes-per-s", self.storage_write_gbytes_per_s, MAX_GBYTES_PER_S, ""),
+            ("--read-gbytes-per-s", self.storage_read_gbytes_per_s, MAX_GBYTES_PER_S, ""),
         )
-        for flag, value, may_be_inf in checks:
-            if not (value > 0 and (may_be_inf or value < math.inf)):
-                raise ScenarioError(f"{flag}={value:g} must be a positive number")
-        if not 0 <= self.restart_s < math.inf:
-            raise ScenarioError(f"--restart-minutes={self.restart_s / 60:g} must be >= 0")
+        for flag, value, high, inf in checks:
+            if not (0 < value <= high or (inf and value == math.inf)):
+                raise ScenarioError(
+                    f"{flag}={value:g} must be a positive number up to {high:g}{inf}"
+                )
+        if not 0 <= self.restart_s <= MAX_RESTART_MINUTES * 60:
+            raise ScenarioError(
+                f"--restart-minutes={self.restart_s / 60:g} must be >= 0 and at most "
+                f"{MAX_RESTART_MINUTES:g}"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -100,8 +110,9 @@ def costs_of(
     """Checkpoint, load and restart times of a job of ``num_gpus`` GPUs training a model
     of ``params`` parameters; the async snapshot copies each GPU's 1/N of the state over
     its PCIe link (Megatron's fully parallel save splits the shards over every rank)."""
-    if not 0 < iteration_s < math.inf:
-        raise ScenarioError(f"--iteration-s={iteration_s:g} must be a positive number")
+    low, high = ITERATION_S_RANGE
+    if not low <= iteration_s <= high:
+        raise ScenarioError(f"--iteration-s={iteration_s:g} must lie in [{low:g}, {high:g}]")
     total = params * CHECKPOINT_BYTES_PER_PARAM
     write_s = total / (rel.storage_write_gbytes_per_s * 1e9)
     snapshot_s = total / num_gpus / (pcie_gbytes_per_s * 1e9)
@@ -163,7 +174,7 @@ def shares_at(costs: Costs, iterations: int) -> Shares:
         )
     else:
         failures = math.expm1(s / m)  # per segment
-        lost = m * failures - s + failures * costs.lag_s
+        lost = m * _expm1_minus_x(s / m) + failures * costs.lag_s
         redo = costs.restart_s + costs.load_s + costs.lag_s
         restart = failures * m * math.expm1(redo / m) - failures * costs.lag_s
     wall = s + lost + restart
@@ -175,6 +186,13 @@ def shares_at(costs: Costs, iterations: int) -> Shares:
         lost=lost / wall,
         restart=restart / wall,
     )
+
+
+def _expm1_minus_x(x: float) -> float:
+    """e^x - 1 - x without the cancellation of expm1(x) - x for small x (its series)."""
+    if x < 1e-3:
+        return x * x / 2 * (1 + x / 3 * (1 + x / 4 * (1 + x / 5)))
+    return math.expm1(x) - x
 
 
 def best_interval(costs: Costs) -> Shares | None:
@@ -247,8 +265,10 @@ def intervals(costs: Costs, given: int | None) -> list[Interval]:
     (rounded to whole iterations); only the given one with no failures."""
     rows = []
     if given is not None:
-        if given < 1:
-            raise ScenarioError(f"--checkpoint-interval={given} must be >= 1 iteration")
+        if not 1 <= given <= 1e12:
+            raise ScenarioError(
+                f"--checkpoint-interval={given} must be >= 1 iteration and at most 1e12"
+            )
         rows.append(Interval(name=GIVEN, exact_iterations=None, shares=shares_at(costs, given)))
     best = best_interval(costs)
     if best is None:

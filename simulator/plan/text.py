@@ -408,6 +408,9 @@ def goodput_text(
         ideal_days = tokens / tokens_per_iteration * c.iteration_s / SECONDS_PER_DAY
         wall = ideal_days / goodput if goodput > 0 else math.inf
         at = f"{rows[0].name} interval" if rows else "no checkpoints"
+        if goodput == 0:
+            lines.append(f"  {count_text(tokens)} tokens: never finished at 0 % goodput ({at})")
+            return "\n".join(lines)
         lines.append(
             f"  {count_text(tokens)} tokens: {ideal_days:.1f} days without failures, "
             f"{wall:.1f} days at {100 * goodput:.1f} % goodput ({at})"
