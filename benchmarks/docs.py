@@ -293,6 +293,10 @@ PLANNING = {
     "planning-search-bs135": (f"search {BIGSCIENCE} --set cluster.nic_gbps=135 --jobs 2", None),
     "planning-search-bs400": (f"search {BIGSCIENCE} --set cluster.nic_gbps=400 --jobs 2", None),
     "planning-time-to-train": (f"plan time-to-train {GPT3} --tokens 300e9", None),
+    "planning-time-to-train-goodput": (
+        f"plan time-to-train {GPT3} --tokens 300e9 --goodput",
+        None,
+    ),
     "planning-scale-gpt3": (
         f"plan scale {GPT3} --nodes 16,32,64,128,256,512 --tokens 300e9 --jobs 2",
         "planning-gpt3-scale.png",
@@ -319,6 +323,27 @@ def planning(images: Path | None) -> Generated:
         print(f"    {block}: {time.perf_counter() - started:.0f} s", file=sys.stderr)
         out[("docs/planning.md", block)] = command_block(argv, text)
     return out
+
+
+DENSE16K = "scenarios/dense-16k-h100.toml"
+# block -> stepsim arguments: goodput of a 16k-GPU run (docs/what-if.md, Goodput)
+WHAT_IF = {
+    "what-if-goodput-default": f"plan goodput {DENSE16K}",
+    "what-if-goodput-tectonic": f"plan goodput {DENSE16K} --storage-gbytes-per-s 2000",
+    "what-if-goodput-llama3-rate": (
+        f"plan goodput {DENSE16K} --storage-gbytes-per-s 2000 --mtbf-gpu-hours 50680"
+    ),
+}
+
+
+def what_if(images: Path | None) -> Generated:
+    """docs/what-if.md: the goodput commands and what they print."""
+    return {
+        ("docs/what-if.md", block): command_block(
+            command.split(), stepsim(*command.split(), "--quiet")
+        )
+        for block, command in WHAT_IF.items()
+    }
 
 
 def performance(images: Path | None) -> Generated:
@@ -358,6 +383,7 @@ SECTIONS = [
     Section("validation", "docs/validation.md (whole), README summary", validation),
     Section("planning", "docs/planning.md: every command's output", planning),
     Section("frameworks", "docs/frameworks.md: deepspeed vs megatron, by mechanism", frameworks),
+    Section("what-if", "docs/what-if.md: goodput of a 16k-GPU run", what_if),
     Section("performance", "docs/performance.md timings (not checked)", performance, checked=False),
 ]
 FAST = [s.name for s in SECTIONS if s.fast]

@@ -29,6 +29,7 @@ GPT3 = str(ROOT / "scenarios" / "gpt3-175b-128nodes.toml")
         (["plan", "scale", TINY, "--nodes", "1,2", "--jobs", "1"], "plan scale"),
         (["plan", "fit", TINY, "--nodes", "1", "--no-simulate"], "plan fit"),
         (["plan", "fit", TINY, "--min-nodes", "--no-simulate"], "plan fit --min-nodes"),
+        (["plan", "goodput", TINY, "--quiet"], "plan goodput"),
     ],
 )
 def test_every_command_prints_one_json_document(args, command, capsys):

@@ -1,11 +1,17 @@
-"""`stepsim plan`: fit, throughput, time-to-train and scale, each answered from a
-scenario's model, cluster and training settings."""
+"""`stepsim plan`: fit, throughput, time-to-train, scale and goodput, each answered
+from a scenario's model, cluster and training settings."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from ..plan.goodput import (
+    DEFAULT_MTBF_GPU_HOURS,
+    DEFAULT_RESTART_MINUTES,
+    DEFAULT_STORAGE_GBYTES_PER_S,
+    FLEET_FAILURES_PER_1000_NODE_DAYS,
+)
 from ..plan.questions import SCALE_KEEPS
 from ..scenario import ScenarioError
 from .common import (
@@ -27,7 +33,7 @@ from .common import (
 def add_command(sub) -> None:
     plan = sub.add_parser(
         "plan",
-        help="planning questions: fit, throughput, time-to-train, scale",
+        help="planning questions: fit, throughput, time-to-train, scale, goodput",
         description="Questions asked before renting a cluster, each answered from SCENARIO's "
         "model, cluster and training settings.",
     )
@@ -76,6 +82,13 @@ def add_command(sub) -> None:
             metavar="T",
             help="training tokens, e.g. 300e9",
         )
+        q.add_argument(
+            "--goodput",
+            action="store_true",
+            help="divide the days by the goodput of `plan goodput` (with its defaults for "
+            "the reliability flags not given; any of them turns this on)",
+        )
+        reliability_arguments(q)
         json_argument(q)
         quiet_argument(q)
         q.set_defaults(handler=throughput_command, question=name)
@@ -101,6 +114,96 @@ def add_command(sub) -> None:
     json_argument(scale)
     worker_arguments(scale)
     scale.set_defaults(handler=scale_command)
+    goodput = questions.add_parser(
+        "goodput",
+        help="the share of a run's wall time spent on useful iterations, with failures, "
+        "checkpoints and restarts, and the best checkpoint interval",
+        description="Expected fractions of wall time spent on useful iterations, checkpoint "
+        "writes, lost (recomputed) work and restarts, for SCENARIO's simulated iteration "
+        "time, exponential GPU failures and checkpoints of its model and optimizer state "
+        "(Daly 2006); the checkpoint interval of the highest goodput, searched in whole "
+        "iterations, beside Young's (1974) and Daly's (2006) closed forms.",
+    )
+    scenario_arguments(goodput, "SECTION.KEY=VALUE", "override a scenario key")
+    reliability_arguments(goodput)
+    goodput.add_argument(
+        "--iteration-s",
+        type=float,
+        metavar="S",
+        help="take this iteration time instead of simulating SCENARIO",
+    )
+    goodput.add_argument("--tokens", type=float, metavar="T", help="add the run's days")
+    json_argument(goodput)
+    quiet_argument(goodput)
+    goodput.set_defaults(handler=goodput_command)
+
+
+RELIABILITY_FLAGS = (
+    "mtbf_gpu_hours",
+    "checkpoint_interval",
+    "storage_gbytes_per_s",
+    "read_gbytes_per_s",
+    "restart_minutes",
+    "async_checkpoint",
+)
+
+
+def reliability_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("reliability (docs/what-if.md, Goodput)")
+    group.add_argument(
+        "--mtbf-gpu-hours",
+        type=float,
+        metavar="H",
+        help="mean time between job-interrupting failures of one GPU, hours; the job's is "
+        f"H / its GPUs (default {DEFAULT_MTBF_GPU_HOURS:,.0f}: Kokolis et al. 2024's "
+        f"{FLEET_FAILURES_PER_1000_NODE_DAYS:.2f} per 1,000 node-days of 8 GPUs; inf: none)",
+    )
+    group.add_argument(
+        "--checkpoint-interval",
+        type=int,
+        metavar="N",
+        help="iterations between checkpoints (default: the best, searched)",
+    )
+    group.add_argument(
+        "--storage-gbytes-per-s",
+        type=float,
+        metavar="X",
+        help="aggregate checkpoint write bandwidth, GB/s "
+        f"(default {DEFAULT_STORAGE_GBYTES_PER_S:g})",
+    )
+    group.add_argument(
+        "--read-gbytes-per-s",
+        type=float,
+        metavar="X",
+        help="aggregate checkpoint read bandwidth, GB/s (default: the write bandwidth)",
+    )
+    group.add_argument(
+        "--restart-minutes",
+        type=float,
+        metavar="M",
+        help=f"re-queue and start-up after a failure (default {DEFAULT_RESTART_MINUTES:g})",
+    )
+    group.add_argument(
+        "--async-checkpoint",
+        action="store_true",
+        default=None,
+        help="training waits only for the copy to host memory (Megatron's --async-save)",
+    )
+
+
+def reliability_of(args: argparse.Namespace):
+    from ..plan.goodput import Reliability
+
+    given = {
+        "mtbf_gpu_hours": args.mtbf_gpu_hours,
+        "storage_write_gbytes_per_s": args.storage_gbytes_per_s,
+        "storage_read_gbytes_per_s": args.storage_gbytes_per_s
+        if args.read_gbytes_per_s is None
+        else args.read_gbytes_per_s,
+        "restart_s": None if args.restart_minutes is None else args.restart_minutes * 60,
+        "async_save": bool(args.async_checkpoint),
+    }
+    return Reliability(**{k: v for k, v in given.items() if v is not None})
 
 
 def _fastest(scenario, space, args: argparse.Namespace):
@@ -173,6 +276,9 @@ def throughput_command(args: argparse.Namespace) -> int:
 
     scenario = load(args)
     check_tokens(args.tokens)
+    with_goodput = args.goodput or any(getattr(args, f) is not None for f in RELIABILITY_FLAGS)
+    if with_goodput:
+        reliability_of(args)  # bad flags fail before a simulation
     check_fits(scenario)
     progress = progress_for(args)
     progress.begin("simulating")
@@ -181,6 +287,10 @@ def throughput_command(args: argparse.Namespace) -> int:
     finally:
         progress.clear()
     params = model_params(scenario)
+    reliable = None
+    if with_goodput:
+        _, _, costs, rows = _goodput_of(args, scenario, metrics.iteration_time_s)
+        reliable = (costs, rows)
     times = estimate = None
     factor = flops_factor(scenario)
     if args.tokens is not None:
@@ -191,13 +301,21 @@ def throughput_command(args: argparse.Namespace) -> int:
     if args.json:
         from ..plan.records import throughput_record
 
-        print_json(throughput_record(scenario, params, metrics, args.tokens, times, estimate))
+        record = throughput_record(scenario, params, metrics, args.tokens, times, estimate)
+        if reliable is not None:
+            from ..plan.records import run_goodput_record
+
+            record["goodput"] = run_goodput_record(*reliable, times)
+        print_json(record)
     else:
-        print(
-            throughput_text(
-                scenario, params, metrics, args.tokens, times, estimate, factor, args.question
-            )
+        text = throughput_text(
+            scenario, params, metrics, args.tokens, times, estimate, factor, args.question
         )
+        if reliable is not None:
+            from ..plan.text import run_goodput_text
+
+            text += "\n" + run_goodput_text(*reliable, times)
+        print(text)
     return 0
 
 
@@ -247,4 +365,50 @@ def scale_command(args: argparse.Namespace) -> int:
         )
         if not args.json:
             print(f"\n  wrote {args.out}/: {' '.join(written)} scale.png")
+    return 0
+
+
+def _goodput_of(args: argparse.Namespace, scenario, iteration_s: float):
+    """The reliability inputs, their costs and the interval rows for a scenario."""
+    from ..plan.goodput import costs_of, intervals
+    from ..plan.planning import model_params
+
+    rel = reliability_of(args)
+    params = model_params(scenario)
+    costs = costs_of(
+        rel, iteration_s, scenario.parallel.num_gpus, params, scenario.cluster.pcie_gbytes_per_s
+    )
+    return rel, params, costs, intervals(costs, args.checkpoint_interval)
+
+
+def goodput_command(args: argparse.Namespace) -> int:
+    from ..plan.questions import check_fits, check_tokens
+    from ..plan.search import simulate_row
+    from ..plan.text import goodput_text
+
+    scenario = load(args)
+    check_tokens(args.tokens)
+    reliability_of(args)  # bad flags fail before a simulation
+    simulated = args.iteration_s is None
+    iteration_s = args.iteration_s
+    if simulated:
+        check_fits(scenario)
+        progress = progress_for(args)
+        progress.begin("simulating")
+        try:
+            iteration_s = simulate_row(scenario).iteration_time_s
+        finally:
+            progress.clear()
+    rel, params, costs, rows = _goodput_of(args, scenario, iteration_s)
+    if args.json:
+        from ..plan.records import goodput_record
+
+        print_json(goodput_record(scenario, params, rel, costs, rows, simulated, args.tokens))
+    else:
+        tokens_per_iteration = scenario.training.global_batch_size * scenario.model.seq_length
+        print(
+            goodput_text(
+                scenario, params, rel, costs, rows, simulated, args.tokens, tokens_per_iteration
+            )
+        )
     return 0

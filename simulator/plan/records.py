@@ -3,11 +3,13 @@ plain JSON types, each with the schema version (results.SCHEMA_VERSION)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 from ..results import SCHEMA_VERSION, MetricsRow
 from ..scenario import Scenario
+from .goodput import Costs, Interval, Reliability, run_goodput
 from .questions import FitRow, ScalePoint, TrainingTime, leanest_of
 from .search import (
     OUT_OF_MEMORY,
@@ -111,4 +113,57 @@ def scale_record(base: Scenario, points: Sequence[ScalePoint], keep: str) -> dic
             else {"nodes": p.nodes, "not_simulated": p.why}
             for p in points
         ],
+    }
+
+
+def goodput_record(
+    scenario: Scenario,
+    params: float,
+    rel: Reliability,
+    costs: Costs,
+    rows: Sequence[Interval],
+    simulated: bool,
+    tokens: float | None,
+) -> dict[str, Any]:
+    """`plan goodput --json`: the inputs (JSON has no infinity: an infinite MTBF is
+    null), the costs in seconds and bytes, and the shares at each interval."""
+
+    def finite(x: float) -> float | None:
+        return None if math.isinf(x) else x
+
+    return {
+        **_head("plan goodput", scenario),
+        "params": params,
+        "num_gpus": costs.num_gpus,
+        "iteration_time_s": costs.iteration_s,
+        "iteration_simulated": simulated,
+        "mtbf_gpu_hours": finite(rel.mtbf_gpu_hours),
+        "job_mtbf_s": finite(costs.job_mtbf_s),
+        "storage_write_gbytes_per_s": rel.storage_write_gbytes_per_s,
+        "storage_read_gbytes_per_s": rel.storage_read_gbytes_per_s,
+        "async_checkpoint": rel.async_save,
+        "checkpoint_bytes": costs.checkpoint_bytes,
+        "checkpoint_write_s": costs.write_s,
+        "checkpoint_blocking_s": costs.blocking_s,
+        "checkpoint_load_s": costs.load_s,
+        "restart_s": costs.restart_s,
+        "intervals": [{**r.row(), **r.shares.row()} for r in rows],
+        "tokens": tokens,
+        "goodput": run_goodput(list(rows)),
+    }
+
+
+def run_goodput_record(
+    costs: Costs, rows: Sequence[Interval], time: TrainingTime | None
+) -> dict[str, Any]:
+    """`plan time-to-train --goodput --json`'s "goodput": the run's goodput, its
+    interval, and the days and GPU-hours divided by it."""
+    goodput = run_goodput(list(rows))
+    return {
+        "goodput": goodput,
+        "interval": rows[0].name if rows else None,
+        "interval_iterations": rows[0].shares.interval_iterations if rows else None,
+        "job_mtbf_s": None if math.isinf(costs.job_mtbf_s) else costs.job_mtbf_s,
+        "days": None if time is None or goodput == 0 else time.days / goodput,
+        "gpu_hours": None if time is None or goodput == 0 else time.gpu_hours / goodput,
     }

@@ -2,14 +2,28 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from ..results import MetricsRow
 from ..scenario import Scenario
 from ..units import count_text
 from ..vocabulary import CATEGORIES, SHARDING_NAMES
+from .goodput import (
+    CHECKPOINT_BYTES_PER_PARAM,
+    DEFAULT_MTBF_GPU_HOURS,
+    FLEET_FAILURES_PER_1000_NODE_DAYS,
+    FLEET_GPUS_PER_NODE,
+    GIVEN,
+    Costs,
+    Interval,
+    Reliability,
+    failures_per_day,
+    run_goodput,
+)
 from .questions import (
     KEEP_GLOBAL_BATCH,
+    SECONDS_PER_DAY,
     FitRow,
     ScalePoint,
     TrainingTime,
@@ -321,3 +335,122 @@ def scale_text(
         "(nodes / fewest nodes)",
     ]
     return "\n".join(lines)
+
+
+def goodput_text(
+    scenario: Scenario,
+    params: float,
+    rel: Reliability,
+    costs: Costs,
+    rows: Sequence[Interval],
+    simulated: bool,
+    tokens: float | None,
+    tokens_per_iteration: int,
+) -> str:
+    """`plan goodput`: the inputs, what a checkpoint and a failure cost, and where the
+    wall time goes at each interval of ``rows``."""
+    c = costs
+    source = (
+        f"Kokolis et al. 2024's fleet rate, {FLEET_FAILURES_PER_1000_NODE_DAYS:.2f} per 1,000 "
+        f"node-days of {FLEET_GPUS_PER_NODE} GPUs"
+        if rel.mtbf_gpu_hours == DEFAULT_MTBF_GPU_HOURS
+        else "given"
+    )
+    mode = (
+        f"async: training waits {c.blocking_s:.3g} s for the copy to host memory, the write "
+        f"takes {c.write_s:.3g} s behind it"
+        if rel.async_save
+        else f"sync: training waits {c.write_s:.3g} s for the write"
+    )
+    lines = [
+        f"stepsim plan goodput · {scenario.name}",
+        f"  {c.num_gpus:,} GPUs; iteration {c.iteration_s:.3f} s "
+        + ("(simulated)" if simulated else "(given)"),
+        f"  failures: per-GPU MTBF {_hours(rel.mtbf_gpu_hours * 3600)} ({source})"
+        + (
+            " -> no failures"
+            if c.job_mtbf_s == math.inf
+            else f" -> job MTBF {_hours(c.job_mtbf_s)}, {failures_per_day(c):.3g} interruptions "
+            "a day"
+        ),
+        f"  checkpoint: {_bytes(c.checkpoint_bytes)} ({params_text(params)} parameters x "
+        f"{CHECKPOINT_BYTES_PER_PARAM} bytes) at {rel.storage_write_gbytes_per_s:g} GB/s; {mode}",
+        f"  restart: {c.restart_s / 60:g} min re-queue and start-up + {c.load_s:.3g} s to load "
+        f"the checkpoint at {rel.storage_read_gbytes_per_s:g} GB/s",
+        "",
+    ]
+    head = ["interval", "iterations", "minutes", "goodput %", "checkpoint %", "lost %"]
+    head.append("restart %")
+    body = []
+    for r in rows:
+        s = r.shares
+        its = f"{s.interval_iterations:,}"
+        if r.exact_iterations is not None:
+            its += f" ({r.exact_iterations:,.1f})"
+        cells = [r.name, its, f"{s.interval_iterations * c.iteration_s / 60:.1f}"]
+        cells += [f"{100 * v:.2f}" for v in (s.useful, s.checkpoint, s.lost, s.restart)]
+        body.append(cells)
+    if body:
+        lines += [
+            table(head, body),
+            "",
+            "  shares of wall time (Daly 2006's expected time with exponential failures); "
+            "goodput = the useful share",
+            "  Young 1974: sqrt(2 C M); Daly 2006: sqrt(2 C M) (1 + sqrt(C/2M)/3 + C/18M) - C",
+            "  (C: the checkpoint's blocking time, M: the job's MTBF; in brackets: before "
+            "rounding to whole iterations"
+            + ("; async: no shorter than the write)" if rel.async_save else ")"),
+        ]
+    else:
+        lines.append("  no failures and no --checkpoint-interval: nothing to checkpoint for")
+    if tokens is not None:
+        goodput = run_goodput(list(rows))
+        ideal_days = tokens / tokens_per_iteration * c.iteration_s / SECONDS_PER_DAY
+        wall = ideal_days / goodput if goodput > 0 else math.inf
+        at = f"{rows[0].name} interval" if rows else "no checkpoints"
+        if goodput == 0:
+            lines.append(f"  {count_text(tokens)} tokens: never finished at 0 % goodput ({at})")
+            return "\n".join(lines)
+        lines.append(
+            f"  {count_text(tokens)} tokens: {ideal_days:.1f} days without failures, "
+            f"{wall:.1f} days at {100 * goodput:.1f} % goodput ({at})"
+            + (
+                ""
+                if c.job_mtbf_s == math.inf
+                else f", about {wall * failures_per_day(c):,.0f} interruptions"
+            )
+        )
+    return "\n".join(lines)
+
+
+def run_goodput_text(costs: Costs, rows: Sequence[Interval], times: TrainingTime | None) -> str:
+    """`plan time-to-train --goodput`'s lines: the days and GPU-hours with failures,
+    checkpoints and restarts (ideal / goodput)."""
+    goodput = run_goodput(list(rows))
+    if rows:
+        every = f"a checkpoint every {rows[0].shares.interval_iterations:,} iterations"
+        every += " (" + ("given" if rows[0].name == GIVEN else "the searched best") + ")"
+    else:
+        every = "no checkpoints"
+    mtbf = "no failures" if costs.job_mtbf_s == math.inf else f"job MTBF {_hours(costs.job_mtbf_s)}"
+    lines = [
+        "",
+        f"  goodput {100 * goodput:.1f} % ({mtbf}, {every}; the breakdown: stepsim plan goodput)",
+    ]
+    if times is not None and goodput > 0:
+        lines.append(
+            f"  with failures, checkpoints and restarts: {times.days / goodput:.1f} days, "
+            f"{times.gpu_hours / goodput:,.0f} GPU-hours"
+        )
+    return "\n".join(lines)
+
+
+def _hours(seconds: float) -> str:
+    hours = seconds / 3600
+    if hours == math.inf:
+        return "infinite"
+    return f"{hours:,.0f} h" if hours >= 100 else f"{hours:.3g} h"
+
+
+def _bytes(n: float) -> str:
+    return f"{n / 1e12:.3g} TB" if n >= 1e12 else f"{n / 1e9:.3g} GB"
