@@ -108,6 +108,12 @@ def check_expert_parallel(scenario: Scenario) -> None:
             rule="must be true for an MoE model (exact mode's per-GPU EP groups are not "
             "modelled yet)",
         )
+    if training.fp8_format is not None:
+        raise ScenarioError(
+            key="training.fp8_format",
+            value=training.fp8_format,
+            rule="cannot be set for an MoE model yet (FP8 grouped expert GEMMs are not modelled)",
+        )
     if training.data_parallel_sharding == SHARD_FULL:
         raise ScenarioError(
             key="training.data_parallel_sharding",
