@@ -200,3 +200,24 @@ def test_moe_layer_freq_makes_every_kth_layer_moe():
     model = moe_scenario(model={"num_layers": 6, "moe_layer_freq": 3}).model
     assert [model.is_moe_layer(i) for i in range(6)] == [True, False, False, True, False, False]
     assert model.num_moe_layers == 2
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"tp": 2, "ep": 4, "dp": 8, "nodes": 2, "parallel": {"expert_tensor_parallel_size": 2}},
+        {"tp": 2, "ep": 4, "dp": 4, "training": {"moe_token_dispatcher_type": "allgather"}},
+        {"ep": 4, "dp": 2, "parallel": {"context_parallel_size": 2}},
+        {
+            "ep": 4,
+            "dp": 4,
+            "parallel": {"pipeline_model_parallel_size": 2},
+            "training": {"schedule": "zbh1", "global_batch_size": 32},
+        },
+    ],
+)
+def test_layouts_with_experts_run_and_report_their_communication(kwargs):
+    """ETP = TP, the allgather dispatcher, EP folded over CP, a split schedule."""
+    metrics = run(moe_scenario(**kwargs)).metrics
+    assert metrics.breakdown_s[EP_COMM] > 0
+    assert sum(metrics.breakdown_s.values()) == pytest.approx(metrics.iteration_time_s)
