@@ -170,10 +170,6 @@ def test_allgather_dispatcher_moves_the_ep_group_all_tokens():
             "sequence_parallel=False must be true for an MoE model",
         ),
         (
-            {"ep": 2, "dp": 2, "network": {"symmetry": False}},
-            "network.symmetry=False must be true for an MoE model",
-        ),
-        (
             {"tp": 4, "dp": 2, "parallel": {"expert_tensor_parallel_size": 2}},
             "must be 1 or the tensor-parallel size 4",
         ),
@@ -221,3 +217,21 @@ def test_layouts_with_experts_run_and_report_their_communication(kwargs):
     metrics = run(moe_scenario(**kwargs)).metrics
     assert metrics.breakdown_s[EP_COMM] > 0
     assert sum(metrics.breakdown_s.values()) == pytest.approx(metrics.iteration_time_s)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"ep": 4, "dp": 8, "training": {"use_distributed_optimizer": True}},
+        {"tp": 2, "ep": 2, "dp": 4, "parallel": {"expert_tensor_parallel_size": 2}},
+        {"tp": 2, "ep": 2, "dp": 4, "training": {"moe_token_dispatcher_type": "allgather"}},
+    ],
+)
+def test_exact_mode_agrees_with_symmetric_mode(kwargs):
+    """Every GPU's lanes and its own EP, ETP and expert-data-parallel groups (exact) give
+    the representative's time (symmetric): the congruent groups' multiplicities hold."""
+    symmetric = moe_scenario(**kwargs)
+    exact = moe_scenario(**kwargs, network={"model": "fair-share", "symmetry": False})
+    assert run(exact).metrics.iteration_time_s == pytest.approx(
+        run(symmetric).metrics.iteration_time_s, rel=1e-9
+    )

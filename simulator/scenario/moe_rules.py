@@ -101,13 +101,6 @@ def check_expert_parallel(scenario: Scenario) -> None:
             rule=f"x expert_tensor_parallel_size={etp} must divide or be a multiple of "
             f"cluster.gpus_per_node={gpn} (alike EP groups on every node)",
         )
-    if not scenario.network.symmetry:
-        raise ScenarioError(
-            key="network.symmetry",
-            value=False,
-            rule="must be true for an MoE model (exact mode's per-GPU EP groups are not "
-            "modelled yet)",
-        )
     if training.fp8_format is not None:
         raise ScenarioError(
             key="training.fp8_format",

@@ -76,6 +76,7 @@ from .memory import (
     stage_expert_params_per_rank,
     stage_params_per_rank,
 )
+from .moe import expert_collective
 
 
 class Pass:
@@ -222,10 +223,11 @@ class DataParallel:
         params = self.expert_params
         calls = 1 if self.reduce_bucket == 0 else math.ceil(params / self.reduce_bucket)
         label = f"expert grads {COLLECTIVE_LABELS[kind]}"
-        transfer = self.gpu.comm.expert("edp", kind, params * self.grad_bytes / calls)
+        gpu = self.gpu
+        transfer = gpu.comm.expert("edp", kind, params * self.grad_bytes / calls, gpu.j, gpu.d)
         for n in range(calls):
             name = label if calls == 1 else f"{label} {n + 1}/{calls}"
-            self.gpu.collective(self.gpu.lane, DP_SYNC, name, transfer)
+            expert_collective(gpu, DP_SYNC, "edp", name, transfer)
 
     def step_experts(self) -> None:
         """The routed experts' optimizer step: on 1 / EDP of them under ZeRO, whose
@@ -236,9 +238,10 @@ class DataParallel:
         self.optimize(self.expert_params / (self.expert_data if sharded else 1))
         if sharded:
             nbytes = self.expert_params * WEIGHT_BYTES_PER_PARAM
-            transfer = self.gpu.comm.expert("edp", ALL_GATHER, nbytes)
+            gpu = self.gpu
+            transfer = gpu.comm.expert("edp", ALL_GATHER, nbytes, gpu.j, gpu.d)
             label = f"expert params {COLLECTIVE_LABELS[ALL_GATHER]}"
-            self.gpu.collective(self.gpu.lane, DP_SYNC, label, transfer)
+            expert_collective(gpu, DP_SYNC, "edp", label, transfer)
 
     # -- what the modes share -----------------------------------------------------------
 

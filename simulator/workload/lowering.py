@@ -452,7 +452,9 @@ class _Stage:
             # exact mode: a TP collective's rendezvous is named by its group and count
             kinds = (TP_COMM, CP_COMM) if gpu.exact else ()
             body = builder.body_since(mark, gpu.lane, label, mb, deps, kinds)
-            self.bodies[shape] = body or ()
+            # exact mode: an MoE layer's expert collectives are named by their group too,
+            # which a replay (naming by kind alone) cannot do: made by the blocks each time
+            self.bodies[shape] = () if moe and gpu.exact else body or ()
 
     def forward_layer(self, label: str, mb: int, deps: list[object], moe: bool = False) -> None:
         layer = self.layer

@@ -192,9 +192,10 @@ class MoeBlock:
         self.etp = cm.parallel.etp_size
 
     def _comm(self, stage: _Stage, label: str, mb: int, group: str, kind: str, nbytes: float):
-        transfer = stage.gpu.comm.expert(group, kind, nbytes)
+        gpu = stage.gpu
+        transfer = gpu.comm.expert(group, kind, nbytes, gpu.j, gpu.d)
         if transfer is not None:
-            stage.gpu.collective(stage.gpu.lane, EP_COMM, label, transfer, microbatch=mb)
+            expert_collective(gpu, EP_COMM, group, label, transfer, microbatch=mb)
 
     def exchange(self, stage: _Stage, label: str, mb: int, into: bool) -> None:
         """Tokens to their experts (``into``) or back: the dispatch and the combine, and
@@ -240,3 +241,12 @@ class MoeBlock:
         gpu.work(BACKWARD, label, mb, w.experts_b - w.experts_w if split else w.experts_b)
         self.exchange(stage, label, mb, False)
         gpu.work(BACKWARD, label, mb, w.pre_b - w.pre_w if split else w.pre_b)
+
+
+def expert_collective(gpu, kind: str, group: str, label: str, transfer, **fields) -> None:
+    """A blocking collective over an expert group on the compute lane; in exact mode a
+    rendezvous named by the group (StageComm.expert_offset) and the kind's count."""
+    rendezvous = None
+    if gpu.exact:
+        rendezvous = gpu.rendezvous(kind, (group, gpu.comm.expert_offset(group, gpu.j, gpu.d)))
+    gpu.builder.add(gpu.lane, kind, label, transfer=transfer, rendezvous=rendezvous, **fields)

@@ -112,7 +112,7 @@ class StageComm:
             if scenario.model.moe
             else {}
         )
-        self._expert: dict[tuple[str, str, float], Transfer | Collective | None] = {}
+        self._expert: dict[tuple[str, str, float, int], Transfer | Collective | None] = {}
 
     def tp(self, kind: str, d: int) -> Collective | None:
         """A tensor-parallel collective (a vocabulary collective kind) of one
@@ -165,19 +165,27 @@ class StageComm:
                 self._cp[key] = self._shared(("cp", kind, message_bytes), self.stage, build)
         return self._cp[key]
 
-    def expert(self, group: str, kind: str, message_bytes: float) -> Transfer | Collective | None:
-        """A collective over an expert group of the representative GPU (``group``: a name
-        of `expert_groups`), carrying every congruent group of the stage (symmetric mode
-        only, a rule): an all-to-all (each member sends ``message_bytes`` / size to every
-        other) or a ring all-gather / reduce-scatter / all-reduce of ``message_bytes``;
-        None for a group of one GPU."""
-        key = (group, kind, message_bytes)
+    def expert(
+        self, group: str, kind: str, message_bytes: float, j: int = 0, d: int = 0
+    ) -> Transfer | Collective | None:
+        """A collective over an expert group (``group``: a name of `expert_groups`): in
+        symmetric mode the representative GPU's, carrying every congruent group of the
+        stage; in exact mode the group of tensor rank ``j`` of replica ``d``. An
+        all-to-all (each member sends ``message_bytes`` / size to every other) or a ring
+        all-gather / reduce-scatter / all-reduce of ``message_bytes``; None for a group
+        of one GPU."""
+        offset = self.expert_offset(group, j, d) if self.exact else 0
+        key = (group, kind, message_bytes, offset)
         if key not in self._expert:
             base, offsets = self._experts[group]
             stage_gpus = self.placement.tensor * self.placement.data
             if len(base) == 1:
                 self._expert[key] = None
                 return None
+            if self.exact:
+                members = [g + offset + stage_gpus * self.stage for g in base]
+                self._expert[key] = self._context(kind, [members], message_bytes)
+                return self._expert[key]
 
             def build(stage: int) -> Transfer | Collective | None:
                 rep = [g + stage_gpus * stage for g in base]
@@ -186,6 +194,13 @@ class StageComm:
 
             self._expert[key] = self._shared(("expert", *key), self.stage, build)
         return self._expert[key]
+
+    def expert_offset(self, group: str, j: int, d: int) -> int:
+        """Which group of kind ``group`` tensor rank ``j`` of replica ``d`` is in: the
+        offset of that group from the representative's (its name in exact mode)."""
+        base, offsets = self._experts[group]
+        local = j + self.placement.tensor * d
+        return next(o for o in offsets if local - o in base)
 
     def _context(self, kind: str, groups, message_bytes: float) -> Transfer | Collective:
         if kind == RING_SEND:
