@@ -235,3 +235,25 @@ def test_exact_mode_agrees_with_symmetric_mode(kwargs):
     assert run(exact).metrics.iteration_time_s == pytest.approx(
         run(symmetric).metrics.iteration_time_s, rel=1e-9
     )
+
+
+def test_search_layouts_keep_the_base_expert_parallelism():
+    from stepsim.plan.planning import apply_layout
+    from stepsim.plan.space import Layout
+
+    base = moe_scenario(ep=4, dp=8)
+    layout = Layout(
+        tp=2,
+        pp=1,
+        dp=4,
+        micro_batch=1,
+        schedule="1f1b",
+        chunks=1,
+        recompute="selective",
+        sharding="none",
+        sequence_parallel=True,
+    )
+    edited = apply_layout(base, layout)
+    assert edited.parallel.ep_size == 4
+    # ETP follows TP (unset in the base): TP 2 x DP 4 / (EP 4 x ETP 2)
+    assert edited.parallel.expert_data_parallel_size == 1
