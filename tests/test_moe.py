@@ -257,3 +257,25 @@ def test_search_layouts_keep_the_base_expert_parallelism():
     assert edited.parallel.ep_size == 4
     # ETP follows TP (unset in the base): TP 2 x DP 4 / (EP 4 x ETP 2)
     assert edited.parallel.expert_data_parallel_size == 1
+
+
+def test_mixtral_weights_and_optimizer_per_gpu_by_hand():
+    """EP 8 on one node, DP 8, ZeRO-1: a GPU holds one expert per layer and every dense
+    weight; the dense optimizer states are sharded over DP 8, the expert ones over the
+    expert-data-parallel group of TP x DP / EP = 1 GPU (not sharded)."""
+    from stepsim.run import memory_per_stage
+    from stepsim.scenario import scenario_from_dict
+    from tests.helpers import scenario
+
+    doc = scenario(
+        cluster={"node": "dgx-h100", "num_nodes": 1},
+        parallel={"data_parallel_size": 8, "expert_model_parallel_size": 8},
+        training={"global_batch_size": 8, "data_parallel_sharding": "optimizer"},
+    )
+    s = scenario_from_dict({**doc, "model": {"preset": "mixtral-8x7b"}})
+    h, f = 4096, 14336
+    dense = 32 * (h * 48 * 128 + 32 * 128 * h + h * 8 + 2 * h) + 2 * 32000 * h + h
+    experts = 32 * 3 * h * f  # one expert per layer
+    memory = memory_per_stage(s)[0]
+    assert memory.weights_bytes == 2 * (dense + experts)
+    assert memory.optimizer_bytes == pytest.approx(12 * (dense / 8 + experts), rel=1e-12)

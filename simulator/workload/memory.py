@@ -243,14 +243,16 @@ def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None)
     return sbh * (replicated + sharded / t + attention_core)
 
 
-def moe_activation_bytes(scenario: Scenario, dense_bytes: float) -> float:
+def moe_activation_bytes(
+    scenario: Scenario, dense_bytes: float, recompute: str | None = None
+) -> float:
     """An MoE layer's activations from a dense layer's (``dense_bytes``, same
     recomputation): the MLP's fc1 and fc2 inputs (2 ffn_1 + 2 ffn bytes per token on the
     GPU) give way to the routed rows the GPU's experts keep: k (capped by the capacity
     factor) x ETP rows per local token, each keeping fc1's input (h), the activation's
     (ffn_1 / ETP) and fc2's (ffn / ETP) in 2 bytes."""
     m, par = scenario.model, scenario.parallel
-    if scenario.training.recompute_granularity == RECOMPUTE_FULL:
+    if (recompute or scenario.training.recompute_granularity) == RECOMPUTE_FULL:
         return dense_bytes
     local = m.seq_length // par.cp_size * scenario.training.micro_batch_size
     local /= par.tensor_model_parallel_size
@@ -364,7 +366,10 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
         activations *= inflight_layers(scenario, stage)
     if scenario.training.recompute_granularity == RECOMPUTE_FULL:
         # the layer being recomputed holds all its activations during its backward
-        activations += activation_bytes_per_layer(scenario, RECOMPUTE_NONE)
+        whole = activation_bytes_per_layer(scenario, RECOMPUTE_NONE)
+        if scenario.model.moe:  # its largest layer, an MoE one
+            whole = max(whole, moe_activation_bytes(scenario, whole, RECOMPUTE_NONE))
+        activations += whole
     if stage == output_rank(scenario):
         # fp32 logits of the micro-batch whose loss is being computed (Korthikanti Sec 4.3).
         tokens = m.seq_length // scenario.parallel.cp_size * scenario.training.micro_batch_size
