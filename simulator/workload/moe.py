@@ -243,10 +243,25 @@ class MoeBlock:
         gpu.work(BACKWARD, label, mb, w.pre_b - w.pre_w if split else w.pre_b)
 
 
-def expert_collective(gpu, kind: str, group: str, label: str, transfer, **fields) -> None:
-    """A blocking collective over an expert group on the compute lane; in exact mode a
-    rendezvous named by the group (StageComm.expert_offset) and the kind's count."""
+def expert_collective(
+    gpu, kind: str, group: str, label: str, transfer, microbatch: int = -1
+) -> None:
+    """A collective over an expert group that the compute lane waits for; in exact mode a
+    rendezvous named by the group (StageComm.expert_offset) and the kind's count. The
+    dispatcher's (EP_COMM) is launched non-blocking with a barrier on it: the same wait,
+    and its transfer then shows on the expert-parallel stream of the trace and timeline."""
     rendezvous = None
     if gpu.exact:
         rendezvous = gpu.rendezvous(kind, (group, gpu.comm.expert_offset(group, gpu.j, gpu.d)))
-    gpu.builder.add(gpu.lane, kind, label, transfer=transfer, rendezvous=rendezvous, **fields)
+    blocking = kind != EP_COMM
+    sent = gpu.builder.add(
+        gpu.lane,
+        kind,
+        label,
+        transfer=transfer,
+        rendezvous=rendezvous,
+        microbatch=microbatch,
+        blocking=blocking,
+    )
+    if not blocking:
+        gpu.barrier(label, [sent], microbatch)
