@@ -279,3 +279,15 @@ def test_mixtral_weights_and_optimizer_per_gpu_by_hand():
     memory = memory_per_stage(s)[0]
     assert memory.weights_bytes == 2 * (dense + experts)
     assert memory.optimizer_bytes == pytest.approx(12 * (dense / 8 + experts), rel=1e-12)
+
+
+def test_fine_grained_experts_run_their_grouped_gemms_less_efficiently():
+    """Same expert FLOPs per token (k x expert width), smaller per-expert GEMMs: 8
+    experts of 4096 (top-2) against 64 of 512 (top-16) on one GPU. The tile/wave model
+    gives the small shapes a lower rate; nothing else differs."""
+    coarse = moe_block_work(ComputeModel(moe_scenario(model={"moe_ffn_hidden_size": 4096})))
+    fine = moe_block_work(
+        ComputeModel(moe_scenario(experts=64, topk=16, model={"moe_ffn_hidden_size": 512}))
+    )
+    assert fine.experts.flops == coarse.experts.flops
+    assert fine.experts.duration_s > coarse.experts.duration_s
