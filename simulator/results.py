@@ -14,10 +14,11 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .vocabulary import (
+    ALL_BREAKDOWN_KEYS,
     BREAKDOWN_COLUMN,
     BREAKDOWN_KEYS,
-    CP_BREAKDOWN_KEYS,
     CP_COMM,
+    EP_COMM,
     EXPOSED_COMM_KEYS,
 )
 
@@ -133,7 +134,7 @@ class Metrics:
         """Exposed tensor-parallel, pipeline and data-parallel communication (and
         context-parallel, with CP), mean per GPU."""
         exposed = sum(self.breakdown_s[key] for key in EXPOSED_COMM_KEYS)
-        return exposed + self.breakdown_s.get(CP_COMM, 0.0)
+        return exposed + self.breakdown_s.get(CP_COMM, 0.0) + self.breakdown_s.get(EP_COMM, 0.0)
 
     def summary_row(self) -> MetricsRow:
         """The scalars of these metrics with the exposed-communication share and whether
@@ -185,7 +186,7 @@ class MetricsRow:
         values = {f.name: row[f.name] for f in fields(cls) if f.name != "breakdown_s"}
         breakdown = {
             key: row[BREAKDOWN_COLUMN.format(key)]
-            for key in CP_BREAKDOWN_KEYS
+            for key in ALL_BREAKDOWN_KEYS
             if key in BREAKDOWN_KEYS or BREAKDOWN_COLUMN.format(key) in row
         }
         return cls(**values, breakdown_s=breakdown)

@@ -22,6 +22,7 @@ TP_COMM = "tp_comm"
 PP_SEND = "pp_send"
 DP_SYNC = "dp_sync"
 CP_COMM = "cp_comm"  # context-parallel attention's K/V exchange (workload.context)
+EP_COMM = "ep_comm"  # expert parallelism's token dispatch and combine (workload.moe)
 BARRIER = "barrier"  # waits for its dependencies, nothing else
 
 COMPUTE_KINDS = frozenset({FORWARD, BACKWARD, WEIGHT, RECOMPUTE, OPTIMIZER})
@@ -37,21 +38,41 @@ PP_WAIT = "pp_wait"
 DP_WAIT = "dp_wait"
 TP_WAIT = "tp_wait"
 CP_WAIT = "cp_wait"
-WAIT_OF_COMM = {PP_SEND: PP_WAIT, DP_SYNC: DP_WAIT, TP_COMM: TP_WAIT, CP_COMM: CP_WAIT}
+EP_WAIT = "ep_wait"
+WAIT_OF_COMM = {
+    PP_SEND: PP_WAIT,
+    DP_SYNC: DP_WAIT,
+    TP_COMM: TP_WAIT,
+    CP_COMM: CP_WAIT,
+    EP_COMM: EP_WAIT,
+}
 COMM_WAITS = frozenset(WAIT_OF_COMM.values())  # a lane waiting on a transfer in flight
 
 # -- streams: a GPU's compute stream, and the bands its non-blocking transfers run in --
 COMPUTE_STREAM = "compute"
-PP_STREAM, DP_STREAM, TP_STREAM, CP_STREAM = "pp", "dp", "tp", "cp"
-STREAM_OF_COMM = {PP_SEND: PP_STREAM, DP_SYNC: DP_STREAM, TP_COMM: TP_STREAM, CP_COMM: CP_STREAM}
+PP_STREAM, DP_STREAM, TP_STREAM, CP_STREAM, EP_STREAM = "pp", "dp", "tp", "cp", "ep"
+STREAM_OF_COMM = {
+    PP_SEND: PP_STREAM,
+    DP_SYNC: DP_STREAM,
+    TP_COMM: TP_STREAM,
+    CP_COMM: CP_STREAM,
+    EP_COMM: EP_STREAM,
+}
 # trace threads
-STREAM_ORDER = {COMPUTE_STREAM: 0, PP_STREAM: 1, DP_STREAM: 2, TP_STREAM: 3, CP_STREAM: 4}
+STREAM_ORDER = {
+    COMPUTE_STREAM: 0,
+    PP_STREAM: 1,
+    DP_STREAM: 2,
+    TP_STREAM: 3,
+    CP_STREAM: 4,
+    EP_STREAM: 5,
+}
 
 # -- collective kinds (workload.collectives builds them) --------------------------------
 ALL_REDUCE = "all_reduce"
 REDUCE_SCATTER = "reduce_scatter"
 ALL_GATHER = "all_gather"
-ALL_TO_ALL = "all_to_all"  # context parallelism's a2a (workload.context)
+ALL_TO_ALL = "all_to_all"  # context parallelism's a2a, expert dispatch / combine
 RING_SEND = "ring_send"  # one step of a ring: every member sends to the next (context.py)
 
 # how the lowering names a data-parallel collective in op labels ("grads all-reduce")
@@ -97,6 +118,9 @@ SHARDING_NAMES = {  # in tables
 # parallel.cp_comm_type: Transformer Engine's context-parallel attention (workload.context)
 CP_P2P, CP_ALL_GATHER, CP_A2A = "p2p", "all_gather", "a2a"
 CP_COMM_TYPES: tuple[str, ...] = (CP_P2P, CP_ALL_GATHER, CP_A2A)
+# training.moe_token_dispatcher_type: Megatron-Core's token dispatchers (workload.moe)
+MOE_ALLGATHER, MOE_ALLTOALL = "allgather", "alltoall"
+MOE_DISPATCHERS: tuple[str, ...] = (MOE_ALLGATHER, MOE_ALLTOALL)
 RING, TREE, HIERARCHICAL, AUTO = "ring", "tree", "hierarchical", "auto"  # collectives.all_reduce
 ALL_REDUCE_ALGORITHMS: tuple[str, ...] = (RING, TREE, HIERARCHICAL, AUTO)
 # NVLink SHARP (in-switch reduction): `auto`'s choice with NVLS among the candidates
@@ -138,6 +162,11 @@ COMPUTE_TIME, PP_P2P_TIME, IDLE_TIME = "compute", "pp_p2p", IDLE  # idle: what t
 CP_CATEGORY = Category(
     CP_COMM, "context-parallel comm (exposed)", "#8172B3", (CP_COMM, CP_WAIT), "cp"
 )
+# expert-parallel communication (token dispatch and combine): likewise only in MoE runs
+# with expert parallelism
+EP_CATEGORY = Category(
+    EP_COMM, "expert-parallel comm (exposed)", "#64B5CD", (EP_COMM, EP_WAIT), "ep"
+)
 CATEGORIES: tuple[Category, ...] = (
     Category(COMPUTE_TIME, "compute", "#4C72B0", (FORWARD, BACKWARD, WEIGHT, RECOMPUTE), "compute"),
     Category(TP_COMM, "tensor-parallel comm (exposed)", "#55A868", (TP_COMM, TP_WAIT), "tp"),
@@ -147,16 +176,26 @@ CATEGORIES: tuple[Category, ...] = (
     Category(IDLE_TIME, "idle (pipeline bubble)", "#BBBBBB", (IDLE,), "idle"),
 )
 BREAKDOWN_KEYS: tuple[str, ...] = tuple(c.key for c in CATEGORIES)
-# every category, CP's after TP's: what a run with context parallelism reports
-ALL_CATEGORIES: tuple[Category, ...] = (*CATEGORIES[:2], CP_CATEGORY, *CATEGORIES[2:])
-CP_BREAKDOWN_KEYS: tuple[str, ...] = tuple(c.key for c in ALL_CATEGORIES)
+# every category, CP's and EP's after TP's: what a run with both would report
+ALL_CATEGORIES: tuple[Category, ...] = (
+    *CATEGORIES[:2],
+    CP_CATEGORY,
+    EP_CATEGORY,
+    *CATEGORIES[2:],
+)
+ALL_BREAKDOWN_KEYS: tuple[str, ...] = tuple(c.key for c in ALL_CATEGORIES)
+CP_BREAKDOWN_KEYS: tuple[str, ...] = tuple(k for k in ALL_BREAKDOWN_KEYS if k != EP_COMM)
 CATEGORY_OF_KIND = {kind: c.key for c in ALL_CATEGORIES for kind in c.kinds}
-EXPOSED_COMM_KEYS: tuple[str, ...] = (TP_COMM, PP_P2P_TIME, DP_SYNC)  # and CP's, if any
+EXPOSED_COMM_KEYS: tuple[str, ...] = (TP_COMM, PP_P2P_TIME, DP_SYNC)  # and CP's, EP's if any
 
 
-def breakdown_keys(context_parallel: bool) -> tuple[str, ...]:
-    """The breakdown's keys of a run with or without context parallelism."""
-    return CP_BREAKDOWN_KEYS if context_parallel else BREAKDOWN_KEYS
+def breakdown_keys(context_parallel: bool, expert_parallel: bool = False) -> tuple[str, ...]:
+    """The breakdown's keys of a run with or without context and expert parallelism."""
+    return tuple(
+        k
+        for k in ALL_BREAKDOWN_KEYS
+        if (k != CP_COMM or context_parallel) and (k != EP_COMM or expert_parallel)
+    )
 
 
 def categories_of(breakdown) -> tuple[Category, ...]:
@@ -182,6 +221,8 @@ KIND_STYLES = {
     TP_WAIT: KindStyle("#55A868", None),
     CP_COMM: KindStyle("#8172B3", "context-parallel comm"),
     CP_WAIT: KindStyle("#8172B3", None),
+    EP_COMM: KindStyle("#64B5CD", "expert-parallel comm (dispatch / combine)"),
+    EP_WAIT: KindStyle("#64B5CD", None),
     PP_SEND: KindStyle("#C44E52", "pipeline p2p (send / exposed wait)"),
     PP_WAIT: KindStyle("#C44E52", None),
     DP_SYNC: KindStyle("#937860", "data-parallel grad sync"),

@@ -39,6 +39,15 @@ PUBLISHED = {
     # Qwen/Qwen2.5-72B model card: "Number of Parameters: 72.7B" (72,706,203,648, QKV
     # biases included)
     "qwen2.5-72b": (72.7e9, 0.001),
+    # mixtures of experts, total parameters (active ones: tests/test_moe.py):
+    # Jiang et al. 2024: Mixtral 8x7B 46.7B (ours 46,702,792,704)
+    "mixtral-8x7b": (46.7e9, 0.001),
+    # Mistral's Mixtral 8x22B announcement: 141B (ours 140.6B)
+    "mixtral-8x22b": (141e9, 0.005),
+    # Qwen3-235B-A22B model card: 235B (ours 235.09B; q/k norms not modelled)
+    "qwen3-235b-a22b": (235e9, 0.001),
+    # OpenAI's gpt-oss model card: 116.83B (ours 116.83B)
+    "gpt-oss-120b": (116.83e9, 0.001),
 }
 
 

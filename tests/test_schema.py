@@ -41,6 +41,12 @@ def test_keys_are_the_spec_fields_with_key_metadata_in_field_order():
         "untie_embeddings_and_output_weights",
         "add_bias_linear",
         "add_qkv_bias",
+        "num_experts",
+        "moe_router_topk",
+        "moe_ffn_hidden_size",
+        "moe_shared_expert_intermediate_size",
+        "moe_layer_freq",
+        "moe_expert_capacity_factor",
     ]
     assert "custom_orders" not in keys()["training"]  # read from the file, not a key
     assert [k.name for k in keys()["model"].values() if k.required] == [

@@ -15,6 +15,7 @@ from ..workload.memory import (
     stage_memory,
     stage_params_per_rank,
 )
+from ..workload.moe import moe_block_work
 
 
 class Inflight:
@@ -64,6 +65,10 @@ def iteration_lower_bound_s(scenario: Scenario) -> float:
     m = scenario.num_microbatches
     forward = (layer.attention_forward + layer.mlp_forward).duration_s
     backward = (layer.attention_backward + layer.mlp_backward).duration_s
+    if scenario.model.moe:  # dense and MoE layers: the cheaper of the two, per layer
+        moe = moe_block_work(model)
+        forward = min(forward, (layer.attention_forward + moe.forward).duration_s)
+        backward = min(backward, (layer.attention_backward + moe.backward).duration_s)
     recompute = {
         RECOMPUTE_NONE: 0.0,
         RECOMPUTE_SELECTIVE: layer.attention_core_forward.duration_s,

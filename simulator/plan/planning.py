@@ -29,6 +29,8 @@ def apply_layout(base: Scenario, layout: Layout) -> Scenario:
         sequence_parallel=layout.sequence_parallel,
         context_parallel_size=base.parallel.context_parallel_size,  # kept, not searched
         cp_comm_type=base.parallel.cp_comm_type,
+        expert_model_parallel_size=base.parallel.expert_model_parallel_size,  # kept too
+        expert_tensor_parallel_size=base.parallel.expert_tensor_parallel_size,
         decoder_first_pipeline_num_layers=layout.first_layers,
         decoder_last_pipeline_num_layers=layout.last_layers,
     )

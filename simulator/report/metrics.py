@@ -98,7 +98,9 @@ def summarize(
     per_gpu = 1.0 / (num_gpus * iteration_s * 1e12) if iteration_s > 0 else 0.0
     hardware_tflops = hardware_flops * per_gpu
     model_tflops = model_flops * per_gpu
-    breakdowns = stage_breakdowns(trace, breakdown_keys(scenario.parallel.cp_size > 1))
+    par = scenario.parallel
+    expert_comm = scenario.model.moe and par.ep_size * par.etp_size > 1
+    breakdowns = stage_breakdowns(trace, breakdown_keys(par.cp_size > 1, expert_comm))
     lanes = compute_lanes(workload.lanes)
     mean = _mean_breakdown(lanes, breakdowns)
     per_stage: dict[int, list[int]] = {}

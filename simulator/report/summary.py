@@ -15,7 +15,15 @@ from ..scenario.softmax import SOURCE as SOFTMAX_SOURCE
 from ..scenario.softmax import scenario_softmax_path
 from ..scenario.stages import is_uneven
 from ..units import bytes_to_gib
-from ..vocabulary import ATTENTION_FLASH, CP_COMM, NVLS, categories_of
+from ..vocabulary import (
+    ATTENTION_FLASH,
+    CP_COMM,
+    EP_COMM,
+    MOE_ALLGATHER,
+    MOE_ALLTOALL,
+    NVLS,
+    categories_of,
+)
 from .metrics import compute_lanes
 
 
@@ -70,6 +78,7 @@ def summary_text(result: Result) -> str:
         f"  TP {par.tensor_model_parallel_size} x "
         + (f"CP {par.cp_size} x " if par.cp_size > 1 else "")
         + f"PP {par.pipeline_model_parallel_size} x DP {par.data_parallel_size}"
+        + (f" · EP {par.ep_size} x ETP {par.etp_size}" if s.model.moe else "")
         + (f" (layers per stage {layer_counts(s)})" if is_uneven(par) else "")
         + (" + sequence parallel" if par.sequence_parallel else "")
         + f" · {m.num_microbatches} micro-batches of {tr.micro_batch_size} per pipeline"
@@ -120,6 +129,8 @@ def summary_text(result: Result) -> str:
         lines.append(f"  attention softmax unfused: {softmax.reason} ({SOFTMAX_SOURCE})")
     if par.cp_size > 1:
         lines += context_parallel_lines(result)
+    if s.model.moe:
+        lines += expert_parallel_lines(result)
     if m.out_of_memory:
         lines.append(f"  WARNING: {m.out_of_memory}")
     iteration = m.iteration_time_s
@@ -164,6 +175,52 @@ def context_parallel_lines(result: Result) -> list[str]:
         f"exposed ({100 * exposed_s / m.iteration_time_s if m.iteration_time_s else 0:.1f} % "
         "of the iteration)",
     ]
+
+
+def _wire_s(result: Result, kind: str) -> float:
+    """Seconds per simulated GPU that ``kind``'s transfers were in flight."""
+    wire_s, lanes = 0.0, compute_lanes(result.trace.lanes)
+    gpus = {lane.gpu for lane in lanes}
+    for gpu, _stream, span_kind, _label, _mb, start_s, end_s, _op in result.trace.spans:
+        if span_kind == kind and gpu in gpus:
+            wire_s += end_s - start_s
+    return wire_s / max(1, len(lanes))
+
+
+def expert_parallel_lines(result: Result) -> list[str]:
+    """What the MoE layers are and how their tokens travel: experts, top-k, the
+    dispatcher and where its groups sit; the expert-parallel communication on the wire
+    against its exposed part (docs/moe.md)."""
+    s, m = result.scenario, result.metrics
+    model, par, cl = s.model, s.parallel, s.cluster
+    from ..workload.memory import active_params, model_params
+
+    tied = s.training.share_embeddings_and_output_weights
+    total, active = model_params(model, tied), active_params(model, tied)
+    span = par.ep_size * par.etp_size
+    where = (
+        "inside a node" if span <= cl.gpus_per_node else f"across {span // cl.gpus_per_node} nodes"
+    )
+    how = {
+        MOE_ALLTOALL: f"all-to-all over EP groups of {par.ep_size} GPUs {par.etp_size} apart",
+        MOE_ALLGATHER: f"all-gather / reduce-scatter over EP x ETP groups of {span} GPUs",
+    }[s.training.moe_dispatcher]
+    lines = [
+        f"  mixture of experts        {model.num_experts} experts, top-{model.router_topk}, "
+        f"{model.num_moe_layers} of {model.num_layers} layers; {total / 1e9:.1f}B parameters, "
+        f"{active / 1e9:.1f}B active (MFU counts the active)",
+        f"  expert parallel           {s.training.moe_dispatcher} dispatcher: {how}, {where}; "
+        f"expert grads over {par.expert_data_parallel_size} "
+        f"GPU{'s' if par.expert_data_parallel_size > 1 else ''}",
+    ]
+    if span > 1:
+        exposed_s = m.breakdown_s.get(EP_COMM, 0.0)
+        share = 100 * exposed_s / m.iteration_time_s if m.iteration_time_s else 0.0
+        lines.append(
+            f"  EP communication          {_wire_s(result, EP_COMM):.4g} s per GPU on the wire, "
+            f"{exposed_s:.4g} s exposed ({share:.1f} % of the iteration)"
+        )
+    return lines
 
 
 def context_text(scenario: Scenario) -> str:

@@ -28,6 +28,7 @@ from ..vocabulary import (
     COMPUTE_STREAM,
     CP_STREAM,
     DP_STREAM,
+    EP_STREAM,
     FORWARD,
     PASS_KINDS,
     PP_SEND,
@@ -46,6 +47,7 @@ TRACK_TITLES = {
     DP_STREAM: "dp comm",
     TP_STREAM: "tp comm",
     CP_STREAM: "cp comm",
+    EP_STREAM: "ep dispatch/combine",
 }
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..vocabulary import ATTENTION_FLASH, ATTENTION_UNFUSED, CP_A2A, NO_SHARDING
 from .errors import ScenarioError
+from .moe_rules import check_moe_model
 
 if TYPE_CHECKING:
     from .spec import ModelSpec, ParallelConfig, TrainingConfig
@@ -29,6 +30,7 @@ def check_model(model: ModelSpec) -> None:
             rule=f"must divide model.num_attention_heads={model.num_attention_heads} "
             "(each K/V head serves the same number of query heads)",
         )
+    check_moe_model(model)
 
 
 def attention_kernel_of(backend: str | None, kernel: str | None) -> str | None:

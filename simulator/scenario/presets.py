@@ -142,6 +142,77 @@ MODELS: dict[str, dict[str, object]] = {
         **_LLAMA,
         "add_qkv_bias": True,
     },
+    # Mixtures of experts (docs/moe.md). Mixtral: Jiang et al. 2024 (arXiv 2401.04088)
+    # Table 1 and mistralai/Mixtral-8x7B-v0.1 / Mixtral-8x22B-v0.1 config.json
+    # (num_local_experts 8, num_experts_per_tok 2, intermediate_size per expert, no
+    # biases, untied). seq_length 4096 is a training length of our choosing (Megatron-LM's
+    # Mixtral examples use it; the models take 32k / 64k); the sliding window is not
+    # modelled.
+    "mixtral-8x7b": {
+        "num_layers": 32,
+        "hidden_size": 4096,
+        "num_attention_heads": 32,
+        "num_query_groups": 8,
+        "ffn_hidden_size": 14336,
+        "seq_length": 4096,
+        "vocab_size": 32000,
+        **_LLAMA,
+        "num_experts": 8,
+        "moe_router_topk": 2,
+    },
+    "mixtral-8x22b": {
+        "num_layers": 56,
+        "hidden_size": 6144,
+        "num_attention_heads": 48,
+        "num_query_groups": 8,
+        "ffn_hidden_size": 16384,
+        "seq_length": 4096,
+        "vocab_size": 32768,
+        **_LLAMA,
+        "num_experts": 8,
+        "moe_router_topk": 2,
+    },
+    # Qwen3-235B-A22B: Qwen/Qwen3-235B-A22B config.json (hidden_size 4096, 94 layers, 64
+    # heads, 4 key-value heads, head_dim 128, num_experts 128, num_experts_per_tok 8,
+    # moe_intermediate_size 1536, decoder_sparse_step 1, no mlp_only_layers, vocab_size
+    # 151936, untied) and the Qwen3 technical report (arXiv 2505.09388: pre-training at
+    # 4,096 tokens, no shared experts). Its per-head Q/K RMSNorm (2 x 128 weights per
+    # layer) is not modelled.
+    "qwen3-235b-a22b": {
+        "num_layers": 94,
+        "hidden_size": 4096,
+        "num_attention_heads": 64,
+        "num_query_groups": 4,
+        "kv_channels": 128,
+        "ffn_hidden_size": 12288,
+        "seq_length": 4096,
+        "vocab_size": 151936,
+        **_LLAMA,
+        "num_experts": 128,
+        "moe_router_topk": 8,
+        "moe_ffn_hidden_size": 1536,
+    },
+    # gpt-oss-120b: openai/gpt-oss-120b config.json (36 layers, hidden_size 2880, 64
+    # heads, 8 key-value heads, head_dim 64, num_local_experts 128, experts_per_token 4,
+    # intermediate_size 2880, attention_bias true, vocab_size 201088,
+    # initial_context_length 4096, untied) and OpenAI's gpt-oss model card (116.8B
+    # parameters, 5.1B active). Approximations: its alternating 128-token sliding-window
+    # layers are full causal here, its attention sinks, the router's bias and the
+    # clamped SwiGLU's extras are not modelled (SwiGLU's cost stands in).
+    "gpt-oss-120b": {
+        "num_layers": 36,
+        "hidden_size": 2880,
+        "num_attention_heads": 64,
+        "num_query_groups": 8,
+        "kv_channels": 64,
+        "ffn_hidden_size": 2880,
+        "seq_length": 4096,
+        "vocab_size": 201088,
+        **_LLAMA,
+        "add_bias_linear": True,
+        "num_experts": 128,
+        "moe_router_topk": 4,
+    },
 }
 
 # Model families for `stepsim plan fit`: (name, layers, hidden, heads), smallest first;

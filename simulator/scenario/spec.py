@@ -195,6 +195,55 @@ class ModelSpec:
         preset=True,
     )
 
+    # mixture of experts (Megatron-Core's --num-experts, --moe-*; docs/moe.md); None: dense
+    num_experts: int | None = key(
+        "mixture of experts: routed experts per MoE layer (Megatron-Core's `--num-experts`); "
+        "unset: a dense model",
+        default=None,
+        derived="none (dense)",
+        preset=True,
+        low=1,
+        high=65536,
+    )
+    moe_router_topk: int | None = key(
+        "experts each token is routed to (`--moe-router-topk`); <= `num_experts`",
+        default=None,
+        derived="2 (Megatron-Core's default)",
+        preset=True,
+        low=1,
+        high=65536,
+    )
+    moe_ffn_hidden_size: int | None = key(
+        "one routed expert's inner MLP width (`--moe-ffn-hidden-size`; gated as `swiglu` says)",
+        default=None,
+        derived="`ffn_hidden_size`",
+        preset=True,
+    )
+    moe_shared_expert_intermediate_size: int | None = key(
+        "the shared experts' inner width, all of them together, run on every token "
+        "(`--moe-shared-expert-intermediate-size`); unset: none",
+        default=None,
+        derived="none",
+        preset=True,
+    )
+    moe_layer_freq: int | None = key(
+        "every this-many-th layer is an MoE layer, from layer 0 (Megatron-Core's integer "
+        "`--moe-layer-freq`: layer i is MoE when i mod it is 0); the others dense",
+        default=None,
+        derived="1 (every layer)",
+        preset=True,
+        low=1,
+        high=100_000,
+    )
+    moe_expert_capacity_factor: float | None = key(
+        "token dropping: each expert takes at most this x its balanced share of tokens "
+        "(`--moe-expert-capacity-factor`); unset: dropless",
+        default=None,
+        derived="none (dropless)",
+        low=0.01,
+        high=1000.0,
+    )
+
     def __post_init__(self) -> None:
         rules.check_values(self, "model")
         rules.check_model(self)
@@ -247,6 +296,40 @@ class ModelSpec:
     def fc1_width(self) -> int:
         """Columns of fc1: 2 x ffn for SwiGLU's gate and up halves, else ffn."""
         return (2 if self.gated else 1) * self.ffn_hidden_size
+
+    # -- mixture of experts (None: dense; workload.moe) ------------------------------------
+
+    @property
+    def moe(self) -> bool:
+        return self.num_experts is not None
+
+    @property
+    def router_topk(self) -> int:
+        return 2 if self.moe_router_topk is None else self.moe_router_topk
+
+    @property
+    def expert_ffn(self) -> int:
+        """One routed expert's inner width."""
+        return (
+            self.ffn_hidden_size if self.moe_ffn_hidden_size is None else self.moe_ffn_hidden_size
+        )
+
+    @property
+    def expert_fc1_width(self) -> int:
+        return (2 if self.gated else 1) * self.expert_ffn
+
+    @property
+    def shared_expert_ffn(self) -> int:
+        return self.moe_shared_expert_intermediate_size or 0
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether global layer ``layer`` (0-based) is an MoE layer (Megatron-Core's
+        integer `moe_layer_freq`: ``layer % freq == 0``)."""
+        return self.moe and layer % (self.moe_layer_freq or 1) == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -441,6 +524,24 @@ class ParallelConfig:
         derived="`p2p`",
         choices=CP_COMM_TYPES,
     )
+    # expert parallelism (MoE models; docs/moe.md); None reads as 1 and as TP
+    expert_model_parallel_size: int | None = key(
+        "Megatron-Core's expert parallelism: each MoE layer's experts split over this many "
+        "GPUs, folded over the stage's TP x CP x DP GPUs (rank order tp-ep-dp for experts); "
+        "must divide `model.num_experts`",
+        default=None,
+        derived="1",
+        low=1,
+        high=65536,
+    )
+    expert_tensor_parallel_size: int | None = key(
+        "tensor parallelism inside each expert (Megatron-Core's "
+        "`--expert-tensor-parallel-size`); EP x this must divide TP x CP x DP; 1 or TP",
+        default=None,
+        derived="TP (Megatron-Core's default)",
+        low=1,
+        high=4096,
+    )
     decoder_first_pipeline_num_layers: int | None = key(
         "Megatron-Core's `--decoder-first-pipeline-num-layers`: transformer layers on the "
         "first pipeline stage; the stages not set by this or the next key share the rest "
@@ -479,6 +580,25 @@ class ParallelConfig:
     def cp_comm(self) -> str:
         """`cp_comm_type` in effect: as given, or `p2p` (Megatron-Core's default)."""
         return self.cp_comm_type or CP_P2P
+
+    @property
+    def ep_size(self) -> int:
+        """Expert-parallel size in effect: `expert_model_parallel_size`, or 1."""
+        return self.expert_model_parallel_size or 1
+
+    @property
+    def etp_size(self) -> int:
+        """Expert tensor-parallel size in effect: as given, or TP (Megatron-Core)."""
+        if self.expert_tensor_parallel_size is None:
+            return self.tensor_model_parallel_size
+        return self.expert_tensor_parallel_size
+
+    @property
+    def expert_data_parallel_size(self) -> int:
+        """GPUs an expert's gradient is reduced over: TP x CP x DP / (EP x ETP)
+        (Megatron-Core's expert-data-parallel group)."""
+        stage = self.tensor_model_parallel_size * self.gradient_group_size
+        return max(1, stage // (self.ep_size * self.etp_size))
 
     @property
     def gradient_group_size(self) -> int:

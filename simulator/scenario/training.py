@@ -17,6 +17,8 @@ from ..vocabulary import (
     DTYPE_BYTES,
     FP8_FORMATS,
     FP8_RECIPES,
+    MOE_ALLGATHER,
+    MOE_DISPATCHERS,
     NO_SHARDING,
     PARAMS_DTYPES,
     RECOMPUTE_GRANULARITIES,
@@ -219,6 +221,14 @@ class TrainingConfig:
         default=None,
         derived="`false`",
     )
+    moe_token_dispatcher_type: str | None = key(
+        "Megatron-Core's `--moe-token-dispatcher-type` for MoE layers: `alltoall` (tokens "
+        "all-to-all'ed to their experts' EP ranks and back) or `allgather` (every token "
+        "all-gathered over the EP x ETP group, the experts' outputs reduce-scattered)",
+        default=None,
+        choices=MOE_DISPATCHERS,
+        derived="`allgather` (Megatron-Core's default)",
+    )
     masked_softmax_fusion: bool = key(
         "`unfused` attention only: Megatron's fused scale-mask-softmax kernel where its "
         "shape rule allows (heads per TP rank x micro-batch divisible by 4, sequence "
@@ -331,3 +341,8 @@ class TrainingConfig:
         if self.custom_orders is not None:
             return self.schedule_placement or schedules.LOOPED
         return schedules.SCHEDULES[self.schedule].placement
+
+    @property
+    def moe_dispatcher(self) -> str:
+        """`moe_token_dispatcher_type` in effect: as given, or `allgather`."""
+        return self.moe_token_dispatcher_type or MOE_ALLGATHER

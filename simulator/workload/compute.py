@@ -181,7 +181,8 @@ def gemm_efficiency(c: KernelConstants, m: float, n: float, k: float, batch: int
     tile = (m * n) / (tiles_m * c.tile_m * tiles_n * c.tile_n)
     tiles = batch * tiles_m * tiles_n
     best = 0.0
-    for splits in range(1, max(1, min(c.num_sms // tiles, int(k) // 16)) + 1):
+    # int(): a batch given as a float (attention's heads per rank) makes tiles a float
+    for splits in range(1, max(1, min(int(c.num_sms // tiles), int(k) // 16)) + 1):
         total = tiles * splits
         wave = total / (math.ceil(total / c.num_sms) * c.num_sms)
         depth = k / splits

@@ -64,15 +64,19 @@ from ..vocabulary import (
     ZERO_ALL_REDUCE,
 )
 from .compute import ComputeModel
+from .experts import layer_params_of
 from .gpuops import GpuOps
 from .keys import BucketKey, LayerKey, ShardKey, TiedKey, TiedReadyKey
 from .memory import (
     WEIGHT_BYTES_PER_PARAM,
     gathered_param_bytes,
     layer_params_per_rank,
+    optimizer_sharded,
     output_rank,
+    stage_expert_params_per_rank,
     stage_params_per_rank,
 )
+from .moe import expert_collective
 
 
 class Pass:
@@ -116,6 +120,16 @@ class DataParallel:
         self.params = stage_params_per_rank(scenario, gpu.stage)
         # the embedding/output weights of the stage, if it has any
         self.rest_params = self.params - scenario.rank_layers(gpu.stage) * self.layer_params
+        # mixture of experts: the routed experts' parameters meet over the expert-data-
+        # parallel group (`sync_experts`); ``params`` and the layers' buckets are the rest
+        self.expert_params = stage_expert_params_per_rank(scenario, gpu.stage)
+        self.layer_dense: list[float] = []
+        if self.expert_params:
+            self.params -= self.expert_params
+            self.layer_dense = [dense for dense, _ in layer_params_of(scenario, gpu.stage)]
+            self.rest_params = self.params - sum(self.layer_dense)
+            self.expert_data = par.expert_data_parallel_size
+            self.experts_sharded = optimizer_sharded(scenario)
         self.buckets: list[BucketKey] = []
         training = scenario.training
         self.grad_bytes = training.communication_bytes  # per parameter, DP collectives
@@ -162,7 +176,9 @@ class DataParallel:
         self.sync()
         if not tied_first:
             self.tie()
+        self.sync_experts()
         self.step()
+        self.step_experts()
 
     # a blocking reduce-scatter after the flush (Megatron-LM 2022's distributed
     # optimizer, which all-reduces the tied gradient before it)
@@ -191,6 +207,41 @@ class DataParallel:
 
     def step(self) -> None:
         self.optimize(self.params)
+
+    def layer_params_at(self, index: int) -> float:
+        """The parameters of rank-local layer ``index`` that meet over data x context
+        parallel (an MoE layer's: all but its routed experts)."""
+        return self.layer_dense[index] if self.layer_dense else self.layer_params
+
+    def sync_experts(self) -> None:
+        """The routed experts' gradients over the expert-data-parallel group, after the
+        flush, blocking, in the strategy's collective (reduce-scatter under ZeRO) and
+        reduce_bucket_size calls: not overlapped with the backward (docs/moe.md)."""
+        if not self.expert_params or self.expert_data == 1:
+            return
+        kind = self.gradient_kind if self.experts_sharded else ALL_REDUCE
+        params = self.expert_params
+        calls = 1 if self.reduce_bucket == 0 else math.ceil(params / self.reduce_bucket)
+        label = f"expert grads {COLLECTIVE_LABELS[kind]}"
+        gpu = self.gpu
+        transfer = gpu.comm.expert("edp", kind, params * self.grad_bytes / calls, gpu.j, gpu.d)
+        for n in range(calls):
+            name = label if calls == 1 else f"{label} {n + 1}/{calls}"
+            expert_collective(gpu, DP_SYNC, "edp", name, transfer)
+
+    def step_experts(self) -> None:
+        """The routed experts' optimizer step: on 1 / EDP of them under ZeRO, whose
+        all-gather over the expert-data-parallel group follows (16-bit weights)."""
+        if not self.expert_params:
+            return
+        sharded = self.experts_sharded and self.expert_data > 1
+        self.optimize(self.expert_params / (self.expert_data if sharded else 1))
+        if sharded:
+            nbytes = self.expert_params * WEIGHT_BYTES_PER_PARAM
+            gpu = self.gpu
+            transfer = gpu.comm.expert("edp", ALL_GATHER, nbytes, gpu.j, gpu.d)
+            label = f"expert params {COLLECTIVE_LABELS[ALL_GATHER]}"
+            expert_collective(gpu, DP_SYNC, "edp", label, transfer)
 
     # -- what the modes share -----------------------------------------------------------
 
@@ -231,7 +282,7 @@ class DataParallel:
         self.buckets.append(key)
 
     def layer_bucket(self, mb: int, index: int) -> None:
-        self.bucket(f"grads layer {index}", mb, self.layer_params)
+        self.bucket(f"grads layer {index}", mb, self.layer_params_at(index))
 
 
 class AllReduceAfterFlush(DataParallel):
@@ -340,7 +391,7 @@ class ShardedGradients(DistributedOptimizer):
         return _Buckets(self, mb)
 
     def layer_bucket(self, mb: int, index: int) -> None:
-        self.bucket(f"grads layer {index} micro-batch {mb}", mb, self.layer_params)
+        self.bucket(f"grads layer {index} micro-batch {mb}", mb, self.layer_params_at(index))
 
 
 class FullySharded(DataParallel):
@@ -500,7 +551,7 @@ class _GatherAhead(Pass):
         self.gathered: dict[int, ShardKey] = {}
         for n, index in enumerate(order):
             key = ShardKey(zero.gpu.who, zero.gpu.stage, label, ALL_GATHER, index)
-            params = zero.layer_params + (zero.rest_params if rest and n == 0 else 0.0)
+            params = zero.layer_params_at(index) + (zero.rest_params if rest and n == 0 else 0.0)
             zero.collective(
                 zero.side,
                 f"params {COLLECTIVE_LABELS[ALL_GATHER]} layer {index}",

@@ -61,8 +61,10 @@ from .collectives import Fabric
 from .compute import ComputeModel, OverlapGemms, Work
 from .context import ContextAttention
 from .dataparallel import strategy_for
+from .experts import rank_moe_flags
 from .gpuops import GpuOps
 from .keys import AsyncTpKey, P2PKey, PipelineKey
+from .moe import MoeBlock
 from .ops import Workload, WorkloadBuilder
 from .placement import StageComm, placement_of
 
@@ -163,6 +165,10 @@ class _Stage:
         if scenario.parallel.cp_size > 1:
             self.cp = ContextAttention(compute, self.overlap_tp, self.split)
         self.dp = strategy_for(gpu, scenario, compute)
+        # mixture of experts: which rank-local layers are MoE layers, and their MLP block
+        moe = scenario.model.moe
+        self.moe_flags = rank_moe_flags(scenario, self.stage) if moe else None
+        self.moe = MoeBlock(compute) if moe else None
         self.p2p = training.mechanism("pipeline_p2p")
         self.blocking = self.p2p != frameworks.OVERLAPPED
         # what crosses a stage boundary per tensor rank, and whether the receiver
@@ -382,7 +388,7 @@ class _Stage:
             self.gpu.work(FORWARD, label, mb, self.extras.embedding_forward, recv + dp.first())
             recv = []
         for n, index in enumerate(layers):
-            self.layer_body("F", label, mb, recv + dp.before_layer(index))
+            self.layer_body("F", label, mb, recv + dp.before_layer(index), index)
             dp.after_layer(n, index)
             recv = []
         if last:
@@ -411,7 +417,7 @@ class _Stage:
             self.gpu.work(BACKWARD, label, mb, output, recv + dp.first())
             recv = []
         for n, index in enumerate(order):
-            self.layer_body("B", label, mb, recv + dp.before_layer(index))
+            self.layer_body("B", label, mb, recv + dp.before_layer(index), index)
             dp.after_layer(n, index)
             recv = []
         if first and not split:
@@ -420,7 +426,7 @@ class _Stage:
         if not first:
             self.hand_over(label, mb, "B", virtual, virtual - 1)
 
-    def layer_body(self, kind: str, label: str, mb: int, deps: list[object]) -> None:
+    def layer_body(self, kind: str, label: str, mb: int, deps: list[object], index: int) -> None:
         """A layer's ops in a forward (F) or backward (B) pass, its first waiting for
         ``deps``. They are alike in every pass of the stage but for label and micro-batch
         (what the blocks add depends on the stage's layer, layout and mechanisms only),
@@ -428,8 +434,9 @@ class _Stage:
         ones are replayed from the record (WorkloadBuilder.replay): the same ops at a
         fraction of the cost, in exact mode with their TP collectives' rendezvous named
         again in order. Bodies that name ops (asynchronous TP, --tp-comm-overlap) are made
-        by the blocks every time."""
-        shape = (kind, bool(deps))
+        by the blocks every time. MoE and dense layers (rank-local ``index``) are two shapes."""
+        moe = self.moe_flags is not None and self.moe_flags[index]
+        shape = (kind, bool(deps), moe)
         rows = self.bodies.get(shape)
         gpu = self.gpu
         builder = gpu.builder
@@ -438,28 +445,37 @@ class _Stage:
             return
         mark = builder.mark()
         if kind == "F":
-            self.forward_layer(label, mb, deps)
+            self.forward_layer(label, mb, deps, moe)
         else:
-            self.backward_layer(label, mb, deps)
+            self.backward_layer(label, mb, deps, moe)
         if rows is None:
             # exact mode: a TP collective's rendezvous is named by its group and count
             kinds = (TP_COMM, CP_COMM) if gpu.exact else ()
             body = builder.body_since(mark, gpu.lane, label, mb, deps, kinds)
-            self.bodies[shape] = body or ()
+            # exact mode: an MoE layer's expert collectives are named by their group too,
+            # which a replay (naming by kind alone) cannot do: made by the blocks each time
+            self.bodies[shape] = () if moe and gpu.exact else body or ()
 
-    def forward_layer(self, label: str, mb: int, deps: list[object]) -> None:
+    def forward_layer(self, label: str, mb: int, deps: list[object], moe: bool = False) -> None:
         layer = self.layer
         self.block(FORWARD, label, mb, layer.attention_forward, layer.attention_overlap, deps)
-        self.block(FORWARD, label, mb, layer.mlp_forward, layer.mlp_overlap)
+        self.mlp(FORWARD, label, mb, moe)
 
-    def backward_layer(self, label: str, mb: int, recv: list[object]) -> None:
+    def mlp(self, kind: str, label: str, mb: int, moe: bool) -> None:
+        """The MLP block, or an MoE layer's (moe.py) in its place."""
+        if moe and self.moe is not None:
+            self.moe.forward(self, kind, label, mb, ())
+        else:
+            self.block(kind, label, mb, self.layer.mlp_forward, self.layer.mlp_overlap)
+
+    def backward_layer(self, label: str, mb: int, recv: list[object], moe: bool = False) -> None:
         layer = self.layer
         mlp, attention = layer.mlp_backward, layer.attention_backward
         if self.split:
             mlp, attention = mlp - layer.mlp_weight, attention - layer.attention_weight
         if self.recompute == RECOMPUTE_FULL:
             self.block(RECOMPUTE, label, mb, layer.attention_forward, layer.attention_overlap, recv)
-            self.block(RECOMPUTE, label, mb, layer.mlp_forward, layer.mlp_overlap)
+            self.mlp(RECOMPUTE, label, mb, moe)
             recv = []
         elif self.recompute == RECOMPUTE_SELECTIVE and self.cp is not None:
             self.cp.lower(self.gpu, RECOMPUTE, label, mb, recv)  # its exchanges again
@@ -467,7 +483,10 @@ class _Stage:
         elif self.recompute == RECOMPUTE_SELECTIVE:
             self.gpu.work(RECOMPUTE, label, mb, layer.attention_core_forward, recv)
             recv = []
-        self.backward_block(label, mb, mlp, layer.mlp_last_weight, layer.mlp_overlap, recv)
+        if moe and self.moe is not None:
+            self.moe.backward(self, label, mb, recv)
+        else:
+            self.backward_block(label, mb, mlp, layer.mlp_last_weight, layer.mlp_overlap, recv)
         self.backward_block(
             label, mb, attention, layer.attention_last_weight, layer.attention_overlap, ()
         )
@@ -482,7 +501,8 @@ class _Stage:
         order = list(reversed(self.layers(step.chunk)))
         dp = self.dp.weight_pass(label, mb, step.chunk, order, last_microbatch)
         for n, index in enumerate(order):
-            self.gpu.work(WEIGHT, label, mb, self.layer.mlp_weight)
+            moe = self.moe is not None and self.moe_flags[index]
+            self.gpu.work(WEIGHT, label, mb, self.moe.work.weight if moe else self.layer.mlp_weight)
             self.gpu.work(WEIGHT, label, mb, self.layer.attention_weight)
             if virtual == 0 and n == len(order) - 1:
                 self.gpu.work(WEIGHT, label, mb, self.extras.embedding_weight)

@@ -48,6 +48,7 @@ from ..vocabulary import (
     SHARD_GRADIENTS,
     SHARD_OPTIMIZER,
 )
+from .experts import all_layers_params, layer_params_of, rank_moe_flags
 
 # What a training process holds besides the model state and activations: the CUDA
 # context and kernels (~0.5 GiB on A100/H100), cuBLAS's workspace, NCCL's channel
@@ -88,12 +89,25 @@ def model_params(model: ModelSpec, tied: bool = True) -> int:
     """The whole model's parameters: layers, word embedding, learned positions, final
     norm and, untied, the output layer (the published counts count each once)."""
     sharded, replicated = layer_params(model)
-    params = model.num_layers * (sharded + replicated) + model.vocab_size * model.hidden_size
+    if model.moe:  # dense and MoE layers (experts.py)
+        params = all_layers_params(model) + model.vocab_size * model.hidden_size
+    else:
+        params = model.num_layers * (sharded + replicated) + model.vocab_size * model.hidden_size
     if not model.rope:
         params += model.seq_length * model.hidden_size
     if not tied:
         params += model.vocab_size * model.hidden_size
     return params + norm_params(model)
+
+
+def active_params(model: ModelSpec, tied: bool = True) -> int:
+    """The parameters one token meets: `model_params` with each MoE layer's top-k routed
+    experts in place of all E (a dense model's are all of them). MFU's model FLOPs are
+    the FLOPs of these (docs/moe.md)."""
+    total = model_params(model, tied)
+    if not model.moe:
+        return total
+    return total - all_layers_params(model) + all_layers_params(model, active=True)
 
 
 def fp8_linear_params_per_rank(scenario: Scenario) -> float:
@@ -156,7 +170,10 @@ def stage_params_per_rank(scenario: Scenario, stage: int) -> float:
     m = scenario.model
     t = scenario.parallel.tensor_model_parallel_size
     tied = scenario.training.share_embeddings_and_output_weights
-    params = layer_params_per_rank(scenario) * scenario.rank_layers(stage)
+    if scenario.model.moe:  # dense and MoE layers, the experts' E / EP (experts.py)
+        params = sum(dense + experts for dense, experts in layer_params_of(scenario, stage))
+    else:
+        params = layer_params_per_rank(scenario) * scenario.rank_layers(stage)
     if stage == 0:
         params += m.vocab_size * m.hidden_size / t + (0 if m.rope else m.seq_length * m.hidden_size)
     if stage == output_rank(scenario):
@@ -164,6 +181,14 @@ def stage_params_per_rank(scenario: Scenario, stage: int) -> float:
         if stage != 0 or not tied:
             params += m.vocab_size * m.hidden_size / t
     return params
+
+
+def stage_expert_params_per_rank(scenario: Scenario, stage: int) -> float:
+    """The routed experts' parameters on one GPU of a pipeline stage (0 for a dense
+    model): reduced, and sharded by ZeRO, over the expert-data-parallel group."""
+    if not scenario.model.moe:
+        return 0.0
+    return sum(experts for _, experts in layer_params_of(scenario, stage))
 
 
 def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None) -> float:
@@ -216,6 +241,37 @@ def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None)
     if sp:
         return sbh * ((replicated + sharded) / t + attention_core)
     return sbh * (replicated + sharded / t + attention_core)
+
+
+def moe_activation_bytes(
+    scenario: Scenario, dense_bytes: float, recompute: str | None = None
+) -> float:
+    """An MoE layer's activations from a dense layer's (``dense_bytes``, same
+    recomputation): the MLP's fc1 and fc2 inputs (2 ffn_1 + 2 ffn bytes per token on the
+    GPU) give way to the routed rows the GPU's experts keep: k (capped by the capacity
+    factor) x ETP rows per local token, each keeping fc1's input (h), the activation's
+    (ffn_1 / ETP) and fc2's (ffn / ETP) in 2 bytes."""
+    m, par = scenario.model, scenario.parallel
+    if (recompute or scenario.training.recompute_granularity) == RECOMPUTE_FULL:
+        return dense_bytes
+    local = m.seq_length // par.cp_size * scenario.training.micro_batch_size
+    local /= par.tensor_model_parallel_size
+    factor = m.moe_expert_capacity_factor
+    rows = local * m.router_topk * (1.0 if factor is None else min(1.0, factor)) * par.etp_size
+    experts = rows * 2 * (m.hidden_size + (m.expert_fc1_width + m.expert_ffn) / par.etp_size)
+    shared = local * 2 * ((2 if m.gated else 1) + 1) * m.shared_expert_ffn
+    return dense_bytes - local * 2 * (m.fc1_width + m.ffn_hidden_size) + experts + shared
+
+
+def stage_activation_bytes_per_layer(scenario: Scenario, stage: int) -> float:
+    """`activation_bytes_per_layer`, for an MoE model the mean over the rank's dense and
+    MoE layers (exact when they are all of one kind)."""
+    dense = activation_bytes_per_layer(scenario)
+    if not scenario.model.moe:
+        return dense
+    flags = rank_moe_flags(scenario, stage)
+    moe = moe_activation_bytes(scenario, dense)
+    return sum(moe if flag else dense for flag in flags) / max(1, len(flags))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -275,7 +331,12 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
     gradient_bytes = scenario.training.gradient_bytes
     gradients = params * gradient_bytes
     optimizer = params * OPTIMIZER_BYTES_PER_PARAM
-    if optimizer_sharded(scenario):
+    experts = stage_expert_params_per_rank(scenario, stage)
+    if optimizer_sharded(scenario) and experts:
+        # the routed experts' states over the expert-data-parallel group, the rest over D x C
+        edp = scenario.parallel.expert_data_parallel_size
+        optimizer = ((params - experts) / d + experts / edp) * OPTIMIZER_BYTES_PER_PARAM
+    elif optimizer_sharded(scenario):
         optimizer /= d
     if sharding_of(scenario) == SHARD_FULL:
         # sharded weights and gradients, plus FSDP's working set: the layer in use and
@@ -298,12 +359,17 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
             weights += fp8_weight_bytes(scenario, scenario.rank_layers(stage))
     chunks = scenario.chunk_layers[stage]
     if len(set(chunks)) == 1:  # every chunk alike: the peak in flight times a chunk's layers
-        activations = activation_bytes_per_layer(scenario) * chunks[0] * inflight_activations
+        activations = stage_activation_bytes_per_layer(scenario, stage) * chunks[0]
+        activations *= inflight_activations
     else:  # chunks of unequal size (an uneven split with chunks): walk the rank's order
-        activations = activation_bytes_per_layer(scenario) * inflight_layers(scenario, stage)
+        activations = stage_activation_bytes_per_layer(scenario, stage)
+        activations *= inflight_layers(scenario, stage)
     if scenario.training.recompute_granularity == RECOMPUTE_FULL:
         # the layer being recomputed holds all its activations during its backward
-        activations += activation_bytes_per_layer(scenario, RECOMPUTE_NONE)
+        whole = activation_bytes_per_layer(scenario, RECOMPUTE_NONE)
+        if scenario.model.moe:  # its largest layer, an MoE one
+            whole = max(whole, moe_activation_bytes(scenario, whole, RECOMPUTE_NONE))
+        activations += whole
     if stage == output_rank(scenario):
         # fp32 logits of the micro-batch whose loss is being computed (Korthikanti Sec 4.3).
         tokens = m.seq_length // scenario.parallel.cp_size * scenario.training.micro_batch_size

@@ -46,6 +46,31 @@ class Placement:
         return [self.gpu(tp, first + c, pp) for c in range(self.context)]
 
 
+def expert_groups(stage_gpus: int, ep: int, etp: int) -> dict[str, tuple[list[int], list[int]]]:
+    """Megatron-Core's expert groups over a stage's GPUs (parallel_state.py's expert
+    `RankGenerator`, order "tp-ep-dp-pp" with CP folded into the data-parallel part: a
+    stage's GPU i is expert tensor rank i mod ETP, EP rank (i // ETP) mod EP and expert
+    data-parallel rank i // (ETP x EP)). Each group by name: (stage-local GPUs of the
+    group holding GPU 0, the offsets that give every other group of its kind). ``ep``:
+    the EP group (GPUs ETP apart); ``etp``: the expert tensor-parallel group; ``tpep``:
+    EP x ETP consecutive GPUs (the allgather dispatcher's group); ``edp``: the
+    expert-data-parallel group (GPUs ETP x EP apart), over which expert gradients meet."""
+    span = ep * etp
+    edp = stage_gpus // span
+    return {
+        "ep": (
+            [etp * e for e in range(ep)],
+            [t + span * d for d in range(edp) for t in range(etp)],
+        ),
+        "etp": (list(range(etp)), [etp * q for q in range(stage_gpus // etp)]),
+        "tpep": (list(range(span)), [span * q for q in range(edp)]),
+        "edp": (
+            [span * d for d in range(edp)],
+            [t + etp * e for e in range(ep) for t in range(etp)],
+        ),
+    }
+
+
 def placement_of(scenario: Scenario) -> Placement:
     p = scenario.parallel
     return Placement(
@@ -81,6 +106,13 @@ class StageComm:
         self._dp: dict[tuple[str, float, int], Collective | None] = {}
         self._sends: dict[tuple[int, int, float, int, int], Transfer] = {}
         self._cp: dict[tuple[str, float, tuple[int, int]], Transfer | Collective] = {}
+        par = scenario.parallel
+        self._experts = (
+            expert_groups(placement.tensor * placement.data, par.ep_size, par.etp_size)
+            if scenario.model.moe
+            else {}
+        )
+        self._expert: dict[tuple[str, str, float, int], Transfer | Collective | None] = {}
 
     def tp(self, kind: str, d: int) -> Collective | None:
         """A tensor-parallel collective (a vocabulary collective kind) of one
@@ -132,6 +164,43 @@ class StageComm:
 
                 self._cp[key] = self._shared(("cp", kind, message_bytes), self.stage, build)
         return self._cp[key]
+
+    def expert(
+        self, group: str, kind: str, message_bytes: float, j: int = 0, d: int = 0
+    ) -> Transfer | Collective | None:
+        """A collective over an expert group (``group``: a name of `expert_groups`): in
+        symmetric mode the representative GPU's, carrying every congruent group of the
+        stage; in exact mode the group of tensor rank ``j`` of replica ``d``. An
+        all-to-all (each member sends ``message_bytes`` / size to every other) or a ring
+        all-gather / reduce-scatter / all-reduce of ``message_bytes``; None for a group
+        of one GPU."""
+        offset = self.expert_offset(group, j, d) if self.exact else 0
+        key = (group, kind, message_bytes, offset)
+        if key not in self._expert:
+            base, offsets = self._experts[group]
+            stage_gpus = self.placement.tensor * self.placement.data
+            if len(base) == 1:
+                self._expert[key] = None
+                return None
+            if self.exact:
+                members = [g + offset + stage_gpus * self.stage for g in base]
+                self._expert[key] = self._context(kind, [members], message_bytes)
+                return self._expert[key]
+
+            def build(stage: int) -> Transfer | Collective | None:
+                rep = [g + stage_gpus * stage for g in base]
+                groups = [[g + o for g in rep] for o in self._kept(rep, offsets)]
+                return self._context(kind, groups, message_bytes)
+
+            self._expert[key] = self._shared(("expert", *key), self.stage, build)
+        return self._expert[key]
+
+    def expert_offset(self, group: str, j: int, d: int) -> int:
+        """Which group of kind ``group`` tensor rank ``j`` of replica ``d`` is in: the
+        offset of that group from the representative's (its name in exact mode)."""
+        base, offsets = self._experts[group]
+        local = j + self.placement.tensor * d
+        return next(o for o in offsets if local - o in base)
 
     def _context(self, kind: str, groups, message_bytes: float) -> Transfer | Collective:
         if kind == RING_SEND:

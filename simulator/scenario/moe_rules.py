@@ -1,0 +1,116 @@
+"""Mixture-of-experts rules (issue 20; docs/moe.md): what the MoE model keys need of
+each other, and what expert parallelism needs of the layout, as Megatron-Core checks
+them (megatron/core/transformer/transformer_config.py `__post_init__`,
+megatron/core/parallel_state.py `initialize_model_parallel`) or as stepsim models
+them. `rules` runs them in its order."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ..vocabulary import SHARD_FULL
+from .errors import ScenarioError
+
+if TYPE_CHECKING:
+    from .spec import ModelSpec, Scenario
+
+# the MoE model keys that mean nothing without num_experts
+_MOE_MODEL_KEYS = (
+    "moe_router_topk",
+    "moe_ffn_hidden_size",
+    "moe_shared_expert_intermediate_size",
+    "moe_layer_freq",
+    "moe_expert_capacity_factor",
+)
+
+
+def check_moe_model(model: ModelSpec) -> None:
+    """The MoE keys go with `num_experts`, and a token picks at most every expert."""
+    if model.num_experts is None:
+        for name in _MOE_MODEL_KEYS:
+            if getattr(model, name) is not None:
+                raise ScenarioError(
+                    key=f"model.{name}",
+                    value=getattr(model, name),
+                    rule="needs model.num_experts (an MoE model); without it the model is dense",
+                )
+        return
+    if model.router_topk > model.num_experts:
+        raise ScenarioError(
+            key="model.moe_router_topk",
+            value=model.router_topk,
+            rule=f"must be <= model.num_experts={model.num_experts} (a token's distinct experts)",
+        )
+
+
+def check_expert_parallel(scenario: Scenario) -> None:
+    """Expert parallelism as Megatron-Core lays it out and as stepsim models it."""
+    model, par, training = scenario.model, scenario.parallel, scenario.training
+    ep, etp, tp = par.ep_size, par.etp_size, par.tensor_model_parallel_size
+    if not model.moe:
+        for name, value in (
+            ("parallel.expert_model_parallel_size", par.expert_model_parallel_size),
+            ("parallel.expert_tensor_parallel_size", par.expert_tensor_parallel_size),
+            ("training.moe_token_dispatcher_type", training.moe_token_dispatcher_type),
+        ):
+            if value is not None:
+                raise ScenarioError(
+                    key=name, value=value, rule="needs model.num_experts (an MoE model)"
+                )
+        return
+    if model.num_experts % ep:
+        raise ScenarioError(
+            key="parallel.expert_model_parallel_size",
+            value=ep,
+            rule=f"must divide model.num_experts={model.num_experts} (each EP rank holds "
+            "the same number of experts)",
+        )
+    stage_gpus = tp * par.gradient_group_size
+    if stage_gpus % (ep * etp):
+        raise ScenarioError(
+            key="parallel.expert_model_parallel_size",
+            value=ep,
+            rule=f"x expert_tensor_parallel_size={etp} must divide TP x CP x DP={stage_gpus} "
+            "(Megatron-Core folds the experts' EP x ETP over a stage's GPUs)",
+        )
+    if etp not in (1, tp):
+        raise ScenarioError(
+            key="parallel.expert_tensor_parallel_size",
+            value=etp,
+            rule=f"must be 1 or the tensor-parallel size {tp} (other sizes are not modelled yet)",
+        )
+    if model.expert_ffn % etp:
+        raise ScenarioError(
+            key="parallel.expert_tensor_parallel_size",
+            value=etp,
+            rule=f"must divide model.moe_ffn_hidden_size={model.expert_ffn}",
+        )
+    if tp > 1 and not par.sequence_parallel:
+        raise ScenarioError(
+            key="parallel.sequence_parallel",
+            value=False,
+            rule="must be true for an MoE model with tensor parallelism (Megatron-LM asks "
+            "for it with EP and TP; stepsim models MoE layers under SP only)",
+        )
+    span = ep * etp
+    gpn = scenario.cluster.gpus_per_node
+    if gpn % span and span % gpn:
+        raise ScenarioError(
+            key="parallel.expert_model_parallel_size",
+            value=ep,
+            rule=f"x expert_tensor_parallel_size={etp} must divide or be a multiple of "
+            f"cluster.gpus_per_node={gpn} (alike EP groups on every node)",
+        )
+    if training.fp8_format is not None:
+        raise ScenarioError(
+            key="training.fp8_format",
+            value=training.fp8_format,
+            rule="cannot be set for an MoE model yet (FP8 grouped expert GEMMs are not modelled)",
+        )
+    if training.data_parallel_sharding == SHARD_FULL:
+        raise ScenarioError(
+            key="training.data_parallel_sharding",
+            value=SHARD_FULL,
+            rule="cannot be `full` for an MoE model yet (FSDP of expert weights is not "
+            "modelled); use `optimizer` or `gradients`",
+        )

@@ -1,0 +1,267 @@
+"""An MoE layer's MLP block on one GPU: its kernels and its token dispatch (docs/moe.md).
+
+Megatron-Core's MoELayer (megatron/core/transformer/moe/moe_layer.py) with its token
+dispatchers (token_dispatcher.py), under balanced routing: every expert receives the
+same share of the tokens. With n tokens of a micro-batch on a GPU (b s / CP, split
+over TP by sequence parallelism: n / TP), E experts, top-k routing, EP and ETP:
+
+- **router**: the h x E GEMM on the GPU's n / TP tokens, softmax and top-k as one
+  memory-bound pass (reads the 16-bit logits, writes fp32 probabilities, reads them
+  for the top-k, writes k indices (int64) and probabilities (fp32) per token);
+- **permute / unpermute**: memory-bound copies of the token rows into expert order
+  and back (each row read and written once per copy);
+- **dispatch / combine** (`alltoall`): an all-to-all over the EP group, each GPU
+  sending its n / TP x k rows (h x 2 bytes each), (EP - 1) / EP of them to other GPUs;
+  with ETP > 1 an all-gather of the received rows over the expert tensor-parallel
+  group after it (a reduce-scatter before the combine). `allgather`: every GPU's
+  n / TP rows all-gathered over the EP x ETP group before, the experts' output
+  reduce-scattered after. The backward runs the duals in reverse order;
+- **experts**: E / EP local experts, each a grouped GEMM of M = (n / TP) x ETP x EP x
+  k / E rows (fewer with a capacity factor below 1: the dropped tokens), at the
+  existing tile/wave GEMM model's efficiency for that shape (`gemm` with a batch of
+  E / EP: tiles of every expert share the waves), the activation memory-bound;
+- **shared experts**: a dense MLP of `moe_shared_expert_intermediate_size` on every
+  token, sharded over TP with its own SP all-gather and reduce-scatter, after the
+  routed experts (Megatron-Core without `moe_shared_expert_overlap`).
+
+Model FLOPs are the executed ones: a token's top-k experts, so MFU counts the active
+parameters. FP8 experts, routing skew, shared-expert and dispatcher overlap are left
+(docs/moe.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, NamedTuple
+
+from ..vocabulary import (
+    ALL_GATHER,
+    ALL_TO_ALL,
+    BACKWARD,
+    EP_COMM,
+    MOE_ALLTOALL,
+    REDUCE_SCATTER,
+)
+from .compute import BYTES_PER_ELEMENT, MASK_BYTES, ZERO, ComputeModel, Work
+
+if TYPE_CHECKING:
+    from .lowering import _Stage
+
+
+class MoeBlockWork(NamedTuple):
+    """The MoE MLP block's compute, split where its communication goes. Forward:
+    ``pre`` (norm, router, permute), dispatch, ``experts``, combine, ``post``
+    (unpermute), ``shared`` (shared experts, between their own TP collectives),
+    ``tail`` (dropout-add). Backward in execution order: ``tail_b``, ``shared_b``,
+    ``post_b``, combine's dual, ``experts_b``, dispatch's dual, ``pre_b``; ``*_w`` are
+    the weight-gradient parts inside them (a split schedule's W)."""
+
+    pre: Work
+    experts: Work
+    post: Work
+    shared: Work
+    tail: Work
+    tail_b: Work
+    shared_b: Work
+    post_b: Work
+    experts_b: Work
+    pre_b: Work
+    pre_w: Work
+    experts_w: Work
+    shared_w: Work
+
+    @property
+    def forward(self) -> Work:
+        return self.pre + self.experts + self.post + self.shared + self.tail
+
+    @property
+    def backward(self) -> Work:
+        return self.tail_b + self.shared_b + self.post_b + self.experts_b + self.pre_b
+
+    @property
+    def weight(self) -> Work:
+        return self.pre_w + self.experts_w + self.shared_w
+
+
+class Dispatch(NamedTuple):
+    """Message bytes of the dispatcher's collectives for one micro-batch (StageComm.expert
+    conventions): the all-to-all's per GPU, the ETP all-gather's and the allgather
+    dispatcher's whole gathered tensor."""
+
+    alltoall_bytes: float
+    etp_bytes: float
+    gather_bytes: float
+
+
+def _wgrad(cm: ComputeModel, k_in: float, n_out: float, tokens: float, batch: int) -> Work:
+    """``batch`` weight gradients of k_in x n_out over ``tokens`` rows, accumulated into
+    the gradient buffer as compute.weight_gradient does (fused into the GEMM or an add)."""
+    g = cm.training.gradient_bytes
+    weights = batch * k_in * n_out
+    if cm.training.mechanism("gradient_accumulation_fusion"):
+        return cm.gemm(k_in, n_out, tokens, batch, extra_bytes=(2 * g - 2) * weights)
+    return cm.gemm(k_in, n_out, tokens, batch) + cm.memory_bound((2 + 2 * g) * weights)
+
+
+def tokens_per_expert(cm: ComputeModel) -> float:
+    """M: the rows one local expert computes per micro-batch under balanced routing,
+    capped by the capacity factor when one is set (tokens beyond it are dropped)."""
+    model, par = cm.model, cm.parallel
+    local = cm.tokens / par.tensor_model_parallel_size  # SP: a GPU's share
+    routed = local * model.router_topk * par.ep_size * par.etp_size / model.num_experts
+    factor = model.moe_expert_capacity_factor
+    return routed if factor is None else routed * min(1.0, factor)
+
+
+def dispatch_bytes(cm: ComputeModel) -> Dispatch:
+    model, par = cm.model, cm.parallel
+    e, h = BYTES_PER_ELEMENT, model.hidden_size
+    local = cm.tokens / par.tensor_model_parallel_size
+    factor = model.moe_expert_capacity_factor
+    kept = model.router_topk * (1.0 if factor is None else min(1.0, factor))
+    rows = local * kept  # the GPU's routed token copies that are sent (dropless: all)
+    return Dispatch(
+        alltoall_bytes=rows * h * e,
+        etp_bytes=par.etp_size * rows * h * e,
+        gather_bytes=par.ep_size * par.etp_size * local * h * e,
+    )
+
+
+def moe_block_work(cm: ComputeModel) -> MoeBlockWork:
+    model, par = cm.model, cm.parallel
+    e, h, k = BYTES_PER_ELEMENT, model.hidden_size, model.router_topk
+    t, etp = par.tensor_model_parallel_size, par.etp_size
+    local = cm.tokens / t  # sequence parallel: the GPU's tokens
+    experts = model.num_experts // par.ep_size
+    m = tokens_per_expert(cm)
+    f, f1 = model.expert_ffn / etp, model.expert_fc1_width / etp
+    g, mem = cm.gemm, cm.memory_bound
+    norm = mem(2 * e * local * h)
+    num_experts = model.num_experts
+    router = g(local, num_experts, h)
+    topk = mem(local * (10 * num_experts + 12 * k))
+    if cm.training.moe_dispatcher == MOE_ALLTOALL:
+        # rows in, k rows out (and back): the GPU's own tokens
+        permute = mem(e * h * local * (1 + k))
+    else:  # allgather: the local experts' rows picked from (and added back into) all
+        permute = mem(e * h * 2 * experts * m)
+    act_bytes, act_b_bytes = (3 * e, 5 * e) if model.gated else (2 * e, 3 * e)
+    rows = experts * m
+    fc1 = g(m, f1, h, experts)
+    fc2 = g(m, h, f, experts)
+    act = mem(act_bytes * rows * f)
+    fc2_dx, fc1_dx = g(m, f, h, experts), g(m, h, f1, experts)
+    fc2_dw, fc1_dw = _wgrad(cm, f, h, m, experts), _wgrad(cm, h, f1, m, experts)
+    act_b = mem(act_b_bytes * rows * f)
+    router_dx, router_dw = g(local, h, num_experts), _wgrad(cm, h, num_experts, local, 1)
+    shared, shared_b, shared_w = ZERO, ZERO, ZERO
+    if model.shared_expert_ffn:
+        n = cm.tokens  # all-gathered over TP
+        sf = model.shared_expert_ffn / t
+        sf1 = (2 if model.gated else 1) * sf
+        shared = g(n, sf1, h) + mem(act_bytes * n * sf) + g(n, h, sf)
+        shared_w = _wgrad(cm, sf, h, n, 1) + _wgrad(cm, h, sf1, n, 1)
+        shared_b = g(n, sf, h) + mem(act_b_bytes * n * sf) + g(n, h, sf1) + shared_w
+    hidden = local * h
+    return MoeBlockWork(
+        pre=norm + router + topk + permute,
+        experts=fc1 + act + fc2,
+        post=permute,  # unpermute: the same rows back, weighted by their probabilities
+        shared=shared,
+        tail=mem((3 * e + MASK_BYTES) * hidden),
+        tail_b=mem((2 * e + MASK_BYTES) * hidden),
+        shared_b=shared_b,
+        post_b=permute,
+        experts_b=fc2_dx + fc2_dw + act_b + fc1_dx + fc1_dw,
+        pre_b=permute + topk + router_dx + router_dw + mem(4 * e * hidden),
+        pre_w=router_dw,
+        experts_w=fc2_dw + fc1_dw,
+        shared_w=shared_w,
+    )
+
+
+class MoeBlock:
+    """Lowers an MoE layer's MLP block for a stage (lowering._Stage calls it in place of
+    the dense MLP block): compute on the lane, the dispatcher's collectives as blocking
+    `ep_comm` ops on the real links of the stage's expert groups."""
+
+    def __init__(self, cm: ComputeModel) -> None:
+        self.work = moe_block_work(cm)
+        self.bytes = dispatch_bytes(cm)
+        self.alltoall = cm.training.moe_dispatcher == MOE_ALLTOALL
+        self.etp = cm.parallel.etp_size
+
+    def _comm(self, stage: _Stage, label: str, mb: int, group: str, kind: str, nbytes: float):
+        gpu = stage.gpu
+        transfer = gpu.comm.expert(group, kind, nbytes, gpu.j, gpu.d)
+        if transfer is not None:
+            expert_collective(gpu, EP_COMM, group, label, transfer, microbatch=mb)
+
+    def exchange(self, stage: _Stage, label: str, mb: int, into: bool) -> None:
+        """Tokens to their experts (``into``) or back: the dispatch and the combine, and
+        in the backward their duals (the combine's dual moves tokens into the experts)."""
+        b = self.bytes
+        if not self.alltoall:
+            kind = ALL_GATHER if into else REDUCE_SCATTER
+            self._comm(stage, label, mb, "tpep", kind, b.gather_bytes)
+            return
+        if into:
+            self._comm(stage, label, mb, "ep", ALL_TO_ALL, b.alltoall_bytes)
+            self._comm(stage, label, mb, "etp", ALL_GATHER, b.etp_bytes)
+        else:
+            self._comm(stage, label, mb, "etp", REDUCE_SCATTER, b.etp_bytes)
+            self._comm(stage, label, mb, "ep", ALL_TO_ALL, b.alltoall_bytes)
+
+    def forward(self, stage: _Stage, kind: str, label: str, mb: int, deps: Sequence[object]):
+        w, gpu = self.work, stage.gpu
+        gpu.work(kind, label, mb, w.pre, deps)
+        self.exchange(stage, label, mb, True)
+        gpu.work(kind, label, mb, w.experts)
+        self.exchange(stage, label, mb, False)
+        gpu.work(kind, label, mb, w.post)
+        self.shared(stage, kind, label, mb, w.shared)
+        gpu.work(kind, label, mb, w.tail)
+
+    def shared(self, stage: _Stage, kind: str, label: str, mb: int, work: Work) -> None:
+        if work.duration_s == 0:
+            return
+        stage.tp(label, mb, ALL_GATHER, ())
+        stage.gpu.work(kind, label, mb, work)
+        stage.tp(label, mb, REDUCE_SCATTER, ())
+
+    def backward(self, stage: _Stage, label: str, mb: int, deps: Sequence[object]) -> None:
+        """The block's backward; under a split schedule without its weight gradients
+        (`weight`, in the W pass)."""
+        w, gpu = self.work, stage.gpu
+        split = stage.split
+        gpu.work(BACKWARD, label, mb, w.tail_b, deps)
+        self.shared(stage, BACKWARD, label, mb, w.shared_b - w.shared_w if split else w.shared_b)
+        gpu.work(BACKWARD, label, mb, w.post_b)
+        self.exchange(stage, label, mb, True)  # the combine's dual: gradients to the experts
+        gpu.work(BACKWARD, label, mb, w.experts_b - w.experts_w if split else w.experts_b)
+        self.exchange(stage, label, mb, False)
+        gpu.work(BACKWARD, label, mb, w.pre_b - w.pre_w if split else w.pre_b)
+
+
+def expert_collective(
+    gpu, kind: str, group: str, label: str, transfer, microbatch: int = -1
+) -> None:
+    """A collective over an expert group that the compute lane waits for; in exact mode a
+    rendezvous named by the group (StageComm.expert_offset) and the kind's count. The
+    dispatcher's (EP_COMM) is launched non-blocking with a barrier on it: the same wait,
+    and its transfer then shows on the expert-parallel stream of the trace and timeline."""
+    rendezvous = None
+    if gpu.exact:
+        rendezvous = gpu.rendezvous(kind, (group, gpu.comm.expert_offset(group, gpu.j, gpu.d)))
+    blocking = kind != EP_COMM
+    sent = gpu.builder.add(
+        gpu.lane,
+        kind,
+        label,
+        transfer=transfer,
+        rendezvous=rendezvous,
+        microbatch=microbatch,
+        blocking=blocking,
+    )
+    if not blocking:
+        gpu.barrier(label, [sent], microbatch)
