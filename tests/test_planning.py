@@ -60,6 +60,15 @@ def test_layouts_fill_the_cluster_and_pass_the_loader():
     assert len({c.layout.key for c in found}) == len(found)
 
 
+def test_layouts_of_a_base_with_use_distributed_optimizer_take_their_own_sharding():
+    """The base's Megatron-Core switch does not contradict a layout's sharding: each
+    layout's data_parallel_sharding is the one source of truth."""
+    base = small_base(use_distributed_optimizer=True)
+    assert base.training.data_parallel_sharding == "optimizer"
+    found, _, _ = candidates(base, SMALL_SPACE)
+    assert {c.scenario.training.data_parallel_sharding for c in found} >= {"none", "optimizer"}
+
+
 def test_memory_filter_drops_what_does_not_fit():
     # GPT-3 175B on 6 DGX A100 nodes: only the widest model parallelism fits
     base = with_nodes(load_scenario("scenarios/gpt3-175b-128nodes.toml"), 6)

@@ -40,6 +40,7 @@ def apply_layout(base: Scenario, layout: Layout) -> Scenario:
         schedule=layout.schedule,
         recompute_granularity=layout.recompute,
         data_parallel_sharding=layout.sharding,
+        use_distributed_optimizer=None,  # the layout's sharding says it
     )
     return replace(base, parallel=parallel, training=training)
 
@@ -63,6 +64,7 @@ def _one_gpu_layout(base: Scenario, **changes: Any) -> Scenario:
         schedule=ONE_F_ONE_B,
         recompute_granularity=RECOMPUTE_NONE,
         data_parallel_sharding=NO_SHARDING,
+        use_distributed_optimizer=None,
         overlap_param_gather=False,
         tp_comm_overlap=False,
     )
