@@ -28,21 +28,25 @@ from ..vocabulary import (
     CP_P2P,
     FAIR_SHARE,
     NETWORK_MODELS,
-    NORMALIZATIONS,
-    POSITION_EMBEDDINGS,
-    RMS_NORM,
-    ROPE,
 )
 from . import precision, rules
 from .errors import ScenarioError
 from .fields import key, presets_of
+from .model import ModelSpec
 from .stages import virtual_stage_layers
 from .training import SCHEDULES, RecomputeGranularity, TrainingConfig
 
 NetworkModelName = Literal["fair-share", "analytical"]
 
 
-__all__ = ["SCHEDULES", "RecomputeGranularity", "ScenarioError", "TrainingConfig", "key"]
+__all__ = [
+    "SCHEDULES",
+    "ModelSpec",
+    "RecomputeGranularity",
+    "ScenarioError",
+    "TrainingConfig",
+    "key",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,217 +123,6 @@ class GpuSpec:
 _LATENCY_RANGE = {"unit": "us", "low": 0.0, "high": 1e6, "may_be_zero": True, "preset": True}
 _BANDWIDTH_RANGE = {"low": 1e-3, "high": 1e7, "preset": True}
 _EFFICIENCY_RANGE = {"low": 0.01, "high": 1.0, "preset": True}
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ModelSpec:
-    preset: str | None = key(
-        "fills the keys below, which the table may still override",
-        default=None,
-        choices=presets_of("MODELS"),
-    )
-    num_layers: int = key("transformer layers", preset=True)
-    hidden_size: int = key("must be divisible by `num_attention_heads`", preset=True)
-    num_attention_heads: int = key("must divide `hidden_size`", preset=True)
-    ffn_hidden_size: int = key("width of the MLP's inner layer", derived="4 x `hidden_size`")
-    seq_length: int = key("tokens per sample", unit="tokens", preset=True)
-    vocab_size: int = key("vocabulary entries (embedding and output layer rows)", preset=True)
-    # Megatron-Core's names (TransformerConfig, megatron/core/transformer/transformer_config.py);
-    # None: not set, GPT's shape (the properties below give the value in effect)
-    num_query_groups: int | None = key(
-        "grouped-query attention: K/V heads, each shared by heads / groups query heads; "
-        "must divide `num_attention_heads`, and TP must divide it (Megatron-Core)",
-        default=None,
-        derived="`num_attention_heads` (no GQA)",
-        preset=True,
-    )
-    kv_channels: int | None = key(
-        "size of one attention head (Q, K and V); the projection maps heads x this back to "
-        "`hidden_size`",
-        default=None,
-        derived="`hidden_size` / `num_attention_heads`",
-        preset=True,
-    )
-    swiglu: bool | None = key(
-        "gated MLP: fc1 is 2 x `ffn_hidden_size` wide (gate and up) and a SwiGLU "
-        "element-wise kernel replaces bias-GeLU (three MLP matrices)",
-        default=None,
-        derived="`false` (GeLU)",
-        preset=True,
-    )
-    normalization: str | None = key(
-        "the layers' and the final norm: `LayerNorm` (weight and bias) or `RMSNorm` "
-        "(weight only, no mean)",
-        default=None,
-        choices=NORMALIZATIONS,
-        derived="`LayerNorm`",
-        preset=True,
-    )
-    position_embedding_type: str | None = key(
-        "`learned_absolute` (a seq_length x hidden table added to the embedding) or `rope` "
-        "(rotary: no table, an element-wise kernel on Q and K in every layer)",
-        default=None,
-        choices=POSITION_EMBEDDINGS,
-        derived="`learned_absolute`",
-        preset=True,
-    )
-    untie_embeddings_and_output_weights: bool | None = key(
-        "the output layer has its own vocab x hidden weights; sets "
-        "`training.share_embeddings_and_output_weights` to its negation (giving both "
-        "contradicting is an error)",
-        default=None,
-        derived="`not training.share_embeddings_and_output_weights`",
-        preset=True,
-    )
-    add_bias_linear: bool | None = key(
-        "biases on the four linear layers (QKV, projection, fc1, fc2) and their bias-add "
-        "bytes in the fused kernels",
-        default=None,
-        derived="`true`",
-        preset=True,
-    )
-    add_qkv_bias: bool | None = key(
-        "a bias on the QKV layer alone (Qwen2), whatever `add_bias_linear` says",
-        default=None,
-        derived="`add_bias_linear`",
-        preset=True,
-    )
-
-    # mixture of experts (Megatron-Core's --num-experts, --moe-*; docs/moe.md); None: dense
-    num_experts: int | None = key(
-        "mixture of experts: routed experts per MoE layer (Megatron-Core's `--num-experts`); "
-        "unset: a dense model",
-        default=None,
-        derived="none (dense)",
-        preset=True,
-        low=1,
-        high=65536,
-    )
-    moe_router_topk: int | None = key(
-        "experts each token is routed to (`--moe-router-topk`); <= `num_experts`",
-        default=None,
-        derived="2 (Megatron-Core's default)",
-        preset=True,
-        low=1,
-        high=65536,
-    )
-    moe_ffn_hidden_size: int | None = key(
-        "one routed expert's inner MLP width (`--moe-ffn-hidden-size`; gated as `swiglu` says)",
-        default=None,
-        derived="`ffn_hidden_size`",
-        preset=True,
-    )
-    moe_shared_expert_intermediate_size: int | None = key(
-        "the shared experts' inner width, all of them together, run on every token "
-        "(`--moe-shared-expert-intermediate-size`); unset: none",
-        default=None,
-        derived="none",
-        preset=True,
-    )
-    moe_layer_freq: int | None = key(
-        "every this-many-th layer is an MoE layer, from layer 0 (Megatron-Core's integer "
-        "`--moe-layer-freq`: layer i is MoE when i mod it is 0); the others dense",
-        default=None,
-        derived="1 (every layer)",
-        preset=True,
-        low=1,
-        high=100_000,
-    )
-    moe_expert_capacity_factor: float | None = key(
-        "token dropping: each expert takes at most this x its balanced share of tokens "
-        "(`--moe-expert-capacity-factor`); unset: dropless",
-        default=None,
-        derived="none (dropless)",
-        low=0.01,
-        high=1000.0,
-    )
-
-    def __post_init__(self) -> None:
-        rules.check_values(self, "model")
-        rules.check_model(self)
-
-    # -- the shape in effect (the keys above with their defaults) --------------------------
-
-    @property
-    def query_groups(self) -> int:
-        """K/V heads: `num_query_groups`, or one per query head (no GQA)."""
-        return self.num_attention_heads if self.num_query_groups is None else self.num_query_groups
-
-    @property
-    def head_size(self) -> int:
-        """`kv_channels`, or hidden / heads."""
-        if self.kv_channels is None:
-            return self.hidden_size // self.num_attention_heads
-        return self.kv_channels
-
-    @property
-    def gated(self) -> bool:
-        return bool(self.swiglu)
-
-    @property
-    def rms_norm(self) -> bool:
-        return self.normalization == RMS_NORM
-
-    @property
-    def rope(self) -> bool:
-        return self.position_embedding_type == ROPE
-
-    @property
-    def linear_bias(self) -> bool:
-        return self.add_bias_linear is not False
-
-    @property
-    def qkv_bias(self) -> bool:
-        return self.linear_bias if self.add_qkv_bias is None else self.add_qkv_bias
-
-    @property
-    def qkv_width(self) -> int:
-        """Columns of the QKV weight: (heads + 2 x groups) x head size."""
-        return (self.num_attention_heads + 2 * self.query_groups) * self.head_size
-
-    @property
-    def attention_width(self) -> int:
-        """Rows of the projection weight: heads x head size."""
-        return self.num_attention_heads * self.head_size
-
-    @property
-    def fc1_width(self) -> int:
-        """Columns of fc1: 2 x ffn for SwiGLU's gate and up halves, else ffn."""
-        return (2 if self.gated else 1) * self.ffn_hidden_size
-
-    # -- mixture of experts (None: dense; workload.moe) ------------------------------------
-
-    @property
-    def moe(self) -> bool:
-        return self.num_experts is not None
-
-    @property
-    def router_topk(self) -> int:
-        return 2 if self.moe_router_topk is None else self.moe_router_topk
-
-    @property
-    def expert_ffn(self) -> int:
-        """One routed expert's inner width."""
-        return (
-            self.ffn_hidden_size if self.moe_ffn_hidden_size is None else self.moe_ffn_hidden_size
-        )
-
-    @property
-    def expert_fc1_width(self) -> int:
-        return (2 if self.gated else 1) * self.expert_ffn
-
-    @property
-    def shared_expert_ffn(self) -> int:
-        return self.moe_shared_expert_intermediate_size or 0
-
-    def is_moe_layer(self, layer: int) -> bool:
-        """Whether global layer ``layer`` (0-based) is an MoE layer (Megatron-Core's
-        integer `moe_layer_freq`: ``layer % freq == 0``)."""
-        return self.moe and layer % (self.moe_layer_freq or 1) == 0
-
-    @property
-    def num_moe_layers(self) -> int:
-        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
