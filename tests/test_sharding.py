@@ -10,11 +10,11 @@ from stepsim.workload.dataparallel import (
     AllReduceAfterFlush,
     DataParallel,
     DistributedOptimizer,
-    FullySharded,
     OverlappedBuckets,
     ShardedGradients,
     strategy_for,
 )
+from stepsim.workload.fsdp import FullySharded
 from stepsim.workload.gpuops import GpuOps
 from stepsim.workload.lowering import lower
 from stepsim.workload.memory import stage_params_per_rank
