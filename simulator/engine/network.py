@@ -29,12 +29,10 @@ from simpy.events import NORMAL
 
 from .events import Callback, after
 from .flows import Collective, Interval, Transfer
+from .maxmin import max_min
 
 # builds a named tuple from a tuple of its fields, skipping the Python-level __new__
 _new = tuple.__new__
-
-# Relative tolerance when deciding that two fair shares are the same bottleneck.
-_SHARE_RTOL = 1e-12
 
 
 def start_phases(start, phases: Collective, on_done: Callback) -> None:
@@ -118,6 +116,7 @@ class _Flow:
     __slots__ = (
         "seq",
         "links",
+        "link_set",  # its links as a frozenset, shared by the flows of one transfer
         "mults",
         "bytes_left",
         "rate",
@@ -134,6 +133,7 @@ class _Flow:
     def __init__(self, seq: int, transfer: Transfer, on_done: Callback) -> None:
         self.seq = seq
         self.links = transfer.links
+        self.link_set: frozenset[int] = frozenset()
         self.mults = transfer.mults
         self.bytes_left = transfer.bytes_per_flow
         self.rate = 0.0
@@ -170,9 +170,12 @@ class FairShareNetwork(Network):
         self._recompute_pending = False
         self._seq = 0
         self.num_recomputes = 0
-        # solo rate per transfer, by identity (a workload reuses one Transfer for every
-        # collective of a kind on a stage); the transfer is kept so its id stays unique
-        self._solo: dict[int, tuple[Transfer, float]] = {}
+        # solo rate and link set per transfer, by identity (a workload reuses one Transfer
+        # for every collective of a kind on a stage); the transfer is kept so its id stays
+        # unique
+        self._solo: dict[int, tuple[Transfer, float, frozenset[int]]] = {}
+        # the link classes of each set of flow shapes met by a recompute (engine.maxmin)
+        self._structures: dict = {}
         self._schedule = env.schedule
         self._claim_ends = (self._claim_ended,)
 
@@ -183,7 +186,10 @@ class FairShareNetwork(Network):
         self._seq += 1
         flow = _Flow(self._seq, transfer, on_done)
         cached = self._solo.get(id(transfer))
-        flow.solo_rate = rate = cached[1] if cached is not None else self._solo_rate(transfer)
+        if cached is None:
+            cached = self._solo_entry(transfer)
+        flow.solo_rate = rate = cached[1]
+        flow.link_set = cached[2]
         flow.start_s = self.env.now + transfer.latency_s
         if not self._busy.isdisjoint(flow.links):
             self._start_later(flow)
@@ -226,12 +232,10 @@ class FairShareNetwork(Network):
                 flow.rate = 0.0
                 self._start_later(flow)
 
-    def _solo_rate(self, transfer: Transfer) -> float:
-        cached = self._solo.get(id(transfer))
-        if cached is None:
-            rate = solo_rate_bytes_per_s(transfer.links, transfer.mults, self.capacities)
-            cached = self._solo[id(transfer)] = (transfer, rate)
-        return cached[1]
+    def _solo_entry(self, transfer: Transfer) -> tuple[Transfer, float, frozenset[int]]:
+        rate = solo_rate_bytes_per_s(transfer.links, transfer.mults, self.capacities)
+        entry = self._solo[id(transfer)] = (transfer, rate, frozenset(transfer.links))
+        return entry
 
     def link_load_bytes_per_s(self) -> list[float]:
         """Bytes/s each link carries right now (multiplicities included)."""
@@ -320,46 +324,33 @@ class FairShareNetwork(Network):
             self._close_interval(flow, now)
             flow.bytes_left -= flow.rate * (now - flow.updated_s)
             flow.updated_s = now
-        for flow, rate in zip(flows, self._max_min(flows), strict=True):
+        for flow, rate in zip(
+            flows, max_min(flows, self.capacities, self._structures), strict=True
+        ):
             if rate != flow.rate:
                 self._set_rate(flow, rate)
 
     def _component(self, links: list[int]) -> list[_Flow]:
-        """Every active flow connected to these links through shared links, in start order."""
-        seen: dict[_Flow, None] = {}
-        stack = [f for link in links for f in self._on_link[link]]
+        """Every active flow connected to these links through shared links, in start order.
+        Each link is visited once, and each flow's links (a set difference, in C) only
+        for the first flow of its shape found."""
+        on_link = self._on_link
+        seen_links = set(links)
+        stack = list(seen_links)
+        seen: set[_Flow] = set()
+        shapes: set[frozenset[int]] = set()
         while stack:
-            flow = stack.pop()
-            if flow in seen:
-                continue
-            seen[flow] = None
-            for link in flow.links:
-                stack.extend(f for f in self._on_link[link] if f not in seen)
-        return sorted(seen, key=lambda f: f.seq)
+            for flow in on_link[stack.pop()]:
+                if flow not in seen:
+                    seen.add(flow)
+                    if flow.link_set not in shapes:
+                        shapes.add(flow.link_set)
+                        fresh = flow.link_set - seen_links
+                        if fresh:
+                            seen_links |= fresh
+                            stack.extend(fresh)
+        return sorted(seen, key=_by_seq)
 
-    def _max_min(self, flows: list[_Flow]) -> list[float]:
-        """Progressive filling with multiplicities: raise all unfrozen rates together
-        until a link fills, freeze the flows crossing it, repeat."""
-        remaining: dict[int, float] = {}
-        load: dict[int, int] = {}
-        for flow in flows:
-            for link, mult in zip(flow.links, flow.mults, strict=True):
-                remaining[link] = self.capacities[link]
-                load[link] = load.get(link, 0) + mult
-        rates: dict[_Flow, float] = {}
-        unfrozen = list(flows)
-        while unfrozen:
-            share = min(remaining[link] / n for link, n in load.items() if n > 0)
-            limit = share * (1 + _SHARE_RTOL)
-            full = {link for link, n in load.items() if n > 0 and remaining[link] / n <= limit}
-            still = []
-            for flow in unfrozen:
-                if any(link in full for link in flow.links):
-                    rates[flow] = share
-                    for link, mult in zip(flow.links, flow.mults, strict=True):
-                        remaining[link] = max(remaining[link] - mult * share, 0.0)
-                        load[link] -= mult
-                else:
-                    still.append(flow)
-            unfrozen = still
-        return [rates[flow] for flow in flows]
+
+def _by_seq(flow: _Flow) -> int:
+    return flow.seq
