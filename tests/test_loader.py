@@ -101,7 +101,8 @@ def test_resolved_toml_loads_back_to_the_same_scenario(tmp_path):
         ("cluster.nvlink_topology=ring", "cluster.nvlink_topology='ring' must be one of"),
         (
             "training.data_parallel_sharding=zero3",
-            "training.data_parallel_sharding='zero3' must be one of: none, optimizer, gradients, full",
+            "training.data_parallel_sharding='zero3' must be one of: "
+            "none, optimizer, gradients, full",
         ),
         (
             "network.collective_algorithm=nvls",
