@@ -114,10 +114,16 @@ def test_component_finds_the_flows_a_flow_to_flow_search_finds(seed):
     num_links = rng.randint(1, 60)
     net = _network([1.0] * num_links)
     flows = _random_flows(rng, num_links, rng.randint(0, 30))
+    on_link: dict[int, dict[_Flow, None]] = {}
     for flow in flows:
-        flow.link_set = frozenset(flow.links)
+        flow.link_set = frozenset(flow.links)  # as the network sets it, per transfer
+        net._add(flow)
         for link in flow.links:
-            net._on_link[link][flow] = None
+            on_link.setdefault(link, {})[flow] = None
     start = sorted(rng.sample(range(num_links), rng.randint(1, min(3, num_links))))
-    want = _reference_component(dict(net._on_link), start)
-    assert net._component(start) == want
+    assert net._component(start) == _reference_component(on_link, start)
+    for flow in flows[::3]:  # and after some have ended
+        net._remove(flow)
+        for link in flow.links:
+            del on_link[link][flow]
+    assert net._component(start) == _reference_component(on_link, start)

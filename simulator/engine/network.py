@@ -152,9 +152,14 @@ class FairShareNetwork(Network):
         assert all(0 < c < float("inf") for c in set(self.capacities)), (
             "link capacities must be finite"
         )
-        # Active flows per link, in start order (dicts keep insertion order: deterministic);
-        # made for a link when a flow first crosses it (a pattern cluster's links are many).
-        self._on_link: defaultdict[int, dict[_Flow, None]] = defaultdict(dict)
+        # Active (ordinary) flows by shape: a shape is a flow's set of links, and the
+        # flows of one transfer (ZeRO-2's gradient buckets: tens at a time) share one.
+        # The active shapes per link, made for a link when a flow first crosses it (a
+        # pattern cluster's links are many), and the active flows of each shape, in start
+        # order (dicts keep insertion order: deterministic). A flow of a shape already
+        # active costs no loop over its links.
+        self._on_link: defaultdict[int, dict[frozenset[int], None]] = defaultdict(dict)
+        self._flows_of: dict[frozenset[int], dict[_Flow, None]] = {}
         # A transfer launched onto idle, unclaimed links claims them: it is scheduled
         # to end at latency + bytes / solo rate with a single event. The first flow to
         # start on a claimed link turns the claimant into an ordinary flow (from its
@@ -224,8 +229,7 @@ class FairShareNetwork(Network):
             if flow.start_s <= now:
                 # streaming at its solo rate since start_s; its end event stays valid
                 # until a recompute re-rates it
-                for own in flow.links:
-                    self._on_link[own][flow] = None
+                self._add(flow)
             else:
                 self._busy.difference_update(own for own in flow.links if not self._on_link[own])
                 flow.version += 1  # its end event is void
@@ -240,8 +244,8 @@ class FairShareNetwork(Network):
     def link_load_bytes_per_s(self) -> list[float]:
         """Bytes/s each link carries right now (multiplicities included)."""
         load = [0.0] * len(self.capacities)
-        for link, flows in self._on_link.items():
-            for flow in flows:
+        for link, shapes in self._on_link.items():
+            for flow in sorted((f for shape in shapes for f in self._flows_of[shape]), key=_by_seq):
                 load[link] += flow.rate * flow.mults[flow.links.index(link)]
         for link, flow in self._claimant.items():
             if flow.claimed and flow.start_s <= self.env.now:
@@ -254,12 +258,7 @@ class FairShareNetwork(Network):
         self._release_claims(flow.links)
         self._busy.update(flow.links)
         flow.updated_s = self.env.now
-        alone = True
-        for link in flow.links:
-            on_link = self._on_link[link]
-            alone = alone and not on_link
-            on_link[flow] = None
-        if alone:
+        if self._add(flow):
             # Nothing else on its links: max-min gives the solo rate, no recompute needed.
             # A flow joining later (even at this instant) marks the links and re-rates it.
             self._set_rate(flow, flow.solo_rate)
@@ -275,20 +274,50 @@ class FairShareNetwork(Network):
             self._close_interval(flow, self.env.now)
             flow.on_done(None)
             return
-        shared = []
-        for link in flow.links:
-            on_link = self._on_link[link]
-            del on_link[flow]
-            if on_link:
-                shared.append(link)
-            else:
-                self._busy.discard(link)
+        shared = self._remove(flow)
         self._close_interval(flow, self.env.now)
         flow.bytes_left = 0.0
         flow.rate = 0.0
         if shared:  # only flows on these links can speed up
             self._mark_dirty(shared)
         flow.on_done(None)
+
+    def _add(self, flow: _Flow) -> bool:
+        """Make the flow active on its links; whether no other flow was on them."""
+        shape = flow.link_set
+        flows = self._flows_of.get(shape)
+        if flows is not None:  # its shape is on its links already
+            flows[flow] = None
+            return False
+        self._flows_of[shape] = {flow: None}
+        alone = True
+        on_link = self._on_link
+        for link in flow.links:
+            shapes = on_link[link]
+            if shapes:
+                alone = False
+            shapes[shape] = None
+        return alone
+
+    def _remove(self, flow: _Flow) -> Sequence[int]:
+        """Take the flow off its links; the links other flows are still on (the others
+        are no longer busy)."""
+        shape = flow.link_set
+        flows = self._flows_of[shape]
+        del flows[flow]
+        if flows:  # others of its shape are on all its links
+            return flow.links
+        del self._flows_of[shape]
+        shared = []
+        on_link = self._on_link
+        for link in flow.links:
+            shapes = on_link[link]
+            del shapes[shape]
+            if shapes:
+                shared.append(link)
+            else:
+                self._busy.discard(link)
+        return shared
 
     def _set_rate(self, flow: _Flow, rate: float) -> None:
         """Give the flow a new rate and schedule its end at that rate."""
@@ -332,24 +361,21 @@ class FairShareNetwork(Network):
 
     def _component(self, links: list[int]) -> list[_Flow]:
         """Every active flow connected to these links through shared links, in start order.
-        Each link is visited once, and each flow's links (a set difference, in C) only
-        for the first flow of its shape found."""
+        Each link is visited once, and each shape's links (a set difference, in C) once."""
         on_link = self._on_link
         seen_links = set(links)
         stack = list(seen_links)
-        seen: set[_Flow] = set()
-        shapes: set[frozenset[int]] = set()
+        seen: dict[frozenset[int], None] = {}
         while stack:
-            for flow in on_link[stack.pop()]:
-                if flow not in seen:
-                    seen.add(flow)
-                    if flow.link_set not in shapes:
-                        shapes.add(flow.link_set)
-                        fresh = flow.link_set - seen_links
-                        if fresh:
-                            seen_links |= fresh
-                            stack.extend(fresh)
-        return sorted(seen, key=_by_seq)
+            for shape in on_link[stack.pop()]:
+                if shape not in seen:
+                    seen[shape] = None
+                    fresh = shape - seen_links
+                    if fresh:
+                        seen_links |= fresh
+                        stack.extend(fresh)
+        flows_of = self._flows_of
+        return sorted((flow for shape in seen for flow in flows_of[shape]), key=_by_seq)
 
 
 def _by_seq(flow: _Flow) -> int:
