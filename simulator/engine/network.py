@@ -13,7 +13,8 @@ finished (the event it fired from, or None: callbacks ignore it, see events.py):
   then streams its bytes at the rate the sharing gives it; rates are
   recomputed whenever a flow starts or ends, only for the flows connected
   to the change through shared links, and changes at one instant are
-  coalesced into one recompute. A stale wake-up (the flow's rate changed
+  coalesced into one recompute (maxmin.py: on groups of flows of one shape
+  and classes of alike links). A stale wake-up (the flow's rate changed
   since it was scheduled) is ignored by a version counter, because simpy
   cannot cancel a timeout.
 """
