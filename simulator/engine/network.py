@@ -161,6 +161,8 @@ class FairShareNetwork(Network):
         # active costs no loop over its links.
         self._on_link: defaultdict[int, dict[frozenset[int], None]] = defaultdict(dict)
         self._flows_of: dict[frozenset[int], dict[_Flow, None]] = {}
+        # the active shapes sharing a link with each active shape (for _component)
+        self._neighbours: dict[frozenset[int], dict[frozenset[int], None]] = {}
         # A transfer launched onto idle, unclaimed links claims them: it is scheduled
         # to end at latency + bytes / solo rate with a single event. The first flow to
         # start on a claimed link turns the claimant into an ordinary flow (from its
@@ -291,14 +293,17 @@ class FairShareNetwork(Network):
             flows[flow] = None
             return False
         self._flows_of[shape] = {flow: None}
-        alone = True
+        neighbours: dict[frozenset[int], None] = {}
         on_link = self._on_link
         for link in flow.links:
             shapes = on_link[link]
             if shapes:
-                alone = False
+                neighbours.update(shapes)
             shapes[shape] = None
-        return alone
+        self._neighbours[shape] = neighbours
+        for other in neighbours:
+            self._neighbours[other][shape] = None
+        return not neighbours
 
     def _remove(self, flow: _Flow) -> Sequence[int]:
         """Take the flow off its links; the links other flows are still on (the others
@@ -309,6 +314,8 @@ class FairShareNetwork(Network):
         if flows:  # others of its shape are on all its links
             return flow.links
         del self._flows_of[shape]
+        for other in self._neighbours.pop(shape):
+            del self._neighbours[other][shape]
         shared = []
         on_link = self._on_link
         for link in flow.links:
@@ -361,20 +368,20 @@ class FairShareNetwork(Network):
                 self._set_rate(flow, rate)
 
     def _component(self, links: list[int]) -> list[_Flow]:
-        """Every active flow connected to these links through shared links, in start order.
-        Each link is visited once, and each shape's links (a set difference, in C) once."""
+        """Every active flow connected to these links through shared links, in start order:
+        the flows of the shapes on these links and of the shapes reachable from them
+        through shapes sharing a link."""
         on_link = self._on_link
-        seen_links = set(links)
-        stack = list(seen_links)
         seen: dict[frozenset[int], None] = {}
+        for link in links:
+            seen.update(on_link[link])
+        stack = list(seen)
+        neighbours = self._neighbours
         while stack:
-            for shape in on_link[stack.pop()]:
-                if shape not in seen:
-                    seen[shape] = None
-                    fresh = shape - seen_links
-                    if fresh:
-                        seen_links |= fresh
-                        stack.extend(fresh)
+            for other in neighbours[stack.pop()]:
+                if other not in seen:
+                    seen[other] = None
+                    stack.append(other)
         flows_of = self._flows_of
         return sorted((flow for shape in seen for flow in flows_of[shape]), key=_by_seq)
 
