@@ -15,10 +15,11 @@ links):
 - Flows of one shape (the same ``links`` and ``mults`` tuples) are always frozen in
   the same round at the same share, so they are handled as one group: a link's load
   counts the group's flows at once (integers: exact).
-- The filled links are found from a heap of each loaded link's remaining / load
-  (stale entries, of links whose ratio has changed since, are skipped), and the flows
-  to freeze through the filled links' groups, not by testing every flow.
-- A link's remaining capacity is only read again while it still carries an unfrozen
+- Links of one capacity crossed by the same groups with the same multiplicities (a
+  ring's hundreds of links) have the same remaining capacity and load throughout: the
+  rounds run on these link classes (`link_classes`, kept per set of shapes by the
+  caller), and the groups to freeze are found through the filled classes.
+- A class's remaining capacity is only read again while it still carries an unfrozen
   flow, so only those links are updated, each by the same subtractions in the same
   order as the plain algorithm: when every flow frozen on it in the round has the same
   multiplicity there, that many subtractions of the same amount; otherwise the frozen
