@@ -13,7 +13,8 @@ finished (the event it fired from, or None: callbacks ignore it, see events.py):
   then streams its bytes at the rate the sharing gives it; rates are
   recomputed whenever a flow starts or ends, only for the flows connected
   to the change through shared links, and changes at one instant are
-  coalesced into one recompute. A stale wake-up (the flow's rate changed
+  coalesced into one recompute (maxmin.py: on groups of flows of one shape
+  and classes of alike links). A stale wake-up (the flow's rate changed
   since it was scheduled) is ignored by a version counter, because simpy
   cannot cancel a timeout.
 """
@@ -29,12 +30,10 @@ from simpy.events import NORMAL
 
 from .events import Callback, after
 from .flows import Collective, Interval, Transfer
+from .maxmin import max_min
 
 # builds a named tuple from a tuple of its fields, skipping the Python-level __new__
 _new = tuple.__new__
-
-# Relative tolerance when deciding that two fair shares are the same bottleneck.
-_SHARE_RTOL = 1e-12
 
 
 def start_phases(start, phases: Collective, on_done: Callback) -> None:
@@ -118,6 +117,7 @@ class _Flow:
     __slots__ = (
         "seq",
         "links",
+        "link_set",  # its links as a frozenset, shared by the flows of one transfer
         "mults",
         "bytes_left",
         "rate",
@@ -134,6 +134,7 @@ class _Flow:
     def __init__(self, seq: int, transfer: Transfer, on_done: Callback) -> None:
         self.seq = seq
         self.links = transfer.links
+        self.link_set: frozenset[int] = frozenset()
         self.mults = transfer.mults
         self.bytes_left = transfer.bytes_per_flow
         self.rate = 0.0
@@ -152,9 +153,16 @@ class FairShareNetwork(Network):
         assert all(0 < c < float("inf") for c in set(self.capacities)), (
             "link capacities must be finite"
         )
-        # Active flows per link, in start order (dicts keep insertion order: deterministic);
-        # made for a link when a flow first crosses it (a pattern cluster's links are many).
-        self._on_link: defaultdict[int, dict[_Flow, None]] = defaultdict(dict)
+        # Active (ordinary) flows by shape: a shape is a flow's set of links, and the
+        # flows of one transfer (ZeRO-2's gradient buckets: tens at a time) share one.
+        # The active shapes per link, made for a link when a flow first crosses it (a
+        # pattern cluster's links are many), and the active flows of each shape, in start
+        # order (dicts keep insertion order: deterministic). A flow of a shape already
+        # active costs no loop over its links.
+        self._on_link: defaultdict[int, dict[frozenset[int], None]] = defaultdict(dict)
+        self._flows_of: dict[frozenset[int], dict[_Flow, None]] = {}
+        # the active shapes sharing a link with each active shape (for _component)
+        self._neighbours: dict[frozenset[int], dict[frozenset[int], None]] = {}
         # A transfer launched onto idle, unclaimed links claims them: it is scheduled
         # to end at latency + bytes / solo rate with a single event. The first flow to
         # start on a claimed link turns the claimant into an ordinary flow (from its
@@ -170,9 +178,12 @@ class FairShareNetwork(Network):
         self._recompute_pending = False
         self._seq = 0
         self.num_recomputes = 0
-        # solo rate per transfer, by identity (a workload reuses one Transfer for every
-        # collective of a kind on a stage); the transfer is kept so its id stays unique
-        self._solo: dict[int, tuple[Transfer, float]] = {}
+        # solo rate and link set per transfer, by identity (a workload reuses one Transfer
+        # for every collective of a kind on a stage); the transfer is kept so its id stays
+        # unique
+        self._solo: dict[int, tuple[Transfer, float, frozenset[int]]] = {}
+        # the link classes of each set of flow shapes met by a recompute (engine.maxmin)
+        self._structures: dict = {}
         self._schedule = env.schedule
         self._claim_ends = (self._claim_ended,)
 
@@ -183,7 +194,10 @@ class FairShareNetwork(Network):
         self._seq += 1
         flow = _Flow(self._seq, transfer, on_done)
         cached = self._solo.get(id(transfer))
-        flow.solo_rate = rate = cached[1] if cached is not None else self._solo_rate(transfer)
+        if cached is None:
+            cached = self._solo_entry(transfer)
+        flow.solo_rate = rate = cached[1]
+        flow.link_set = cached[2]
         flow.start_s = self.env.now + transfer.latency_s
         if not self._busy.isdisjoint(flow.links):
             self._start_later(flow)
@@ -218,26 +232,23 @@ class FairShareNetwork(Network):
             if flow.start_s <= now:
                 # streaming at its solo rate since start_s; its end event stays valid
                 # until a recompute re-rates it
-                for own in flow.links:
-                    self._on_link[own][flow] = None
+                self._add(flow)
             else:
                 self._busy.difference_update(own for own in flow.links if not self._on_link[own])
                 flow.version += 1  # its end event is void
                 flow.rate = 0.0
                 self._start_later(flow)
 
-    def _solo_rate(self, transfer: Transfer) -> float:
-        cached = self._solo.get(id(transfer))
-        if cached is None:
-            rate = solo_rate_bytes_per_s(transfer.links, transfer.mults, self.capacities)
-            cached = self._solo[id(transfer)] = (transfer, rate)
-        return cached[1]
+    def _solo_entry(self, transfer: Transfer) -> tuple[Transfer, float, frozenset[int]]:
+        rate = solo_rate_bytes_per_s(transfer.links, transfer.mults, self.capacities)
+        entry = self._solo[id(transfer)] = (transfer, rate, frozenset(transfer.links))
+        return entry
 
     def link_load_bytes_per_s(self) -> list[float]:
         """Bytes/s each link carries right now (multiplicities included)."""
         load = [0.0] * len(self.capacities)
-        for link, flows in self._on_link.items():
-            for flow in flows:
+        for link, shapes in self._on_link.items():
+            for flow in sorted((f for shape in shapes for f in self._flows_of[shape]), key=_by_seq):
                 load[link] += flow.rate * flow.mults[flow.links.index(link)]
         for link, flow in self._claimant.items():
             if flow.claimed and flow.start_s <= self.env.now:
@@ -250,12 +261,7 @@ class FairShareNetwork(Network):
         self._release_claims(flow.links)
         self._busy.update(flow.links)
         flow.updated_s = self.env.now
-        alone = True
-        for link in flow.links:
-            on_link = self._on_link[link]
-            alone = alone and not on_link
-            on_link[flow] = None
-        if alone:
+        if self._add(flow):
             # Nothing else on its links: max-min gives the solo rate, no recompute needed.
             # A flow joining later (even at this instant) marks the links and re-rates it.
             self._set_rate(flow, flow.solo_rate)
@@ -271,20 +277,55 @@ class FairShareNetwork(Network):
             self._close_interval(flow, self.env.now)
             flow.on_done(None)
             return
-        shared = []
-        for link in flow.links:
-            on_link = self._on_link[link]
-            del on_link[flow]
-            if on_link:
-                shared.append(link)
-            else:
-                self._busy.discard(link)
+        shared = self._remove(flow)
         self._close_interval(flow, self.env.now)
         flow.bytes_left = 0.0
         flow.rate = 0.0
         if shared:  # only flows on these links can speed up
             self._mark_dirty(shared)
         flow.on_done(None)
+
+    def _add(self, flow: _Flow) -> bool:
+        """Make the flow active on its links; whether no other flow was on them."""
+        shape = flow.link_set
+        flows = self._flows_of.get(shape)
+        if flows is not None:  # its shape is on its links already
+            flows[flow] = None
+            return False
+        self._flows_of[shape] = {flow: None}
+        neighbours: dict[frozenset[int], None] = {}
+        on_link = self._on_link
+        for link in flow.links:
+            shapes = on_link[link]
+            if shapes:
+                neighbours.update(shapes)
+            shapes[shape] = None
+        self._neighbours[shape] = neighbours
+        for other in neighbours:
+            self._neighbours[other][shape] = None
+        return not neighbours
+
+    def _remove(self, flow: _Flow) -> Sequence[int]:
+        """Take the flow off its links; the links other flows are still on (the others
+        are no longer busy)."""
+        shape = flow.link_set
+        flows = self._flows_of[shape]
+        del flows[flow]
+        if flows:  # others of its shape are on all its links
+            return flow.links
+        del self._flows_of[shape]
+        for other in self._neighbours.pop(shape):
+            del self._neighbours[other][shape]
+        shared = []
+        on_link = self._on_link
+        for link in flow.links:
+            shapes = on_link[link]
+            del shapes[shape]
+            if shapes:
+                shared.append(link)
+            else:
+                self._busy.discard(link)
+        return shared
 
     def _set_rate(self, flow: _Flow, rate: float) -> None:
         """Give the flow a new rate and schedule its end at that rate."""
@@ -320,46 +361,30 @@ class FairShareNetwork(Network):
             self._close_interval(flow, now)
             flow.bytes_left -= flow.rate * (now - flow.updated_s)
             flow.updated_s = now
-        for flow, rate in zip(flows, self._max_min(flows), strict=True):
+        for flow, rate in zip(
+            flows, max_min(flows, self.capacities, self._structures), strict=True
+        ):
             if rate != flow.rate:
                 self._set_rate(flow, rate)
 
     def _component(self, links: list[int]) -> list[_Flow]:
-        """Every active flow connected to these links through shared links, in start order."""
-        seen: dict[_Flow, None] = {}
-        stack = [f for link in links for f in self._on_link[link]]
+        """Every active flow connected to these links through shared links, in start order:
+        the flows of the shapes on these links and of the shapes reachable from them
+        through shapes sharing a link."""
+        on_link = self._on_link
+        seen: dict[frozenset[int], None] = {}
+        for link in links:
+            seen.update(on_link[link])
+        stack = list(seen)
+        neighbours = self._neighbours
         while stack:
-            flow = stack.pop()
-            if flow in seen:
-                continue
-            seen[flow] = None
-            for link in flow.links:
-                stack.extend(f for f in self._on_link[link] if f not in seen)
-        return sorted(seen, key=lambda f: f.seq)
+            for other in neighbours[stack.pop()]:
+                if other not in seen:
+                    seen[other] = None
+                    stack.append(other)
+        flows_of = self._flows_of
+        return sorted((flow for shape in seen for flow in flows_of[shape]), key=_by_seq)
 
-    def _max_min(self, flows: list[_Flow]) -> list[float]:
-        """Progressive filling with multiplicities: raise all unfrozen rates together
-        until a link fills, freeze the flows crossing it, repeat."""
-        remaining: dict[int, float] = {}
-        load: dict[int, int] = {}
-        for flow in flows:
-            for link, mult in zip(flow.links, flow.mults, strict=True):
-                remaining[link] = self.capacities[link]
-                load[link] = load.get(link, 0) + mult
-        rates: dict[_Flow, float] = {}
-        unfrozen = list(flows)
-        while unfrozen:
-            share = min(remaining[link] / n for link, n in load.items() if n > 0)
-            limit = share * (1 + _SHARE_RTOL)
-            full = {link for link, n in load.items() if n > 0 and remaining[link] / n <= limit}
-            still = []
-            for flow in unfrozen:
-                if any(link in full for link in flow.links):
-                    rates[flow] = share
-                    for link, mult in zip(flow.links, flow.mults, strict=True):
-                        remaining[link] = max(remaining[link] - mult * share, 0.0)
-                        load[link] -= mult
-                else:
-                    still.append(flow)
-            unfrozen = still
-        return [rates[flow] for flow in flows]
+
+def _by_seq(flow: _Flow) -> int:
+    return flow.seq

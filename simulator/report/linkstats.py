@@ -48,18 +48,26 @@ def mean_utilization(
     # shapes (one per collective and send of a stage) and many intervals of each.
     # Intervals of one shape mostly share its tuples: the shape is looked up by their
     # identities (hashing a pair of ints, not two tuples of links), then summed in
-    # interval order under its value, as if keyed by value throughout.
-    per_shape: dict[tuple, float] = {}
-    shape_of: dict[tuple[int, int], tuple] = {}
+    # interval order under its value (its number among the values, in order of first
+    # appearance), as if keyed by value throughout.
+    number_of: dict[tuple, int] = {}  # a shape's value: its number
+    shape_of: dict[tuple[int, int], int] = {}  # a pair of tuples, by identity: its number
+    shapes: list[tuple] = []
+    moved: list[float] = []
     for iv in intervals:
         links, mults = iv.links, iv.mults
         ids = (id(links), id(mults))
-        key = shape_of.get(ids)
-        if key is None:
-            key = shape_of[ids] = (links, mults)
-        per_shape[key] = per_shape.get(key, 0.0) + iv.rate_bytes_per_s * (iv.end_s - iv.start_s)
+        number = shape_of.get(ids)
+        if number is None:
+            number = number_of.get((links, mults))
+            if number is None:
+                number = number_of[(links, mults)] = len(shapes)
+                shapes.append((links, mults))
+                moved.append(0.0)
+            shape_of[ids] = number
+        moved[number] = moved[number] + iv.rate_bytes_per_s * (iv.end_s - iv.start_s)
     carried = np.zeros_like(capacity)
-    for (links, mults), moved_bytes in per_shape.items():
+    for (links, mults), moved_bytes in zip(shapes, moved, strict=True):
         # a shape lists each link once, so fancy-index addition is exact
         carried[list(links)] += np.asarray(mults, dtype=np.float64) * moved_bytes
     return carried / (capacity * end_s)
