@@ -4,7 +4,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+from stepsim.engine.core import simulate
+from stepsim.engine.network import FairShareNetwork
 from stepsim.scenario import scenario_from_dict
+from stepsim.vocabulary import TP_COMM
+from stepsim.workload.ops import WorkloadBuilder
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -56,3 +60,14 @@ def scenario(**sections):
 
 def load(**sections):
     return scenario_from_dict(scenario(**sections))
+
+
+def time_transfers(cluster, *transfers) -> float:
+    """Run transfers at once on the fair-share network, each blocking its own lane;
+    when the last one ends."""
+    builder = WorkloadBuilder()
+    for i, transfer in enumerate(transfers):
+        lane = builder.lane(gpu=i, stream="compute", stage=0)
+        builder.add(lane, TP_COMM, f"t{i}", transfer=transfer)
+    capacities = [link.bandwidth_bytes_per_s for link in cluster.links]
+    return simulate(builder.build(), network=FairShareNetwork.factory(capacities)).end_s

@@ -6,16 +6,12 @@ from pathlib import Path
 import pytest
 
 from stepsim.cli import main
-from stepsim.engine.core import simulate
-from stepsim.engine.network import FairShareNetwork
 from stepsim.run import build_cluster, run
 from stepsim.scenario import ScenarioError
-from stepsim.vocabulary import TP_COMM
 from stepsim.workload import collectives
 from stepsim.workload.collectives import Fabric, LayoutError
 from stepsim.workload.lowering import lower
-from stepsim.workload.ops import WorkloadBuilder
-from tests.helpers import load
+from tests.helpers import load, time_transfers
 
 TINY = str(Path(__file__).resolve().parent.parent / "scenarios" / "tiny-2gpu.toml")
 
@@ -31,18 +27,8 @@ def _fabric(base_latency_s=0.0, **cluster):
     return c, Fabric.of(c, base_latency_s)
 
 
-def _time(cluster, *transfers):
-    """Run transfers at once, each blocking its own lane; when the last one ends."""
-    builder = WorkloadBuilder()
-    for i, transfer in enumerate(transfers):
-        lane = builder.lane(gpu=i, stream="compute", stage=0)
-        builder.add(lane, TP_COMM, f"t{i}", transfer=transfer)
-    capacities = [link.bandwidth_bytes_per_s for link in cluster.links]
-    return simulate(builder.build(), network=FairShareNetwork.factory(capacities)).end_s
-
-
 def _busbw(cluster, collective, n, size):
-    return size / _time(cluster, collective) * 2 * (n - 1) / n
+    return size / time_transfers(cluster, collective) * 2 * (n - 1) / n
 
 
 def test_routes_use_nvlink_inside_a_node_and_nics_between_nodes():
@@ -59,14 +45,14 @@ def test_ring_all_reduce_on_one_nvswitch_node_matches_closed_form():
     n, size = 8, 1 * GB
     (ring,) = collectives.ring("all_reduce", [list(range(n))], size, fabric)
     expected = 6e-6 + 2 * (n - 1) * NVLINK_STEP_S + 2 * (n - 1) / n * size / (300 * GB)
-    assert _time(cluster, ring) == pytest.approx(expected, rel=1e-12)
+    assert time_transfers(cluster, ring) == pytest.approx(expected, rel=1e-12)
 
 
 def test_ring_across_nodes_is_bound_by_the_nic():
     cluster, fabric = _fabric(num_nodes=4)
     ring = collectives.ring("all_reduce", [[0, 8, 16, 24]], GB, fabric)  # one rail
     expected = 2 * 3 * IB_STEP_S + 2 * 3 / 4 * GB / (200e9 / 8)
-    assert _time(cluster, *ring) == pytest.approx(expected, rel=1e-12)
+    assert time_transfers(cluster, *ring) == pytest.approx(expected, rel=1e-12)
 
 
 def test_a_group_with_eight_gpus_per_node_runs_eight_rings_one_per_nic():
@@ -126,7 +112,7 @@ def test_hierarchical_all_reduce_by_phases():
         + 7 * NVLINK_STEP_S
         + 7 / 8 * size / (300 * GB)
     )
-    assert _time(cluster, (rs, inter, ag)) == pytest.approx(expected, rel=1e-9)
+    assert time_transfers(cluster, (rs, inter, ag)) == pytest.approx(expected, rel=1e-9)
 
 
 def test_double_binary_tree_across_two_nodes():
@@ -134,7 +120,7 @@ def test_double_binary_tree_across_two_nodes():
     (inter,) = collectives.two_level_all_reduce("tree", [[0, 8]], GB, fabric)
     # each tree sends half up and half down; both trees cross each NIC once per direction
     assert inter.bytes_per_flow == pytest.approx(GB / 2)
-    assert _time(cluster, inter) == pytest.approx(2 * IB_STEP_S + GB / 2 / (12.5 * GB))
+    assert time_transfers(cluster, inter) == pytest.approx(2 * IB_STEP_S + GB / 2 / (12.5 * GB))
 
 
 def test_the_second_tree_turns_the_first_trees_leaves_into_inner_nodes():
@@ -185,10 +171,10 @@ def test_gpus_sharing_one_nic_split_it():
     cluster, fabric = _fabric(node="v100x4", num_nodes=2)
     pairs = [(j, 4 + j) for j in range(4)]
     send = collectives.point_to_point(pairs, GB, fabric)
-    assert _time(cluster, send) == pytest.approx(IB_STEP_S + GB / (50 * GB / 4))
+    assert time_transfers(cluster, send) == pytest.approx(IB_STEP_S + GB / (50 * GB / 4))
     # one sender alone is limited by its PCIe link (16 GB/s), not the 50 GB/s NIC
     alone = collectives.point_to_point(pairs[:1], GB, fabric)
-    assert _time(cluster, alone) == pytest.approx(IB_STEP_S + GB / (16 * GB))
+    assert time_transfers(cluster, alone) == pytest.approx(IB_STEP_S + GB / (16 * GB))
 
 
 def test_oversubscribed_uplink_is_shared_by_the_leaf():
@@ -200,18 +186,18 @@ def test_oversubscribed_uplink_is_shared_by_the_leaf():
     pairs = [(g, g + 16) for g in range(16)]
     send = collectives.point_to_point(pairs, GB, fabric)
     latency = 0.5e-6 + 4 * 2e-6 + 0.5e-6
-    assert _time(cluster, send) == pytest.approx(latency + GB / (200 * GB / 16))
+    assert time_transfers(cluster, send) == pytest.approx(latency + GB / (200 * GB / 16))
     # within a leaf nothing is oversubscribed
     local = collectives.point_to_point([(g, g + 8) for g in range(8)], GB, fabric)
-    assert _time(cluster, local) == pytest.approx(IB_STEP_S + GB / (25 * GB))
+    assert time_transfers(cluster, local) == pytest.approx(IB_STEP_S + GB / (25 * GB))
 
 
 def test_tensor_ring_and_pipeline_send_share_an_nvlink_port():
     cluster, fabric = _fabric(num_nodes=1)
     (ring,) = collectives.ring("all_reduce", [[0, 1]], 2 * GB, fabric)  # 2 GB per edge
     send = collectives.point_to_point([(0, 1)], 2 * GB, fabric)
-    alone = _time(cluster, ring)
-    both = _time(cluster, ring, send)
+    alone = time_transfers(cluster, ring)
+    both = time_transfers(cluster, ring, send)
     assert alone == pytest.approx(4e-6 + 2 * GB / (300 * GB))  # 2 steps of 2 us
     # The send (2 us latency) streams alone at 300 GB/s until the ring's 4 us latency is
     # paid, then GPU 0's port is shared 150/150 until the send ends, then the ring has it.

@@ -3,15 +3,12 @@ the GPU <-> NVSwitch links, against closed forms; how a scenario asks for it."""
 
 import pytest
 
-from stepsim.engine.core import simulate
-from stepsim.engine.network import FairShareNetwork
 from stepsim.run import build_cluster, run
 from stepsim.scenario import ScenarioError
-from stepsim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, TP_COMM
+from stepsim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
 from stepsim.workload import collectives
 from stepsim.workload.collectives import Fabric
-from stepsim.workload.ops import WorkloadBuilder
-from tests.helpers import load
+from tests.helpers import load, time_transfers
 
 GB = 1e9
 EFF = 0.85  # the DGX H100's NVLS efficiency (NCCL's nvlsEfficiency for Hopper)
@@ -24,15 +21,6 @@ def _fabric(base_latency_s=0.0, **cluster):
     spec = load(cluster=cluster).cluster
     c = build_cluster(spec)
     return c, Fabric.of(c, base_latency_s, spec.nvls_fraction)
-
-
-def _time(cluster, *transfers):
-    builder = WorkloadBuilder()
-    for i, transfer in enumerate(transfers):
-        lane = builder.lane(gpu=i, stream="compute", stage=0)
-        builder.add(lane, TP_COMM, f"t{i}", transfer=transfer)
-    capacities = [link.bandwidth_bytes_per_s for link in cluster.links]
-    return simulate(builder.build(), network=FairShareNetwork.factory(capacities)).end_s
 
 
 def _link_bytes(phase):
@@ -60,7 +48,7 @@ def test_nvls_bytes_on_each_gpu_link_and_time_on_an_idle_node(kind, up_chunks, d
         chunks = up_chunks if link.dst[0] == "nvswitch" else down_chunks
         assert nbytes == pytest.approx(chunks * size / k / EFF, rel=1e-12)
     expected = 6e-6 + steps * HOP_S + max(up_chunks, down_chunks) * size / k / EFF / LINK
-    assert _time(cluster, (phase,)) == pytest.approx(expected, rel=1e-12)
+    assert time_transfers(cluster, (phase,)) == pytest.approx(expected, rel=1e-12)
     assert collectives.estimate_s((phase,), fabric.capacities) == pytest.approx(expected)
 
 
@@ -71,7 +59,9 @@ def test_nvls_bus_bandwidth_over_the_ring_is_the_bytes_ratio_times_efficiency():
     k, size = 8, 4 * GB
     ring = collectives.all_reduce("ring", [list(range(k))], size, fabric)
     nvls = collectives.all_reduce("nvls", [list(range(k))], size, fabric)
-    ratio = (_time(cluster, ring) - ring[0].latency_s) / (_time(cluster, nvls) - nvls[0].latency_s)
+    ratio = (time_transfers(cluster, ring) - ring[0].latency_s) / (
+        time_transfers(cluster, nvls) - nvls[0].latency_s
+    )
     assert ratio == pytest.approx((2 * (k - 1) / k) / ((k + 1) / k / EFF), rel=1e-9)
 
 
@@ -81,12 +71,14 @@ def test_nvls_flows_share_links_with_other_traffic():
     cluster, fabric = _fabric(num_nodes=1)
     size = 1 * GB
     (whole,) = collectives.nvls(ALL_REDUCE, [list(range(8))], size, fabric)
-    one = _time(cluster, (whole,))
+    one = time_transfers(cluster, (whole,))
     both = whole.latency_s + 2 * (one - whole.latency_s)  # the latencies run side by side
-    assert _time(cluster, (whole,), (whole,)) == pytest.approx(both, rel=1e-12)
+    assert time_transfers(cluster, (whole,), (whole,)) == pytest.approx(both, rel=1e-12)
     (a,) = collectives.nvls(ALL_REDUCE, [[0, 1, 2, 3]], size, fabric)
     (b,) = collectives.nvls(ALL_REDUCE, [[4, 5, 6, 7]], size, fabric)
-    assert _time(cluster, (a,), (b,)) == pytest.approx(_time(cluster, (a,)), rel=1e-12)
+    assert time_transfers(cluster, (a,), (b,)) == pytest.approx(
+        time_transfers(cluster, (a,)), rel=1e-12
+    )
 
 
 def test_nvls_across_nodes_is_nvls_around_trees_and_auto_never_picks_it():
