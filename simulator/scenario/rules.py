@@ -27,8 +27,10 @@ from stepsim.schedules import check as schedule_problem
 from stepsim.schedules.custom import check_orders, sizes_of
 from stepsim.topologies import PLANAR  # drawn whole in symmetric mode too (run.build_cluster)
 
-from ..vocabulary import NVLS, SHARD_GRADIENTS, SHARD_OPTIMIZER
+from ..vocabulary import SHARD_GRADIENTS, SHARD_OPTIMIZER
 from . import limits
+from .cluster_rules import check_cluster as check_cluster  # ClusterSpec calls it here
+from .cluster_rules import check_nvls
 from .errors import ScenarioError
 from .model_rules import attention_kernel_of as attention_kernel_of  # spec and training call
 from .model_rules import check_context_parallel, check_query_groups_split, check_tied_embeddings
@@ -91,61 +93,6 @@ def check_values(spec: object, section: str) -> None:
         if key.by_name or (value is None and key.default is None):
             continue
         schema.check_value(key, value)
-
-
-def check_cluster(cluster: ClusterSpec) -> None:
-    from .spec import GpuSpec  # spec imports this module
-
-    if not isinstance(cluster.gpu, GpuSpec):
-        # the file names a preset and the loader looks it up; in Python, the record itself
-        raise ScenarioError(
-            key="cluster.gpu",
-            value=cluster.gpu,
-            rule="must be a GpuSpec (a GPU record such as "
-            "stepsim.scenario.presets.GPUS['a100-sxm4-80gb']), not a name",
-        )
-    gpn, topology = cluster.gpus_per_node, cluster.nvlink_topology
-    if topology == "all-to-all" and gpn > 7:
-        raise ScenarioError(
-            key="cluster.gpus_per_node",
-            value=gpn,
-            rule="must be <= 7 for cluster.nvlink_topology='all-to-all' (6 NVLink lanes per GPU)",
-        )
-    if topology == "hybrid-cube-mesh" and gpn != 8:
-        raise ScenarioError(
-            key="cluster.gpus_per_node",
-            value=gpn,
-            rule="must be 8 for cluster.nvlink_topology='hybrid-cube-mesh'",
-        )
-    if cluster.nvls_efficiency and topology != "nvswitch":
-        raise ScenarioError(
-            key="cluster.nvls_efficiency",
-            value=cluster.nvls_efficiency,
-            rule=f"must be 0 for cluster.nvlink_topology={topology!r} (NVLS reduces in an "
-            "NVSwitch)",
-        )
-    if cluster.fabric == "rail-only" and cluster.num_nodes > cluster.nodes_per_leaf:
-        raise ScenarioError(
-            key="cluster.num_nodes",
-            value=cluster.num_nodes,
-            rule=f"must be <= cluster.nodes_per_leaf={cluster.nodes_per_leaf}: a rail-only fabric "
-            "has one switch per rail, holding nodes_per_leaf nodes (raise it to the switch's "
-            "ports, or use cluster.fabric='multi-plane')",
-        )
-    planes = cluster.fabric_planes
-    if planes is not None and cluster.nics_per_node % planes:
-        raise ScenarioError(
-            key="cluster.fabric_planes",
-            value=planes,
-            rule=f"must divide cluster.nics_per_node={cluster.nics_per_node} (NIC k on plane k "
-            "mod fabric_planes)",
-        )
-    if cluster.nics_per_node > gpn:
-        raise ScenarioError(
-            key="cluster.nics_per_node",
-            value=cluster.nics_per_node,
-            rule=f"must be <= cluster.gpus_per_node={gpn}",
-        )
 
 
 def check_training_alone(training: TrainingConfig) -> None:
@@ -296,18 +243,6 @@ def check_scenario(scenario: Scenario) -> None:
     check_fp8(scenario)
     check_calibration(scenario)
     check_nvls(scenario)
-
-
-def check_nvls(scenario: Scenario) -> None:
-    """`nvls` asks for the NVSwitch's in-switch reduction, which only NVSwitch
-    generation 3 and later have (NCCL refuses NCCL_ALGO=NVLS where it is missing)."""
-    if scenario.network.collective_algorithm == NVLS and scenario.cluster.nvls_fraction == 0:
-        raise ScenarioError(
-            key="network.collective_algorithm",
-            value=NVLS,
-            rule=f"needs an NVSwitch that reduces (NVLS: H100/H200/H800/B200/GB200 nodes); "
-            f"cluster.node={scenario.cluster.node!r} has none (or set cluster.nvls_efficiency)",
-        )
 
 
 def check_cluster_size(scenario: Scenario) -> None:
