@@ -6,8 +6,10 @@ from pathlib import Path
 
 from stepsim.engine.core import simulate
 from stepsim.engine.network import FairShareNetwork
+from stepsim.run import build_cluster
 from stepsim.scenario import scenario_from_dict
 from stepsim.vocabulary import TP_COMM
+from stepsim.workload.lowering import lower
 from stepsim.workload.ops import WorkloadBuilder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,3 +73,18 @@ def time_transfers(cluster, *transfers) -> float:
         builder.add(lane, TP_COMM, f"t{i}", transfer=transfer)
     capacities = [link.bandwidth_bytes_per_s for link in cluster.links]
     return simulate(builder.build(), network=FairShareNetwork.factory(capacities)).end_s
+
+
+def lowered_with_and_without_replay(scenario, monkeypatch):
+    """(ops with layer bodies replayed, the ops the blocks make with replay off, how
+    many bodies were replayed): lowering.layer_body / WorkloadBuilder.replay checked
+    against making every layer anew."""
+    cluster = build_cluster(scenario.cluster)
+    replays = []
+    replay = WorkloadBuilder.replay
+    monkeypatch.setattr(
+        WorkloadBuilder, "replay", lambda self, *args: replays.append(1) or replay(self, *args)
+    )
+    replayed = lower(scenario, cluster)
+    monkeypatch.setattr(WorkloadBuilder, "body_since", lambda *args: None)
+    return replayed, lower(scenario, cluster), len(replays)

@@ -4,16 +4,14 @@ from dataclasses import replace
 
 import pytest
 
-from stepsim.run import build_cluster, memory_per_stage, run
+from stepsim.run import memory_per_stage, run
 from stepsim.scenario import ScenarioError, dumps_toml, scenario_to_dict
 from stepsim.vocabulary import BREAKDOWN_KEYS, CP_COMM
 from stepsim.workload.compute import ComputeModel
 from stepsim.workload.context import ContextAttention
-from stepsim.workload.lowering import lower
 from stepsim.workload.memory import activation_bytes_per_layer
-from stepsim.workload.ops import WorkloadBuilder
 from stepsim.workload.placement import placement_of
-from tests.helpers import load
+from tests.helpers import load, lowered_with_and_without_replay
 
 E = 2  # bytes per bf16 element
 S, B, A, G, D = 4096, 1, 16, 8, 64  # sequence, micro-batch, heads, query groups, head size
@@ -160,12 +158,5 @@ def test_layers_with_ring_steps_are_replayed_as_the_blocks_make_them(symmetry, m
         training={"recompute_granularity": "selective"},
         network={"model": "fair-share", "symmetry": symmetry},
     )
-    cluster = build_cluster(s.cluster)
-    replays = []
-    replay = WorkloadBuilder.replay
-    monkeypatch.setattr(
-        WorkloadBuilder, "replay", lambda self, *args: replays.append(1) or replay(self, *args)
-    )
-    replayed = lower(s, cluster)
-    monkeypatch.setattr(WorkloadBuilder, "body_since", lambda *args: None)
-    assert replays and replayed == lower(s, cluster)
+    replayed, made, replays = lowered_with_and_without_replay(s, monkeypatch)
+    assert replays and replayed == made

@@ -3,10 +3,7 @@ the ops the blocks would have made: the same workload with replay turned off."""
 
 import pytest
 
-from stepsim.run import build_cluster
-from stepsim.workload.lowering import lower
-from stepsim.workload.ops import WorkloadBuilder
-from tests.helpers import load
+from tests.helpers import load, lowered_with_and_without_replay
 
 TP2_PP2 = {
     "tensor_model_parallel_size": 2,
@@ -34,15 +31,7 @@ def test_replayed_layers_are_the_ops_the_blocks_make(name, monkeypatch):
         training={"global_batch_size": 16, **training},
         network={"model": "fair-share", **network},
     )
-    cluster = build_cluster(scenario.cluster)
-    replays = []
-    replay = WorkloadBuilder.replay
-    monkeypatch.setattr(
-        WorkloadBuilder, "replay", lambda self, *args: replays.append(1) or replay(self, *args)
-    )
-    replayed = lower(scenario, cluster)
-    monkeypatch.setattr(WorkloadBuilder, "body_since", lambda *args: None)
-    made = lower(scenario, cluster)
+    replayed, made, replays = lowered_with_and_without_replay(scenario, monkeypatch)
     assert replayed == made
     # replayed unless the bodies name ops (TP collectives alongside the GEMMs)
     assert bool(replays) == (name != "tp comm overlap")
