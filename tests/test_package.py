@@ -13,6 +13,7 @@ import pytest
 from stepsim.cli import main
 from stepsim.cli.common import ray_package_dir
 from stepsim.scenario import shipped_scenarios
+from stepsim.scenario.files import scenario_path
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -21,6 +22,10 @@ def test_every_shipped_scenario_is_found_by_name():
     shipped = shipped_scenarios()
     assert set(shipped) == {p.stem for p in (ROOT / "scenarios").glob("*.toml")}
     assert "tiny-2gpu" in shipped
+    # every name `stepsim list` shows resolves to its file, dots in it included
+    for name, path in shipped.items():
+        assert scenario_path(name) == path
+    assert scenario_path("llama3.1-405b-1024-h100").name == "llama3.1-405b-1024-h100.toml"
 
 
 def test_run_takes_a_shipped_scenario_by_name(capsys):

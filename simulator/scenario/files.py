@@ -325,11 +325,13 @@ def scenario_path(text: str | Path) -> Path:
     """The scenario file SCENARIO names: a path, or else the name of a shipped scenario
     (`stepsim run tiny-2gpu`); a one-line error naming both when it is neither."""
     path = Path(text)
-    if path.exists() or path.suffix or len(path.parts) > 1:
+    if path.exists():
         return path
     shipped = shipped_scenarios()
-    if str(text) in shipped:
+    if str(text) in shipped:  # before the suffix test: "llama3.1-405b-..." has a dot
         return shipped[str(text)]
+    if path.suffix or len(path.parts) > 1:
+        return path
     raise ScenarioError(
         f"no scenario file {str(text)!r} and no shipped scenario of that name (shipped: "
         f"{', '.join(shipped)}; `stepsim list` shows them)"
