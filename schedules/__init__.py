@@ -24,8 +24,9 @@ from .pipeline import (
     upstream,
     zbh1,
     zbh2,
-    zbv,
+    zbv_unit,
 )
+from .zbv_timed import ZbvTimes, ZbvUnschedulable, default_memory, zbv_timed
 
 __all__ = [
     "INTERLEAVED",
@@ -51,5 +52,9 @@ __all__ = [
     "upstream",
     "zbh1",
     "zbh2",
-    "zbv",
+    "zbv_unit",
+    "ZbvTimes",
+    "ZbvUnschedulable",
+    "default_memory",
+    "zbv_timed",
 ]

@@ -195,8 +195,10 @@ def interleaved_zb(p: int, m: int, v: int = 2, group_size: int | None = None) ->
     return [_zero_bubble(forwards, backwards, (v - 1) * group + p - r, r) for r in range(p)]
 
 
-def zbv(p: int, m: int, v: int = 2, group_size: int | None = None) -> list[list[Step]]:
-    """ZB-V (Qi et al. 2024, "Pipeline parallelism with controllable memory"): two chunks
+def zbv_unit(p: int, m: int, v: int = 2, group_size: int | None = None) -> list[list[Step]]:
+    """ZB-V in unit time (schedule ``zbv_unit``; ``zbv`` is the authors' timed greedy,
+    schedules/zbv_timed.py). Qi et al. 2024, "Pipeline parallelism with controllable
+    memory": two chunks
     per rank in a V, rank r holding stages r and 2p - 1 - r, so the first and last
     stage share rank 0; backward split into B and W.
 
@@ -296,6 +298,13 @@ class ScheduleInfo:
     chunked: bool  # runs v >= 2 chunks per rank
     placement: str = LOOPED
     grouped: bool = False  # takes a micro-batch group size (Megatron's interleaving)
+    timed: bool = False  # its order depends on the op times (build takes ``times``)
+
+
+def _zbv_timed(p: int, m: int, v: int, group_size: int | None, times) -> list[list[Step]]:
+    from .zbv_timed import zbv_timed  # it imports Step from here
+
+    return zbv_timed(p, m, times)
 
 
 SCHEDULES: dict[str, ScheduleInfo] = {
@@ -306,7 +315,10 @@ SCHEDULES: dict[str, ScheduleInfo] = {
     "zbh1": ScheduleInfo(zbh1, split_backward=True, chunked=False),
     "zbh2": ScheduleInfo(zbh2, split_backward=True, chunked=False),
     "interleaved_zb": ScheduleInfo(interleaved_zb, split_backward=True, chunked=True, grouped=True),
-    "zbv": ScheduleInfo(zbv, split_backward=True, chunked=True, placement=V_SHAPE),
+    "zbv": ScheduleInfo(
+        _zbv_timed, split_backward=True, chunked=True, placement=V_SHAPE, timed=True
+    ),
+    "zbv_unit": ScheduleInfo(zbv_unit, split_backward=True, chunked=True, placement=V_SHAPE),
 }
 
 
@@ -338,13 +350,20 @@ def check(name: str, p: int, m: int, v: int = 1, group_size: int | None = None) 
     return None
 
 
-def build(name: str, p: int, m: int, v: int = 1, group_size: int | None = None) -> list[list[Step]]:
+def build(
+    name: str, p: int, m: int, v: int = 1, group_size: int | None = None, times=None
+) -> list[list[Step]]:
     """Each rank's op order for a named schedule; ValueError with the reason if the sizes
-    do not suit it."""
+    do not suit it. ``times`` (a `zbv_timed.ZbvTimes`: per-chunk F, B, W, the hop and
+    memory per op) steers a timed schedule (`ScheduleInfo.timed`); None means unit
+    times. Other schedules ignore it."""
     problem = check(name, p, m, v, group_size)
     if problem:
         raise ValueError(problem)
-    return SCHEDULES[name].build(p, m, v, group_size)
+    info = SCHEDULES[name]
+    if info.timed:
+        return info.build(p, m, v, group_size, times)
+    return info.build(p, m, v, group_size)
 
 
 def upstream(

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from stepsim.schedules import LOOPED, SCHEDULES, V_SHAPE, Step, peak_inflight, step_label
+from stepsim.schedules import LOOPED, SCHEDULES, V_SHAPE, Step, ZbvTimes, peak_inflight, step_label
 from stepsim.schedules import build as build_schedule
 from stepsim.schedules.custom import sizes_of
 
@@ -157,8 +157,11 @@ def run_schedule(
     stage_layers: Sequence[int] | None = None,
 ) -> Study:
     """Build a named schedule and simulate it; ValueError if the sizes do not suit it."""
-    orders = build_schedule(name, p, m, v, group_size)
     info = SCHEDULES[name]
+    timed = None
+    if info.timed:  # one chunk op lasts F/v, B/v, W/v; memory per op as ZbvTimes' defaults
+        timed = ZbvTimes(times.forward / v, times.backward / v, times.weight / v, times.p2p_latency)
+    orders = build_schedule(name, p, m, v, group_size, timed)
     return run_orders(
         name,
         orders,

@@ -70,7 +70,8 @@ def add_command(sub) -> None:
         default=None,
         metavar="W",
         help="time of the weight-gradient pass, for schedules that run it apart (zbh1, zbh2, "
-        "interleaved_zb, zbv); others run B + W as one backward",
+        "interleaved_zb, zbv, zbv_unit); others run B + W as one backward; zbv orders its ops "
+        "by these times",
     )
     sched.add_argument(
         "--p2p-latency",

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from stepsim import schedules
+
 from ..scenario import Scenario
 from ..vocabulary import RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE
 from ..workload.compute import ComputeModel
@@ -16,6 +18,7 @@ from ..workload.memory import (
     stage_params_per_rank,
 )
 from ..workload.moe import moe_block_work
+from ..workload.schedule_costs import schedule_times
 
 
 class Inflight:
@@ -36,6 +39,8 @@ class Inflight:
         )
         if tr.custom_orders is not None:
             key = (key, tr.custom_orders)
+        if schedules.SCHEDULES[tr.schedule].timed:  # the order follows the op times
+            key = (key, schedule_times(scenario))
         if key not in self.cache:
             from ..workload.lowering import inflight_per_stage
 

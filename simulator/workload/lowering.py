@@ -67,6 +67,7 @@ from .keys import AsyncTpKey, P2PKey, PipelineKey
 from .moe import MoeBlock
 from .ops import Workload, WorkloadBuilder
 from .placement import StageComm, placement_of
+from .schedule_costs import schedule_times
 
 
 def stage_orders(scenario: Scenario) -> list[list[Step]]:
@@ -80,6 +81,7 @@ def stage_orders(scenario: Scenario) -> list[list[Step]]:
         scenario.num_microbatches,
         par.virtual_pipeline_model_parallel_size,
         tr.microbatch_group_size_per_vp_stage,
+        schedule_times(scenario),
     )
 
 
