@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from stepsim.schedules import PLACEMENTS
+from stepsim.schedules.torch_csv import to_torch_csv
 
 from ..scenario import read_schedule_file
 
@@ -33,7 +34,8 @@ def add_command(sub) -> None:
     which.add_argument(
         "--schedule-file",
         metavar="FILE",
-        help="per-rank op orders: one line per rank of labels F3 B3 W3 (F3.1 = chunk 1)",
+        help="per-rank op orders: one line per rank of labels F3 B3 W3 (F3.1 = chunk 1), or "
+        "torch.distributed.pipelining's action CSV (0F3,0I3,0W3; compute_only or compute_comms)",
     )
     sched.add_argument("--stages", type=int, metavar="P", help="pipeline stages (ranks)")
     sched.add_argument("--microbatches", type=int, metavar="M", help="micro-batches")
@@ -46,8 +48,9 @@ def add_command(sub) -> None:
     sched.add_argument(
         "--placement",
         choices=list(PLACEMENTS),
-        default=PLACEMENTS[0],
-        help="--schedule-file only: chunk k of rank r is stage k*p+r (looped) or a V",
+        default=None,
+        help="--schedule-file only: chunk k of rank r is stage k*p+r (looped, the default for "
+        "stepsim's labels) or a V; a torch CSV's stage numbers give it",
     )
     sched.add_argument(
         "--forward",
@@ -87,7 +90,12 @@ def add_command(sub) -> None:
         "layer and rank r's ops last L_r times as long",
     )
     sched.add_argument("--json", action="store_true", help="print the results as JSON")
-    sched.add_argument("--out", metavar="DIR", help="write schedule.png and trace.json to DIR")
+    sched.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write schedule.png, trace.json and each schedule's per-rank actions as "
+        "torch.distributed.pipelining's CSV (NAME.torch.csv) to DIR",
+    )
     sched.set_defaults(handler=command)
 
 
@@ -109,14 +117,14 @@ def command(args: argparse.Namespace) -> int:
     if args.schedule_file is not None:
         path = Path(args.schedule_file)
         where = f"--schedule-file {str(path)!r}"
-        orders = read_schedule_file(path, where, args.placement)
+        orders, placement = read_schedule_file(path, where, args.placement)
         studies = [
             study_of_orders(
                 path.stem,
                 orders,
                 times,
                 weight_given=weight_given,
-                placement=args.placement,
+                placement=placement,
                 sizes=sizes,
                 where=where,
                 stage_layers=stage_layers,
@@ -150,6 +158,11 @@ def command(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
         pipeline_figure(studies).savefig(out / "schedule.png", dpi=110)
         (out / "trace.json").write_text(json.dumps(study_trace(studies), separators=(",", ":")))
+        written = ["schedule.png", "trace.json"]
+        for study in studies:
+            name = f"{study.name}.torch.csv"
+            (out / name).write_text(to_torch_csv(study.orders, study.placement))
+            written.append(name)
         if not args.json:
-            print(f"\n  wrote {args.out}/: schedule.png trace.json")
+            print(f"\n  wrote {args.out}/: {' '.join(written)}")
     return 0

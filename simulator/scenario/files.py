@@ -16,8 +16,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from stepsim.schedules import Step
+from stepsim.schedules import LOOPED, V_SHAPE, Step
 from stepsim.schedules.custom import check_orders, parse_orders
+from stepsim.schedules.torch_csv import looks_like_torch, parse_torch_csv
 
 from . import limits, presets
 from .errors import ScenarioError
@@ -175,16 +176,31 @@ def read_calibration(path: str | Path) -> KernelConstants:
     return KernelConstants(**values)
 
 
-def read_schedule_file(path: Path, name: str, placement: str) -> list[list[Step]]:
-    """Per-rank op orders from a file, checked (schedules.custom); ``name`` is how the
-    one-line ScenarioError refers to the file (the key or the CLI flag)."""
+def read_schedule_file(
+    path: Path, name: str, placement: str | None
+) -> tuple[list[list[Step]], str]:
+    """Per-rank op orders from a file, checked (schedules.custom), and their placement;
+    ``name`` is how the one-line ScenarioError refers to the file (the key or the CLI
+    flag). The file is stepsim's labels (``F3 B3 W3``, placement as given, else looped)
+    or torch.distributed.pipelining's action CSV (``0F3,0I3,0W3``; schedules.torch_csv),
+    whose stage numbers fix the placement (a ``placement`` given must agree)."""
     text = read_text(path, name)
     try:
-        orders = parse_orders(text)
+        if looks_like_torch(text):
+            orders, found = parse_torch_csv(text)
+            if placement is not None and placement != found:
+                raise ValueError(
+                    f"its stages sit in a {'V' if found == V_SHAPE else 'looped'} placement, "
+                    f"not {placement!r} (leave the placement out or give {found!r})"
+                )
+            placement = found
+        else:
+            orders = parse_orders(text)
+            placement = placement or LOOPED
         check_orders(orders, placement)
     except ValueError as exc:
         raise ScenarioError(f"{name}: {exc}") from None
-    return orders
+    return orders, placement
 
 
 # --- the validation set -----------------------------------------------------------------

@@ -222,8 +222,11 @@ def _build_training(table: dict[str, Any], base_dir: Path | None) -> TrainingCon
         path = Path(written)
         if not path.is_absolute() and base_dir is not None:
             path = base_dir / path
-        placement = table.get("schedule_placement", LOOPED)
-        orders = read_schedule_file(path, f"training.schedule_file={written!r}", placement)
+        placement = table.get("schedule_placement")
+        where = f"training.schedule_file={written!r}"
+        orders, placement = read_schedule_file(path, where, placement)
+        if placement != LOOPED:  # a torch CSV's stages can fix it
+            values["schedule_placement"] = placement
         values["schedule_file"] = str(path.resolve())
         values["custom_orders"] = tuple(tuple(order) for order in orders)
     _require("training", values)

@@ -55,14 +55,16 @@ class TrainingConfig:
     )
     schedule_file: str | None = key(
         "`custom` only, required there: per-rank op orders, one line per rank "
-        "(`F0 F1 B0 W0 ...`, `F3.1` for chunk 1), relative to the scenario file; checked "
+        "(`F0 F1 B0 W0 ...`, `F3.1` for chunk 1) or torch.distributed.pipelining's action "
+        "CSV (`0F0,0I0,0W0,...`), relative to the scenario file; checked "
         "for missing, repeated and misordered ops and for deadlock; its ranks, chunks and "
         "micro-batches must match the scenario",
         default=None,
     )
     schedule_placement: str | None = key(
         "`custom` only: chunk k of rank r holds stage k x PP + r (`looped`) or, with 2 "
-        "chunks, stages r and 2 PP - 1 - r (`v`); named schedules fix theirs",
+        "chunks, stages r and 2 PP - 1 - r (`v`); named schedules fix theirs, and a torch "
+        "CSV's stage numbers fix its own",
         default=None,
         choices=schedules.PLACEMENTS,
         derived=f'`"{schedules.LOOPED}"`',

@@ -1,0 +1,145 @@
+"""Per-rank action lists in torch.distributed.pipelining's CSV, read and written.
+
+PyTorch's pipeline schedules keep, per rank, a list of actions and dump or load it
+as a CSV with one row per rank (`PipelineScheduleMulti._dump_csv` / `_load_csv`,
+torch/distributed/pipelining/schedules.py). An action is written
+``{stage}{type}{micro-batch}``: ``2F0`` a forward of micro-batch 0 on (global) stage
+2, ``I`` the input-gradient half of a split backward, ``W`` its weight gradient,
+``B`` a full backward; ``SEND_F``, ``RECV_F``, ``SEND_B``, ``RECV_B``, ``UNSHARD``,
+``RESHARD`` and ``REDUCE_GRAD`` are communication and sharding actions (the
+``compute_comms`` format); ``(0F3;5B1)OVERLAP_F_B`` runs a forward and a backward of
+two micro-batches overlapped. An empty cell is an idle step.
+
+stepsim's orders map onto them one to one: its F, B and W are torch's F, I (or B when
+the backward is not split) and W, its (rank, chunk) is torch's stage through the
+placement (looped: stage k p + r; V: stages r and 2p-1-r). Reading:
+
+- compute actions become Steps; a full ``B`` in a file that also splits backwards
+  is its ``I`` followed at once by its ``W`` (what a full backward computes);
+- the communication and sharding actions are skipped, as stepsim derives its sends,
+  receives and gathers from the order itself (say so where it matters);
+- ``OVERLAP_F_B`` is read as its two actions in order (stepsim runs them back to
+  back on the rank), as the placement is read from which stages each rank holds.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import re
+from collections.abc import Sequence
+
+from .pipeline import LOOPED, V_SHAPE, Step, holder_of, stage_of
+
+_ACTION = re.compile(
+    r"^(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$"
+)
+_OVERLAP = re.compile(r"^\((.*)\)OVERLAP_F_B$")
+COMPUTE = ("F", "I", "B", "W")
+
+
+def looks_like_torch(text: str) -> bool:
+    """Whether the text's first cell is a torch action (``0F0``) rather than an
+    stepsim label (``F0``)."""
+    for row in csv.reader(io.StringIO(text)):
+        for cell in row:
+            cell = cell.strip()
+            if cell and not cell.startswith("#"):
+                return cell[0].isdigit() or cell.startswith("(")
+    return False
+
+
+def _actions(cell: str, where: str) -> list[tuple[int, str, int]]:
+    """The compute actions in one cell, as (stage, type, micro-batch)."""
+    cell = cell.strip().strip('"')
+    if not cell:
+        return []
+    overlap = _OVERLAP.match(cell)
+    if overlap:
+        parts = [_actions(part, where) for part in overlap.group(1).split(";")]
+        return [action for part in parts for action in part]
+    match = _ACTION.match(cell)
+    if not match:
+        raise ValueError(
+            f"{where}: {cell!r} is not a torch.distributed.pipelining action like 2F0, "
+            "1I3, 0W1, 3SEND_F2 or (0F3;5B1)OVERLAP_F_B"
+        )
+    stage, kind, mb = match.groups()
+    if kind not in COMPUTE:
+        return []
+    if not mb:
+        raise ValueError(f"{where}: {cell!r} names no micro-batch")
+    return [(int(stage), kind, int(mb))]
+
+
+def parse_torch_csv(text: str) -> tuple[list[list[Step]], str]:
+    """Per-rank orders and their placement from a torch pipeline-order CSV; ValueError
+    (one line) when a cell is not an action or the stages fit no placement."""
+    rows: list[list[tuple[int, str, int]]] = []
+    for number, row in enumerate(csv.reader(io.StringIO(text)), start=1):
+        if row and row[0].strip().startswith("#"):
+            continue
+        actions = [
+            a for i, cell in enumerate(row) for a in _actions(cell, f"row {number}, cell {i + 1}")
+        ]
+        if actions:
+            rows.append(actions)
+    if not rows:
+        raise ValueError("no actions found: write one row per rank, e.g. '0F0,0F1,0I0,0W0'")
+    p = len(rows)
+    stages = {rank: sorted({a[0] for a in row}) for rank, row in enumerate(rows)}
+    num_stages = 1 + max(s for held in stages.values() for s in held)
+    if num_stages % p:
+        raise ValueError(
+            f"stages 0 to {num_stages - 1} do not divide over {p} ranks (one row per rank)"
+        )
+    v = num_stages // p
+    placement = _placement_of(stages, p, v)
+    split = any(kind in ("I", "W") for row in rows for _, kind, _ in row)
+    orders = []
+    for row in rows:
+        order = []
+        for stage, kind, mb in row:
+            chunk = holder_of(stage, p, placement)[1]
+            if kind == "F":
+                order.append(Step("F", mb, chunk))
+            elif kind == "I" or (kind == "B" and not split):
+                order.append(Step("B", mb, chunk))
+            elif kind == "B":  # a full backward among split ones: I then W
+                order += [Step("B", mb, chunk), Step("W", mb, chunk)]
+            else:
+                order.append(Step("W", mb, chunk))
+        orders.append(order)
+    return orders, placement
+
+
+def _placement_of(stages: dict[int, list[int]], p: int, v: int) -> str:
+    for placement in (LOOPED, V_SHAPE) if v == 2 else (LOOPED,):
+        if all(
+            set(held) <= {stage_of(rank, k, p, placement) for k in range(v)}
+            for rank, held in stages.items()
+        ):
+            return placement
+    rank, held = next(
+        (r, h) for r, h in stages.items() if not set(h) <= {stage_of(r, k, p) for k in range(v)}
+    )
+    raise ValueError(
+        f"rank {rank} holds stages {held}: with {p} ranks and {v} stages each, rank r must "
+        f"hold stages r, r+{p}, ... (looped) or, with 2, stages r and {2 * p - 1}-r (a V)"
+    )
+
+
+def to_torch_csv(orders: Sequence[Sequence[Step]], placement: str = LOOPED) -> str:
+    """The orders as torch's compute-only pipeline-order CSV (one row per rank)."""
+    p = len(orders)
+    split = any(step.kind == "W" for order in orders for step in order)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    for rank, order in enumerate(orders):
+        row = []
+        for step in order:
+            stage = stage_of(rank, step.chunk, p, placement)
+            kind = "I" if step.kind == "B" and split else step.kind
+            row.append(f"{stage}{kind}{step.microbatch}")
+        writer.writerow(row)
+    return out.getvalue()
