@@ -58,6 +58,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .pipeline import Step
 
@@ -91,6 +92,7 @@ class ZbvUnschedulable(ValueError):
 
 
 _F, _B, _W = 0, 1, 2
+_F0, _F1, _B0, _B1 = 0, 1, 2, 3  # slots: kind * 2 + chunk
 _KIND = "FBW"
 
 
@@ -105,9 +107,10 @@ class _Attempt:
         self.fill_b, self.fill_f = fill_b, fill_f
         self.approved = approved if approved is not None else [-1.0] * p
         self.max_approved = max(self.approved)
-        # (kind, chunk) counts per rank; end times per (kind, chunk, rank, micro-batch)
-        self.count = [{(k, c): 0 for k in range(3) for c in (0, 1)} for _ in range(p)]
-        self.end: dict[tuple[int, int, int, int], float] = {}
+        # per rank, counts by slot kind * 2 + chunk; end times by [slot][rank][micro-batch]
+        # (-1: not placed)
+        self.count = [[0] * 6 for _ in range(p)]
+        self.end = [[[-1.0] * m for _ in range(p)] for _ in range(6)]
         self.free = [0.0] * p
         self.mem = [0.0] * p
         self.bubble = [0.0] * p
@@ -118,7 +121,8 @@ class _Attempt:
     # -- the authors' bookkeeping ----------------------------------------------------
 
     def upstream(self, kind: int, chunk: int, rank: int, mb: int):
-        """The same pass on the neighbouring stage on another rank, or None."""
+        """The same pass on the neighbouring stage on another rank, as (slot, rank,
+        micro-batch), or None."""
         if kind == _W:
             return None
         # forward chunk 0 and backward chunk 1 flow up the ranks; the others down
@@ -126,14 +130,15 @@ class _Attempt:
         other = rank - 1 if up else rank + 1
         if not 0 <= other < self.p:
             return None
-        return (kind, chunk, other, mb)
+        return (kind * 2 + chunk, other, mb)
 
     def end_of(self, node) -> float:
         """An upstream's end time, -1 if not placed; with no upstream, the authors'
         reading of their table's last node (rank p-1's last chunk-0 W)."""
         if node is None:
-            node = (_W, 0, self.p - 1, self.m - 1)
-        return self.end.get(node, -1.0)
+            return self.end[_W * 2][self.p - 1][self.m - 1]
+        slot, rank, mb = node
+        return self.end[slot][rank][mb]
 
     def budget(self, rank: int | None = None) -> float:
         worst = self.worst
@@ -142,7 +147,8 @@ class _Attempt:
         return worst
 
     def put(self, kind: int, chunk: int, rank: int) -> None:
-        mb = self.count[rank][(kind, chunk)]
+        slot = kind * 2 + chunk
+        mb = self.count[rank][slot]
         if mb >= self.m:
             raise ZbvUnschedulable(f"rank {rank} would run {_KIND[kind]} past the last micro-batch")
         if self.mem[rank] + self.mem_of[kind] > self.max_mem:
@@ -151,19 +157,20 @@ class _Attempt:
         done = earliest
         up = self.upstream(kind, chunk, rank, mb)
         if up is not None:
-            if up not in self.end:
+            arrives = self.end_of(up)
+            if arrives < 0:
                 raise ZbvUnschedulable(f"rank {rank}'s {_KIND[kind]} has no input placed")
-            done = max(done, self.end[up] + self.t.hop + self.cost[kind])
-        if self.count[rank][(_F, 0)] > 0:
+            done = max(done, arrives + self.t.hop + self.cost[kind])
+        if self.count[rank][_F0] > 0:
             self.bubble[rank] += done - earliest
             self.worst = max(self.worst, self.bubble[rank])
-        self.end[(kind, chunk, rank, mb)] = done
+        self.end[slot][rank][mb] = done
         self.free[rank] = done
         self.mem[rank] += self.mem_of[kind]
         self.orders[rank].append((kind, mb, chunk))
         if kind == _B:
             self.pending[rank].append((chunk, mb))
-        self.count[rank][(kind, chunk)] += 1
+        self.count[rank][slot] += 1
 
     def put_w(self, rank: int) -> None:
         if not self.pending[rank]:
@@ -190,11 +197,11 @@ class _Attempt:
             self.put(_F, 0, r)
         for r in range(p - 1, -1, -1):
             if r < p - 1:
-                arrives = self.end[(_F, 1, r + 1, 0)] + self.t.hop
+                arrives = self.end[_F1][r + 1][0] + self.t.hop
                 while (
                     self.mem[r] + self.t.f_mem * (2 + 2 * r) <= self.max_mem
                     and self.free[r] + self.t.forward <= arrives
-                    and c[r][(_F, 0)] < m
+                    and c[r][_F0] < m
                 ):
                     for j in range(r + 1):
                         self.put(_F, 0, j)
@@ -202,33 +209,32 @@ class _Attempt:
         chunk = 0
         for r in range(1, p):
             rounds = 0
-            while c[r][(_F, 0)] + c[r][(_F, 1)] < c[r - 1][(_F, 0)] + c[r - 1][(_F, 1)] or (
-                c[r][(_F, 1)] <= c[r - 1][(_F, 1)] < m
+            while c[r][_F0] + c[r][_F1] < c[r - 1][_F0] + c[r - 1][_F1] or (
+                c[r][_F1] <= c[r - 1][_F1] < m
             ):
                 rounds += 1
                 if rounds > 4 * m + 4:
                     raise ZbvUnschedulable("the warm-up does not converge")
                 for j in range(p - 1, r - 1, -1):
-                    if c[j][(_F, chunk)] < m:
+                    if c[j][_F0 + chunk] < m:
                         self.put(_F, chunk, j)
                 chunk = 1 - chunk
 
     def backward_chunk(self, r: int) -> int:
         c = self.count[r]
-        if c[(_B, 0)] >= c[(_B, 1)]:
+        if c[_B0] >= c[_B1]:
             return 1
         if r == self.p - 1:
             return 0
-        above = (_B, 0, r + 1, c[(_B, 0)])
-        return 0 if above in self.end or c[(_B, 1)] >= self.m else 1
+        return 0 if self.end[_B0][r + 1][c[_B0]] >= 0 or c[_B1] >= self.m else 1
 
     def forward_chunk(self, r: int) -> int | None:
         c, m = self.count[r], self.m
-        if c[(_F, 1)] >= c[(_F, 0)]:
+        if c[_F1] >= c[_F0]:
             return 0
-        if r == self.p - 1 or (_F, 1, r + 1, c[(_F, 1)]) in self.end:
+        if r == self.p - 1 or self.end[_F1][r + 1][c[_F1]] >= 0:
             return 1
-        if c[(_F, 0)] < m and (r == 0 or (_F, 0, r - 1, c[(_F, 0)]) in self.end):
+        if c[_F0] < m and (r == 0 or self.end[_F0][r - 1][c[_F0]] >= 0):
             return 0
         return None
 
@@ -243,18 +249,18 @@ class _Attempt:
             turn += [r for r in range(p) if chunks[r] == 1]
             for r in turn:
                 chunk = chunks[r]
-                up = self.upstream(_B, chunk, r, self.count[r][(_B, chunk)])
+                up = self.upstream(_B, chunk, r, self.count[r][_B0 + chunk])
                 self.fill(r, up, extra=chunk == 0 or self.fill_b)
                 self.put(_B, chunk, r)
             for r in range(p):
-                if self.count[r][(_F, 1)] >= self.m:
+                if self.count[r][_F1] >= self.m:
                     continue
                 chunk = self.forward_chunk(r)
                 if chunk is None:
                     continue
                 while self.mem[r] + self.t.f_mem > self.max_mem:
                     self.put_w(r)
-                up = self.upstream(_F, chunk, r, self.count[r][(_F, chunk)])
+                up = self.upstream(_F, chunk, r, self.count[r][_F0 + chunk])
                 self.fill(r, up, extra=self.fill_f)
                 self.put(_F, chunk, r)
         for r in range(p):
@@ -284,11 +290,17 @@ def zbv_timed(p: int, m: int, times: ZbvTimes | None = None) -> list[list[Step]]
     ZbvUnschedulable (a ValueError) when their construction cannot place the sizes."""
     if p < 1 or m < 1:
         raise ValueError(f"ranks and micro-batches must be at least 1 (got {p}, {m})")
-    t = times or ZbvTimes()
+    return [list(order) for order in _zbv_timed(p, m, times or ZbvTimes())]
+
+
+@lru_cache(maxsize=16)  # a run asks twice (the lowering and the memory model)
+def _zbv_timed(p: int, m: int, t: ZbvTimes) -> tuple[tuple[Step, ...], ...]:
     best = None
     for fill_b in (True, False):
         for fill_f in (True, False):
             attempt = _attempt(p, m, t, fill_b, fill_f)
             if best is None or attempt.budget() < best.budget():
                 best = attempt
-    return [[Step(_KIND[kind], mb, chunk) for kind, mb, chunk in order] for order in best.orders]
+    return tuple(
+        tuple(Step(_KIND[kind], mb, chunk) for kind, mb, chunk in order) for order in best.orders
+    )
