@@ -39,7 +39,7 @@ def moe_scenario(experts=8, topk=2, ep=1, tp=1, dp=1, nodes=1, model=None, **sec
             "moe_router_topk": topk,
             **(model or {}),
         },
-        cluster={"node": "dgx-h100", "num_nodes": nodes},
+        cluster={"node": "dgx-h100", "num_nodes": nodes, **sections.pop("cluster", {})},
         parallel=parallel,
         training={**training, **sections.pop("training", {})},
         **sections,

@@ -47,8 +47,12 @@ def test_keys_are_the_spec_fields_with_key_metadata_in_field_order():
         "moe_shared_expert_intermediate_size",
         "moe_layer_freq",
         "moe_expert_capacity_factor",
+        "moe_routing",
+        "moe_routing_zipf_exponent",
+        "moe_routing_shares_file",
     ]
     assert "custom_orders" not in keys()["training"]  # read from the file, not a key
+    assert "moe_routing_shares" not in keys()["model"]  # likewise
     assert [k.name for k in keys()["model"].values() if k.required] == [
         "num_layers",
         "hidden_size",

@@ -10,6 +10,10 @@ from ..vocabulary import NORMALIZATIONS, POSITION_EMBEDDINGS, RMS_NORM, ROPE
 from . import rules
 from .fields import key, presets_of
 
+# `moe_routing`: how tokens spread over the routed experts (workload/routing.py)
+BALANCED, ZIPF, SHARES = "balanced", "zipf", "shares"
+MOE_ROUTINGS = (BALANCED, ZIPF, SHARES)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
@@ -133,6 +137,32 @@ class ModelSpec:
         low=0.01,
         high=1000.0,
     )
+
+    moe_routing: str | None = key(
+        "how the tokens spread over the routed experts: `balanced` (the same share each), "
+        "`zipf` (expert i's share ~ 1/(i+1)^`moe_routing_zipf_exponent`, at most 1/top-k) "
+        "or `shares` (`moe_routing_shares_file`); experts sit in order on the EP ranks (rank "
+        "r holds experts r E/EP on, as Megatron-Core places them), so zipf's hottest sit on "
+        "EP rank 0; the busiest rank and link decide the time (docs/moe.md)",
+        default=None,
+        choices=MOE_ROUTINGS,
+        derived="`balanced`",
+    )
+    moe_routing_zipf_exponent: float | None = key(
+        'the exponent x of `moe_routing = "zipf"` (0: balanced)',
+        default=None,
+        derived="1.0",
+        may_be_zero=True,
+        high=100.0,
+    )
+    moe_routing_shares_file: str | None = key(
+        '`moe_routing = "shares"`: a text file of the experts\' token shares, one number '
+        "per line in expert order (# comments; normalized to sum 1; none above 1/top-k), "
+        "relative to the scenario's folder",
+        default=None,
+    )
+    # the shares, read from moe_routing_shares_file (not a key; Python may give them)
+    moe_routing_shares: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         rules.check_values(self, "model")

@@ -49,6 +49,7 @@ from ..vocabulary import (
     SHARD_OPTIMIZER,
 )
 from .experts import all_layers_params, layer_params_of, rank_moe_flags
+from .routing import rank_loads, skewed
 
 # What a training process holds besides the model state and activations: the CUDA
 # context and kernels (~0.5 GiB on A100/H100), cuBLAS's workspace, NCCL's channel
@@ -258,6 +259,8 @@ def moe_activation_bytes(
     local /= par.tensor_model_parallel_size
     factor = m.moe_expert_capacity_factor
     rows = local * m.router_topk * (1.0 if factor is None else min(1.0, factor)) * par.etp_size
+    if skewed(m):  # the busiest EP rank's experts keep the most (routing.py)
+        rows = local * m.router_topk * max(rank_loads(m, par.ep_size)) * par.etp_size
     experts = rows * 2 * (m.hidden_size + (m.expert_fc1_width + m.expert_ffn) / par.etp_size)
     shared = local * 2 * ((2 if m.gated else 1) + 1) * m.shared_expert_ffn
     return dense_bytes - local * 2 * (m.fc1_width + m.ffn_hidden_size) + experts + shared
