@@ -21,6 +21,7 @@ _MOE_MODEL_KEYS = (
     "moe_ffn_hidden_size",
     "moe_shared_expert_intermediate_size",
     "moe_layer_freq",
+    "first_k_dense_replace",
     "moe_expert_capacity_factor",
     "moe_routing",
     "moe_routing_zipf_exponent",
@@ -45,6 +46,12 @@ def check_moe_model(model: ModelSpec) -> None:
             key="model.moe_router_topk",
             value=model.router_topk,
             rule=f"must be <= model.num_experts={model.num_experts} (a token's distinct experts)",
+        )
+    if (model.first_k_dense_replace or 0) >= model.num_layers:
+        raise ScenarioError(
+            key="model.first_k_dense_replace",
+            value=model.first_k_dense_replace,
+            rule=f"must be < model.num_layers={model.num_layers} (leave an MoE layer)",
         )
     check_routing(model)
 
