@@ -167,12 +167,6 @@ def check_expert_parallel(scenario: Scenario) -> None:
             rule=f"x expert_tensor_parallel_size={etp} must divide or be a multiple of "
             f"cluster.gpus_per_node={gpn} (alike EP groups on every node)",
         )
-    if training.fp8_format is not None:
-        raise ScenarioError(
-            key="training.fp8_format",
-            value=training.fp8_format,
-            rule="cannot be set for an MoE model yet (FP8 grouped expert GEMMs are not modelled)",
-        )
     if training.data_parallel_sharding == SHARD_FULL:
         raise ScenarioError(
             key="training.data_parallel_sharding",

@@ -124,10 +124,24 @@ def fp8_linear_params_per_rank(scenario: Scenario) -> float:
     m = scenario.model
     h = m.hidden_size
     t = scenario.parallel.tensor_model_parallel_size
+    if not m.mla and not m.moe:
+        weights = h * m.qkv_width + m.attention_width * h + h * m.fc1_width + m.ffn_hidden_size * h
+        return weights / t
+    mlp = (h * m.fc1_width + m.ffn_hidden_size * h) / t
     if m.mla:  # its down-projections are on every tensor rank whole
-        return mla_linear_weights_per_rank(m, t) + (h * m.fc1_width + m.ffn_hidden_size * h) / t
-    weights = h * m.qkv_width + m.attention_width * h + h * m.fc1_width + m.ffn_hidden_size * h
-    return weights / t
+        attention = mla_linear_weights_per_rank(m, t)
+    else:
+        attention = (h * m.qkv_width + m.attention_width * h) / t
+    if not m.moe:
+        return attention + mlp
+    # an MoE model: the mean layer's (its MoE layers' shared experts over TP, their E / EP
+    # local routed experts over ETP; an approximation for a stage of another mix)
+    par = scenario.parallel
+    shared = 3 * h * m.shared_expert_ffn if m.gated else 2 * h * m.shared_expert_ffn
+    routed = m.num_experts // par.ep_size * (h * m.expert_fc1_width + m.expert_ffn * h)
+    moe = attention + shared / t + routed / par.etp_size
+    dense = attention + mlp
+    return (m.num_moe_layers * moe + (m.num_layers - m.num_moe_layers) * dense) / m.num_layers
 
 
 def gathered_param_bytes(scenario: Scenario, params: float, layers: float) -> float:

@@ -44,6 +44,7 @@ from ..vocabulary import (
     REDUCE_SCATTER,
 )
 from .compute import BYTES_PER_ELEMENT, MASK_BYTES, ZERO, ComputeModel, Work
+from .precision import FP8_BYTES
 from .routing import grouped_gemm, rank_loads, rank_rows, skewed
 
 if TYPE_CHECKING:
@@ -105,6 +106,52 @@ def _wgrad(cm: ComputeModel, k_in: float, n_out: float, rows: Sequence[float]) -
     if cm.training.mechanism("gradient_accumulation_fusion"):
         return grouped_gemm(cm, shapes, extra_bytes=(2 * g - 2) * weights)
     return grouped_gemm(cm, shapes) + cm.memory_bound((2 + 2 * g) * weights)
+
+
+def _expert_linear(
+    cm: ComputeModel, ms: Sequence[float], k_in: float, n_out: float
+) -> tuple[Work, Work, Work]:
+    """One linear layer of every local expert, Y[m_e, n_out] = X[m_e, k_in] W_e, as
+    grouped GEMMs: (forward, input gradient, weight gradient accumulated). Under FP8
+    (`training.fp8_format`) as workload.precision's linear layers: the grouped GEMMs at
+    the FP8 peak with the FP8 constants, the routed rows' input cast, the experts'
+    weights cast once per iteration, the incoming gradient cast before dgrad."""
+    fwd = grouped_gemm(cm, [(m, n_out, k_in) for m in ms])
+    fp8 = cm.fp8
+    if fp8 is None:
+        return fwd, grouped_gemm(cm, [(m, k_in, n_out) for m in ms]), _wgrad(cm, k_in, n_out, ms)
+    mem, rows = cm.memory_bound, math.fsum(ms)
+    weights = len(ms) * k_in * n_out
+    fp8_args = {"peak_tflops": fp8.peak_tflops, "input_bytes": FP8_BYTES}
+    forward = (
+        mem(fp8.cast_bytes_per_element() * rows * k_in)
+        + mem(fp8.weight_cast_bytes_per_element() * weights / fp8.microbatches)
+        + grouped_gemm(cm, [(m, n_out, k_in) for m in ms], constants=fp8.fprop, **fp8_args)
+    )
+    dgrad = mem(fp8.cast_bytes_per_element() * rows * n_out) + grouped_gemm(
+        cm, [(m, k_in, n_out) for m in ms], constants=fp8.split, **fp8_args
+    )
+    g = cm.training.gradient_bytes
+    shapes = [(k_in, n_out, m) for m in ms]
+    if cm.training.mechanism("gradient_accumulation_fusion"):
+        extra = (2 * g - 2) * weights
+        wgrad = grouped_gemm(cm, shapes, extra, constants=fp8.split, **fp8_args)
+    else:
+        wgrad = grouped_gemm(cm, shapes, constants=fp8.split, **fp8_args)
+        wgrad = wgrad + mem((2 + 2 * g) * weights)
+    return forward, dgrad, wgrad
+
+
+def _shared_linear(
+    cm: ComputeModel, name: str, k_in: float, n_out: float, tokens: float
+) -> tuple[Work, Work, Work]:
+    """A shared expert's linear layer on all ``tokens``: (forward, input gradient, weight
+    gradient), FP8 as the dense linear layers under `training.fp8_format`."""
+    if cm.fp8 is None:
+        g = cm.gemm
+        return g(tokens, n_out, k_in), g(tokens, k_in, n_out), _wgrad(cm, k_in, n_out, (tokens,))
+    parts = cm.fp8.linear("mlp", name, k_in, n_out, tokens)
+    return tuple(sum((kernel.work for kernel in part), ZERO) for part in parts)
 
 
 def tokens_per_expert(cm: ComputeModel) -> float:
@@ -196,13 +243,9 @@ def _moe_block_work(cm: ComputeModel, rank: int) -> MoeBlockWork:
         permute = mem(e * h * 2 * len(ms) * ms[0])
     act_bytes, act_b_bytes = (3 * e, 5 * e) if model.gated else (2 * e, 3 * e)
 
-    def grouped(n: float, k_in: float) -> Work:
-        return grouped_gemm(cm, [(m, n, k_in) for m in ms])
-
-    fc1, fc2 = grouped(f1, h), grouped(h, f)
+    fc1, fc1_dx, fc1_dw = _expert_linear(cm, ms, h, f1)
+    fc2, fc2_dx, fc2_dw = _expert_linear(cm, ms, f, h)
     act = mem(act_bytes * rows * f)
-    fc2_dx, fc1_dx = grouped(f, h), grouped(h, f1)
-    fc2_dw, fc1_dw = _wgrad(cm, f, h, ms), _wgrad(cm, h, f1, ms)
     act_b = mem(act_b_bytes * rows * f)
     router_dx, router_dw = g(local, h, num_experts), _wgrad(cm, h, num_experts, (local,))
     shared, shared_b, shared_w = ZERO, ZERO, ZERO
@@ -210,9 +253,11 @@ def _moe_block_work(cm: ComputeModel, rank: int) -> MoeBlockWork:
         n = cm.tokens  # all-gathered over TP
         sf = model.shared_expert_ffn / t
         sf1 = (2 if model.gated else 1) * sf
-        shared = g(n, sf1, h) + mem(act_bytes * n * sf) + g(n, h, sf)
-        shared_w = _wgrad(cm, sf, h, (n,)) + _wgrad(cm, h, sf1, (n,))
-        shared_b = g(n, sf, h) + mem(act_b_bytes * n * sf) + g(n, h, sf1) + shared_w
+        s_fc1, s_fc1_dx, s_fc1_dw = _shared_linear(cm, "shared fc1", h, sf1, n)
+        s_fc2, s_fc2_dx, s_fc2_dw = _shared_linear(cm, "shared fc2", sf, h, n)
+        shared = s_fc1 + mem(act_bytes * n * sf) + s_fc2
+        shared_w = s_fc2_dw + s_fc1_dw
+        shared_b = s_fc2_dx + mem(act_b_bytes * n * sf) + s_fc1_dx + shared_w
     hidden = local * h
     return MoeBlockWork(
         pre=norm + router + topk + permute,

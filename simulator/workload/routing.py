@@ -120,16 +120,18 @@ def grouped_gemm(
     *,
     peak_tflops: float | None = None,
     input_bytes: float | None = None,
+    constants=None,
 ) -> Work:
     """A grouped GEMM of ``shapes`` (m, n, k), one per expert, as one kernel: the tile
     and wave model of compute.gemm_efficiency over all the experts' tiles together (each
     expert's tiles overhang its own matrix, the last wave is the group's, split-K
     alike for all), and the memory roofline over every operand. Equal shapes: exactly
-    `ComputeModel.gemm` with a batch (and its FP8 variant with ``peak_tflops``)."""
+    `ComputeModel.gemm` with a batch. FP8 (moe.py): ``peak_tflops``, ``input_bytes`` and
+    the FP8 kernel ``constants`` of workload.precision."""
     shapes = [s for s in shapes if s[0] > 0 and s[1] > 0 and s[2] > 0]
     if not shapes:
         return Work(duration_s=0.0, flops=0.0)
-    gpu, c = cm.gpu, cm.constants
+    gpu, c = cm.gpu, cm.constants if constants is None else constants
     if len(set(shapes)) == 1:
         m, n, k = shapes[0]
         flops = 2.0 * len(shapes) * m * n * k
