@@ -25,8 +25,10 @@ over TP by sequence parallelism: n / TP), E experts, top-k routing, EP and ETP:
   routed experts (Megatron-Core without `moe_shared_expert_overlap`).
 
 Model FLOPs are the executed ones: a token's top-k experts, so MFU counts the active
-parameters. FP8 experts, routing skew, shared-expert and dispatcher overlap are left
-(docs/moe.md).
+parameters. Under FP8 the experts' grouped GEMMs run as the linear layers' FP8 GEMMs
+(`_expert_linear`); under routing skew each EP rank's experts get their own rows and
+the all-to-alls are all-to-all-vs (routing.py). Shared-expert and dispatcher overlap
+are left (docs/moe.md).
 """
 
 from __future__ import annotations
