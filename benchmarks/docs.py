@@ -371,6 +371,41 @@ def frameworks(images: Path | None) -> Generated:
     }
 
 
+def moe_routing(images: Path | None) -> Generated:
+    """docs/moe.md: the Mixtral scenario under balanced and zipf routing, from the
+    breakdown (routing skew, workload/routing.py)."""
+    import dataclasses
+
+    from stepsim.run import run
+    from stepsim.scenario import load_scenario
+    from stepsim.workload.routing import rank_loads
+
+    base = load_scenario(ROOT / "scenarios" / "mixtral-8x7b-16-h100.toml")
+    ep = base.parallel.ep_size
+    rows = [
+        "| routing | busiest EP rank's load | iteration | compute | EP comm (exposed) "
+        "| bubble | memory per GPU |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for exponent in (None, 0.5, 1.0, 1.5):
+        model = base.model
+        if exponent is not None:
+            model = dataclasses.replace(
+                model, moe_routing="zipf", moe_routing_zipf_exponent=exponent
+            )
+        scenario = dataclasses.replace(base, model=model)
+        m = run(scenario).metrics
+        b = m.breakdown_s
+        name = "balanced" if exponent is None else f"zipf {exponent}"
+        fits = "" if m.out_of_memory is None else " (over)"
+        rows.append(
+            f"| {name} | {max(rank_loads(model, ep)):.2f} | {m.iteration_time_s:.2f} s "
+            f"| {b['compute']:.2f} s | {b['ep_comm']:.2f} s | {b['idle']:.2f} s "
+            f"| {m.memory_per_gpu_gib:.1f} GiB{fits} |"
+        )
+    return {("docs/moe.md", "moe-routing"): "\n".join(rows)}
+
+
 SECTIONS = [
     Section("showcase", "README: MT-NLG 530B summary, pictures", showcase, fast=True),
     Section("calibration", "README: kernel constants per GPU", calibration, fast=True),
@@ -384,6 +419,7 @@ SECTIONS = [
     Section("planning", "docs/planning.md: every command's output", planning),
     Section("frameworks", "docs/frameworks.md: deepspeed vs megatron, by mechanism", frameworks),
     Section("what-if", "docs/what-if.md: goodput of a 16k-GPU run", what_if),
+    Section("moe-routing", "docs/moe.md: balanced vs skewed routing", moe_routing),
     Section("performance", "docs/performance.md timings (not checked)", performance, checked=False),
 ]
 FAST = [s.name for s in SECTIONS if s.fast]

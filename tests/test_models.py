@@ -48,6 +48,9 @@ PUBLISHED = {
     "qwen3-235b-a22b": (235e9, 0.001),
     # OpenAI's gpt-oss model card: 116.83B (ours 116.83B)
     "gpt-oss-120b": (116.83e9, 0.001),
+    # DeepSeek-V3 report (arXiv 2412.19437): 671B without its MTP module (ours 671.03B;
+    # tests/test_mla.py)
+    "deepseek-v3": (671e9, 0.001),
 }
 
 

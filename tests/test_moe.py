@@ -39,7 +39,7 @@ def moe_scenario(experts=8, topk=2, ep=1, tp=1, dp=1, nodes=1, model=None, **sec
             "moe_router_topk": topk,
             **(model or {}),
         },
-        cluster={"node": "dgx-h100", "num_nodes": nodes},
+        cluster={"node": "dgx-h100", "num_nodes": nodes, **sections.pop("cluster", {})},
         parallel=parallel,
         training={**training, **sections.pop("training", {})},
         **sections,
@@ -173,7 +173,6 @@ def test_allgather_dispatcher_moves_the_ep_group_all_tokens():
             {"tp": 4, "dp": 2, "parallel": {"expert_tensor_parallel_size": 2}},
             "must be 1 or the tensor-parallel size 4",
         ),
-        ({"training": {"fp8_format": "hybrid"}}, "fp8_format='hybrid' cannot be set for an MoE"),
         (
             {"dp": 2, "training": {"data_parallel_sharding": "full"}},
             "data_parallel_sharding='full' cannot be `full` for an MoE model",
@@ -291,3 +290,30 @@ def test_fine_grained_experts_run_their_grouped_gemms_less_efficiently():
     )
     assert fine.experts.flops == coarse.experts.flops
     assert fine.experts.duration_s > coarse.experts.duration_s
+
+
+def test_fp8_experts_run_their_grouped_gemms_at_the_fp8_rate_after_their_casts():
+    """One local expert (E = EP = 8): its fc1 and fc2 are precision.Fp8Linear's GEMMs of
+    M rows (fprop), each after the routed rows' cast and the weight's per-iteration cast;
+    the activation stays 16-bit."""
+    bf16 = moe_scenario(ep=8, dp=8)
+    fp8 = moe_scenario(ep=8, dp=8, training={"fp8_format": "hybrid", "fp8_recipe": "blockwise"})
+    cm = ComputeModel(fp8)
+    q, mem = cm.fp8, cm.memory_bound
+    m, f = tokens_per_expert(cm), cm.model.expert_ffn
+    f1 = cm.model.expert_fc1_width
+    cast, weight_cast = q.cast_bytes_per_element(), q.weight_cast_bytes_per_element()
+    mb = fp8.num_microbatches
+    expected = (
+        mem(cast * m * H).duration_s
+        + mem(weight_cast * H * f1 / mb).duration_s
+        + q.gemm(m, f1, H, fprop=True).duration_s
+        + mem(3 * E * m * f).duration_s  # SwiGLU, 16-bit
+        + mem(cast * m * f).duration_s
+        + mem(weight_cast * f * H / mb).duration_s
+        + q.gemm(m, H, f, fprop=True).duration_s
+    )
+    work = moe_block_work(cm).experts
+    assert work.duration_s == pytest.approx(expected)
+    assert work.flops == moe_block_work(ComputeModel(bf16)).experts.flops
+    assert run(fp8).metrics.iteration_time_s < run(bf16).metrics.iteration_time_s

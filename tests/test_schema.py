@@ -41,14 +41,25 @@ def test_keys_are_the_spec_fields_with_key_metadata_in_field_order():
         "untie_embeddings_and_output_weights",
         "add_bias_linear",
         "add_qkv_bias",
+        "multi_latent_attention",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_head_dim",
+        "qk_pos_emb_head_dim",
+        "v_head_dim",
         "num_experts",
         "moe_router_topk",
         "moe_ffn_hidden_size",
         "moe_shared_expert_intermediate_size",
         "moe_layer_freq",
+        "first_k_dense_replace",
         "moe_expert_capacity_factor",
+        "moe_routing",
+        "moe_routing_zipf_exponent",
+        "moe_routing_shares_file",
     ]
     assert "custom_orders" not in keys()["training"]  # read from the file, not a key
+    assert "moe_routing_shares" not in keys()["model"]  # likewise
     assert [k.name for k in keys()["model"].values() if k.required] == [
         "num_layers",
         "hidden_size",

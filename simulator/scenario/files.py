@@ -8,6 +8,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import re
 import stat
@@ -201,6 +202,25 @@ def read_schedule_file(
     except ValueError as exc:
         raise ScenarioError(f"{name}: {exc}") from None
     return orders, placement
+
+
+def read_shares_file(path: Path, name: str) -> tuple[float, ...]:
+    """The experts' token shares, one number per line in expert order (blank lines and
+    # comments skipped), as they are written; the model's rules check and normalize them.
+    ``name`` is how the one-line ScenarioError refers to the file."""
+    shares = []
+    for number, line in enumerate(read_text(path, name).splitlines(), 1):
+        text = line.split("#", 1)[0].strip()
+        if not text:
+            continue
+        try:
+            share = float(text)
+        except ValueError:
+            raise ScenarioError(f"{name}: line {number}: {text!r} is not a number") from None
+        if not math.isfinite(share) or share < 0:
+            raise ScenarioError(f"{name}: line {number}: {text!r} must be a share >= 0")
+        shares.append(share)
+    return tuple(shares)
 
 
 # --- the validation set -----------------------------------------------------------------

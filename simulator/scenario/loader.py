@@ -30,6 +30,7 @@ from .files import (
     parse_value,
     read_calibration,
     read_schedule_file,
+    read_shares_file,
     read_toml,
     scenario_path,
 )
@@ -136,7 +137,7 @@ def scenario_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
             raise ScenarioError(f"{section}={table!r} must be a table [{section}]")
         tables[section] = _check_table(section, table)
 
-    model = _build_model(tables["model"])
+    model = _build_model(tables["model"], base_dir)
     cluster = _build_cluster(tables["cluster"])
     untie = model.untie_embeddings_and_output_weights
     if untie is not None:  # the model's key is the source of truth (rules.check_tied_embeddings)
@@ -202,8 +203,17 @@ def _require(section: str, values: Mapping[str, Any]) -> None:
             raise ScenarioError(f"missing key {key.full_name}{hint}")
 
 
-def _build_model(table: dict[str, Any]) -> ModelSpec:
+def _build_model(table: dict[str, Any], base_dir: Path | None = None) -> ModelSpec:
+    """The model spec; a routing shares file is read here, its path resolved."""
     values = _with_preset("model", table, presets.MODELS)
+    written = values.get("moe_routing_shares_file")
+    if written is not None:
+        path = Path(written)
+        if not path.is_absolute() and base_dir is not None:
+            path = base_dir / path
+        name = f"model.moe_routing_shares_file={written!r}"
+        values["moe_routing_shares"] = read_shares_file(path, name)
+        values["moe_routing_shares_file"] = str(path.resolve())
     values.setdefault("ffn_hidden_size", 4 * values["hidden_size"])  # the GPT shape
     return ModelSpec(**values)
 

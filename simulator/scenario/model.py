@@ -10,6 +10,10 @@ from ..vocabulary import NORMALIZATIONS, POSITION_EMBEDDINGS, RMS_NORM, ROPE
 from . import rules
 from .fields import key, presets_of
 
+# `moe_routing`: how tokens spread over the routed experts (workload/routing.py)
+BALANCED, ZIPF, SHARES = "balanced", "zipf", "shares"
+MOE_ROUTINGS = (BALANCED, ZIPF, SHARES)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelSpec:
@@ -85,6 +89,46 @@ class ModelSpec:
         preset=True,
     )
 
+    # multi-head latent attention (DeepSeek-V2/V3; Megatron-Core's MLATransformerConfig,
+    # megatron/core/transformer/transformer_config.py; docs/moe.md); None: not MLA
+    multi_latent_attention: bool | None = key(
+        "multi-head latent attention (DeepSeek-V2/V3): Q and K/V through low-rank latents, "
+        "a rotary part of Q and K apart (workload/mla.py); replaces QKV",
+        default=None,
+        derived="`false`",
+        preset=True,
+    )
+    q_lora_rank: int | None = key(
+        "MLA: the query latent's width (Q down-projection h -> it, RMSNorm, up-projection)",
+        default=None,
+        derived="512 (Megatron-Core's MLATransformerConfig)",
+        preset=True,
+    )
+    kv_lora_rank: int | None = key(
+        "MLA: the key/value latent's width",
+        default=None,
+        derived="512 (Megatron-Core's)",
+        preset=True,
+    )
+    qk_head_dim: int | None = key(
+        "MLA: a Q/K head's width without its rotary part",
+        default=None,
+        derived="128 (Megatron-Core's)",
+        preset=True,
+    )
+    qk_pos_emb_head_dim: int | None = key(
+        "MLA: the rotary part of a Q/K head (K's is one per token, shared by the heads)",
+        default=None,
+        derived="64 (Megatron-Core's)",
+        preset=True,
+    )
+    v_head_dim: int | None = key(
+        "MLA: a V head's width (the projection maps heads x it back to `hidden_size`)",
+        default=None,
+        derived="128 (Megatron-Core's)",
+        preset=True,
+    )
+
     # mixture of experts (Megatron-Core's --num-experts, --moe-*; docs/moe.md); None: dense
     num_experts: int | None = key(
         "mixture of experts: routed experts per MoE layer (Megatron-Core's `--num-experts`); "
@@ -125,6 +169,16 @@ class ModelSpec:
         low=1,
         high=100_000,
     )
+    first_k_dense_replace: int | None = key(
+        "the first this-many layers are dense, MoE layers follow as `moe_layer_freq` says "
+        "(DeepSeek's config.json name; Megatron-Core's list form of `--moe-layer-freq`, "
+        'e.g. "([0]*3+[1]*58)", is this with 3)',
+        default=None,
+        derived="0",
+        preset=True,
+        may_be_zero=True,
+        high=100_000,
+    )
     moe_expert_capacity_factor: float | None = key(
         "token dropping: each expert takes at most this x its balanced share of tokens "
         "(`--moe-expert-capacity-factor`); unset: dropless",
@@ -133,6 +187,32 @@ class ModelSpec:
         low=0.01,
         high=1000.0,
     )
+
+    moe_routing: str | None = key(
+        "how the tokens spread over the routed experts: `balanced` (the same share each), "
+        "`zipf` (expert i's share ~ 1/(i+1)^`moe_routing_zipf_exponent`, at most 1/top-k) "
+        "or `shares` (`moe_routing_shares_file`); experts sit in order on the EP ranks (rank "
+        "r holds experts r E/EP on, as Megatron-Core places them), so zipf's hottest sit on "
+        "EP rank 0; the busiest rank and link decide the time (docs/moe.md)",
+        default=None,
+        choices=MOE_ROUTINGS,
+        derived="`balanced`",
+    )
+    moe_routing_zipf_exponent: float | None = key(
+        'the exponent x of `moe_routing = "zipf"` (0: balanced)',
+        default=None,
+        derived="1.0",
+        may_be_zero=True,
+        high=100.0,
+    )
+    moe_routing_shares_file: str | None = key(
+        '`moe_routing = "shares"`: a text file of the experts\' token shares, one number '
+        "per line in expert order (# comments; normalized to sum 1; none above 1/top-k), "
+        "relative to the scenario's folder",
+        default=None,
+    )
+    # the shares, read from moe_routing_shares_file (not a key; Python may give them)
+    moe_routing_shares: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
         rules.check_values(self, "model")
@@ -179,8 +259,42 @@ class ModelSpec:
 
     @property
     def attention_width(self) -> int:
-        """Rows of the projection weight: heads x head size."""
-        return self.num_attention_heads * self.head_size
+        """Rows of the projection weight: heads x head size (MLA: x V's head width)."""
+        return self.num_attention_heads * (self.v_dim if self.mla else self.head_size)
+
+    # -- multi-head latent attention (None: not MLA; workload/mla.py) --------------------
+
+    @property
+    def mla(self) -> bool:
+        return bool(self.multi_latent_attention)
+
+    @property
+    def q_lora(self) -> int:
+        return 512 if self.q_lora_rank is None else self.q_lora_rank
+
+    @property
+    def kv_lora(self) -> int:
+        return 512 if self.kv_lora_rank is None else self.kv_lora_rank
+
+    @property
+    def rope_dim(self) -> int:
+        """MLA: the rotary part of a Q/K head."""
+        return 64 if self.qk_pos_emb_head_dim is None else self.qk_pos_emb_head_dim
+
+    @property
+    def qk_dim(self) -> int:
+        """A Q/K head's width in the scores: MLA's qk_head_dim + its rotary part, else the
+        head size."""
+        if not self.mla:
+            return self.head_size
+        return (128 if self.qk_head_dim is None else self.qk_head_dim) + self.rope_dim
+
+    @property
+    def v_dim(self) -> int:
+        """A V head's width: MLA's v_head_dim, else the head size."""
+        if not self.mla:
+            return self.head_size
+        return 128 if self.v_head_dim is None else self.v_head_dim
 
     @property
     def fc1_width(self) -> int:
@@ -214,7 +328,10 @@ class ModelSpec:
 
     def is_moe_layer(self, layer: int) -> bool:
         """Whether global layer ``layer`` (0-based) is an MoE layer (Megatron-Core's
-        integer `moe_layer_freq`: ``layer % freq == 0``)."""
+        integer `moe_layer_freq`: ``layer % freq == 0``), after the first
+        `first_k_dense_replace` layers (dense; Hugging Face's DeepSeek rule)."""
+        if layer < (self.first_k_dense_replace or 0):
+            return False
         return self.moe and layer % (self.moe_layer_freq or 1) == 0
 
     @property

@@ -30,7 +30,43 @@ def check_model(model: ModelSpec) -> None:
             rule=f"must divide model.num_attention_heads={model.num_attention_heads} "
             "(each K/V head serves the same number of query heads)",
         )
+    check_mla(model)
     check_moe_model(model)
+
+
+_MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+
+
+def check_mla(model: ModelSpec) -> None:
+    """MLA's keys go with `multi_latent_attention`; its K and V are per head (no GQA
+    groups, no kv_channels) and its linear layers have no biases, as DeepSeek's."""
+    if not model.mla:
+        for name in _MLA_KEYS:
+            if getattr(model, name) is not None:
+                raise ScenarioError(
+                    key=f"model.{name}",
+                    value=getattr(model, name),
+                    rule="needs model.multi_latent_attention = true",
+                )
+        return
+    for name, value in (
+        ("num_query_groups", model.num_query_groups),
+        ("kv_channels", model.kv_channels),
+    ):
+        if value is not None:
+            raise ScenarioError(
+                key=f"model.{name}",
+                value=value,
+                rule="cannot be set with model.multi_latent_attention (its K and V are per "
+                "head, their widths MLA's qk_head_dim and v_head_dim)",
+            )
+    if model.linear_bias or model.qkv_bias:
+        raise ScenarioError(
+            key="model.add_bias_linear",
+            value=model.add_bias_linear,
+            rule="must be false with model.multi_latent_attention (MLA's linear layers have "
+            "no biases here, as DeepSeek's)",
+        )
 
 
 def attention_kernel_of(backend: str | None, kernel: str | None) -> str | None:
@@ -103,6 +139,13 @@ def check_context_parallel(
     if cp == 1:
         return
     key = "parallel.context_parallel_size"
+    if model.mla:
+        raise ScenarioError(
+            key=key,
+            value=cp,
+            rule="must be 1 with model.multi_latent_attention (MLA under context "
+            "parallelism is not modelled)",
+        )
     if model.seq_length % (2 * cp):
         raise ScenarioError(
             key=key,

@@ -6,6 +6,7 @@ them. `rules` runs them in its order."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from ..vocabulary import SHARD_FULL
@@ -20,7 +21,12 @@ _MOE_MODEL_KEYS = (
     "moe_ffn_hidden_size",
     "moe_shared_expert_intermediate_size",
     "moe_layer_freq",
+    "first_k_dense_replace",
     "moe_expert_capacity_factor",
+    "moe_routing",
+    "moe_routing_zipf_exponent",
+    "moe_routing_shares_file",
+    "moe_routing_shares",
 )
 
 
@@ -40,6 +46,66 @@ def check_moe_model(model: ModelSpec) -> None:
             key="model.moe_router_topk",
             value=model.router_topk,
             rule=f"must be <= model.num_experts={model.num_experts} (a token's distinct experts)",
+        )
+    if (model.first_k_dense_replace or 0) >= model.num_layers:
+        raise ScenarioError(
+            key="model.first_k_dense_replace",
+            value=model.first_k_dense_replace,
+            rule=f"must be < model.num_layers={model.num_layers} (leave an MoE layer)",
+        )
+    check_routing(model)
+
+
+def check_routing(model: ModelSpec) -> None:
+    """The routing keys go with their `moe_routing`; a shares file gives one share >= 0
+    per expert, and none above 1/top-k of the total (a token meets an expert once)."""
+    from .model import SHARES, ZIPF
+
+    routing = model.moe_routing
+    if model.moe_routing_zipf_exponent is not None and routing != ZIPF:
+        raise ScenarioError(
+            key="model.moe_routing_zipf_exponent",
+            value=model.moe_routing_zipf_exponent,
+            rule="applies to model.moe_routing='zipf' only",
+        )
+    given = model.moe_routing_shares
+    if routing != SHARES:
+        for name in ("moe_routing_shares_file", "moe_routing_shares"):
+            if getattr(model, name) is not None:
+                raise ScenarioError(
+                    key=f"model.{name}",
+                    value=getattr(model, name),
+                    rule="applies to model.moe_routing='shares' only",
+                )
+        return
+    file_key = "model.moe_routing_shares_file"
+    if given is None:
+        raise ScenarioError(
+            f"missing key {file_key} (the experts' token shares) for model.moe_routing='shares'",
+            key=file_key,
+            rule="required by model.moe_routing='shares'",
+        )
+    where = model.moe_routing_shares_file
+    value = where if where is not None else f"{len(given)} shares"
+    if len(given) != model.num_experts:
+        raise ScenarioError(
+            key=file_key,
+            value=value,
+            rule=f"must give one share per expert: {len(given)} given, "
+            f"model.num_experts={model.num_experts}",
+        )
+    if not all(isinstance(x, int | float) and math.isfinite(x) and x >= 0 for x in given):
+        raise ScenarioError(key=file_key, value=value, rule="shares must be finite numbers >= 0")
+    total = math.fsum(given)
+    if total <= 0:
+        raise ScenarioError(key=file_key, value=value, rule="shares must not all be 0")
+    top = max(given) / total
+    if top > 1.0 / model.router_topk * (1 + 1e-9):
+        raise ScenarioError(
+            key=file_key,
+            value=value,
+            rule=f"no expert may take more than 1/moe_router_topk={1 / model.router_topk:.4g} "
+            f"of the shares (a token meets an expert once); the largest takes {top:.4g}",
         )
 
 
@@ -100,12 +166,6 @@ def check_expert_parallel(scenario: Scenario) -> None:
             value=ep,
             rule=f"x expert_tensor_parallel_size={etp} must divide or be a multiple of "
             f"cluster.gpus_per_node={gpn} (alike EP groups on every node)",
-        )
-    if training.fp8_format is not None:
-        raise ScenarioError(
-            key="training.fp8_format",
-            value=training.fp8_format,
-            rule="cannot be set for an MoE model yet (FP8 grouped expert GEMMs are not modelled)",
         )
     if training.data_parallel_sharding == SHARD_FULL:
         raise ScenarioError(

@@ -192,6 +192,36 @@ MODELS: dict[str, dict[str, object]] = {
         "moe_router_topk": 8,
         "moe_ffn_hidden_size": 1536,
     },
+    # DeepSeek-V3: deepseek-ai/DeepSeek-V3 config.json (61 layers, hidden_size 7168, 128
+    # heads, q_lora_rank 1536, kv_lora_rank 512, qk_nope_head_dim 128, qk_rope_head_dim
+    # 64, v_head_dim 128, n_routed_experts 256, num_experts_per_tok 8, n_shared_experts 1,
+    # moe_intermediate_size 2048, intermediate_size 18432 for the first_k_dense_replace 3
+    # dense layers, moe_layer_freq 1, vocab_size 129280, untied, no attention bias) and
+    # the DeepSeek-V3 report (arXiv 2412.19437: 671B parameters, 37B activated per token;
+    # pre-training at 4K tokens). Left out: the multi-token-prediction module
+    # (num_nextn_predict_layers 1, the 14B of the 685B checkpoint beyond the 671B), the
+    # router's sigmoid scoring, group-limited routing and bias (its per-expert correction
+    # bias is 256 numbers a layer), YaRN (a rope variant: the same kernel here).
+    "deepseek-v3": {
+        "num_layers": 61,
+        "hidden_size": 7168,
+        "num_attention_heads": 128,
+        "ffn_hidden_size": 18432,
+        "seq_length": 4096,
+        "vocab_size": 129280,
+        **_LLAMA,
+        "multi_latent_attention": True,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_head_dim": 128,
+        "qk_pos_emb_head_dim": 64,
+        "v_head_dim": 128,
+        "num_experts": 256,
+        "moe_router_topk": 8,
+        "moe_ffn_hidden_size": 2048,
+        "moe_shared_expert_intermediate_size": 2048,
+        "first_k_dense_replace": 3,
+    },
     # gpt-oss-120b: openai/gpt-oss-120b config.json (36 layers, hidden_size 2880, 64
     # heads, 8 key-value heads, head_dim 64, num_local_experts 128, experts_per_token 4,
     # intermediate_size 2880, attention_bias true, vocab_size 201088,

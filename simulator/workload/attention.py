@@ -105,25 +105,26 @@ def kv_heads_per_rank(cm: ComputeModel) -> float:
 
 
 def _unfused(cm: ComputeModel) -> tuple[list[Kernel], list[Kernel]]:
-    heads, s, head = _shape(cm)
+    heads, s, _ = _shape(cm)
+    qk, v = cm.model.qk_dim, cm.model.v_dim  # the head size both, but under MLA (mla.py)
     scores = heads * s * s  # score elements per rank
     e, g, mem = BYTES_PER_ELEMENT, cm.gemm, cm.memory_bound
     fused = scenario_softmax_path(cm.scenario).fused
     forward_bytes = FUSED_SOFTMAX_BYTES if fused else UNFUSED_SOFTMAX_BYTES
     backward_bytes = FUSED_SOFTMAX_BACKWARD_BYTES if fused else UNFUSED_SOFTMAX_BACKWARD_BYTES
     forward = [
-        Kernel("attention", "forward", "scores", g(s, s, head, heads), core=True),
+        Kernel("attention", "forward", "scores", g(s, s, qk, heads), core=True),
         Kernel("attention", "forward", "softmax", mem(forward_bytes * scores), core=True),
         Kernel("attention", "forward", "dropout", mem((2 * e + MASK_BYTES) * scores), core=True),
-        Kernel("attention", "forward", "context", g(s, head, s, heads), core=True),
+        Kernel("attention", "forward", "context", g(s, v, s, heads), core=True),
     ]
     backward = [
-        Kernel("attention", "input", "context dP", g(s, s, head, heads)),
-        Kernel("attention", "input", "context dV", g(s, head, s, heads)),
+        Kernel("attention", "input", "context dP", g(s, s, v, heads)),
+        Kernel("attention", "input", "context dV", g(s, v, s, heads)),
         Kernel("attention", "input", "dropout", mem((2 * e + MASK_BYTES) * scores)),
         Kernel("attention", "input", "softmax", mem(backward_bytes * scores)),
-        Kernel("attention", "input", "scores dQ", g(s, head, s, heads)),
-        Kernel("attention", "input", "scores dK", g(s, head, s, heads)),
+        Kernel("attention", "input", "scores dQ", g(s, qk, s, heads)),
+        Kernel("attention", "input", "scores dK", g(s, qk, s, heads)),
     ]
     return forward, backward
 
@@ -134,6 +135,10 @@ def flash_hbm_bytes(cm: ComputeModel, backward: bool) -> float:
     head per query head, K, V, dK, dV one per group (GQA), so the forward moves
     e b s d (2 a + 2 g) / T bytes and the backward e b s d (4 a + 4 g) / T."""
     heads, s, head = _shape(cm)
+    if cm.model.mla:  # Q, O (dO, dQ) per head of qk, v widths; K, V (dK, dV) likewise
+        m = cm.model
+        per_head = (m.qk_dim + m.v_dim) * (2 if backward else 1)
+        return BYTES_PER_ELEMENT * s * per_head * (heads + kv_heads_per_rank(cm))
     q_tensors, kv_tensors = (4, 4) if backward else (2, 2)
     return BYTES_PER_ELEMENT * s * head * (q_tensors * heads + kv_tensors * kv_heads_per_rank(cm))
 
@@ -143,6 +148,9 @@ def flash_work(cm: ComputeModel, backward: bool) -> Work:
     heads, s, head = _shape(cm)
     done = causal_fraction(s)
     matmul_flops = 4.0 * heads * s * s * head  # Q K^T and P V, whole
+    if cm.model.mla:  # Q K^T over qk_dim, P V over v_dim (mla.py)
+        head = cm.model.qk_dim
+        matmul_flops = 2.0 * heads * s * s * (cm.model.qk_dim + cm.model.v_dim)
     exponentials = heads * s * s * done
     executed = matmul_flops * done * (FLASH_BACKWARD_MATMULS if backward else 1.0)
     rate = tflops_to_flops_per_s(cm.gpu.peak_tflops) * gemm_efficiency(

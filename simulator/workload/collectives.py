@@ -134,16 +134,26 @@ def _coupled(
     fabric: Fabric,
     bytes_per_flow: float,
     latency_s: float,
+    weights: Sequence[float] | None = None,
 ) -> Transfer:
-    """``edge_sets[0]`` are the representative's edges, the rest congruent copies."""
+    """``edge_sets[0]`` are the representative's edges, the rest congruent copies.
+    ``weights``: each edge's (by its index in a set) bytes in units of
+    ``bytes_per_flow``, its flow progressing at that multiple of the rate, so that all
+    end together (an all-to-all-v); a link's multiplicity is then the sum of the weights
+    of the flows crossing it."""
     _check_alike(edge_sets, fabric)
     own = Counter()
     for src, dst in edge_sets[0]:
         own.update(fabric.route(src, dst))
     mults = Counter()
     for edges in edge_sets:
-        for src, dst in edges:
-            mults.update(link for link in fabric.route(src, dst) if link in own)
+        for index, (src, dst) in enumerate(edges):
+            route = [link for link in fabric.route(src, dst) if link in own]
+            if weights is None:
+                mults.update(route)
+            else:
+                for link in route:
+                    mults[link] += weights[index]
     links = tuple(sorted(own))
     return Transfer(links, tuple(mults[i] for i in links), bytes_per_flow, latency_s)
 
@@ -430,14 +440,18 @@ def point_to_point(pairs: Sequence[Edge], message_bytes: float, fabric: Fabric) 
 
 
 def exchange(
-    edge_sets: Sequence[Sequence[Edge]], message_bytes: float, fabric: Fabric, collective: bool
+    edge_sets: Sequence[Sequence[Edge]],
+    message_bytes: float,
+    fabric: Fabric,
+    collective: bool,
+    weights: Sequence[float] | None = None,
 ) -> Transfer:
     """Every edge of ``edge_sets[0]`` (the representative group's) carries
     ``message_bytes`` at one rate while the congruent sets do the same: one step of a
     ring of sends (context parallelism's K/V ring) or an all-to-all. A ``collective``
     (the all-to-all) pays the fixed launch latency before its slowest route's; a ring
-    step, as a pipeline send, only the route's."""
+    step, as a pipeline send, only the route's. ``weights``: an all-to-all-v's (_coupled)."""
     latency = _hop_latency_s(edge_sets[0], fabric)
     if collective:
         latency += fabric.base_latency_s
-    return _coupled(edge_sets, fabric, message_bytes, latency)
+    return _coupled(edge_sets, fabric, message_bytes, latency, weights)

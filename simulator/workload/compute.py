@@ -64,6 +64,9 @@ from ..scenario import (
 from ..units import gbytes_per_s_to_bytes_per_s, tflops_to_flops_per_s
 
 BYTES_PER_ELEMENT = 2  # fp16 / bf16 activations and weights
+# MLA's kernels the layer picks out by name (mla.py: its first GEMM's dW and the GEMM
+# the SP all-gather feeds)
+MLA_LAST_WEIGHT, MLA_GATHER_FED = "q down dW", "q up"
 MASK_BYTES = 1  # a dropout mask element (Megatron-LM keeps it as bytes)
 
 # Adam with fp32 master weights reads and writes params, m, v (3 x 8 bytes), reads
@@ -308,7 +311,12 @@ class ComputeModel:
                 [Kernel(block, "weight", name + " dW", weight + accumulate)],
             )
 
-        qkv = linear("attention", "QKV", h, m.qkv_width // t)
+        if m.mla:  # multi-head latent attention: its down- and up-projections (mla.py)
+            from .mla import qkv_kernels
+
+            qkv = qkv_kernels(self)
+        else:
+            qkv = linear("attention", "QKV", h, m.qkv_width // t)
         proj = linear("attention", "projection", m.attention_width // t, h)
         fc1 = linear("mlp", "fc1", h, m.fc1_width // t)
         fc2 = linear("mlp", "fc2", f // t, h)
@@ -365,6 +373,10 @@ class ComputeModel:
         t = self.parallel.tensor_model_parallel_size
         tokens = self.tokens
         elements = tokens * (m.num_attention_heads + m.query_groups) * m.head_size / t
+        if m.mla:
+            from .mla import rope_elements
+
+            elements = rope_elements(self)
         return [
             Kernel("attention", part, "rope", self.memory_bound(2 * BYTES_PER_ELEMENT * elements))
         ]
@@ -394,10 +406,15 @@ class ComputeModel:
             attention_core_forward=total("attention", ("forward",), core_only=True),
             attention_weight=total("attention", ("weight",)),
             mlp_weight=total("mlp", ("weight",)),
-            attention_last_weight=next(k.work for k in kernels if k.name == "QKV dW"),
+            attention_last_weight=next(
+                k.work for k in kernels if k.name in ("QKV dW", MLA_LAST_WEIGHT)
+            ),
             mlp_last_weight=next(k.work for k in kernels if k.name == "fc1 dW"),
             attention_overlap=self._overlap(
-                kernels, "QKV", "projection", self.model.attention_width // t
+                kernels,
+                MLA_GATHER_FED if self.model.mla else "QKV",
+                "projection",
+                self.model.attention_width // t,
             ),
             mlp_overlap=self._overlap(kernels, "fc1", "fc2", self.model.ffn_hidden_size // t),
         )

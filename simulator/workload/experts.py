@@ -17,6 +17,7 @@ from __future__ import annotations
 from stepsim.schedules import holder_of
 
 from ..scenario import ModelSpec, Scenario
+from .mla import attention_params as mla_attention_params
 
 
 def norm_params(model: ModelSpec) -> int:
@@ -40,6 +41,9 @@ def moe_layer_params(model: ModelSpec) -> tuple[int, int, int]:
     shared_f1 = (2 if model.gated else 1) * shared_f
     sharded = h * qkv + (qkv if model.qkv_bias else 0) + model.attention_width * h
     replicated = 2 * norm_params(model) + (h if bias else 0) + h * model.num_experts
+    if model.mla:  # multi-head latent attention (mla.py): its down-projections replicated
+        sharded, down = mla_attention_params(model)
+        replicated += down
     if shared_f:
         sharded += h * shared_f1 + shared_f * h + (shared_f1 if bias else 0)
         replicated += h if bias else 0

@@ -32,6 +32,15 @@ class GpuOps:
         self._num_collectives: dict[str, int] = {}  # by op kind: TP_COMM, DP_SYNC
         self.lane = self.new_lane(COMPUTE_STREAM)
 
+    def ep_rank(self, scenario) -> int | None:
+        """Exact mode: this GPU's expert-parallel rank (placement.expert_groups' layout);
+        None in symmetric mode, whose representative stands for the busiest (routing.py)."""
+        if not self.exact:
+            return None
+        par = scenario.parallel
+        local = self.j + self.comm.placement.tensor * self.d
+        return (local // par.etp_size) % par.ep_size
+
     def new_lane(self, stream: str) -> int:
         """A lane of this GPU on ``stream`` (the compute lane is made first)."""
         return self.builder.lane(

@@ -170,7 +170,7 @@ class _Stage:
         # mixture of experts: which rank-local layers are MoE layers, and their MLP block
         moe = scenario.model.moe
         self.moe_flags = rank_moe_flags(scenario, self.stage) if moe else None
-        self.moe = MoeBlock(compute) if moe else None
+        self.moe = MoeBlock(compute, gpu.ep_rank(scenario)) if moe else None
         self.p2p = training.mechanism("pipeline_p2p")
         self.blocking = self.p2p != frameworks.OVERLAPPED
         # what crosses a stage boundary per tensor rank, and whether the receiver

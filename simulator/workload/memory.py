@@ -49,6 +49,10 @@ from ..vocabulary import (
     SHARD_OPTIMIZER,
 )
 from .experts import all_layers_params, layer_params_of, rank_moe_flags
+from .mla import activation_bytes_per_token as mla_activation_bytes_per_token
+from .mla import attention_params as mla_attention_params
+from .mla import linear_weights_per_rank as mla_linear_weights_per_rank
+from .routing import rank_loads, skewed
 
 # What a training process holds besides the model state and activations: the CUDA
 # context and kernels (~0.5 GiB on A100/H100), cuBLAS's workspace, NCCL's channel
@@ -73,6 +77,9 @@ def layer_params(model: ModelSpec) -> tuple[int, int]:
     h, f = model.hidden_size, model.ffn_hidden_size
     qkv, fc1 = model.qkv_width, model.fc1_width
     bias = model.linear_bias
+    if model.mla:  # multi-head latent attention (mla.py): no biases
+        attention, down = mla_attention_params(model)
+        return attention + h * fc1 + f * h, 2 * norm_params(model) + down
     sharded = (
         h * qkv
         + (qkv if model.qkv_bias else 0)
@@ -116,8 +123,25 @@ def fp8_linear_params_per_rank(scenario: Scenario) -> float:
     in FP8 (TE quantizes the GEMMs' weights; biases and norms stay 16-bit)."""
     m = scenario.model
     h = m.hidden_size
-    weights = h * m.qkv_width + m.attention_width * h + h * m.fc1_width + m.ffn_hidden_size * h
-    return weights / scenario.parallel.tensor_model_parallel_size
+    t = scenario.parallel.tensor_model_parallel_size
+    if not m.mla and not m.moe:
+        weights = h * m.qkv_width + m.attention_width * h + h * m.fc1_width + m.ffn_hidden_size * h
+        return weights / t
+    mlp = (h * m.fc1_width + m.ffn_hidden_size * h) / t
+    if m.mla:  # its down-projections are on every tensor rank whole
+        attention = mla_linear_weights_per_rank(m, t)
+    else:
+        attention = (h * m.qkv_width + m.attention_width * h) / t
+    if not m.moe:
+        return attention + mlp
+    # an MoE model: the mean layer's (its MoE layers' shared experts over TP, their E / EP
+    # local routed experts over ETP; an approximation for a stage of another mix)
+    par = scenario.parallel
+    shared = 3 * h * m.shared_expert_ffn if m.gated else 2 * h * m.shared_expert_ffn
+    routed = m.num_experts // par.ep_size * (h * m.expert_fc1_width + m.expert_ffn * h)
+    moe = attention + shared / t + routed / par.etp_size
+    dense = attention + mlp
+    return (m.num_moe_layers * moe + (m.num_layers - m.num_moe_layers) * dense) / m.num_layers
 
 
 def gathered_param_bytes(scenario: Scenario, params: float, layers: float) -> float:
@@ -219,6 +243,11 @@ def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None)
         + 2 * m.fc1_width
         + 2 * m.ffn_hidden_size
     ) / h
+    latents = 0.0  # MLA's latents, on every tensor rank for all its tokens (mla.py)
+    if m.mla:
+        mla_sharded, latents = mla_activation_bytes_per_token(m, 1)
+        sharded += (mla_sharded - 4 * m.attention_width - 4 * m.query_groups * m.head_size) / h
+        latents /= h
     if recompute == RECOMPUTE_FULL:
         return 2 * sbh / (t if sp else 1)  # only the layer's input is kept
     replicated = 10
@@ -239,8 +268,8 @@ def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None)
     if recompute == RECOMPUTE_SELECTIVE:
         attention_core = 0.0
     if sp:
-        return sbh * ((replicated + sharded) / t + attention_core)
-    return sbh * (replicated + sharded / t + attention_core)
+        return sbh * ((replicated + sharded) / t + attention_core + latents)
+    return sbh * (replicated + sharded / t + attention_core + latents)
 
 
 def moe_activation_bytes(
@@ -258,6 +287,8 @@ def moe_activation_bytes(
     local /= par.tensor_model_parallel_size
     factor = m.moe_expert_capacity_factor
     rows = local * m.router_topk * (1.0 if factor is None else min(1.0, factor)) * par.etp_size
+    if skewed(m):  # the busiest EP rank's experts keep the most (routing.py)
+        rows = local * m.router_topk * max(rank_loads(m, par.ep_size)) * par.etp_size
     experts = rows * 2 * (m.hidden_size + (m.expert_fc1_width + m.expert_ffn) / par.etp_size)
     shared = local * 2 * ((2 if m.gated else 1) + 1) * m.shared_expert_ffn
     return dense_bytes - local * 2 * (m.fc1_width + m.ffn_hidden_size) + experts + shared

@@ -25,12 +25,15 @@ over TP by sequence parallelism: n / TP), E experts, top-k routing, EP and ETP:
   routed experts (Megatron-Core without `moe_shared_expert_overlap`).
 
 Model FLOPs are the executed ones: a token's top-k experts, so MFU counts the active
-parameters. FP8 experts, routing skew, shared-expert and dispatcher overlap are left
-(docs/moe.md).
+parameters. Under FP8 the experts' grouped GEMMs run as the linear layers' FP8 GEMMs
+(`_expert_linear`); under routing skew each EP rank's experts get their own rows and
+the all-to-alls are all-to-all-vs (routing.py). Shared-expert and dispatcher overlap
+are left (docs/moe.md).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -43,6 +46,8 @@ from ..vocabulary import (
     REDUCE_SCATTER,
 )
 from .compute import BYTES_PER_ELEMENT, MASK_BYTES, ZERO, ComputeModel, Work
+from .precision import FP8_BYTES
+from .routing import grouped_gemm, rank_loads, rank_rows, skewed
 
 if TYPE_CHECKING:
     from .lowering import _Stage
@@ -93,14 +98,62 @@ class Dispatch(NamedTuple):
     gather_bytes: float
 
 
-def _wgrad(cm: ComputeModel, k_in: float, n_out: float, tokens: float, batch: int) -> Work:
-    """``batch`` weight gradients of k_in x n_out over ``tokens`` rows, accumulated into
-    the gradient buffer as compute.weight_gradient does (fused into the GEMM or an add)."""
+def _wgrad(cm: ComputeModel, k_in: float, n_out: float, rows: Sequence[float]) -> Work:
+    """The weight gradients of one k_in x n_out weight per expert, each over its expert's
+    rows, accumulated into the gradient buffer as compute.weight_gradient does (fused
+    into the grouped GEMM or an add)."""
     g = cm.training.gradient_bytes
-    weights = batch * k_in * n_out
+    weights = len(rows) * k_in * n_out
+    shapes = [(k_in, n_out, m) for m in rows]
     if cm.training.mechanism("gradient_accumulation_fusion"):
-        return cm.gemm(k_in, n_out, tokens, batch, extra_bytes=(2 * g - 2) * weights)
-    return cm.gemm(k_in, n_out, tokens, batch) + cm.memory_bound((2 + 2 * g) * weights)
+        return grouped_gemm(cm, shapes, extra_bytes=(2 * g - 2) * weights)
+    return grouped_gemm(cm, shapes) + cm.memory_bound((2 + 2 * g) * weights)
+
+
+def _expert_linear(
+    cm: ComputeModel, ms: Sequence[float], k_in: float, n_out: float
+) -> tuple[Work, Work, Work]:
+    """One linear layer of every local expert, Y[m_e, n_out] = X[m_e, k_in] W_e, as
+    grouped GEMMs: (forward, input gradient, weight gradient accumulated). Under FP8
+    (`training.fp8_format`) as workload.precision's linear layers: the grouped GEMMs at
+    the FP8 peak with the FP8 constants, the routed rows' input cast, the experts'
+    weights cast once per iteration, the incoming gradient cast before dgrad."""
+    fwd = grouped_gemm(cm, [(m, n_out, k_in) for m in ms])
+    fp8 = cm.fp8
+    if fp8 is None:
+        return fwd, grouped_gemm(cm, [(m, k_in, n_out) for m in ms]), _wgrad(cm, k_in, n_out, ms)
+    mem, rows = cm.memory_bound, math.fsum(ms)
+    weights = len(ms) * k_in * n_out
+    fp8_args = {"peak_tflops": fp8.peak_tflops, "input_bytes": FP8_BYTES}
+    forward = (
+        mem(fp8.cast_bytes_per_element() * rows * k_in)
+        + mem(fp8.weight_cast_bytes_per_element() * weights / fp8.microbatches)
+        + grouped_gemm(cm, [(m, n_out, k_in) for m in ms], constants=fp8.fprop, **fp8_args)
+    )
+    dgrad = mem(fp8.cast_bytes_per_element() * rows * n_out) + grouped_gemm(
+        cm, [(m, k_in, n_out) for m in ms], constants=fp8.split, **fp8_args
+    )
+    g = cm.training.gradient_bytes
+    shapes = [(k_in, n_out, m) for m in ms]
+    if cm.training.mechanism("gradient_accumulation_fusion"):
+        extra = (2 * g - 2) * weights
+        wgrad = grouped_gemm(cm, shapes, extra, constants=fp8.split, **fp8_args)
+    else:
+        wgrad = grouped_gemm(cm, shapes, constants=fp8.split, **fp8_args)
+        wgrad = wgrad + mem((2 + 2 * g) * weights)
+    return forward, dgrad, wgrad
+
+
+def _shared_linear(
+    cm: ComputeModel, name: str, k_in: float, n_out: float, tokens: float
+) -> tuple[Work, Work, Work]:
+    """A shared expert's linear layer on all ``tokens``: (forward, input gradient, weight
+    gradient), FP8 as the dense linear layers under `training.fp8_format`."""
+    if cm.fp8 is None:
+        g = cm.gemm
+        return g(tokens, n_out, k_in), g(tokens, k_in, n_out), _wgrad(cm, k_in, n_out, (tokens,))
+    parts = cm.fp8.linear("mlp", name, k_in, n_out, tokens)
+    return tuple(sum((kernel.work for kernel in part), ZERO) for part in parts)
 
 
 def tokens_per_expert(cm: ComputeModel) -> float:
@@ -113,13 +166,30 @@ def tokens_per_expert(cm: ComputeModel) -> float:
     return routed if factor is None else routed * min(1.0, factor)
 
 
-def dispatch_bytes(cm: ComputeModel) -> Dispatch:
+def expert_rows(cm: ComputeModel, rank: int) -> tuple[float, ...]:
+    """The rows each local expert of EP rank ``rank`` computes per micro-batch: M each
+    under balanced routing, the rank's shares of them under skew (routing.py)."""
+    if not skewed(cm.model):
+        return (tokens_per_expert(cm),) * (cm.model.num_experts // cm.parallel.ep_size)
+    return rank_rows(cm, rank)
+
+
+def dispatch_bytes(cm: ComputeModel, rank: int = 0) -> Dispatch:
+    """The dispatcher's message bytes for a GPU of EP rank ``rank`` (its ETP all-gather
+    gathers what its experts receive; under skew the all-to-all's bytes are the dropless
+    ones, its flows weighted by `routing.rank_loads`)."""
     model, par = cm.model, cm.parallel
     e, h = BYTES_PER_ELEMENT, model.hidden_size
     local = cm.tokens / par.tensor_model_parallel_size
     factor = model.moe_expert_capacity_factor
     kept = model.router_topk * (1.0 if factor is None else min(1.0, factor))
     rows = local * kept  # the GPU's routed token copies that are sent (dropless: all)
+    if skewed(model):
+        return Dispatch(
+            alltoall_bytes=local * model.router_topk * h * e,
+            etp_bytes=math.fsum(expert_rows(cm, rank)) * h * e,
+            gather_bytes=par.ep_size * par.etp_size * local * h * e,
+        )
     return Dispatch(
         alltoall_bytes=rows * h * e,
         etp_bytes=par.etp_size * rows * h * e,
@@ -127,41 +197,69 @@ def dispatch_bytes(cm: ComputeModel) -> Dispatch:
     )
 
 
-def moe_block_work(cm: ComputeModel) -> MoeBlockWork:
+def busiest_rank(cm: ComputeModel) -> int:
+    """The EP rank whose experts take longest (the first of equals; 0 when balanced):
+    the one symmetric mode's representative computes (routing.py)."""
+    if not skewed(cm.model):
+        return 0
+    works = [_moe_block_work(cm, rank) for rank in range(cm.parallel.ep_size)]
+    times = [w.experts.duration_s + w.experts_b.duration_s for w in works]
+    return times.index(max(times))
+
+
+def moe_block_work(cm: ComputeModel, rank: int | None = None) -> MoeBlockWork:
+    """The block's work on a GPU of EP rank ``rank``; None: symmetric mode's
+    representative, the busiest rank's time with the mean rank's FLOPs (MFU counts the
+    model's FLOPs whatever the skew)."""
+    if rank is not None or not skewed(cm.model):
+        return _moe_block_work(cm, rank or 0)
+    ep = cm.parallel.ep_size
+    works = [_moe_block_work(cm, r) for r in range(ep)]
+    busiest = works[busiest_rank(cm)]
+    fields = {}
+    for name in MoeBlockWork._fields:
+        mean = math.fsum(getattr(w, name).flops for w in works) / ep
+        fields[name] = Work(duration_s=getattr(busiest, name).duration_s, flops=mean)
+    return MoeBlockWork(**fields)
+
+
+def _moe_block_work(cm: ComputeModel, rank: int) -> MoeBlockWork:
     model, par = cm.model, cm.parallel
     e, h, k = BYTES_PER_ELEMENT, model.hidden_size, model.router_topk
     t, etp = par.tensor_model_parallel_size, par.etp_size
     local = cm.tokens / t  # sequence parallel: the GPU's tokens
-    experts = model.num_experts // par.ep_size
-    m = tokens_per_expert(cm)
+    ms = expert_rows(cm, rank)
     f, f1 = model.expert_ffn / etp, model.expert_fc1_width / etp
     g, mem = cm.gemm, cm.memory_bound
     norm = mem(2 * e * local * h)
     num_experts = model.num_experts
     router = g(local, num_experts, h)
     topk = mem(local * (10 * num_experts + 12 * k))
+    rows = math.fsum(ms) if skewed(model) else len(ms) * ms[0]
     if cm.training.moe_dispatcher == MOE_ALLTOALL:
         # rows in, k rows out (and back): the GPU's own tokens
         permute = mem(e * h * local * (1 + k))
-    else:  # allgather: the local experts' rows picked from (and added back into) all
-        permute = mem(e * h * 2 * experts * m)
+    elif skewed(model):  # allgather: the local experts' rows picked from (and added into) all
+        permute = mem(e * h * 2 * rows)
+    else:
+        permute = mem(e * h * 2 * len(ms) * ms[0])
     act_bytes, act_b_bytes = (3 * e, 5 * e) if model.gated else (2 * e, 3 * e)
-    rows = experts * m
-    fc1 = g(m, f1, h, experts)
-    fc2 = g(m, h, f, experts)
+
+    fc1, fc1_dx, fc1_dw = _expert_linear(cm, ms, h, f1)
+    fc2, fc2_dx, fc2_dw = _expert_linear(cm, ms, f, h)
     act = mem(act_bytes * rows * f)
-    fc2_dx, fc1_dx = g(m, f, h, experts), g(m, h, f1, experts)
-    fc2_dw, fc1_dw = _wgrad(cm, f, h, m, experts), _wgrad(cm, h, f1, m, experts)
     act_b = mem(act_b_bytes * rows * f)
-    router_dx, router_dw = g(local, h, num_experts), _wgrad(cm, h, num_experts, local, 1)
+    router_dx, router_dw = g(local, h, num_experts), _wgrad(cm, h, num_experts, (local,))
     shared, shared_b, shared_w = ZERO, ZERO, ZERO
     if model.shared_expert_ffn:
         n = cm.tokens  # all-gathered over TP
         sf = model.shared_expert_ffn / t
         sf1 = (2 if model.gated else 1) * sf
-        shared = g(n, sf1, h) + mem(act_bytes * n * sf) + g(n, h, sf)
-        shared_w = _wgrad(cm, sf, h, n, 1) + _wgrad(cm, h, sf1, n, 1)
-        shared_b = g(n, sf, h) + mem(act_b_bytes * n * sf) + g(n, h, sf1) + shared_w
+        s_fc1, s_fc1_dx, s_fc1_dw = _shared_linear(cm, "shared fc1", h, sf1, n)
+        s_fc2, s_fc2_dx, s_fc2_dw = _shared_linear(cm, "shared fc2", sf, h, n)
+        shared = s_fc1 + mem(act_bytes * n * sf) + s_fc2
+        shared_w = s_fc2_dw + s_fc1_dw
+        shared_b = s_fc2_dx + mem(act_b_bytes * n * sf) + s_fc1_dx + shared_w
     hidden = local * h
     return MoeBlockWork(
         pre=norm + router + topk + permute,
@@ -185,15 +283,29 @@ class MoeBlock:
     the dense MLP block): compute on the lane, the dispatcher's collectives as blocking
     `ep_comm` ops on the real links of the stage's expert groups."""
 
-    def __init__(self, cm: ComputeModel) -> None:
-        self.work = moe_block_work(cm)
-        self.bytes = dispatch_bytes(cm)
+    def __init__(self, cm: ComputeModel, rank: int | None = None) -> None:
+        """``rank``: the GPU's EP rank (exact mode); None: symmetric mode's
+        representative, standing for the busiest rank (routing.py)."""
+        self.work = moe_block_work(cm, rank)
+        self.bytes = dispatch_bytes(cm, busiest_rank(cm) if rank is None else rank)
         self.alltoall = cm.training.moe_dispatcher == MOE_ALLTOALL
         self.etp = cm.parallel.etp_size
+        # the all-to-all-v's per-rank weights under skew (None: a plain all-to-all)
+        self.loads = rank_loads(cm.model, cm.parallel.ep_size) if skewed(cm.model) else None
 
-    def _comm(self, stage: _Stage, label: str, mb: int, group: str, kind: str, nbytes: float):
+    def _comm(
+        self,
+        stage: _Stage,
+        label: str,
+        mb: int,
+        group: str,
+        kind: str,
+        nbytes: float,
+        by_sender: bool = False,
+    ):
         gpu = stage.gpu
-        transfer = gpu.comm.expert(group, kind, nbytes, gpu.j, gpu.d)
+        loads = (self.loads, by_sender) if group == "ep" and self.loads is not None else None
+        transfer = gpu.comm.expert(group, kind, nbytes, gpu.j, gpu.d, loads)
         if transfer is not None:
             expert_collective(gpu, EP_COMM, group, label, transfer, microbatch=mb)
 
@@ -205,12 +317,12 @@ class MoeBlock:
             kind = ALL_GATHER if into else REDUCE_SCATTER
             self._comm(stage, label, mb, "tpep", kind, b.gather_bytes)
             return
-        if into:
+        if into:  # to the experts: weighted by the receiving rank's load
             self._comm(stage, label, mb, "ep", ALL_TO_ALL, b.alltoall_bytes)
             self._comm(stage, label, mb, "etp", ALL_GATHER, b.etp_bytes)
-        else:
+        else:  # back: by the sending rank's
             self._comm(stage, label, mb, "etp", REDUCE_SCATTER, b.etp_bytes)
-            self._comm(stage, label, mb, "ep", ALL_TO_ALL, b.alltoall_bytes)
+            self._comm(stage, label, mb, "ep", ALL_TO_ALL, b.alltoall_bytes, by_sender=True)
 
     def forward(self, stage: _Stage, kind: str, label: str, mb: int, deps: Sequence[object]):
         w, gpu = self.work, stage.gpu

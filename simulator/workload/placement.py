@@ -166,16 +166,24 @@ class StageComm:
         return self._cp[key]
 
     def expert(
-        self, group: str, kind: str, message_bytes: float, j: int = 0, d: int = 0
+        self,
+        group: str,
+        kind: str,
+        message_bytes: float,
+        j: int = 0,
+        d: int = 0,
+        loads: tuple[tuple[float, ...], bool] | None = None,
     ) -> Transfer | Collective | None:
         """A collective over an expert group (``group``: a name of `expert_groups`): in
         symmetric mode the representative GPU's, carrying every congruent group of the
         stage; in exact mode the group of tensor rank ``j`` of replica ``d``. An
         all-to-all (each member sends ``message_bytes`` / size to every other) or a ring
         all-gather / reduce-scatter / all-reduce of ``message_bytes``; None for a group
-        of one GPU."""
+        of one GPU. ``loads``: an all-to-all-v (routing skew, workload/routing.py): each
+        member's load factor, in group order, and whether it weighs the flows it sends
+        (the combine) or those it receives (the dispatch)."""
         offset = self.expert_offset(group, j, d) if self.exact else 0
-        key = (group, kind, message_bytes, offset)
+        key = (group, kind, message_bytes, offset) + ((loads,) if loads is not None else ())
         if key not in self._expert:
             base, offsets = self._experts[group]
             stage_gpus = self.placement.tensor * self.placement.data
@@ -184,13 +192,13 @@ class StageComm:
                 return None
             if self.exact:
                 members = [g + offset + stage_gpus * self.stage for g in base]
-                self._expert[key] = self._context(kind, [members], message_bytes)
+                self._expert[key] = self._context(kind, [members], message_bytes, loads)
                 return self._expert[key]
 
             def build(stage: int) -> Transfer | Collective | None:
                 rep = [g + stage_gpus * stage for g in base]
                 groups = [[g + o for g in rep] for o in self._kept(rep, offsets)]
-                return self._context(kind, groups, message_bytes)
+                return self._context(kind, groups, message_bytes, loads)
 
             self._expert[key] = self._shared(("expert", *key), self.stage, build)
         return self._expert[key]
@@ -202,7 +210,16 @@ class StageComm:
         local = j + self.placement.tensor * d
         return next(o for o in offsets if local - o in base)
 
-    def _context(self, kind: str, groups, message_bytes: float) -> Transfer | Collective:
+    def _context(
+        self, kind: str, groups, message_bytes: float, loads=None
+    ) -> Transfer | Collective:
+        if loads is not None and kind == ALL_TO_ALL:  # all-to-all-v: flows weighted
+            factors, by_sender = loads
+            n = len(groups[0])
+            pairs = [(a, b) for a in range(n) for b in range(n) if a != b]
+            edge_sets = [[(g[a], g[b]) for a, b in pairs] for g in groups]
+            weights = [factors[a] if by_sender else factors[b] for a, b in pairs]
+            return collectives.exchange(edge_sets, message_bytes / n, self.fabric, True, weights)
         if kind == RING_SEND:
             edge_sets = [[(g[c], g[(c + 1) % len(g)]) for c in range(len(g))] for g in groups]
             return collectives.exchange(edge_sets, message_bytes, self.fabric, False)
