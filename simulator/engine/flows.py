@@ -15,10 +15,12 @@ class Transfer(NamedTuple):
     sending) that progress together at one rate r, each carrying ``bytes_per_flow``.
     ``links`` are the directed links they cross and ``mults`` how many of those real
     flows cross each link; a link crossed by m of them is charged m x r. The bytes
-    start to move once ``latency_s`` has passed."""
+    start to move once ``latency_s`` has passed. A multiplicity may be fractional: an
+    all-to-all-v under skewed routing (workload/routing.py) weights each real flow by
+    its share of the busiest flow's bytes, so that all end together."""
 
     links: tuple[int, ...]
-    mults: tuple[int, ...]
+    mults: tuple[float, ...]
     bytes_per_flow: float
     latency_s: float
 
