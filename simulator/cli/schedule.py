@@ -33,7 +33,8 @@ def add_command(sub) -> None:
     which.add_argument(
         "--schedule-file",
         metavar="FILE",
-        help="per-rank op orders: one line per rank of labels F3 B3 W3 (F3.1 = chunk 1)",
+        help="per-rank op orders: one line per rank of labels F3 B3 W3 (F3.1 = chunk 1; "
+        "F3.0&B1.1 = a forward and a backward run overlapped)",
     )
     sched.add_argument("--stages", type=int, metavar="P", help="pipeline stages (ranks)")
     sched.add_argument("--microbatches", type=int, metavar="M", help="micro-batches")
@@ -47,7 +48,9 @@ def add_command(sub) -> None:
         "--placement",
         choices=list(PLACEMENTS),
         default=PLACEMENTS[0],
-        help="--schedule-file only: chunk k of rank r is stage k*p+r (looped) or a V",
+        help="--schedule-file only: chunk k of rank r is stage k*p+r (looped), a V, or "
+        "DualPipe's two model copies (dual: micro-batches 0..m/2-1 from rank 0 on chunk 0, "
+        "the rest from rank p-1 on chunk 1)",
     )
     sched.add_argument(
         "--forward",
@@ -70,7 +73,16 @@ def add_command(sub) -> None:
         default=None,
         metavar="W",
         help="time of the weight-gradient pass, for schedules that run it apart (zbh1, zbh2, "
-        "interleaved_zb, zbv); others run B + W as one backward",
+        "interleaved_zb, zbv, dualpipe, dualpipev); others run B + W as one backward",
+    )
+    sched.add_argument(
+        "--overlapped",
+        type=float,
+        default=None,
+        metavar="F&B",
+        help="time of an overlapped pair (dualpipe, dualpipev, F3&B1 in a file): one "
+        "micro-batch's forward and another's full backward run together on one stage "
+        "(default F + B + W, no gain)",
     )
     sched.add_argument(
         "--p2p-latency",
@@ -96,7 +108,7 @@ def command(args: argparse.Namespace) -> int:
     from ..report.text import study_text
     from ..report.trace import study_trace
 
-    times = op_times(args.forward, args.backward, args.weight, args.p2p_latency)
+    times = op_times(args.forward, args.backward, args.weight, args.p2p_latency, args.overlapped)
     stage_layers = int_list("--stage-layers", args.stage_layers)
     sizes = {
         "--stages": args.stages,

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from stepsim.schedules import DUAL, V_SHAPE
 from stepsim.schedules import SCHEDULES as SCHEDULE_INFO
-from stepsim.schedules import V_SHAPE
 from stepsim.schedules import check as schedule_problem
 from stepsim.schedules.custom import check_orders, sizes_of
 from stepsim.topologies import PLANAR  # drawn whole in symmetric mode too (run.build_cluster)
@@ -435,6 +435,13 @@ def _check_named(parallel: ParallelConfig, training: TrainingConfig) -> None:
             key=v_key,
             value=v,
             rule=f"must be 2 for training.schedule={schedule!r} (two chunks in a V)",
+        )
+    if info.placement == DUAL:
+        raise ScenarioError(
+            key="training.schedule",
+            value=schedule,
+            rule="runs in `stepsim schedule` only for now: the full simulator does not lower "
+            "its two model copies yet (use 'dualpipev', the same order on one copy in a V)",
         )
     if info.chunked and v < 2:
         raise ScenarioError(

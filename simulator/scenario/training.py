@@ -64,7 +64,8 @@ class TrainingConfig:
         "`custom` only: chunk k of rank r holds stage k x PP + r (`looped`) or, with 2 "
         "chunks, stages r and 2 PP - 1 - r (`v`); named schedules fix theirs",
         default=None,
-        choices=schedules.PLACEMENTS,
+        # DualPipe's dual placement runs in `stepsim schedule` only (not lowered yet)
+        choices=(schedules.LOOPED, schedules.V_SHAPE),
         derived=f'`"{schedules.LOOPED}"`',
     )
     # a custom schedule's per-rank orders, read from schedule_file (not a key)

@@ -31,7 +31,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stepsim.schedules import INTERLEAVED, Step, holder_of, peak_inflight, stage_of, step_label
+from stepsim.schedules import (
+    INTERLEAVED,
+    Step,
+    holder_of,
+    peak_inflight,
+    pipeline_ends,
+    stage_of,
+    step_label,
+)
 from stepsim.schedules import build as build_schedule
 from stepsim.schedules.p2p import (
     Call,
@@ -143,6 +151,8 @@ class _Stage:
         self.placement = training.placement
         self.split = training.split_backward
         self.virtual = [stage_of(self.stage, k, p, self.placement) for k in range(v)]
+        # whether each chunk's stage is its pipeline's first (embedding) and last (loss)
+        self.ends = [pipeline_ends(s, p, v, self.placement) for s in self.virtual]
         counts = scenario.chunk_layers[self.stage]
         # rank-local layer indices: chunk k's follow chunk k-1's
         self.chunk_starts = [sum(counts[:k]) for k in range(v + 1)]
@@ -356,32 +366,52 @@ class _Stage:
 
     def lower(self, order: Sequence[Step], items: Sequence[Step | Call]) -> None:
         """The rank's passes in ``order``; ``items`` the same passes with the p2p calls
-        between them (p2p_items)."""
-        grad = "W" if self.split else "B"
-        last_grad = {s.chunk: i for i, s in enumerate(order) if s.kind == grad}
-        position = -1
+        between them (p2p_items). Under a split schedule a B whose W the order does not
+        hold is a full backward: its input-gradient part, its W at once, then its send."""
+        weights = {(s.microbatch, s.chunk) for s in order if s.kind == "W"}
+        full = {
+            i
+            for i, s in enumerate(order)
+            if s.kind == "B" and (s.microbatch, s.chunk) not in weights
+        }
+        last_grad = {
+            s.chunk: i for i, s in enumerate(order) if s.kind == "W" or i in full and self.split
+        }
+        position, deferred = -1, None
         for step in items:
             if isinstance(step, Call):
                 self.call(step)
                 continue
             position += 1
-            last = last_grad[step.chunk] == position
+            last = last_grad.get(step.chunk) == position
+            after = order[position + 1] if position + 1 < len(order) else None
             if step.kind == "F":
-                self.forward(step)
+                deferred = self.forward(step, after if after and after.overlapped else None)
+            elif step.kind == "B" and self.split and position in full:
+                self.backward(step, False, then_weight=last)
             elif step.kind == "B":
                 self.backward(step, last)
             else:
                 self.weight(step, last)
+            if deferred is not None and step.overlapped:  # the F&B's forward output leaves
+                self.hand_over(*deferred)
+                deferred = None
         self.dp.finish()
 
-    def forward(self, step: Step) -> None:
+    def forward(self, step: Step, pair: Step | None = None) -> tuple | None:
+        """The forward pass. With ``pair`` (the backward it runs overlapped with, an F&B)
+        it starts once that backward's input has come too, and its output leaves after
+        the pair: the hand-over is returned for the caller to make then."""
         mb, virtual = step.microbatch, self.virtual[step.chunk]
         label = step_label(step, self.num_chunks)
-        first, last = virtual == 0, virtual == self.num_virtual - 1
+        first, last = self.ends[step.chunk]
         recv: list[object] = []
         if not first:
             own = [] if self.blocking else [PipelineKey(self.who, virtual - 1, "F", mb)]
             recv = self.receive(label, mb, "F", own)
+        if pair is not None and not self.ends[pair.chunk][1] and not self.blocking:
+            after = self.virtual[pair.chunk] + 1
+            recv.append(PipelineKey(self.who, after, "B", pair.microbatch))
         layers = self.layers(step.chunk)
         dp = self.dp.forward_pass(label, mb, step.chunk, layers)
         if first:
@@ -393,14 +423,19 @@ class _Stage:
             recv = []
         if last:
             self.gpu.work(FORWARD, label, mb, self.extras.output_forward)
+        elif pair is not None:
+            return (label, mb, "F", virtual, virtual + 1)
         else:
             self.hand_over(label, mb, "F", virtual, virtual + 1)
+        return None
 
-    def backward(self, step: Step, last_microbatch: bool) -> None:
-        """The backward pass, or under a split schedule its input-gradient part (B)."""
+    def backward(self, step: Step, last_microbatch: bool, then_weight: bool | None = None) -> None:
+        """The backward pass, or under a split schedule its input-gradient part (B); with
+        ``then_weight`` (whether it is the chunk's last gradient) its W follows at once,
+        before the send: a full backward in a split schedule."""
         mb, virtual = step.microbatch, self.virtual[step.chunk]
         label = step_label(step, self.num_chunks)
-        first, last = virtual == 0, virtual == self.num_virtual - 1
+        first, last = self.ends[step.chunk]
         recv: list[object] = []
         if not last:
             own = [] if self.blocking else [PipelineKey(self.who, virtual + 1, "B", mb)]
@@ -423,6 +458,8 @@ class _Stage:
         if first and not split:
             self.gpu.work(BACKWARD, label, mb, self.extras.embedding_backward)
         dp.end()
+        if then_weight is not None:
+            self.weight(Step("W", mb, step.chunk), then_weight, label)
         if not first:
             self.hand_over(label, mb, "B", virtual, virtual - 1)
 
@@ -491,12 +528,13 @@ class _Stage:
             label, mb, attention, layer.attention_last_weight, layer.attention_overlap, ()
         )
 
-    def weight(self, step: Step, last_microbatch: bool) -> None:
+    def weight(self, step: Step, last_microbatch: bool, label: str | None = None) -> None:
         """The weight-gradient part (W) of a split backward: no communication but what
-        the data-parallel strategy adds after each layer."""
-        mb, virtual = step.microbatch, self.virtual[step.chunk]
-        label = step_label(step, self.num_chunks)
-        if virtual == self.num_virtual - 1:
+        the data-parallel strategy adds after each layer. ``label``: a full backward's."""
+        mb = step.microbatch
+        label = label or step_label(step, self.num_chunks)
+        first, last = self.ends[step.chunk]
+        if last:
             self.gpu.work(WEIGHT, label, mb, self.extras.output_weight)
         order = list(reversed(self.layers(step.chunk)))
         dp = self.dp.weight_pass(label, mb, step.chunk, order, last_microbatch)
@@ -504,7 +542,7 @@ class _Stage:
             moe = self.moe is not None and self.moe_flags[index]
             self.gpu.work(WEIGHT, label, mb, self.moe.work.weight if moe else self.layer.mlp_weight)
             self.gpu.work(WEIGHT, label, mb, self.layer.attention_weight)
-            if virtual == 0 and n == len(order) - 1:
+            if first and n == len(order) - 1:
                 self.gpu.work(WEIGHT, label, mb, self.extras.embedding_weight)
             dp.after_layer(n, index)
 
