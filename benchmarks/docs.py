@@ -177,6 +177,28 @@ def schedules_abstract(images: Path | None) -> Generated:
     return {("docs/schedules.md", "schedules-abstract"): text}
 
 
+def schedules_dualpipe(images: Path | None) -> Generated:
+    """docs/schedules.md: DualPipe and DualPipeV next to 1F1B, ZB-H1 and ZB-V on unit
+    times, with and without an F&B pair that overlaps."""
+    from stepsim.bubble import op_times, studies_of_schedules
+    from stepsim.report.text import study_text
+
+    blocks = []
+    for overlapped in (None, 2.5):
+        times = op_times(1.0, 1.0, 1.0, 0.0, overlapped)
+        flag = "" if overlapped is None else f" --overlapped {overlapped:g}"
+        for names, p in (("1f1b,zbh1,zbv,dualpipev", 4), ("1f1b,dualpipe", 8)):
+            studies = studies_of_schedules(names.split(","), p, 16, times, weight_given=True)
+            printed = study_text(studies).splitlines()
+            table = printed[2 : next(i for i, line in enumerate(printed) if "bubble:" in line)]
+            shown = (
+                f"stepsim schedule --compare {names} --stages {p} --microbatches 16 "
+                f"--forward 1 --backward 1 --weight 1{flag}"
+            )
+            blocks.append(fenced(shown, "sh") + "\n\n" + fenced("\n".join(table).rstrip()))
+    return {("docs/schedules.md", "schedules-dualpipe"): "\n\n".join(blocks)}
+
+
 def schedules_full(images: Path | None) -> Generated:
     """docs/schedules.md: every schedule simulated in full on GPT-3 175B, 1,024 A100s."""
     import schedule_study
@@ -377,6 +399,9 @@ SECTIONS = [
     Section("network", "docs/network.md (whole)", network, fast=True),
     Section(
         "schedules-abstract", "docs/schedules.md: abstract op times", schedules_abstract, fast=True
+    ),
+    Section(
+        "schedules-dualpipe", "docs/schedules.md: DualPipe(V) on unit times", schedules_dualpipe
     ),
     Section("schedules", "docs/schedules.md: full-simulator tables, timelines", schedules_full),
     Section("bandwidth", "docs/bandwidth-study.md: table, headline, plot", bandwidth),
