@@ -23,7 +23,7 @@ overlapped pair): (PP/2 - 1)(F&B + B - 3W), PP the stages; activations PP + 1 ch
 
 from __future__ import annotations
 
-from .pipeline import Step, overlapped
+from .pipeline import Step, _one_f_one_b, overlapped
 
 
 class _Rank:
@@ -124,3 +124,24 @@ def dualpipe(p: int, m: int, v: int = 2, group_size: int | None = None) -> list[
         index = min(r, p - 1 - r)
         orders.append(_phases(rank, p // 2, index, half, middle=index == p // 2 - 1))
     return orders
+
+
+def combined_1f1b(orders: list[list[Step]]) -> list[list[Step]]:
+    """Megatron-Core's combined 1F1B (`overlap_moe_expert_parallel_comm`): each steady
+    forward merged with the backward after it into an F&B pair (a B right after an F of
+    another micro-batch or chunk is marked overlapped). One rank alone runs F0, then
+    F(i+1)&B(i), then the last B, as Megatron-Core's pipeline-free loop does."""
+    if len(orders) == 1 and all(s.chunk == 0 for s in orders[0]):
+        forwards = [s for s in orders[0] if s.kind == "F"]
+        backwards = [s for s in orders[0] if s.kind != "F"]
+        if all(s.kind == "B" for s in backwards):
+            orders = [_one_f_one_b(forwards, backwards, 1)]
+    out = []
+    for order in orders:
+        marked = list(order)
+        for i in range(1, len(marked)):
+            before, step = marked[i - 1], marked[i]
+            if before.kind == "F" and step.kind == "B" and before[1:] != step[1:]:
+                marked[i] = overlapped(step)
+        out.append(marked)
+    return out

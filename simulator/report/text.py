@@ -139,11 +139,15 @@ def study_text(studies: list) -> str:
     lines += [
         "",
         "  bubble: idle share of the makespan (as `stepsim run`'s bubble), (makespan - ideal) / "
-        "makespan with ideal = m(F + B + W) (with overlapped F&B pairs: the ranks' mean busy "
-        "time); / ideal: (makespan - ideal) / ideal;",
+        "makespan with ideal = m(F + B + W); / ideal: (makespan - ideal) / ideal;",
         "  peak act.: most micro-batch activations a rank holds at once, in whole stages "
         "(chunk activations / chunks)",
     ]
+    if any(study.overlaps for study in studies):
+        lines.append(
+            "  with overlapped F&B pairs timed apart (--overlapped) the ideal is the ranks' mean "
+            "busy time instead"
+        )
     for study in studies:
         d = study.as_dict()
         lines += ["", f"  {study.name}: per rank    busy  bubble  peak in-flight (chunks)"]

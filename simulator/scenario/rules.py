@@ -37,6 +37,7 @@ from .model_rules import check_context_parallel, check_query_groups_split, check
 from .model_rules import check_distributed_optimizer as check_distributed_optimizer
 from .model_rules import check_model as check_model  # these through rules
 from .moe_rules import check_expert_parallel
+from .overlap_rules import check_overlap
 from .precision import check_fp8
 from .softmax import SOURCE as SOFTMAX_SOURCE
 from .softmax import scenario_softmax_path
@@ -234,6 +235,7 @@ def check_scenario(scenario: Scenario) -> None:
     check_tied_embeddings(scenario.model, scenario.training)
     check_context_parallel(scenario.model, scenario.parallel, scenario.training)
     check_expert_parallel(scenario)
+    check_overlap(scenario)
     check_layout(scenario.model, scenario.parallel, scenario.cluster)
     check_schedule(scenario.model, scenario.parallel, scenario.training)
     check_size(scenario.model, scenario.parallel, scenario.training)

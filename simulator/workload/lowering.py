@@ -33,6 +33,7 @@ from collections.abc import Sequence
 
 from stepsim.schedules import (
     INTERLEAVED,
+    ONE_F_ONE_B,
     Step,
     holder_of,
     peak_inflight,
@@ -41,6 +42,7 @@ from stepsim.schedules import (
     step_label,
 )
 from stepsim.schedules import build as build_schedule
+from stepsim.schedules.dualpipe import combined_1f1b
 from stepsim.schedules.p2p import (
     Call,
     deepspeed_calls,
@@ -74,6 +76,7 @@ from .gpuops import GpuOps
 from .keys import AsyncTpKey, P2PKey, PipelineKey
 from .moe import MoeBlock
 from .ops import Workload, WorkloadBuilder
+from .overlap import Pairing
 from .placement import StageComm, placement_of
 
 
@@ -82,13 +85,16 @@ def stage_orders(scenario: Scenario) -> list[list[Step]]:
     par, tr = scenario.parallel, scenario.training
     if tr.custom_orders is not None:
         return [list(order) for order in tr.custom_orders]
-    return build_schedule(
+    orders = build_schedule(
         tr.schedule,
         par.pipeline_model_parallel_size,
         scenario.num_microbatches,
         par.virtual_pipeline_model_parallel_size,
         tr.microbatch_group_size_per_vp_stage,
     )
+    if tr.moe_overlap and tr.schedule in (ONE_F_ONE_B, INTERLEAVED):
+        return combined_1f1b(orders)  # Megatron-Core's F&B pairs
+    return orders
 
 
 def lower(scenario: Scenario, cluster) -> Workload:
@@ -179,6 +185,8 @@ class _Stage:
         moe = scenario.model.moe
         self.moe_flags = rank_moe_flags(scenario, self.stage) if moe else None
         self.moe = MoeBlock(compute) if moe else None
+        # F&B pairs with their MoE layers interleaved (overlap_moe_expert_parallel_comm)
+        self.pairing = Pairing(gpu, scenario, compute) if training.moe_overlap else None
         self.p2p = training.mechanism("pipeline_p2p")
         self.blocking = self.p2p != frameworks.OVERLAPPED
         # what crosses a stage boundary per tensor rank, and whether the receiver
@@ -377,31 +385,48 @@ class _Stage:
         last_grad = {
             s.chunk: i for i, s in enumerate(order) if s.kind == "W" or i in full and self.split
         }
-        position, deferred = -1, None
+
+        def grad_flags(i: int) -> tuple[bool, bool | None]:
+            """A B's (last_microbatch, then_weight): a full one in a split order runs its
+            W at once, and is its chunk's last gradient when no later W is."""
+            last = last_grad.get(order[i].chunk) == i
+            return (False, last) if self.split and i in full else (last, None)
+
+        self.grad_flags = grad_flags
+        position, deferred, lowered = -1, None, -1
         for step in items:
             if isinstance(step, Call):
                 self.call(step)
                 continue
             position += 1
-            last = last_grad.get(step.chunk) == position
+            if position == lowered:  # the backward of a pair run overlapped
+                continue
             after = order[position + 1] if position + 1 < len(order) else None
-            if step.kind == "F":
-                deferred = self.forward(step, after if after and after.overlapped else None)
-            elif step.kind == "B" and self.split and position in full:
-                self.backward(step, False, then_weight=last)
+            pair = after if after is not None and after.overlapped else None
+            if step.kind == "F" and pair is not None and self.pairing is not None:
+                backward = self.backward_steps(pair, *self.grad_flags(position + 1))
+                deferred = self.pairing.interleave(self.forward_steps(step, pair), backward)
+                lowered = position + 1
+            elif step.kind == "F":
+                deferred = self.forward(step, pair)
             elif step.kind == "B":
-                self.backward(step, last)
+                _drain(self.backward_steps(step, *self.grad_flags(position)))
             else:
-                self.weight(step, last)
-            if deferred is not None and step.overlapped:  # the F&B's forward output leaves
-                self.hand_over(*deferred)
+                self.weight(step, last_grad.get(step.chunk) == position)
+            if deferred is not None and (step.overlapped or position + 1 == lowered):
+                self.hand_over(*deferred)  # the F&B's forward output leaves after the pair
                 deferred = None
         self.dp.finish()
 
     def forward(self, step: Step, pair: Step | None = None) -> tuple | None:
-        """The forward pass. With ``pair`` (the backward it runs overlapped with, an F&B)
-        it starts once that backward's input has come too, and its output leaves after
-        the pair: the hand-over is returned for the caller to make then."""
+        return _drain(self.forward_steps(step, pair))
+
+    def forward_steps(self, step: Step, pair: Step | None = None):
+        """The forward pass, as a generator that pauses between layer parts when its
+        pair's passes interleave (overlap.Pairing); ends with the deferred hand-over. With
+        ``pair`` (the backward it runs with, an F&B) it starts once that backward's input
+        has come too, and its output leaves after the pair: the hand-over is returned for
+        the caller to make then."""
         mb, virtual = step.microbatch, self.virtual[step.chunk]
         label = step_label(step, self.num_chunks)
         first, last = self.ends[step.chunk]
@@ -418,7 +443,11 @@ class _Stage:
             self.gpu.work(FORWARD, label, mb, self.extras.embedding_forward, recv + dp.first())
             recv = []
         for n, index in enumerate(layers):
-            self.layer_body("F", label, mb, recv + dp.before_layer(index), index)
+            deps = recv + dp.before_layer(index)
+            if self.pairing is None or pair is None:
+                self.layer_body("F", label, mb, deps, index)
+            else:
+                yield from self.pairing.layer(self, "F", label, mb, deps, index)
             dp.after_layer(n, index)
             recv = []
         if last:
@@ -429,10 +458,11 @@ class _Stage:
             self.hand_over(label, mb, "F", virtual, virtual + 1)
         return None
 
-    def backward(self, step: Step, last_microbatch: bool, then_weight: bool | None = None) -> None:
+    def backward_steps(self, step: Step, last_microbatch: bool, then_weight: bool | None = None):
         """The backward pass, or under a split schedule its input-gradient part (B); with
         ``then_weight`` (whether it is the chunk's last gradient) its W follows at once,
-        before the send: a full backward in a split schedule."""
+        before the send: a full backward in a split schedule. A generator, as
+        `forward_steps`; it pauses only in a pair run overlapped (``step.overlapped``)."""
         mb, virtual = step.microbatch, self.virtual[step.chunk]
         label = step_label(step, self.num_chunks)
         first, last = self.ends[step.chunk]
@@ -451,8 +481,13 @@ class _Stage:
                 output = output - self.extras.output_weight
             self.gpu.work(BACKWARD, label, mb, output, recv + dp.first())
             recv = []
+        paired = self.pairing is not None and step.overlapped
         for n, index in enumerate(order):
-            self.layer_body("B", label, mb, recv + dp.before_layer(index), index)
+            deps = recv + dp.before_layer(index)
+            if paired:
+                yield from self.pairing.layer(self, "B", label, mb, deps, index)
+            else:
+                self.layer_body("B", label, mb, deps, index)
             dp.after_layer(n, index)
             recv = []
         if first and not split:
@@ -545,6 +580,15 @@ class _Stage:
             if first and n == len(order) - 1:
                 self.gpu.work(WEIGHT, label, mb, self.extras.embedding_weight)
             dp.after_layer(n, index)
+
+
+def _drain(steps) -> object:
+    """Run a pass's generator to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
 
 
 def meta_bytes(gpu: GpuOps) -> float:
