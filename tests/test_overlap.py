@@ -146,3 +146,32 @@ def test_rules_need_expert_parallelism_and_the_overlap():
     )
     with pytest.raises(ScenarioError, match="needs training.schedule in interleaved, dualpipev"):
         scenario_from_dict(pipeline)
+
+
+def test_exact_mode_gives_symmetric_modes_time_with_dualpipev_pairs():
+    """Every GPU's own all-to-alls on its own communication lane (exact mode) give the
+    representative's time, with TP, SP, PP 2 in a V and EP over half the stage."""
+    times = []
+    for symmetric in (True, False):
+        doc = scenario(
+            model={"num_layers": 4, "num_experts": 4, "moe_router_topk": 2},
+            cluster={"node": "dgx-h100", "num_nodes": 1},
+            parallel={
+                "pipeline_model_parallel_size": 2,
+                "virtual_pipeline_model_parallel_size": 2,
+                "data_parallel_size": 2,
+                "tensor_model_parallel_size": 2,
+                "expert_model_parallel_size": 2,
+                "expert_tensor_parallel_size": 1,
+                "sequence_parallel": True,
+            },
+            training={
+                "global_batch_size": 16,
+                "schedule": "dualpipev",
+                "moe_token_dispatcher_type": "alltoall",
+                "overlap_moe_expert_parallel_comm": True,
+            },
+            network={"model": "fair-share", "symmetry": symmetric},
+        )
+        times.append(run(scenario_from_dict(doc)).metrics.iteration_time_s)
+    assert times[0] == pytest.approx(times[1], rel=1e-12)
