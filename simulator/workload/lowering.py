@@ -382,9 +382,8 @@ class _Stage:
             for i, s in enumerate(order)
             if s.kind == "B" and (s.microbatch, s.chunk) not in weights
         }
-        last_grad = {
-            s.chunk: i for i, s in enumerate(order) if s.kind == "W" or i in full and self.split
-        }
+        # the pass that completes a chunk's gradients last: a W, or a full backward
+        last_grad = {s.chunk: i for i, s in enumerate(order) if s.kind == "W" or i in full}
 
         def grad_flags(i: int) -> tuple[bool, bool | None]:
             """A B's (last_microbatch, then_weight): a full one in a split order runs its
