@@ -32,22 +32,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from stepsim.schedules import (
-    INTERLEAVED,
-    ONE_F_ONE_B,
     Step,
     holder_of,
-    peak_inflight,
     pipeline_ends,
     stage_of,
     step_label,
 )
-from stepsim.schedules import build as build_schedule
-from stepsim.schedules.dualpipe import combined_1f1b
 from stepsim.schedules.p2p import (
     Call,
-    deepspeed_calls,
-    megatron_calls,
-    megatron_interleaved_calls,
 )
 
 from ..engine.flows import Transfer
@@ -73,28 +65,14 @@ from .context import ContextAttention
 from .dataparallel import strategy_for
 from .experts import rank_moe_flags
 from .gpuops import GpuOps
-from .keys import AsyncTpKey, P2PKey, PipelineKey
+from .keys import AsyncTpKey, PipelineKey
 from .moe import MoeBlock
 from .ops import Workload, WorkloadBuilder
+from .orders import inflight_per_stage as inflight_per_stage  # run, plan read it here
+from .orders import p2p_items, stage_orders
 from .overlap import Pairing
+from .p2pcalls import blocking_call
 from .placement import StageComm, placement_of
-
-
-def stage_orders(scenario: Scenario) -> list[list[Step]]:
-    """Each pipeline rank's op order under the scenario's schedule."""
-    par, tr = scenario.parallel, scenario.training
-    if tr.custom_orders is not None:
-        return [list(order) for order in tr.custom_orders]
-    orders = build_schedule(
-        tr.schedule,
-        par.pipeline_model_parallel_size,
-        scenario.num_microbatches,
-        par.virtual_pipeline_model_parallel_size,
-        tr.microbatch_group_size_per_vp_stage,
-    )
-    if tr.moe_overlap and tr.schedule in (ONE_F_ONE_B, INTERLEAVED):
-        return combined_1f1b(orders)  # Megatron-Core's F&B pairs
-    return orders
 
 
 def lower(scenario: Scenario, cluster) -> Workload:
@@ -120,21 +98,6 @@ def lower(scenario: Scenario, cluster) -> Workload:
         for j, d in ranks:
             _Stage(GpuOps(builder, comm, j, d), scenario, compute).lower(order, items[stage])
     return builder.build()
-
-
-def p2p_items(scenario: Scenario, orders: list[list[Step]]) -> list[list[Step | Call]]:
-    """Each rank's passes with its framework's blocking p2p calls between them
-    (schedules.p2p), or the passes alone under `overlapped`."""
-    mode, p = scenario.training.mechanism("pipeline_p2p"), len(orders)
-    if mode == frameworks.BATCHED_BLOCKING and scenario.training.schedule == INTERLEAVED:
-        v = scenario.parallel.virtual_pipeline_model_parallel_size
-        group = scenario.training.microbatch_group_size_per_vp_stage
-        return megatron_interleaved_calls(orders, v, group)
-    if mode == frameworks.BATCHED_BLOCKING:
-        return [megatron_calls(order, stage, p) for stage, order in enumerate(orders)]
-    if mode == frameworks.SEQUENTIAL_BLOCKING:
-        return [deepspeed_calls(stage, p, scenario.num_microbatches) for stage in range(p)]
-    return [list(order) for order in orders]
 
 
 class _Stage:
@@ -315,56 +278,8 @@ class _Stage:
         return list(deps)
 
     def call(self, call: Call) -> None:
-        """One blocking p2p call of the framework: a member op per transfer (its
-        rendezvous with the other stage's op for it, P2PKey), then the lane waits for all
-        of them. DeepSpeed sends a partitioned tensor's meta message first, as a call of
-        its own (frameworks.md §1(b), §2(b))."""
-        gpu = self.gpu
-        sequential = self.p2p == frameworks.SEQUENTIAL_BLOCKING
-        first = call.transfers[0]
-        label = " + ".join(f"{x.direction} {x.kind}{x.microbatch}" for x in call.transfers)
-        receives_whole_grad = (
-            first.kind == "B" and first.direction == "recv" and not self.gather["B"]
-        )
-        if sequential and self.regather and receives_whole_grad:
-            # DeepSpeed <= 0.5.3 re-gathers its output in _exec_recv_grads, before receiving
-            self.tp(f"B{first.microbatch} regather", first.microbatch, ALL_GATHER, ())
-        parts = ["data"]
-        if sequential and self.gather[first.kind] and gpu.comm.tp(ALL_GATHER, gpu.d):
-            parts = ["meta", "data"]
-        add, lane, who, sites = gpu.builder.add, gpu.lane, self.who, self.p2p_sites
-        for part in parts:
-            keys = []
-            for x in call.transfers:
-                site = sites.get((x.direction, x.kind, x.chunk, part))
-                if site is None:
-                    site = sites[(x.direction, x.kind, x.chunk, part)] = self.p2p_site(x, part)
-                transfer, sender, suffix = site
-                keys.append(
-                    add(
-                        lane,
-                        PP_SEND,
-                        f"{x.direction} {x.kind}{x.microbatch}{suffix}",
-                        microbatch=x.microbatch,
-                        transfer=transfer,
-                        blocking=False,
-                        rendezvous=P2PKey(who, sender, x.kind, x.microbatch, part),
-                    )
-                )
-            gpu.barrier(label, keys, first.microbatch)
-
-    def p2p_site(self, x, part: str) -> tuple[Transfer, int, str]:
-        """What every transfer of a call with this direction, kind, sending chunk and part
-        shares: the transfer, the sender's virtual stage and the label's suffix."""
-        gpu, p = self.gpu, self.pipeline
-        # ranks form a ring under interleaving: rank p - 1's chunk k feeds rank 0's k + 1
-        step = 1 if x.kind == "F" else -1
-        sender = self.stage if x.direction == "send" else (self.stage - step) % p
-        receiver = (sender + step) % p
-        nbytes = self.p2p_bytes[x.kind] if part == "data" else meta_bytes(gpu)
-        transfer = gpu.comm.between(sender, receiver, gpu.j, gpu.d, nbytes)
-        suffix = " meta" if part == "meta" else ""
-        return transfer, stage_of(sender, x.chunk, p, self.placement), suffix
+        """One blocking p2p call of the framework (p2pcalls.blocking_call)."""
+        blocking_call(self, call)
 
     def layers(self, chunk: int) -> list[int]:
         """The rank-local indices of a chunk's layers, in forward order."""
@@ -588,16 +503,3 @@ def _drain(steps) -> object:
             next(steps)
         except StopIteration as stop:
             return stop.value
-
-
-def meta_bytes(gpu: GpuOps) -> float:
-    """DeepSpeed's PartitionedTensor meta message, a LongTensor of the tensor's rank,
-    shape, part count and part bounds: about (8 + T) int64 (pipe/engine.py `to_meta`;
-    the exact length is not verified, and only its latency matters)."""
-    return 8.0 * (8 + gpu.comm.placement.tensor)
-
-
-def inflight_per_stage(scenario: Scenario) -> list[int]:
-    """Peak forwards whose activations each stage holds under the schedule: released
-    by the backward, or by the weight gradient when the schedule splits it."""
-    return [peak_inflight(order, "W") for order in stage_orders(scenario)]
