@@ -170,3 +170,27 @@ def test_full_simulator_refuses_the_dual_placement_and_runs_dualpipev():
     result = run(scenario("dualpipev"))
     # two chunks of one model in a V: PP + 1 = 2p + 1 half-size chunks in flight per rank
     assert [m.inflight_activations for m in result.memory] == [9] * 4
+
+
+def test_the_schedule_command_draws_and_reads_dualpipe(tmp_path, capsys):
+    """`stepsim schedule` runs the named schedules with an F&B time, prints the pairs as
+    F&B labels, and a file of those labels under the dual placement runs the same."""
+    import json
+
+    from stepsim.cli import main
+
+    times = ["--forward", "1", "--backward", "1", "--weight", "1", "--overlapped", "2.5"]
+    args = ["schedule", "--schedule", "dualpipe", "--stages", "4", "--microbatches", "8"]
+    assert main([*args, *times, "--json", "--out", str(tmp_path)]) == 0
+    named = json.loads(capsys.readouterr().out)
+    assert named["F&B"] == 2.5 and named["placement"] == DUAL
+    assert "F3.0&B5.1" in named["rank_order"][0]
+    assert (tmp_path / "schedule.png").is_file()
+    path = tmp_path / "dualpipe.txt"
+    path.write_text("\n".join(named["rank_order"]) + "\n")
+    file_args = ["schedule", "--schedule-file", str(path), "--placement", "dual", "--json"]
+    assert main([*file_args, *times]) == 0
+    again = json.loads(capsys.readouterr().out)
+    assert again["makespan"] == named["makespan"] and again["rank_order"] == named["rank_order"]
+    assert main([*args, *times[:6], "--overlapped", "-1"]) == 2
+    assert "--overlapped=-1.0 must be a finite number >= 0" in capsys.readouterr().err
