@@ -3,8 +3,11 @@ forms with communication far below and far above the compute it hides behind."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from stepsim.report.trace import chrome_trace
 from stepsim.run import run
 from stepsim.scenario import ScenarioError, scenario_from_dict
 from stepsim.schedules import Step, overlapped
@@ -13,6 +16,7 @@ from stepsim.vocabulary import COMPUTE_STREAM, EP_COMM, EP_STREAM
 from stepsim.workload.compute import ComputeModel
 from stepsim.workload.lowering import stage_orders
 from stepsim.workload.overlap import sharing_compute
+from tests import trace_check
 from tests.helpers import scenario
 
 M = 4  # micro-batches: F0, F1&B0, F2&B1, F3&B2, B3 under the combined 1F1B
@@ -150,7 +154,8 @@ def test_rules_need_expert_parallelism_and_the_overlap():
 
 def test_exact_mode_gives_symmetric_modes_time_with_dualpipev_pairs():
     """Every GPU's own all-to-alls on its own communication lane (exact mode) give the
-    representative's time, with TP, SP, PP 2 in a V and EP over half the stage."""
+    representative's time, with TP, SP, PP 2 in a V and EP over half the stage; the
+    trace keeps every span, the all-to-alls on each GPU's "ep" thread."""
     times = []
     for symmetric in (True, False):
         doc = scenario(
@@ -173,5 +178,11 @@ def test_exact_mode_gives_symmetric_modes_time_with_dualpipev_pairs():
             },
             network={"model": "fair-share", "symmetry": symmetric},
         )
-        times.append(run(scenario_from_dict(doc)).metrics.iteration_time_s)
+        result = run(scenario_from_dict(doc))
+        times.append(result.metrics.iteration_time_s)
+        trace = json.loads(json.dumps(chrome_trace(result), separators=(",", ":")))
+        assert trace_check.problems(trace) == []
+        assert sum(map(len, trace_check.tracks(trace).values())) == len(result.trace.spans)
+        names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+        assert any("ep" in name for name in names)
     assert times[0] == pytest.approx(times[1], rel=1e-12)
