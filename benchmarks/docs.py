@@ -177,6 +177,73 @@ def schedules_abstract(images: Path | None) -> Generated:
     return {("docs/schedules.md", "schedules-abstract"): text}
 
 
+def schedules_dualpipe(images: Path | None) -> Generated:
+    """docs/schedules.md: DualPipe and DualPipeV next to 1F1B, ZB-H1 and ZB-V on unit
+    times, with and without an F&B pair that overlaps."""
+    from stepsim.bubble import op_times, studies_of_schedules
+    from stepsim.report.text import study_text
+
+    blocks = []
+    for overlapped in (None, 2.5):
+        times = op_times(1.0, 1.0, 1.0, 0.0, overlapped)
+        flag = "" if overlapped is None else f" --overlapped {overlapped:g}"
+        for names, p in (("1f1b,zbh1,zbv,dualpipev", 4), ("1f1b,dualpipe", 8)):
+            studies = studies_of_schedules(names.split(","), p, 16, times, weight_given=True)
+            printed = study_text(studies).splitlines()
+            table = printed[2 : next(i for i, line in enumerate(printed) if "bubble:" in line)]
+            shown = (
+                f"stepsim schedule --compare {names} --stages {p} --microbatches 16 "
+                f"--forward 1 --backward 1 --weight 1{flag}"
+            )
+            blocks.append(fenced(shown, "sh") + "\n\n" + fenced("\n".join(table).rstrip()))
+    return {("docs/schedules.md", "schedules-dualpipe"): "\n\n".join(blocks)}
+
+
+MOE_VARIANTS = (
+    ("1f1b (the scenario)", ()),
+    ("dualpipev, pairs back to back", ("training.schedule=dualpipev",)),
+    (
+        "dualpipev, pairs overlapped",
+        ("training.schedule=dualpipev", "training.overlap_moe_expert_parallel_comm=true"),
+    ),
+    (
+        "interleaved, combined 1F1B overlapped",
+        (
+            "training.schedule=interleaved",
+            "training.overlap_moe_expert_parallel_comm=true",
+            "training.pipeline_p2p=overlapped",
+        ),
+    ),
+)
+
+
+def moe_schedules(images: Path | None) -> Generated:
+    """docs/moe.md: 1F1B against DualPipeV (and Megatron's combined 1F1B) on Mixtral
+    8x7B, from the breakdown."""
+    from stepsim.run import run
+    from stepsim.scenario import load_scenario
+
+    path = ROOT / "scenarios" / "mixtral-8x7b-16-h100.toml"
+    lines = [
+        "| schedule | iteration | compute | ep_comm exposed | EP on the wire | idle "
+        "(bubble) | memory (stage 0) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, sets in MOE_VARIANTS:
+        chunked = any(s.endswith(("dualpipev", "interleaved")) for s in sets)
+        v = ("parallel.virtual_pipeline_model_parallel_size=2",) if chunked else ()
+        result = run(load_scenario(path, (*sets, *v)))
+        m, b = result.metrics, result.metrics.breakdown_s
+        wire = sum(s.end_s - s.start_s for s in result.trace.spans if s.kind == "ep_comm")
+        wire /= len({(s.gpu, s.stream) for s in result.trace.spans if s.stream == "compute"})
+        memory = result.memory[0].as_gib()["total"]
+        lines.append(
+            f"| {name} | {m.iteration_time_s:.2f} s | {b['compute']:.2f} s | "
+            f"{b['ep_comm']:.3f} s | {wire:.3f} s | {b['idle']:.2f} s | {memory:.1f} GiB |"
+        )
+    return {("docs/moe.md", "moe-schedules"): "\n".join(lines)}
+
+
 def schedules_full(images: Path | None) -> Generated:
     """docs/schedules.md: every schedule simulated in full on GPT-3 175B, 1,024 A100s."""
     import schedule_study
@@ -413,7 +480,11 @@ SECTIONS = [
     Section(
         "schedules-abstract", "docs/schedules.md: abstract op times", schedules_abstract, fast=True
     ),
+    Section(
+        "schedules-dualpipe", "docs/schedules.md: DualPipe(V) on unit times", schedules_dualpipe
+    ),
     Section("schedules", "docs/schedules.md: full-simulator tables, timelines", schedules_full),
+    Section("moe-schedules", "docs/moe.md: 1F1B vs DualPipeV on Mixtral 8x7B", moe_schedules),
     Section("bandwidth", "docs/bandwidth-study.md: table, headline, plot", bandwidth),
     Section("validation", "docs/validation.md (whole), README summary", validation),
     Section("planning", "docs/planning.md: every command's output", planning),

@@ -5,8 +5,18 @@ rank, the list of `Step`s it runs strictly in order: ``F`` a forward pass of
 one micro-batch through one chunk, ``B`` its backward pass (input gradient
 only when the schedule splits the backward, otherwise the whole backward),
 ``W`` the weight gradient of a split backward. Chunk k of rank r is pipeline
-stage k*p + r ("looped" placement), except for ZB-V, where rank r holds
-stages r and 2p-1-r ("v" placement).
+stage k*p + r ("looped" placement), except for ZB-V and DualPipeV, where rank r
+holds stages r and 2p-1-r ("v" placement), and DualPipe, where rank r holds stage r
+of one copy of the model and stage p-1-r of a second copy ("dual" placement:
+numbered as the V, but stages 0..p-1 and p..2p-1 are two pipelines).
+
+A step may run overlapped with the step just before it on its rank (``F&B``:
+the forward of one micro-batch and the backward of another, DualPipe's
+overlapped pair): its ``overlapped`` is True (`overlapped(step)` marks it). A
+marked step equals and hashes as the plain one, so lookups by (kind,
+micro-batch, chunk) are unchanged; labels join a pair as ``F3.0&B1.1``. Under a
+schedule that splits the backward, a B whose W never comes is a full backward
+(input and weight gradients at once), as DualPipe runs some of them.
 
 Every schedule below documents its rule, its bubble with uniform stages and
 free communication (F, B, W per micro-batch and rank), and its peak number of
@@ -20,9 +30,11 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 # Where a rank's chunks sit (stage_of): chunk k of rank r is virtual stage k*p + r
-# (LOOPED), or, with two chunks, rank r holds stages r and 2p-1-r (V_SHAPE, ZB-V's).
-LOOPED, V_SHAPE = "looped", "v"
-PLACEMENTS: tuple[str, ...] = (LOOPED, V_SHAPE)
+# (LOOPED), or, with two chunks, rank r holds stages r and 2p-1-r (V_SHAPE, ZB-V's),
+# or the same numbering split into two pipelines of p stages, 0..p-1 entered at rank 0
+# and p..2p-1 entered at rank p-1 (DUAL, DualPipe's two copies of the model).
+LOOPED, V_SHAPE, DUAL = "looped", "v", "dual"
+PLACEMENTS: tuple[str, ...] = (LOOPED, V_SHAPE, DUAL)
 # the schedules other code names (the default one, and Megatron's interleaving)
 ONE_F_ONE_B, INTERLEAVED = "1f1b", "interleaved"
 
@@ -32,6 +44,28 @@ class Step(NamedTuple):
     microbatch: int
     chunk: int = 0
 
+    @property
+    def overlapped(self) -> bool:
+        """Whether this step runs overlapped with the one before it (see `overlapped`)."""
+        return False
+
+
+class _Overlapped(Step):
+    """A step that runs overlapped with the step before it on its rank: the B of an
+    F&B pair. Equal to (and hashed as) the plain step."""
+
+    __slots__ = ()
+
+    @property
+    def overlapped(self) -> bool:
+        return True
+
+
+def overlapped(step: Step) -> Step:
+    """``step`` marked to run overlapped with the step just before it in its rank's
+    order (the pair's forward): the two make one F&B."""
+    return _Overlapped(*step)
+
 
 def step_label(step: Step, num_chunks: int = 1) -> str:
     """The reference label format: ``F3``, or ``F3.1`` for chunk 1 when chunks > 1."""
@@ -39,26 +73,47 @@ def step_label(step: Step, num_chunks: int = 1) -> str:
     return f"{base}.{step.chunk}" if num_chunks > 1 else base
 
 
+def order_labels(order: Sequence[Step], num_chunks: int = 1) -> list[str]:
+    """A rank's order as labels, an overlapped pair as one ``F3.0&B1.1``."""
+    labels: list[str] = []
+    for step in order:
+        label = step_label(step, num_chunks)
+        if step.overlapped and labels:
+            labels[-1] += "&" + label
+        else:
+            labels.append(label)
+    return labels
+
+
 def parse_label(label: str) -> Step:
     """``F3`` or ``B3.1`` back to a Step; ValueError if it is not one."""
     kind, body = label[:1], label[1:]
     mb, _, chunk = body.partition(".")
     if kind not in ("F", "B", "W") or not mb.isdigit() or (chunk and not chunk.isdigit()):
-        raise ValueError(f"{label!r} is not an op label like F3, B3, W3 or F3.1")
+        raise ValueError(f"{label!r} is not an op label like F3, B3, W3, F3.1 or F3&B1")
     return Step(kind, int(mb), int(chunk) if chunk else 0)
+
+
+def parse_labels(label: str) -> list[Step]:
+    """One label, or an overlapped pair ``F3&B1`` (the second step marked), as steps."""
+    first, sep, second = label.partition("&")
+    if not sep:
+        return [parse_label(label)]
+    return [parse_label(first), overlapped(parse_label(second))]
 
 
 def peak_inflight(order: Sequence[Step], release_at: str = "W") -> int:
     """Most chunk activations held at once: +1 at F, -1 at B (``release_at="B"``) or
-    at W, or at a fused B when the order has no W (``release_at="W"``)."""
-    split = any(step.kind == "W" for step in order)
-    release = "W" if release_at == "W" and split else "B"
+    at W, or at a full B, one whose W the order does not hold (``release_at="W"``)."""
+    weights = {(s.microbatch, s.chunk) for s in order if s.kind == "W"}
     alive = peak = 0
     for step in order:
         if step.kind == "F":
             alive += 1
             peak = max(peak, alive)
-        elif step.kind == release:
+        elif step.kind == ("W" if release_at == "W" else "B") or (
+            step.kind == "B" and (step.microbatch, step.chunk) not in weights
+        ):
             alive -= 1
     return peak
 
@@ -307,6 +362,8 @@ def _zbv_timed(p: int, m: int, v: int, group_size: int | None, times) -> list[li
     return zbv_timed(p, m, times)
 
 
+from .dualpipe import dualpipe, dualpipev  # noqa: E402  (it builds on Step, defined above)
+
 SCHEDULES: dict[str, ScheduleInfo] = {
     "gpipe": ScheduleInfo(gpipe, split_backward=False, chunked=False),
     ONE_F_ONE_B: ScheduleInfo(one_f_one_b, split_backward=False, chunked=False),
@@ -319,6 +376,8 @@ SCHEDULES: dict[str, ScheduleInfo] = {
         _zbv_timed, split_backward=True, chunked=True, placement=V_SHAPE, timed=True
     ),
     "zbv_unit": ScheduleInfo(zbv_unit, split_backward=True, chunked=True, placement=V_SHAPE),
+    "dualpipe": ScheduleInfo(dualpipe, split_backward=True, chunked=True, placement=DUAL),
+    "dualpipev": ScheduleInfo(dualpipev, split_backward=True, chunked=True, placement=V_SHAPE),
 }
 
 
@@ -333,6 +392,18 @@ def check(name: str, p: int, m: int, v: int = 1, group_size: int | None = None) 
         return f"schedule {name!r} runs 2 or more chunks per rank, got {v}"
     if info.placement == V_SHAPE and v != 2:
         return f"schedule {name!r} runs exactly 2 chunks per rank (a V), got {v}"
+    if info.placement == DUAL and v != 2:
+        return f"schedule {name!r} runs exactly 2 chunks per rank (two model copies), got {v}"
+    if name == "dualpipe" and (p % 2 or m % 2):
+        return (
+            f"schedule 'dualpipe' needs an even number of stages and of micro-batches "
+            f"(half enter at each end; got {p} stages, {m} micro-batches), as DualPipe does"
+        )
+    if name in ("dualpipe", "dualpipev") and m < 2 * p:
+        return (
+            f"schedule {name!r} needs at least 2 micro-batches per stage ({m} < 2 x {p}), "
+            "as DualPipe's step() asserts"
+        )
     if not info.chunked and v != 1:
         return f"schedule {name!r} runs one chunk per rank, got {v}"
     if group_size is not None and not info.grouped:
@@ -375,22 +446,32 @@ def upstream(
     if step.kind == "W":
         return None
     stage = stage_of(rank, step.chunk, num_ranks, placement)
-    other = stage - 1 if step.kind == "F" else stage + 1
-    if not 0 <= other < num_ranks * num_chunks:
+    first, last = pipeline_ends(stage, num_ranks, num_chunks, placement)
+    if (step.kind == "F" and first) or (step.kind == "B" and last):
         return None
+    other = stage - 1 if step.kind == "F" else stage + 1
     other_rank, other_chunk = holder_of(other, num_ranks, placement)
     return other_rank, Step(step.kind, step.microbatch, other_chunk)
 
 
+def pipeline_ends(
+    stage: int, num_ranks: int, num_chunks: int, placement: str = LOOPED
+) -> tuple[bool, bool]:
+    """Whether a virtual stage is the first (embedding) and the last (loss) of its
+    pipeline: of the one chain of p v stages, or under DUAL of its copy's p."""
+    length = num_ranks if placement == DUAL else num_ranks * num_chunks
+    return stage % length == 0, stage % length == length - 1
+
+
 def holder_of(stage: int, num_ranks: int, placement: str = LOOPED) -> tuple[int, int]:
     """(rank, chunk) holding a virtual stage: the inverse of `stage_of`."""
-    if placement == V_SHAPE:
+    if placement in (V_SHAPE, DUAL):
         return (stage, 0) if stage < num_ranks else (2 * num_ranks - 1 - stage, 1)
     return stage % num_ranks, stage // num_ranks
 
 
 def stage_of(rank: int, chunk: int, num_ranks: int, placement: str = LOOPED) -> int:
     """The pipeline stage that chunk ``chunk`` of rank ``rank`` holds."""
-    if placement == V_SHAPE:
+    if placement in (V_SHAPE, DUAL):
         return rank if chunk == 0 else 2 * num_ranks - 1 - rank
     return chunk * num_ranks + rank

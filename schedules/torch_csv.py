@@ -10,16 +10,15 @@ torch/distributed/pipelining/schedules.py). An action is written
 ``compute_comms`` format); ``(0F3;5B1)OVERLAP_F_B`` runs a forward and a backward of
 two micro-batches overlapped. An empty cell is an idle step.
 
-stepsim's orders map onto them one to one: its F, B and W are torch's F, I (or B when
-the backward is not split) and W, its (rank, chunk) is torch's stage through the
-placement (looped: stage k p + r; V: stages r and 2p-1-r). Reading:
-
-- compute actions become Steps; a full ``B`` in a file that also splits backwards
-  is its ``I`` followed at once by its ``W`` (what a full backward computes);
-- the communication and sharding actions are skipped, as stepsim derives its sends,
-  receives and gathers from the order itself (say so where it matters);
-- ``OVERLAP_F_B`` is read as its two actions in order (stepsim runs them back to
-  back on the rank), as the placement is read from which stages each rank holds.
+stepsim's orders map onto them one to one: its F, B and W are torch's F, I and W; a B
+whose W the order does not hold is a full backward, torch's B (every B of an order
+without W's, and DualPipeV's full backwards among split ones); an F followed by a B
+marked overlapped (`pipeline.overlapped`, the ``F3.0&B1.1`` label) is torch's
+``(sF3;s'B1)OVERLAP_F_B``. Its (rank, chunk) is torch's stage through the placement
+(looped: stage k p + r; V: stages r and 2p-1-r), read back from which stages each rank
+holds. The communication and sharding actions are skipped on reading, as stepsim
+derives its sends, receives and gathers from the order itself. DualPipe's two model
+copies (the `dual` placement) have no torch schedule and are not written.
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import io
 import re
 from collections.abc import Sequence
 
-from .pipeline import LOOPED, V_SHAPE, Step, holder_of, stage_of
+from .pipeline import DUAL, LOOPED, V_SHAPE, Step, holder_of, overlapped, stage_of
 
 _ACTION = re.compile(
     r"^(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$"
@@ -49,15 +48,20 @@ def looks_like_torch(text: str) -> bool:
     return False
 
 
-def _actions(cell: str, where: str) -> list[tuple[int, str, int]]:
-    """The compute actions in one cell, as (stage, type, micro-batch)."""
+def _actions(cell: str, where: str) -> list[tuple[int, str, int, bool]]:
+    """The compute actions in one cell, as (stage, type, micro-batch, overlapped with
+    the one before)."""
     cell = cell.strip().strip('"')
     if not cell:
         return []
     overlap = _OVERLAP.match(cell)
     if overlap:
-        parts = [_actions(part, where) for part in overlap.group(1).split(";")]
-        return [action for part in parts for action in part]
+        parts = [a for part in overlap.group(1).split(";") for a in _actions(part, where)]
+        kinds = [kind for _, kind, _, _ in parts]
+        if len(parts) != 2 or kinds[0] != "F" or kinds[1] not in ("B", "I"):
+            raise ValueError(f"{where}: {cell!r} overlaps other than one forward and one backward")
+        (stage, kind, mb, _), (stage_b, kind_b, mb_b, _) = parts
+        return [(stage, kind, mb, False), (stage_b, kind_b, mb_b, True)]
     match = _ACTION.match(cell)
     if not match:
         raise ValueError(
@@ -69,13 +73,13 @@ def _actions(cell: str, where: str) -> list[tuple[int, str, int]]:
         return []
     if not mb:
         raise ValueError(f"{where}: {cell!r} names no micro-batch")
-    return [(int(stage), kind, int(mb))]
+    return [(int(stage), kind, int(mb), False)]
 
 
 def parse_torch_csv(text: str) -> tuple[list[list[Step]], str]:
     """Per-rank orders and their placement from a torch pipeline-order CSV; ValueError
     (one line) when a cell is not an action or the stages fit no placement."""
-    rows: list[list[tuple[int, str, int]]] = []
+    rows: list[list[tuple[int, str, int, bool]]] = []
     for number, row in enumerate(csv.reader(io.StringIO(text)), start=1):
         if row and row[0].strip().startswith("#"):
             continue
@@ -87,7 +91,7 @@ def parse_torch_csv(text: str) -> tuple[list[list[Step]], str]:
     if not rows:
         raise ValueError("no actions found: write one row per rank, e.g. '0F0,0F1,0I0,0W0'")
     p = len(rows)
-    stages = {rank: sorted({a[0] for a in row}) for rank, row in enumerate(rows)}
+    stages = {rank: sorted({action[0] for action in row}) for rank, row in enumerate(rows)}
     num_stages = 1 + max(s for held in stages.values() for s in held)
     if num_stages % p:
         raise ValueError(
@@ -95,20 +99,16 @@ def parse_torch_csv(text: str) -> tuple[list[list[Step]], str]:
         )
     v = num_stages // p
     placement = _placement_of(stages, p, v)
-    split = any(kind in ("I", "W") for row in rows for _, kind, _ in row)
     orders = []
     for row in rows:
         order = []
-        for stage, kind, mb in row:
-            chunk = holder_of(stage, p, placement)[1]
-            if kind == "F":
-                order.append(Step("F", mb, chunk))
-            elif kind == "I" or (kind == "B" and not split):
-                order.append(Step("B", mb, chunk))
-            elif kind == "B":  # a full backward among split ones: I then W
-                order += [Step("B", mb, chunk), Step("W", mb, chunk)]
-            else:
-                order.append(Step("W", mb, chunk))
+        for stage, kind, mb, paired in row:
+            step = Step(
+                "F" if kind == "F" else "W" if kind == "W" else "B",
+                mb,
+                holder_of(stage, p, placement)[1],
+            )
+            order.append(overlapped(step) if paired else step)
         orders.append(order)
     return orders, placement
 
@@ -130,16 +130,25 @@ def _placement_of(stages: dict[int, list[int]], p: int, v: int) -> str:
 
 
 def to_torch_csv(orders: Sequence[Sequence[Step]], placement: str = LOOPED) -> str:
-    """The orders as torch's compute-only pipeline-order CSV (one row per rank)."""
+    """The orders as torch's compute-only pipeline-order CSV (one row per rank):
+    ValueError for DualPipe's two model copies, which no torch schedule runs."""
+    if placement == DUAL:
+        raise ValueError("DualPipe's two model copies (dual placement) have no torch schedule")
     p = len(orders)
-    split = any(step.kind == "W" for order in orders for step in order)
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     for rank, order in enumerate(orders):
-        row = []
+        weights = {(s.microbatch, s.chunk) for s in order if s.kind == "W"}
+        row: list[str] = []
         for step in order:
             stage = stage_of(rank, step.chunk, p, placement)
-            kind = "I" if step.kind == "B" and split else step.kind
-            row.append(f"{stage}{kind}{step.microbatch}")
+            kind = step.kind
+            if kind == "B":
+                kind = "I" if (step.microbatch, step.chunk) in weights else "B"
+            action = f"{stage}{kind}{step.microbatch}"
+            if step.overlapped and row:
+                row[-1] = f"({row[-1]};{action})OVERLAP_F_B"
+            else:
+                row.append(action)
         writer.writerow(row)
     return out.getvalue()

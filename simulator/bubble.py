@@ -14,7 +14,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from stepsim.schedules import LOOPED, SCHEDULES, V_SHAPE, Step, ZbvTimes, peak_inflight, step_label
+from stepsim.schedules import (
+    DUAL,
+    LOOPED,
+    SCHEDULES,
+    V_SHAPE,
+    Step,
+    ZbvTimes,
+    order_labels,
+    peak_inflight,
+)
 from stepsim.schedules import build as build_schedule
 from stepsim.schedules.custom import sizes_of
 
@@ -31,6 +40,7 @@ class OpTimes:
     backward: float
     weight: float = 0.0
     p2p_latency: float = 0.0
+    overlapped: float | None = None  # an F&B pair (forward + full backward); None: F + B + W
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -51,7 +61,24 @@ class Study:
         return self.trace.end_s
 
     @property
+    def chunks_per_stage(self) -> int:
+        """Chunks that make one stage's worth of layers (1 under the dual placement,
+        whose chunks are whole stages of two model copies)."""
+        return 1 if self.placement == DUAL else self.num_chunks
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether the orders run overlapped F&B pairs at a time of their own."""
+        return self.times.overlapped is not None and any(
+            s.overlapped for order in self.orders for s in order
+        )
+
+    @property
     def ideal(self) -> float:
+        """m(F + B + W) per rank; with overlapped pairs timed apart, the ranks' mean busy
+        time (the work itself shrinks where pairs overlap)."""
+        if self.overlaps:
+            return sum(self.per_rank_busy) / self.num_ranks
         t = self.times
         ideal = self.num_microbatches * (t.forward + t.backward + t.weight)
         if self.stage_layers is not None:  # the busiest rank's work
@@ -75,7 +102,7 @@ class Study:
         return [peak_inflight(order, release_at) for order in self.orders]
 
     def rank_order(self) -> list[str]:
-        return [" ".join(step_label(s, self.num_chunks) for s in o) for o in self.orders]
+        return [" ".join(order_labels(o, self.num_chunks)) for o in self.orders]
 
     def as_dict(self) -> dict:
         ideal, makespan = self.ideal, self.makespan
@@ -91,6 +118,7 @@ class Study:
             "B": t.backward,
             "W": t.weight,
             "c": t.p2p_latency,
+            **({} if t.overlapped is None else {"F&B": t.overlapped}),
             "split_backward": self.split_backward,
             "placement": self.placement,
             **layers,
@@ -119,18 +147,22 @@ def run_orders(
     placement: str = LOOPED,
     stage_layers: Sequence[int] | None = None,
 ) -> Study:
-    """Simulate given per-rank orders (already checked) on abstract op times."""
+    """Simulate given per-rank orders (already checked) on abstract op times. A chunk's
+    op lasts its share of the rank's time (F / v), except under the dual placement,
+    whose micro-batches pass one chunk per rank (F)."""
     v = num_chunks
+    share = 1 if placement == DUAL else v
     backward = times.backward if split_backward else times.backward + times.weight
     workload = abstract_pipeline(
         orders,
-        forward_s=times.forward / v,
-        backward_s=backward / v,
-        weight_s=times.weight / v if split_backward else 0.0,
+        forward_s=times.forward / share,
+        backward_s=backward / share,
+        weight_s=times.weight / share if split_backward else 0.0,
         p2p_latency_s=times.p2p_latency,
         num_chunks=v,
         placement=placement,
         rank_scale=stage_layers,
+        overlapped_s=None if times.overlapped is None else times.overlapped / share,
     )
     m = 1 + max(s.microbatch for order in orders for s in order)
     return Study(
@@ -178,14 +210,21 @@ def run_schedule(
 MAX_SIZE = 100_000  # stages, micro-batches, chunks or group size
 
 
-def op_times(forward: float, backward: float, weight: float | None, p2p_latency: float) -> OpTimes:
-    """Checked op times (``weight`` None: the backward is not split). Errors name the
-    command's flags."""
+def op_times(
+    forward: float,
+    backward: float,
+    weight: float | None,
+    p2p_latency: float,
+    overlapped: float | None = None,
+) -> OpTimes:
+    """Checked op times (``weight`` None: the backward is not split; ``overlapped`` None:
+    an F&B pair takes F + B + W). Errors name the command's flags."""
     values = {
         "--forward": forward,
         "--backward": backward,
         "--weight": weight or 0.0,
         "--p2p-latency": p2p_latency,
+        "--overlapped": overlapped or 0.0,
     }
     for flag, value in values.items():
         if not 0 <= value < float("inf"):
@@ -193,10 +232,16 @@ def op_times(forward: float, backward: float, weight: float | None, p2p_latency:
     total = forward + backward + (weight or 0.0)
     if total <= 0:
         raise ScenarioError("--forward, --backward and --weight cannot all be 0")
-    if total > 1e12 or p2p_latency > 1e12:
-        raise ScenarioError("--forward, --backward, --weight and --p2p-latency must be <= 1e12")
+    if total > 1e12 or p2p_latency > 1e12 or (overlapped or 0.0) > 1e12:
+        raise ScenarioError(
+            "--forward, --backward, --weight, --p2p-latency and --overlapped must be <= 1e12"
+        )
     return OpTimes(
-        forward=forward, backward=backward, weight=weight or 0.0, p2p_latency=p2p_latency
+        forward=forward,
+        backward=backward,
+        weight=weight or 0.0,
+        p2p_latency=p2p_latency,
+        overlapped=overlapped,
     )
 
 
@@ -294,7 +339,7 @@ def studies_of_schedules(
             )
         v = 1
         if info.chunked:
-            v = 2 if info.placement == V_SHAPE or chunks is None else chunks
+            v = 2 if info.placement in (V_SHAPE, DUAL) or chunks is None else chunks
         if single and chunks not in (None, v):
             raise ScenarioError(f"--chunks={chunks}: schedule {name!r} runs {v} chunks")
         if single and group_size is not None and not info.grouped:

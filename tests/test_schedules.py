@@ -89,8 +89,10 @@ def test_reference_vector_reproduced_exactly(case):
 
 RNG = np.random.default_rng(2026)
 RANDOM = []
+# DualPipe's two have their own sizes and tests (test_dualpipe.py)
+SINGLE = sorted(name for name in SCHEDULES if not name.startswith("dualpipe"))
 for _ in range(60):
-    name = str(RNG.choice(sorted(SCHEDULES)))
+    name = str(RNG.choice(SINGLE))
     p = int(RNG.integers(1, 7))
     v = int(RNG.integers(2, 4)) if SCHEDULES[name].chunked else 1
     v = 2 if SCHEDULES[name].placement == "v" else v

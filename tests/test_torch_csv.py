@@ -1,17 +1,19 @@
 """torch.distributed.pipelining's per-rank action CSV read and written
 (schedules/torch_csv.py), in `stepsim schedule` and as a scenario's schedule file."""
 
+import re
+
 import pytest
 
 from stepsim.cli import main
 from stepsim.run import run
 from stepsim.scenario import ScenarioError
-from stepsim.schedules import SCHEDULES, build
+from stepsim.schedules import SCHEDULES, build, order_labels
 from stepsim.schedules.torch_csv import looks_like_torch, parse_torch_csv, to_torch_csv
 from tests.helpers import load
 
 
-@pytest.mark.parametrize("name", list(SCHEDULES))
+@pytest.mark.parametrize("name", [n for n in SCHEDULES if SCHEDULES[n].placement != "dual"])
 def test_every_schedule_round_trips_through_the_torch_csv(name):
     info = SCHEDULES[name]
     v = 2 if info.chunked else 1
@@ -44,16 +46,31 @@ def test_communication_sharding_and_idle_cells_are_skipped():
     assert [s.kind for s in orders[0]] == ["F", "F", "B", "B"]  # no W: a fused backward
 
 
-def test_a_full_backward_among_split_ones_is_its_input_then_weight_gradient():
-    orders, _ = parse_torch_csv("0F0,0F1,0I0,0W0,0B1\n1F0,1B0,1F1,1I1,1W1\n")
-    assert [f"{s.kind}{s.microbatch}" for s in orders[0]] == ["F0", "F1", "B0", "W0", "B1", "W1"]
-    assert [f"{s.kind}{s.microbatch}" for s in orders[1]] == ["F0", "B0", "W0", "F1", "B1", "W1"]
+def test_a_full_backward_among_split_ones_is_a_b_without_its_w():
+    text = "0F0,0F1,0I0,0W0,0B1\n1F0,1B0,1F1,1I1,1W1\n"
+    orders, _ = parse_torch_csv(text)
+    assert [f"{s.kind}{s.microbatch}" for s in orders[0]] == ["F0", "F1", "B0", "W0", "B1"]
+    assert [f"{s.kind}{s.microbatch}" for s in orders[1]] == ["F0", "B0", "F1", "B1", "W1"]
+    assert to_torch_csv(orders) == text  # I where the W follows, B where it does not
 
 
-def test_an_overlapped_forward_and_backward_is_read_as_its_two_actions():
+def test_an_overlapped_forward_and_backward_is_an_f_and_b_pair():
     text = "0F0,0F1,0B0,(0F2;0B1)OVERLAP_F_B,0B2\n1F0,1B0,1F1,1B1,1F2,1B2\n"
     orders, _ = parse_torch_csv(text)
-    assert [f"{s.kind}{s.microbatch}" for s in orders[0]] == ["F0", "F1", "B0", "F2", "B1", "B2"]
+    assert order_labels(orders[0]) == ["F0", "F1", "B0", "F2&B1", "B2"]
+    assert to_torch_csv(orders) == text
+    with pytest.raises(ValueError, match=r"overlaps other than one forward and one backward"):
+        parse_torch_csv("(0F0;0F1)OVERLAP_F_B\n")
+
+
+def test_dualpipev_round_trips_with_its_pairs_and_full_backwards():
+    orders = build("dualpipev", 4, 10, 2)
+    text = to_torch_csv(orders, "v")
+    assert "OVERLAP_F_B" in text and re.search(r"\dB\d", text) and re.search(r"\dI\d", text)
+    assert parse_torch_csv(text) == (orders, "v")
+    assert [order_labels(o) for o in parse_torch_csv(text)[0]] == [order_labels(o) for o in orders]
+    with pytest.raises(ValueError, match=r"two model copies"):
+        to_torch_csv(build("dualpipe", 4, 8, 2), "dual")
 
 
 @pytest.mark.parametrize(

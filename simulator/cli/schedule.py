@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from stepsim.schedules import PLACEMENTS
+from stepsim.schedules import DUAL, PLACEMENTS
 from stepsim.schedules.torch_csv import to_torch_csv
 
 from ..scenario import read_schedule_file
@@ -34,8 +34,9 @@ def add_command(sub) -> None:
     which.add_argument(
         "--schedule-file",
         metavar="FILE",
-        help="per-rank op orders: one line per rank of labels F3 B3 W3 (F3.1 = chunk 1), or "
-        "torch.distributed.pipelining's action CSV (0F3,0I3,0W3; compute_only or compute_comms)",
+        help="per-rank op orders: one line per rank of labels F3 B3 W3 (F3.1 = chunk 1; "
+        "F3.0&B1.1 = a forward and a backward run overlapped), or torch.distributed.pipelining's "
+        "action CSV (0F3,0I3,0W3; compute_only or compute_comms)",
     )
     sched.add_argument("--stages", type=int, metavar="P", help="pipeline stages (ranks)")
     sched.add_argument("--microbatches", type=int, metavar="M", help="micro-batches")
@@ -50,7 +51,9 @@ def add_command(sub) -> None:
         choices=list(PLACEMENTS),
         default=None,
         help="--schedule-file only: chunk k of rank r is stage k*p+r (looped, the default for "
-        "stepsim's labels) or a V; a torch CSV's stage numbers give it",
+        "stepsim's labels), a V, or DualPipe's two model copies (dual: micro-batches 0..m/2-1 "
+        "from rank 0 on chunk 0, the rest from rank p-1 on chunk 1); a torch CSV's stage "
+        "numbers give it",
     )
     sched.add_argument(
         "--forward",
@@ -73,8 +76,17 @@ def add_command(sub) -> None:
         default=None,
         metavar="W",
         help="time of the weight-gradient pass, for schedules that run it apart (zbh1, zbh2, "
-        "interleaved_zb, zbv, zbv_unit); others run B + W as one backward; zbv orders its ops "
-        "by these times",
+        "interleaved_zb, zbv, zbv_unit, dualpipe, dualpipev); others run B + W as one "
+        "backward; zbv orders its ops by these times",
+    )
+    sched.add_argument(
+        "--overlapped",
+        type=float,
+        default=None,
+        metavar="F&B",
+        help="time of an overlapped pair (dualpipe, dualpipev, F3&B1 in a file): one "
+        "micro-batch's forward and another's full backward run together on one stage "
+        "(default F + B + W, no gain)",
     )
     sched.add_argument(
         "--p2p-latency",
@@ -105,7 +117,7 @@ def command(args: argparse.Namespace) -> int:
     from ..report.text import study_text
     from ..report.trace import study_trace
 
-    times = op_times(args.forward, args.backward, args.weight, args.p2p_latency)
+    times = op_times(args.forward, args.backward, args.weight, args.p2p_latency, args.overlapped)
     stage_layers = int_list("--stage-layers", args.stage_layers)
     sizes = {
         "--stages": args.stages,
@@ -160,6 +172,8 @@ def command(args: argparse.Namespace) -> int:
         (out / "trace.json").write_text(json.dumps(study_trace(studies), separators=(",", ":")))
         written = ["schedule.png", "trace.json"]
         for study in studies:
+            if study.placement == DUAL:  # two model copies: no torch schedule runs them
+                continue
             name = f"{study.name}.torch.csv"
             (out / name).write_text(to_torch_csv(study.orders, study.placement))
             written.append(name)

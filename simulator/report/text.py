@@ -120,9 +120,10 @@ def study_text(studies: list) -> str:
     first = studies[0]
     t = first.times
     weight = f" W {t.weight:g}" if t.weight else ""
+    pair = "" if t.overlapped is None else f" F&B {t.overlapped:g}"
     lines = [
         f"stepsim schedule · {first.num_ranks} stages x {first.num_microbatches} micro-batches "
-        f"· F {t.forward:g} B {t.backward:g}{weight} c {t.p2p_latency:g} (per micro-batch "
+        f"· F {t.forward:g} B {t.backward:g}{weight}{pair} c {t.p2p_latency:g} (per micro-batch "
         "and stage)",
         "",
         f"  {'schedule':<16}{'chunks':>7}{'makespan':>11}{'ideal':>9}{'bubble':>9}"
@@ -130,7 +131,7 @@ def study_text(studies: list) -> str:
     ]
     for study in studies:
         d = study.as_dict()
-        peak = max(d["per_rank_peak_inflight_w"]) / study.num_chunks
+        peak = max(d["per_rank_peak_inflight_w"]) / study.chunks_per_stage
         lines.append(
             f"  {study.name:<16}{study.num_chunks:>7}{d['makespan']:>11.4g}{d['ideal']:>9.4g}"
             f"{d['bubble_fraction']:>8.1%} {d['bubble_over_ideal']:>8.1%}{peak:>11.3g}"
@@ -142,6 +143,11 @@ def study_text(studies: list) -> str:
         "  peak act.: most micro-batch activations a rank holds at once, in whole stages "
         "(chunk activations / chunks)",
     ]
+    if any(study.overlaps for study in studies):
+        lines.append(
+            "  with overlapped F&B pairs timed apart (--overlapped) the ideal is the ranks' mean "
+            "busy time instead"
+        )
     for study in studies:
         d = study.as_dict()
         lines += ["", f"  {study.name}: per rank    busy  bubble  peak in-flight (chunks)"]

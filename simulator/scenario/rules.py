@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from stepsim.schedules import DUAL, V_SHAPE
 from stepsim.schedules import SCHEDULES as SCHEDULE_INFO
-from stepsim.schedules import V_SHAPE
 from stepsim.schedules import check as schedule_problem
 from stepsim.schedules.custom import check_orders, sizes_of
 from stepsim.topologies import PLANAR  # drawn whole in symmetric mode too (run.build_cluster)
@@ -37,6 +37,7 @@ from .model_rules import check_context_parallel, check_query_groups_split, check
 from .model_rules import check_distributed_optimizer as check_distributed_optimizer
 from .model_rules import check_model as check_model  # these through rules
 from .moe_rules import check_expert_parallel
+from .overlap_rules import check_overlap
 from .precision import check_fp8
 from .softmax import SOURCE as SOFTMAX_SOURCE
 from .softmax import scenario_softmax_path
@@ -234,6 +235,7 @@ def check_scenario(scenario: Scenario) -> None:
     check_tied_embeddings(scenario.model, scenario.training)
     check_context_parallel(scenario.model, scenario.parallel, scenario.training)
     check_expert_parallel(scenario)
+    check_overlap(scenario)
     check_layout(scenario.model, scenario.parallel, scenario.cluster)
     check_schedule(scenario.model, scenario.parallel, scenario.training)
     check_size(scenario.model, scenario.parallel, scenario.training)
@@ -435,6 +437,13 @@ def _check_named(parallel: ParallelConfig, training: TrainingConfig) -> None:
             key=v_key,
             value=v,
             rule=f"must be 2 for training.schedule={schedule!r} (two chunks in a V)",
+        )
+    if info.placement == DUAL:
+        raise ScenarioError(
+            key="training.schedule",
+            value=schedule,
+            rule="runs in `stepsim schedule` only for now: the full simulator does not lower "
+            "its two model copies yet (use 'dualpipev', the same order on one copy in a V)",
         )
     if info.chunked and v < 2:
         raise ScenarioError(

@@ -290,7 +290,8 @@ class ParallelConfig:
     )
     virtual_pipeline_model_parallel_size: int = key(
         "chunks per pipeline rank; >= 2 for `interleaved`, `looped_bfs`, `interleaved_zb`, "
-        "exactly 2 for `zbv`, 1 for the others; it must divide every stage's layers",
+        "exactly 2 for `zbv`, `dualpipev` and `dualpipe`, 1 for the others; it must divide "
+        "every stage's layers",
         default=1,
         derived="1; 2 for chunked schedules; a custom file's chunks",
     )

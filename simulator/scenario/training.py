@@ -30,6 +30,8 @@ from . import frameworks, rules
 from .fields import key, mechanism_key
 
 RecomputeGranularity = Literal["none", "selective", "full"]
+# DeepSeek-V3 technical report, 3.2.2: 20 of the H800's 132 SMs run the all-to-all
+DEEPSEEK_COMM_SMS, DEEPSEEK_SMS = 20, 132
 SCHEDULES: tuple[str, ...] = (*schedules.SCHEDULES, rules.CUSTOM)  # custom: from a file
 
 
@@ -66,7 +68,8 @@ class TrainingConfig:
         "chunks, stages r and 2 PP - 1 - r (`v`); named schedules fix theirs, and a torch "
         "CSV's stage numbers fix its own",
         default=None,
-        choices=schedules.PLACEMENTS,
+        # DualPipe's dual placement runs in `stepsim schedule` only (not lowered yet)
+        choices=(schedules.LOOPED, schedules.V_SHAPE),
         derived=f'`"{schedules.LOOPED}"`',
     )
     # a custom schedule's per-rank orders, read from schedule_file (not a key)
@@ -231,6 +234,23 @@ class TrainingConfig:
         choices=MOE_DISPATCHERS,
         derived="`allgather` (Megatron-Core's default)",
     )
+    overlap_moe_expert_parallel_comm: bool | None = key(
+        "Megatron-Core's `--overlap-moe-expert-parallel-comm`: an F&B pair (the forward of "
+        "one micro-batch and the backward of another, Megatron's combined 1F1B under "
+        "`interleaved`, DualPipe's under `dualpipev`) runs its MoE layers interleaved, each "
+        "all-to-all on a communication stream behind the other micro-batch's compute",
+        default=None,
+        derived="false",
+    )
+    moe_comm_sm_fraction: float | None = key(
+        "share of the GPU's SMs the expert all-to-all's kernels hold while overlapped pairs "
+        "run (DeepSeek-V3: 20 of 132); the pairs' kernels run on the rest",
+        default=None,
+        low=0.0,
+        high=0.9,
+        may_be_zero=True,
+        derived="20/132 with `overlap_moe_expert_parallel_comm`, else 0",
+    )
     masked_softmax_fusion: bool = key(
         "`unfused` attention only: Megatron's fused scale-mask-softmax kernel where its "
         "shape rule allows (heads per TP rank x micro-batch divisible by 4, sequence "
@@ -343,6 +363,19 @@ class TrainingConfig:
         if self.custom_orders is not None:
             return self.schedule_placement or schedules.LOOPED
         return schedules.SCHEDULES[self.schedule].placement
+
+    @property
+    def comm_sm_fraction(self) -> float:
+        """`moe_comm_sm_fraction` in effect: as given, else DeepSeek-V3's 20 of 132 SMs
+        when pairs overlap (DeepEP's kernels), 0 without overlap."""
+        if self.moe_comm_sm_fraction is not None:
+            return self.moe_comm_sm_fraction
+        return DEEPSEEK_COMM_SMS / DEEPSEEK_SMS if self.moe_overlap else 0.0
+
+    @property
+    def moe_overlap(self) -> bool:
+        """Whether F&B pairs run their MoE layers overlapped (the overlap key)."""
+        return bool(self.overlap_moe_expert_parallel_comm)
 
     @property
     def moe_dispatcher(self) -> str:

@@ -31,13 +31,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stepsim.schedules import INTERLEAVED, Step, holder_of, peak_inflight, stage_of, step_label
-from stepsim.schedules import build as build_schedule
+from stepsim.schedules import (
+    Step,
+    holder_of,
+    pipeline_ends,
+    stage_of,
+    step_label,
+)
 from stepsim.schedules.p2p import (
     Call,
-    deepspeed_calls,
-    megatron_calls,
-    megatron_interleaved_calls,
 )
 
 from ..engine.flows import Transfer
@@ -63,26 +65,14 @@ from .context import ContextAttention
 from .dataparallel import strategy_for
 from .experts import rank_moe_flags
 from .gpuops import GpuOps
-from .keys import AsyncTpKey, P2PKey, PipelineKey
+from .keys import AsyncTpKey, PipelineKey
 from .moe import MoeBlock
 from .ops import Workload, WorkloadBuilder
+from .orders import inflight_per_stage as inflight_per_stage  # run, plan read it here
+from .orders import p2p_items, stage_orders
+from .overlap import Pairing
+from .p2pcalls import blocking_call
 from .placement import StageComm, placement_of
-from .schedule_costs import schedule_times
-
-
-def stage_orders(scenario: Scenario) -> list[list[Step]]:
-    """Each pipeline rank's op order under the scenario's schedule."""
-    par, tr = scenario.parallel, scenario.training
-    if tr.custom_orders is not None:
-        return [list(order) for order in tr.custom_orders]
-    return build_schedule(
-        tr.schedule,
-        par.pipeline_model_parallel_size,
-        scenario.num_microbatches,
-        par.virtual_pipeline_model_parallel_size,
-        tr.microbatch_group_size_per_vp_stage,
-        schedule_times(scenario),
-    )
 
 
 def lower(scenario: Scenario, cluster) -> Workload:
@@ -110,21 +100,6 @@ def lower(scenario: Scenario, cluster) -> Workload:
     return builder.build()
 
 
-def p2p_items(scenario: Scenario, orders: list[list[Step]]) -> list[list[Step | Call]]:
-    """Each rank's passes with its framework's blocking p2p calls between them
-    (schedules.p2p), or the passes alone under `overlapped`."""
-    mode, p = scenario.training.mechanism("pipeline_p2p"), len(orders)
-    if mode == frameworks.BATCHED_BLOCKING and scenario.training.schedule == INTERLEAVED:
-        v = scenario.parallel.virtual_pipeline_model_parallel_size
-        group = scenario.training.microbatch_group_size_per_vp_stage
-        return megatron_interleaved_calls(orders, v, group)
-    if mode == frameworks.BATCHED_BLOCKING:
-        return [megatron_calls(order, stage, p) for stage, order in enumerate(orders)]
-    if mode == frameworks.SEQUENTIAL_BLOCKING:
-        return [deepspeed_calls(stage, p, scenario.num_microbatches) for stage in range(p)]
-    return [list(order) for order in orders]
-
-
 class _Stage:
     """The ops of one simulated GPU of a pipeline stage, pass by pass in its schedule's
     order: compute, tensor-parallel collectives and pipeline hand-overs here; the
@@ -145,6 +120,8 @@ class _Stage:
         self.placement = training.placement
         self.split = training.split_backward
         self.virtual = [stage_of(self.stage, k, p, self.placement) for k in range(v)]
+        # whether each chunk's stage is its pipeline's first (embedding) and last (loss)
+        self.ends = [pipeline_ends(s, p, v, self.placement) for s in self.virtual]
         counts = scenario.chunk_layers[self.stage]
         # rank-local layer indices: chunk k's follow chunk k-1's
         self.chunk_starts = [sum(counts[:k]) for k in range(v + 1)]
@@ -171,6 +148,8 @@ class _Stage:
         moe = scenario.model.moe
         self.moe_flags = rank_moe_flags(scenario, self.stage) if moe else None
         self.moe = MoeBlock(compute, gpu.ep_rank(scenario)) if moe else None
+        # F&B pairs with their MoE layers interleaved (overlap_moe_expert_parallel_comm)
+        self.pairing = Pairing(gpu, scenario, compute) if training.moe_overlap else None
         self.p2p = training.mechanism("pipeline_p2p")
         self.blocking = self.p2p != frameworks.OVERLAPPED
         # what crosses a stage boundary per tensor rank, and whether the receiver
@@ -299,56 +278,8 @@ class _Stage:
         return list(deps)
 
     def call(self, call: Call) -> None:
-        """One blocking p2p call of the framework: a member op per transfer (its
-        rendezvous with the other stage's op for it, P2PKey), then the lane waits for all
-        of them. DeepSpeed sends a partitioned tensor's meta message first, as a call of
-        its own (frameworks.md §1(b), §2(b))."""
-        gpu = self.gpu
-        sequential = self.p2p == frameworks.SEQUENTIAL_BLOCKING
-        first = call.transfers[0]
-        label = " + ".join(f"{x.direction} {x.kind}{x.microbatch}" for x in call.transfers)
-        receives_whole_grad = (
-            first.kind == "B" and first.direction == "recv" and not self.gather["B"]
-        )
-        if sequential and self.regather and receives_whole_grad:
-            # DeepSpeed <= 0.5.3 re-gathers its output in _exec_recv_grads, before receiving
-            self.tp(f"B{first.microbatch} regather", first.microbatch, ALL_GATHER, ())
-        parts = ["data"]
-        if sequential and self.gather[first.kind] and gpu.comm.tp(ALL_GATHER, gpu.d):
-            parts = ["meta", "data"]
-        add, lane, who, sites = gpu.builder.add, gpu.lane, self.who, self.p2p_sites
-        for part in parts:
-            keys = []
-            for x in call.transfers:
-                site = sites.get((x.direction, x.kind, x.chunk, part))
-                if site is None:
-                    site = sites[(x.direction, x.kind, x.chunk, part)] = self.p2p_site(x, part)
-                transfer, sender, suffix = site
-                keys.append(
-                    add(
-                        lane,
-                        PP_SEND,
-                        f"{x.direction} {x.kind}{x.microbatch}{suffix}",
-                        microbatch=x.microbatch,
-                        transfer=transfer,
-                        blocking=False,
-                        rendezvous=P2PKey(who, sender, x.kind, x.microbatch, part),
-                    )
-                )
-            gpu.barrier(label, keys, first.microbatch)
-
-    def p2p_site(self, x, part: str) -> tuple[Transfer, int, str]:
-        """What every transfer of a call with this direction, kind, sending chunk and part
-        shares: the transfer, the sender's virtual stage and the label's suffix."""
-        gpu, p = self.gpu, self.pipeline
-        # ranks form a ring under interleaving: rank p - 1's chunk k feeds rank 0's k + 1
-        step = 1 if x.kind == "F" else -1
-        sender = self.stage if x.direction == "send" else (self.stage - step) % p
-        receiver = (sender + step) % p
-        nbytes = self.p2p_bytes[x.kind] if part == "data" else meta_bytes(gpu)
-        transfer = gpu.comm.between(sender, receiver, gpu.j, gpu.d, nbytes)
-        suffix = " meta" if part == "meta" else ""
-        return transfer, stage_of(sender, x.chunk, p, self.placement), suffix
+        """One blocking p2p call of the framework (p2pcalls.blocking_call)."""
+        blocking_call(self, call)
 
     def layers(self, chunk: int) -> list[int]:
         """The rank-local indices of a chunk's layers, in forward order."""
@@ -358,51 +289,97 @@ class _Stage:
 
     def lower(self, order: Sequence[Step], items: Sequence[Step | Call]) -> None:
         """The rank's passes in ``order``; ``items`` the same passes with the p2p calls
-        between them (p2p_items)."""
-        grad = "W" if self.split else "B"
-        last_grad = {s.chunk: i for i, s in enumerate(order) if s.kind == grad}
-        position = -1
+        between them (p2p_items). Under a split schedule a B whose W the order does not
+        hold is a full backward: its input-gradient part, its W at once, then its send."""
+        weights = {(s.microbatch, s.chunk) for s in order if s.kind == "W"}
+        full = {
+            i
+            for i, s in enumerate(order)
+            if s.kind == "B" and (s.microbatch, s.chunk) not in weights
+        }
+        # the pass that completes a chunk's gradients last: a W, or a full backward
+        last_grad = {s.chunk: i for i, s in enumerate(order) if s.kind == "W" or i in full}
+
+        def grad_flags(i: int) -> tuple[bool, bool | None]:
+            """A B's (last_microbatch, then_weight): a full one in a split order runs its
+            W at once, and is its chunk's last gradient when no later W is."""
+            last = last_grad.get(order[i].chunk) == i
+            return (False, last) if self.split and i in full else (last, None)
+
+        self.grad_flags = grad_flags
+        position, deferred, lowered = -1, None, -1
         for step in items:
             if isinstance(step, Call):
                 self.call(step)
                 continue
             position += 1
-            last = last_grad[step.chunk] == position
-            if step.kind == "F":
-                self.forward(step)
+            if position == lowered:  # the backward of a pair run overlapped
+                continue
+            after = order[position + 1] if position + 1 < len(order) else None
+            pair = after if after is not None and after.overlapped else None
+            if step.kind == "F" and pair is not None and self.pairing is not None:
+                backward = self.backward_steps(pair, *self.grad_flags(position + 1))
+                deferred = self.pairing.interleave(self.forward_steps(step, pair), backward)
+                lowered = position + 1
+            elif step.kind == "F":
+                deferred = self.forward(step, pair)
             elif step.kind == "B":
-                self.backward(step, last)
+                _drain(self.backward_steps(step, *self.grad_flags(position)))
             else:
-                self.weight(step, last)
+                self.weight(step, last_grad.get(step.chunk) == position)
+            if deferred is not None and (step.overlapped or position + 1 == lowered):
+                self.hand_over(*deferred)  # the F&B's forward output leaves after the pair
+                deferred = None
         self.dp.finish()
 
-    def forward(self, step: Step) -> None:
+    def forward(self, step: Step, pair: Step | None = None) -> tuple | None:
+        return _drain(self.forward_steps(step, pair))
+
+    def forward_steps(self, step: Step, pair: Step | None = None):
+        """The forward pass, as a generator that pauses between layer parts when its
+        pair's passes interleave (overlap.Pairing); ends with the deferred hand-over. With
+        ``pair`` (the backward it runs with, an F&B) it starts once that backward's input
+        has come too, and its output leaves after the pair: the hand-over is returned for
+        the caller to make then."""
         mb, virtual = step.microbatch, self.virtual[step.chunk]
         label = step_label(step, self.num_chunks)
-        first, last = virtual == 0, virtual == self.num_virtual - 1
+        first, last = self.ends[step.chunk]
         recv: list[object] = []
         if not first:
             own = [] if self.blocking else [PipelineKey(self.who, virtual - 1, "F", mb)]
             recv = self.receive(label, mb, "F", own)
+        if pair is not None and not self.ends[pair.chunk][1] and not self.blocking:
+            after = self.virtual[pair.chunk] + 1
+            recv.append(PipelineKey(self.who, after, "B", pair.microbatch))
         layers = self.layers(step.chunk)
         dp = self.dp.forward_pass(label, mb, step.chunk, layers)
         if first:
             self.gpu.work(FORWARD, label, mb, self.extras.embedding_forward, recv + dp.first())
             recv = []
         for n, index in enumerate(layers):
-            self.layer_body("F", label, mb, recv + dp.before_layer(index), index)
+            deps = recv + dp.before_layer(index)
+            if self.pairing is None or pair is None:
+                self.layer_body("F", label, mb, deps, index)
+            else:
+                yield from self.pairing.layer(self, "F", label, mb, deps, index)
             dp.after_layer(n, index)
             recv = []
         if last:
             self.gpu.work(FORWARD, label, mb, self.extras.output_forward)
+        elif pair is not None:
+            return (label, mb, "F", virtual, virtual + 1)
         else:
             self.hand_over(label, mb, "F", virtual, virtual + 1)
+        return None
 
-    def backward(self, step: Step, last_microbatch: bool) -> None:
-        """The backward pass, or under a split schedule its input-gradient part (B)."""
+    def backward_steps(self, step: Step, last_microbatch: bool, then_weight: bool | None = None):
+        """The backward pass, or under a split schedule its input-gradient part (B); with
+        ``then_weight`` (whether it is the chunk's last gradient) its W follows at once,
+        before the send: a full backward in a split schedule. A generator, as
+        `forward_steps`; it pauses only in a pair run overlapped (``step.overlapped``)."""
         mb, virtual = step.microbatch, self.virtual[step.chunk]
         label = step_label(step, self.num_chunks)
-        first, last = virtual == 0, virtual == self.num_virtual - 1
+        first, last = self.ends[step.chunk]
         recv: list[object] = []
         if not last:
             own = [] if self.blocking else [PipelineKey(self.who, virtual + 1, "B", mb)]
@@ -418,13 +395,20 @@ class _Stage:
                 output = output - self.extras.output_weight
             self.gpu.work(BACKWARD, label, mb, output, recv + dp.first())
             recv = []
+        paired = self.pairing is not None and step.overlapped
         for n, index in enumerate(order):
-            self.layer_body("B", label, mb, recv + dp.before_layer(index), index)
+            deps = recv + dp.before_layer(index)
+            if paired:
+                yield from self.pairing.layer(self, "B", label, mb, deps, index)
+            else:
+                self.layer_body("B", label, mb, deps, index)
             dp.after_layer(n, index)
             recv = []
         if first and not split:
             self.gpu.work(BACKWARD, label, mb, self.extras.embedding_backward)
         dp.end()
+        if then_weight is not None:
+            self.weight(Step("W", mb, step.chunk), then_weight, label)
         if not first:
             self.hand_over(label, mb, "B", virtual, virtual - 1)
 
@@ -493,12 +477,13 @@ class _Stage:
             label, mb, attention, layer.attention_last_weight, layer.attention_overlap, ()
         )
 
-    def weight(self, step: Step, last_microbatch: bool) -> None:
+    def weight(self, step: Step, last_microbatch: bool, label: str | None = None) -> None:
         """The weight-gradient part (W) of a split backward: no communication but what
-        the data-parallel strategy adds after each layer."""
-        mb, virtual = step.microbatch, self.virtual[step.chunk]
-        label = step_label(step, self.num_chunks)
-        if virtual == self.num_virtual - 1:
+        the data-parallel strategy adds after each layer. ``label``: a full backward's."""
+        mb = step.microbatch
+        label = label or step_label(step, self.num_chunks)
+        first, last = self.ends[step.chunk]
+        if last:
             self.gpu.work(WEIGHT, label, mb, self.extras.output_weight)
         order = list(reversed(self.layers(step.chunk)))
         dp = self.dp.weight_pass(label, mb, step.chunk, order, last_microbatch)
@@ -506,19 +491,15 @@ class _Stage:
             moe = self.moe is not None and self.moe_flags[index]
             self.gpu.work(WEIGHT, label, mb, self.moe.work.weight if moe else self.layer.mlp_weight)
             self.gpu.work(WEIGHT, label, mb, self.layer.attention_weight)
-            if virtual == 0 and n == len(order) - 1:
+            if first and n == len(order) - 1:
                 self.gpu.work(WEIGHT, label, mb, self.extras.embedding_weight)
             dp.after_layer(n, index)
 
 
-def meta_bytes(gpu: GpuOps) -> float:
-    """DeepSpeed's PartitionedTensor meta message, a LongTensor of the tensor's rank,
-    shape, part count and part bounds: about (8 + T) int64 (pipe/engine.py `to_meta`;
-    the exact length is not verified, and only its latency matters)."""
-    return 8.0 * (8 + gpu.comm.placement.tensor)
-
-
-def inflight_per_stage(scenario: Scenario) -> list[int]:
-    """Peak forwards whose activations each stage holds under the schedule: released
-    by the backward, or by the weight gradient when the schedule splits it."""
-    return [peak_inflight(order, "W") for order in stage_orders(scenario)]
+def _drain(steps) -> object:
+    """Run a pass's generator to its end; its return value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as stop:
+            return stop.value
