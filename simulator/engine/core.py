@@ -21,7 +21,7 @@ from collections.abc import Callable
 import simpy
 from simpy.events import NORMAL
 
-from ..results import Span, Trace
+from ..results import Span, Trace, Wait
 from ..vocabulary import BARRIER, COMPUTE_KINDS, IDLE, PP_SEND, STREAM_OF_COMM, WAIT_OF_COMM
 from ..workload.ops import Workload
 from .events import Call
@@ -41,6 +41,7 @@ def simulate(
     *,
     network: NetworkFactory | None = None,
     progress: Callable[[float], None] | None = None,
+    blame: bool = False,
 ) -> Trace:
     """Run every lane to its end and return what happened, span by span.
 
@@ -48,8 +49,53 @@ def simulate(
     ``FairShareNetwork.factory(capacities)``; without one, a network with no links,
     enough for workloads whose transfers only take time (abstract pipelines).
     ``progress``, if given, is called with the fraction of ops done, about every 1 % of
-    them."""
-    return _Engine(workload, network or FairShareNetwork.factory(()), progress).run()
+    them. ``blame`` records who waited for whom at collectives (`Trace.waits`, `_Blame`)."""
+    engine = _Engine(workload, network or FairShareNetwork.factory(()), progress)
+    if blame:
+        engine.blame = _Blame(len(workload.lanes))
+    return engine.run()
+
+
+class _Blame:
+    """Who waited for whom. Each lane carries a *cause*: the lane whose delay it now
+    carries (itself at first). At a collective the members that arrived before the last
+    one wait; their wait is charged to the last arriver's cause, and a blocked member
+    takes that cause on. A lane that waited for another lane's op (a pipeline receive)
+    takes on that lane's cause; one that waited for its own non-blocking collective (an
+    overlapped gradient bucket) is charged the part of the wait before its last member
+    arrived. Pipeline idle itself is not charged: only its cause is carried on."""
+
+    def __init__(self, num_lanes: int) -> None:
+        self.cause = list(range(num_lanes))
+        self.waits: list[Wait] = []
+        # a non-blocking member op -> (cause, when the last arrived, the last's lane)
+        self.pending: dict[int, tuple[int, float, int]] = {}
+
+    def collective(self, engine: _Engine, first: int, last_lane: int) -> None:
+        now, ops, start_s = engine.env.now, engine.ops, engine.start_s
+        cause = self.cause[last_lane]
+        for index in engine.members[first]:
+            op = ops[index]
+            if not op.blocking:
+                self.pending[index] = (cause, now, last_lane)
+                continue
+            wait = now - start_s[index]
+            if wait > 0 and op.lane != last_lane:
+                self.waits.append(_new(Wait, (op.lane, cause, wait, op.kind)))
+                self.cause[op.lane] = cause
+
+    def waited(self, lane: int, dep_op, waited_from: float, now: float) -> None:
+        if now <= waited_from:
+            return
+        pending = self.pending.get(dep_op.index)
+        if pending is not None:
+            cause, at, last_lane = pending
+            if at > waited_from and last_lane != lane:
+                wait = min(at, now) - waited_from
+                self.waits.append(_new(Wait, (lane, cause, wait, dep_op.kind)))
+                self.cause[lane] = cause
+        elif dep_op.lane != lane:
+            self.cause[lane] = self.cause[dep_op.lane]
 
 
 class _Engine:
@@ -103,6 +149,7 @@ class _Engine:
         self.op_ended = [self._op_ended_callback(i) for i in range(num_lanes)]
         self.lane_event = [Call() for _ in range(num_lanes)]
         self.lane_callbacks = [(ended,) for ended in self.op_ended]
+        self.blame: _Blame | None = None
 
     def run(self) -> Trace:
         self._wake(range(len(self.workload.lanes)))
@@ -114,6 +161,7 @@ class _Engine:
             self.last_end_s,
             self.network.num_transfers,
             self.network.intervals,
+            tuple(self.blame.waits) if self.blame is not None else (),
         )
 
     def _op_ended_callback(self, lane: int):
@@ -247,6 +295,8 @@ class _Engine:
         self.arrived[first] = count
         if count == len(self.members[first]):
             del self.arrived[first]
+            if self.blame is not None:
+                self.blame.collective(self, first, op.lane)
             if op.kind == PP_SEND:  # a blocking p2p pair: its span starts with the transfer
                 for index in self.members[first]:
                     self.start_s[index] = self.env.now
@@ -290,6 +340,8 @@ class _Engine:
         op = self.workload.ops[lane.ops[self.position[lane_index]]]
         gpu, stream = lane.gpu, lane.stream
         dep_op = self.workload.ops[dep]
+        if self.blame is not None:
+            self.blame.waited(lane_index, dep_op, waited_from, now)
         wait_kind = WAIT_OF_COMM.get(dep_op.kind)
         if wait_kind is None:
             busy_from = now  # waited on another GPU's compute: all of it is bubble

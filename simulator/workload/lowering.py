@@ -83,10 +83,12 @@ def stage_orders(scenario: Scenario) -> list[list[Step]]:
     )
 
 
-def lower(scenario: Scenario, cluster) -> Workload:
+def lower(scenario: Scenario, cluster, touched: frozenset[int] = frozenset()) -> Workload:
     """Build the ops of one training iteration: one compute lane per pipeline stage
     (symmetric mode) or per GPU (exact mode, ``network.symmetry = false``). Raises
-    collectives.LayoutError when the layout's congruent groups are not alike."""
+    collectives.LayoutError when the layout's congruent groups are not alike.
+    ``touched`` (symmetric mode, simulator/perturb.py): replicas whose every GPU is
+    lowered as in exact mode besides the representative, which stands for the rest."""
     placement = placement_of(scenario)
     fabric = Fabric.of(
         cluster,
@@ -101,10 +103,17 @@ def lower(scenario: Scenario, cluster) -> Workload:
     else:
         ranks = [(j, d) for d in range(placement.data) for j in range(placement.tensor)]
     items = p2p_items(scenario, orders)
+    touched = touched if scenario.network.symmetry else frozenset()
     for stage, order in enumerate(orders):
-        comm = StageComm(scenario, fabric, placement, stage)
+        comm = StageComm(scenario, fabric, placement, stage, exclude=touched)
         for j, d in ranks:
             _Stage(GpuOps(builder, comm, j, d), scenario, compute).lower(order, items[stage])
+        if touched:
+            exact = StageComm(scenario, fabric, placement, stage, joint=comm)
+            for d in sorted(touched):
+                for j in range(placement.tensor):
+                    gpu = GpuOps(builder, exact, j, d)
+                    _Stage(gpu, scenario, compute).lower(order, items[stage])
     return builder.build()
 
 

@@ -88,13 +88,29 @@ class StageComm:
     0) and carries the flows of every congruent group of the stage. Exact mode: the
     transfer of the group of GPU (tensor rank ``j``, replica ``d``) alone. A layout
     whose congruent groups cross the cluster unlike the representative's raises
-    collectives.LayoutError."""
+    collectives.LayoutError.
+
+    Mixed mode (perturbations in symmetric mode, simulator/perturb.py): the
+    representative's transfers leave out the copies of the replicas in ``exclude``
+    (simulated exactly, each by an exact StageComm whose ``joint`` is this one), and
+    every data-parallel collective is the representative's, which all of them join."""
 
     def __init__(
-        self, scenario: Scenario, fabric: Fabric, placement: Placement, stage: int
+        self,
+        scenario: Scenario,
+        fabric: Fabric,
+        placement: Placement,
+        stage: int,
+        *,
+        exclude: frozenset[int] = frozenset(),
+        joint: StageComm | None = None,
     ) -> None:
         self.fabric, self.placement, self.stage = fabric, placement, stage
-        self.exact = not scenario.network.symmetry
+        self.exact = not scenario.network.symmetry or joint is not None
+        self.exclude, self.joint = exclude, joint
+        # mixed mode: data-parallel collectives are rendezvous of the representative's
+        # lane and the exact lanes of the excluded replicas
+        self.mixed = bool(exclude) or joint is not None
         self.algorithm = scenario.network.collective_algorithm
         m, b = scenario.model, scenario.training.micro_batch_size
         # a micro-batch's activations on one GPU: its 1/CP share of each sequence
@@ -128,11 +144,11 @@ class StageComm:
 
                 def build(stage: int) -> Collective | None:
                     rep = placement.tp_group(0, stage)
-                    offsets = [placement.tensor * r for r in range(placement.data)]
+                    offsets = [placement.tensor * r for r in self._replicas()]
                     groups = [[g + o for g in rep] for o in self._kept(rep, offsets)]
                     return self._collective(kind, groups, self.activation_bytes)
 
-                self._tp[key] = self._shared(("tp", kind), self.stage, build)
+                self._tp[key] = self._shared(("tp", kind, *self.exclude), self.stage, build)
         return self._tp[key]
 
     def cp(self, kind: str, message_bytes: float, j: int, d: int) -> Transfer | Collective:
@@ -215,6 +231,8 @@ class StageComm:
     def dp(self, kind: str, message_bytes: float, j: int) -> Collective | None:
         """A collective over the data-parallel group of tensor rank ``j`` (and, symmetric,
         the congruent groups of the others); None for one replica."""
+        if self.joint is not None:  # mixed mode: the representative's, joined
+            return self.joint.dp(kind, message_bytes, 0)
         key = (kind, message_bytes, j if self.exact else 0)
         if key not in self._dp:
             placement = self.placement
@@ -247,7 +265,8 @@ class StageComm:
             groups = [[g + o for g in rep] for o in self._kept(rep, self._every_rank())]
             return self._collective(ALL_REDUCE, groups, message_bytes)
 
-        return self._shared(("tied", high - low, message_bytes), low, build, high - low + 1)
+        key = ("tied", high - low, message_bytes, *self.exclude)
+        return self._shared(key, low, build, high - low + 1)
 
     def send_to(self, other: int, j: int, d: int, message_bytes: float | None = None) -> Transfer:
         """Activations or gradients of one micro-batch to pipeline rank ``other``, each
@@ -278,18 +297,24 @@ class StageComm:
                     return collectives.point_to_point(pairs, nbytes, self.fabric)
 
                 self._sends[key] = self._shared(
-                    ("send", src - low, dst - low, nbytes), low, build, abs(dst - src) + 1
+                    ("send", src - low, dst - low, nbytes, *self.exclude),
+                    low,
+                    build,
+                    abs(dst - src) + 1,
                 )
         return self._sends[key]
 
     # -- symmetric mode: the congruent copies, and the stages alike ----------------------
 
+    def _replicas(self) -> list[int]:
+        """The replicas the representative stands for: all, less those simulated
+        exactly in mixed mode."""
+        return [r for r in range(self.placement.data) if r not in self.exclude]
+
     def _every_rank(self) -> list[int]:
         """GPU offsets of every (tensor rank, replica) pair's copy, replica-major."""
         placement = self.placement
-        return [
-            t + placement.tensor * r for r in range(placement.data) for t in range(placement.tensor)
-        ]
+        return [t + placement.tensor * r for r in self._replicas() for t in range(placement.tensor)]
 
     def _kept(self, rep: Sequence[int], offsets) -> list[int]:
         """The copies (``rep`` moved by each offset, in order) that can change the
