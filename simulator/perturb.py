@@ -52,14 +52,18 @@ def gpus_of(p: PerturbationSpec, scenario: Scenario) -> list[int]:
     return list(range(scenario.cluster.num_gpus))
 
 
-def cable(cluster, index: int, p: PerturbationSpec) -> tuple[int, ...]:
+def named(scenario: Scenario, p: PerturbationSpec) -> str:
+    """How an error names a perturbation: its number in the file and what it says."""
+    return f"{where(scenario.perturbations.index(p))} ({p.describe()})"
+
+
+def cable(cluster, index: int, p: PerturbationSpec, scenario: Scenario) -> tuple[int, ...]:
     """The perturbation's cable as link numbers: ``index`` and the link back."""
-    p_where = p.describe()
     links = cluster.links
     if index >= len(links):
         raise ScenarioError(
-            f"{p_where}: link={index} is not a link of the cluster (0 to {len(links) - 1}; "
-            f"stepsim topology --links lists them)",
+            f"{named(scenario, p)}: link={index} is not a link of the cluster "
+            f"(0 to {len(links) - 1}; stepsim topology --links lists them)",
             key="perturbation.link",
             value=index,
         )
@@ -88,9 +92,9 @@ def nic_cable(cluster, scenario: Scenario, p: PerturbationSpec) -> tuple[int, ..
         for g in range(p.node * gpn, (p.node + 1) * gpn):
             for i in cluster.route(g, other + g % gpn):
                 if cluster.links[i].src == nic and cluster.links[i].dst[0] == "switch":
-                    return cable(cluster, i, p)
+                    return cable(cluster, i, p, scenario)
     raise ScenarioError(
-        f"{p.describe()}: no GPU's traffic leaves node {p.node} through NIC {p.nic}",
+        f"{named(scenario, p)}: no GPU's traffic leaves node {p.node} through NIC {p.nic}",
         key="perturbation.nic",
         value=p.nic,
     )
@@ -101,7 +105,7 @@ def cables(scenario: Scenario, cluster) -> list[tuple[PerturbationSpec, tuple[in
     out = []
     for p in scenario.perturbations:
         if p.kind == SLOW_LINK:
-            out.append((p, cable(cluster, p.link, p)))
+            out.append((p, cable(cluster, p.link, p, scenario)))
         elif p.kind == SLOW_NIC:
             out.append((p, nic_cable(cluster, scenario, p)))
     return out
@@ -131,7 +135,7 @@ def fail_links(scenario: Scenario, cluster) -> None:
         if any(a[0] != "switch" or b[0] != "switch" for a, b in ends):
             role = cluster.link_role(links[0])
             raise ScenarioError(
-                f"{p.describe()}: a failed {role} link leaves its GPU no other path "
+                f"{named(scenario, p)}: a failed {role} link leaves its GPU no other path "
                 f"(stepsim reroutes only around switch-to-switch links); "
                 f"use bandwidth_factor for a degraded one",
                 key="perturbation.down",
@@ -140,7 +144,7 @@ def fail_links(scenario: Scenario, cluster) -> None:
         cut = cluster.fail_switch_links(ends)
         if cut:
             raise ScenarioError(
-                f"{p.describe()}: with it down, leaf {cut[0][2]} cannot reach every leaf it "
+                f"{named(scenario, p)}: with it down, leaf {cut[0][2]} cannot reach every leaf it "
                 f"reached (no other path in this fabric)",
                 key="perturbation.down",
                 value=True,
@@ -182,7 +186,9 @@ def touched_replicas(scenario: Scenario, cluster) -> frozenset[int]:
                     value=True,
                 )
             links = (
-                nic_cable(cluster, scenario, p) if p.kind == SLOW_NIC else cable(cluster, p.link, p)
+                nic_cable(cluster, scenario, p)
+                if p.kind == SLOW_NIC
+                else cable(cluster, p.link, p, scenario)
             )
             node = _node_of(cluster.links[links[0]], gpn)
             if node is None:
@@ -356,21 +362,30 @@ def touching(scenario: Scenario, cluster) -> dict[int, list[str]]:
 
 
 def wait_causes(scenario: Scenario, cluster, workload: Workload, waits) -> tuple[WaitCause, ...]:
-    """GPU-seconds lost waiting at collectives (engine Trace.waits), summed by cause: the
-    GPU whose delay the last arriver carried and the perturbations touching it; most
-    first."""
+    """GPU-seconds lost waiting at collectives (engine Trace.waits), summed by the
+    data-parallel replica of the last arriver, named with the perturbations touching a
+    GPU of that replica (replicas meet only at data-parallel collectives, so a late
+    replica is late by what touches it); most first."""
     lanes = workload.lanes
-    touched = touching(scenario, cluster) if len(scenario.perturbations) < 64 else {}
-    totals: dict[tuple[str, int], float] = {}
+    placement = placement_of(scenario)
+    touched = touching(scenario, cluster)
+    by_replica: dict[int, set[str]] = {}
+    for g, what in touched.items():
+        by_replica.setdefault((g // placement.tensor) % placement.data, set()).update(what)
+    totals: dict[int, dict[int, float]] = {}  # replica -> last arriver GPU -> GPU-seconds
     for w in waits:
         cause = lanes[w.cause]
-        if cause.stands_for > 1:
-            label, gpu = "the replicas no perturbation touches (their representative lanes)", -1
+        replica = -1 if cause.stands_for > 1 else (cause.gpu // placement.tensor) % placement.data
+        gpu = -1 if replica == -1 else cause.gpu
+        per_gpu = totals.setdefault(replica, {})
+        per_gpu[gpu] = per_gpu.get(gpu, 0.0) + w.seconds * lanes[w.lane].stands_for
+    out = []
+    for replica, per_gpu in totals.items():
+        if replica == -1:
+            label = "the replicas no perturbation touches (their representative lanes)"
         else:
-            gpu = cause.gpu
-            what = touched.get(gpu)
-            label = f"GPU {gpu}: " + ("; ".join(what) if what else "no perturbation touches it")
-        key = (label, gpu)
-        totals[key] = totals.get(key, 0.0) + w.seconds * lanes[w.lane].stands_for
-    ranked = sorted(totals.items(), key=lambda item: (-item[1], item[0]))
-    return tuple(WaitCause(label, gpu, seconds) for (label, gpu), seconds in ranked)
+            what = sorted(by_replica.get(replica, ()))
+            label = f"replica {replica}: " + ("; ".join(what) if what else "no perturbation")
+        top = min(per_gpu, key=lambda g: (-per_gpu[g], g))
+        out.append(WaitCause(label, replica, top, sum(per_gpu.values())))
+    return tuple(sorted(out, key=lambda w: (-w.gpu_seconds, w.replica)))

@@ -61,8 +61,7 @@ class Trace(NamedTuple):
 
 class Wait(NamedTuple):
     """A lane's wait at a collective for its last member: ``seconds`` on lane ``lane``
-    (each of the GPUs it stands for), charged to lane ``cause``: the lane whose delay the
-    last arriver carried (engine.core's blame: itself, or whom it last waited for)."""
+    (each of the GPUs it stands for), charged to lane ``cause``, the last to arrive."""
 
     lane: int
     cause: int
@@ -73,8 +72,9 @@ class Wait(NamedTuple):
 class WaitCause(NamedTuple):
     """GPU time lost waiting, summed by what caused it (simulator/perturb.py)."""
 
-    cause: str  # "GPU 17: slow_gpu gpu=17 factor=1.05", "replicas not perturbed", ...
-    gpu: int  # the GPU the waits were charged to (-1: the representative lanes)
+    cause: str  # "replica 2 (slow_gpu gpu=17 factor=1.05)", ...
+    replica: int  # the data-parallel replica of the last arrivers (-1: the representatives)
+    gpu: int  # the last arriver charged the most of it (-1: the representative lanes)
     gpu_seconds: float
 
 

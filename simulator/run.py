@@ -106,9 +106,9 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
     cluster = build_cluster(scenario.cluster, pattern=scenario.network.symmetry)
     capacities = cluster.capacities
     if scenario.perturbations:  # simulator/perturb.py
+        touched = perturb.touched_replicas(scenario, cluster)  # symmetric mode's fast path
         perturb.fail_links(scenario, cluster)
         capacities = perturb.capacities(scenario, cluster, capacities)
-        touched = perturb.touched_replicas(scenario, cluster)
     network = NETWORKS[scenario.network.model].factory(capacities)
     with gc_paused():
         try:

@@ -52,50 +52,41 @@ def simulate(
     them. ``blame`` records who waited for whom at collectives (`Trace.waits`, `_Blame`)."""
     engine = _Engine(workload, network or FairShareNetwork.factory(()), progress)
     if blame:
-        engine.blame = _Blame(len(workload.lanes))
+        engine.blame = _Blame()
     return engine.run()
 
 
 class _Blame:
-    """Who waited for whom. Each lane carries a *cause*: the lane whose delay it now
-    carries (itself at first). At a collective the members that arrived before the last
-    one wait; their wait is charged to the last arriver's cause, and a blocked member
-    takes that cause on. A lane that waited for another lane's op (a pipeline receive)
-    takes on that lane's cause; one that waited for its own non-blocking collective (an
-    overlapped gradient bucket) is charged the part of the wait before its last member
-    arrived. Pipeline idle itself is not charged: only its cause is carried on."""
+    """Who waited for whom: at a collective the members that arrived before the last one
+    wait, and their wait is charged to the last arriver's lane. A member that did not
+    block (an overlapped gradient bucket) is charged, when its lane later waits for the
+    bucket, the part of that wait before the last member arrived. Pipeline idle is not
+    charged (a receive waits for the sender's work, not for a late member)."""
 
-    def __init__(self, num_lanes: int) -> None:
-        self.cause = list(range(num_lanes))
+    def __init__(self) -> None:
         self.waits: list[Wait] = []
-        # a non-blocking member op -> (cause, when the last arrived, the last's lane)
-        self.pending: dict[int, tuple[int, float, int]] = {}
+        # a non-blocking member op -> (the last arriver's lane, when it arrived)
+        self.pending: dict[int, tuple[int, float]] = {}
 
     def collective(self, engine: _Engine, first: int, last_lane: int) -> None:
         now, ops, start_s = engine.env.now, engine.ops, engine.start_s
-        cause = self.cause[last_lane]
         for index in engine.members[first]:
             op = ops[index]
+            if op.kind == PP_SEND:  # a blocking p2p pair: pipeline waiting, not charged
+                continue
             if not op.blocking:
-                self.pending[index] = (cause, now, last_lane)
+                if op.lane != last_lane:
+                    self.pending[index] = (last_lane, now)
                 continue
             wait = now - start_s[index]
             if wait > 0 and op.lane != last_lane:
-                self.waits.append(_new(Wait, (op.lane, cause, wait, op.kind)))
-                self.cause[op.lane] = cause
+                self.waits.append(_new(Wait, (op.lane, last_lane, wait, op.kind)))
 
-    def waited(self, lane: int, dep_op, waited_from: float, now: float) -> None:
-        if now <= waited_from:
-            return
-        pending = self.pending.get(dep_op.index)
-        if pending is not None:
-            cause, at, last_lane = pending
-            if at > waited_from and last_lane != lane:
-                wait = min(at, now) - waited_from
-                self.waits.append(_new(Wait, (lane, cause, wait, dep_op.kind)))
-                self.cause[lane] = cause
-        elif dep_op.lane != lane:
-            self.cause[lane] = self.cause[dep_op.lane]
+    def waited(self, lane: int, dep: int, dep_kind: str, waited_from: float, now: float) -> None:
+        pending = self.pending.pop(dep, None)
+        if pending is not None and pending[1] > waited_from:
+            wait = min(pending[1], now) - waited_from
+            self.waits.append(_new(Wait, (lane, pending[0], wait, dep_kind)))
 
 
 class _Engine:
@@ -341,7 +332,7 @@ class _Engine:
         gpu, stream = lane.gpu, lane.stream
         dep_op = self.workload.ops[dep]
         if self.blame is not None:
-            self.blame.waited(lane_index, dep_op, waited_from, now)
+            self.blame.waited(lane_index, dep, dep_op.kind, waited_from, now)
         wait_kind = WAIT_OF_COMM.get(dep_op.kind)
         if wait_kind is None:
             busy_from = now  # waited on another GPU's compute: all of it is bubble

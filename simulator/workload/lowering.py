@@ -48,6 +48,7 @@ from ..vocabulary import (
     ALL_REDUCE,
     BACKWARD,
     CP_COMM,
+    DP_SYNC,
     FORWARD,
     PP_SEND,
     RECOMPUTE,
@@ -460,6 +461,8 @@ class _Stage:
         if rows is None:
             # exact mode: a TP collective's rendezvous is named by its group and count
             kinds = (TP_COMM, CP_COMM) if gpu.exact else ()
+            if gpu.comm.mixed:  # mixed mode: data-parallel buckets join the joint rendezvous
+                kinds = (*kinds, DP_SYNC)
             body = builder.body_since(mark, gpu.lane, label, mb, deps, kinds)
             # exact mode: an MoE layer's expert collectives are named by their group too,
             # which a replay (naming by kind alone) cannot do: made by the blocks each time

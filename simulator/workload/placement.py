@@ -236,7 +236,16 @@ class StageComm:
         key = (kind, message_bytes, j if self.exact else 0)
         if key not in self._dp:
             placement = self.placement
-            if self.exact:
+            if self.mixed:
+                # every tensor rank's group on its own links, one coupled flow: the
+                # representative's links alone would miss the exact replicas' own
+
+                def merged(stage: int) -> Collective | None:
+                    groups = [placement.dp_group(t, stage) for t in range(placement.tensor)]
+                    return _merged([self._collective(kind, [g], message_bytes) for g in groups])
+
+                self._dp[key] = self._shared(("dp-mixed", kind, message_bytes), self.stage, merged)
+            elif self.exact:
                 self._dp[key] = self._collective(
                     kind, [placement.dp_group(j, self.stage)], message_bytes
                 )
@@ -383,6 +392,28 @@ class StageComm:
     ) -> Collective | None:
         """A collective by the scenario's algorithm (collectives.collective)."""
         return collectives.collective(self.algorithm, kind, groups, message_bytes, self.fabric)
+
+
+def _merged(parts: Sequence[Collective | None]) -> Collective | None:
+    """Collectives of one shape (phases of the same bytes per flow) as one: each phase's
+    flows of every part coupled, their multiplicities added link by link; a phase's
+    latency is the largest of the parts'."""
+    if parts[0] is None:
+        return None
+    phases = []
+    for same in zip(*parts, strict=True):
+        mults: dict[int, int] = {}
+        for t in same:
+            for link, m in zip(t.links, t.mults, strict=True):
+                mults[link] = mults.get(link, 0) + m
+        links = tuple(sorted(mults))
+        first = same[0]
+        if any(t.bytes_per_flow != first.bytes_per_flow for t in same):
+            raise LayoutError("mixed mode: the data-parallel groups' collectives differ in shape")
+        latency = max(t.latency_s for t in same)
+        counts = tuple(mults[i] for i in links)
+        phases.append(Transfer(links, counts, first.bytes_per_flow, latency))
+    return tuple(phases)
 
 
 def _moved(result, nodes: int, translate):
