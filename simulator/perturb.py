@@ -154,11 +154,13 @@ def fail_links(scenario: Scenario, cluster) -> None:
 # -- symmetric mode: which replicas leave the representative ---------------------------
 
 
-def touched_replicas(scenario: Scenario, cluster) -> frozenset[int]:
-    """The data-parallel replicas (every stage's GPUs of them) a perturbation touches,
-    for symmetric mode's fast path; a one-line error for what it cannot simulate."""
+def fast_path(scenario: Scenario, cluster) -> tuple[frozenset[int], frozenset[tuple[int, int]]]:
+    """Symmetric mode's fast path: the data-parallel replicas a perturbation touches
+    (lowered besides the representative), and their (replica, stage) TP groups that hold
+    a touched GPU (a lane per GPU; the replica's other groups a lane each); a one-line
+    error for what it cannot simulate."""
     if not scenario.perturbations or not scenario.network.symmetry:
-        return frozenset()
+        return frozenset(), frozenset()
     par, placement = scenario.parallel, placement_of(scenario)
     off = "; set network.symmetry = false (exact mode) for it"
     if par.cp_size > 1 or scenario.model.moe:
@@ -176,6 +178,8 @@ def touched_replicas(scenario: Scenario, cluster) -> frozenset[int]:
         )
     gpn = scenario.cluster.gpus_per_node
     touched: set[int] = set()
+    split: set[tuple[int, int]] = set()
+    per_stage = placement.tensor * placement.data
     for i, p in enumerate(scenario.perturbations):
         if p.kind in (SLOW_LINK, SLOW_NIC):
             if p.down:
@@ -208,7 +212,10 @@ def touched_replicas(scenario: Scenario, cluster) -> frozenset[int]:
                     value=True,
                 )
             gpus = gpus_of(p, scenario)
-        touched.update((g // placement.tensor) % placement.data for g in gpus)
+        for g in gpus:
+            d = (g // placement.tensor) % placement.data
+            touched.add(d)
+            split.add((d, g // per_stage))
     if 0 in touched:
         raise ScenarioError(
             "a perturbation touches data-parallel replica 0, which stands for the untouched "
@@ -218,7 +225,11 @@ def touched_replicas(scenario: Scenario, cluster) -> frozenset[int]:
             key="network.symmetry",
             value=True,
         )
-    return frozenset(touched)
+    # the tied embedding's all-reduce pairs the first and last stage's groups: both
+    # whole or both split
+    last = placement.pipeline - 1
+    split |= {(d, s) for d, _ in list(split) for s in (0, last) if {(d, 0), (d, last)} & split}
+    return frozenset(touched), frozenset(split)
 
 
 def _node_of(link, gpus_per_node: int) -> int | None:
@@ -374,9 +385,10 @@ def wait_causes(scenario: Scenario, cluster, workload: Workload, waits) -> tuple
         by_replica.setdefault((g // placement.tensor) % placement.data, set()).update(what)
     totals: dict[int, dict[int, float]] = {}  # replica -> last arriver GPU -> GPU-seconds
     for w in waits:
-        cause = lanes[w.cause]
-        replica = -1 if cause.stands_for > 1 else (cause.gpu // placement.tensor) % placement.data
-        gpu = -1 if replica == -1 else cause.gpu
+        gpu = lanes[w.cause].gpu
+        replica = (gpu // placement.tensor) % placement.data
+        if replica == 0 and scenario.network.symmetry:  # replica 0's lanes stand for the rest
+            replica = gpu = -1
         per_gpu = totals.setdefault(replica, {})
         per_gpu[gpu] = per_gpu.get(gpu, 0.0) + w.seconds * lanes[w.lane].stands_for
     out = []

@@ -106,7 +106,7 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
     cluster = build_cluster(scenario.cluster, pattern=scenario.network.symmetry)
     capacities = cluster.capacities
     if scenario.perturbations:  # simulator/perturb.py
-        touched = perturb.touched_replicas(scenario, cluster)  # symmetric mode's fast path
+        touched, split = perturb.fast_path(scenario, cluster)  # symmetric mode
         perturb.fail_links(scenario, cluster)
         capacities = perturb.capacities(scenario, cluster, capacities)
     network = NETWORKS[scenario.network.model].factory(capacities)
@@ -115,9 +115,9 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
             if not scenario.perturbations:
                 workload = lower(scenario, cluster)
             else:
-                workload = lower(scenario, cluster, touched)
+                workload = lower(scenario, cluster, touched, split)
                 workload = perturb.perturb_compute(
-                    scenario, workload, lambda other: lower(other, cluster, touched)
+                    scenario, workload, lambda other: lower(other, cluster, touched, split)
                 )
         except LayoutError as exc:  # the layout the user chose: their one-line error
             raise ScenarioError(str(exc)) from None

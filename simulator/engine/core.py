@@ -60,8 +60,9 @@ class _Blame:
     """Who waited for whom: at a collective the members that arrived before the last one
     wait, and their wait is charged to the last arriver's lane. A member that did not
     block (an overlapped gradient bucket) is charged, when its lane later waits for the
-    bucket, the part of that wait before the last member arrived. Pipeline idle is not
-    charged (a receive waits for the sender's work, not for a late member)."""
+    bucket, the part of that wait before the last member arrived. Only collectives of
+    one pipeline stage (tensor-, data-, context-, expert-parallel) are charged: pipeline
+    idle, blocking p2p pairs and the tied embedding's all-reduce wait on the pipeline."""
 
     def __init__(self) -> None:
         self.waits: list[Wait] = []
@@ -70,9 +71,21 @@ class _Blame:
 
     def collective(self, engine: _Engine, first: int, last_lane: int) -> None:
         now, ops, start_s = engine.env.now, engine.ops, engine.start_s
-        for index in engine.members[first]:
+        lanes = engine.workload.lanes
+        stage = lanes[last_lane].stage
+        members = engine.members[first]
+        # members that arrived at the same instant as the last share its place; the
+        # charge goes to the one standing for the fewest GPUs (a representative lane
+        # stands for replicas no perturbation touches)
+        for index in members:
+            lane = ops[index].lane
+            if start_s[index] == now and lanes[lane].stands_for < lanes[last_lane].stands_for:
+                last_lane = lane
+        for index in members:
             op = ops[index]
-            if op.kind == PP_SEND:  # a blocking p2p pair: pipeline waiting, not charged
+            if lanes[op.lane].stage != stage:
+                # between pipeline stages (a blocking p2p pair, the tied embedding's
+                # all-reduce): waiting on the pipeline, not charged
                 continue
             if not op.blocking:
                 if op.lane != last_lane:

@@ -29,10 +29,32 @@ class GpuOps:
         self.exact = comm.exact
         self.gpu = placement.gpu(j, d, self.stage)
         self.stands_for = (
-            1 if self.exact else placement.tensor * (placement.data - len(comm.exclude))
+            1
+            if self.exact
+            else placement.tensor
+            if comm.group
+            else placement.tensor * (placement.data - len(comm.exclude))
         )
         self._num_collectives: dict[str, int] = {}  # by op kind: TP_COMM, DP_SYNC
         self.lane = self.new_lane(COMPUTE_STREAM)
+
+    def peers(self, stage: int) -> list[Who]:
+        """The (tensor rank, replica) names of the GPUs of pipeline rank ``stage`` whose
+        pipeline ops this GPU's meet: its own, but in mixed mode a whole TP group's lane
+        meets every GPU of a group with a lane per GPU, and such a GPU the whole group's."""
+        comm = self.comm
+        if comm.joint is None or stage == self.stage:
+            return [self.who]
+        split = (self.d, stage) in comm.split
+        if comm.group:
+            return [(t, self.d) for t in range(comm.placement.tensor)] if split else [self.who]
+        return [self.who] if split else [(0, self.d)]
+
+    def coupled_with(self, stage: int) -> bool:
+        """Mixed mode: whether a blocking p2p call with pipeline rank ``stage`` is one
+        coupled flow of the whole TP group's sends (a whole group at either end)."""
+        comm = self.comm
+        return comm.joint is not None and (comm.group or (self.d, stage) not in comm.split)
 
     def new_lane(self, stream: str) -> int:
         """A lane of this GPU on ``stream`` (the compute lane is made first)."""

@@ -84,12 +84,19 @@ def stage_orders(scenario: Scenario) -> list[list[Step]]:
     )
 
 
-def lower(scenario: Scenario, cluster, touched: frozenset[int] = frozenset()) -> Workload:
+def lower(
+    scenario: Scenario,
+    cluster,
+    touched: frozenset[int] = frozenset(),
+    split: frozenset[tuple[int, int]] | None = None,
+) -> Workload:
     """Build the ops of one training iteration: one compute lane per pipeline stage
     (symmetric mode) or per GPU (exact mode, ``network.symmetry = false``). Raises
     collectives.LayoutError when the layout's congruent groups are not alike.
     ``touched`` (symmetric mode, simulator/perturb.py): replicas whose every GPU is
-    lowered as in exact mode besides the representative, which stands for the rest."""
+    lowered besides the representative, which stands for the rest: the (replica, stage)
+    TP groups in ``split`` (default: all of them) a lane per GPU as in exact mode, the
+    others one lane each standing for the group."""
     placement = placement_of(scenario)
     fabric = Fabric.of(
         cluster,
@@ -105,15 +112,23 @@ def lower(scenario: Scenario, cluster, touched: frozenset[int] = frozenset()) ->
         ranks = [(j, d) for d in range(placement.data) for j in range(placement.tensor)]
     items = p2p_items(scenario, orders)
     touched = touched if scenario.network.symmetry else frozenset()
+    if split is None:
+        split = frozenset((d, s) for d in touched for s in range(placement.pipeline))
     for stage, order in enumerate(orders):
-        comm = StageComm(scenario, fabric, placement, stage, exclude=touched)
+        comm = StageComm(scenario, fabric, placement, stage, exclude=touched, split=split)
         for j, d in ranks:
             _Stage(GpuOps(builder, comm, j, d), scenario, compute).lower(order, items[stage])
         if touched:
             exact = StageComm(scenario, fabric, placement, stage, joint=comm)
+            whole = StageComm(scenario, fabric, placement, stage, joint=comm, group=True)
             for d in sorted(touched):
-                for j in range(placement.tensor):
-                    gpu = GpuOps(builder, exact, j, d)
+                lanes = range(placement.tensor) if (d, stage) in split else [None]
+                for j in lanes:
+                    gpu = (
+                        GpuOps(builder, exact, j, d)
+                        if j is not None
+                        else GpuOps(builder, whole, 0, d)
+                    )
                     _Stage(gpu, scenario, compute).lower(order, items[stage])
     return builder.build()
 
@@ -195,7 +210,7 @@ class _Stage:
         # a layer's ops by pass kind and whether its first waits: rows to replay, or ()
         # when they cannot be replayed (layer_body)
         self.bodies: dict[tuple[str, bool], tuple[tuple, ...]] = {}
-        self.p2p_sites: dict[tuple[str, str, int, str], tuple[Transfer, int, str]] = {}
+        self.p2p_sites: dict[tuple[str, str, int, str], tuple] = {}
 
     # -- small builders -----------------------------------------------------------------
 
@@ -298,6 +313,11 @@ class _Stage:
             key=key,
         )
 
+    def received(self, virtual: int, kind: str, mb: int) -> list[object]:
+        """The key(s) of virtual stage ``virtual``'s output of pass ``kind`` for this GPU."""
+        holder = holder_of(virtual, self.pipeline, self.placement)[0]
+        return [PipelineKey(who, virtual, kind, mb) for who in self.gpu.peers(holder)]
+
     def receive(self, label: str, mb: int, kind: str, deps: Sequence[object]) -> list[object]:
         """At the start of a pass that received ``kind`` (F: an activation, B: a
         gradient): the TP all-gather of the 1/T shards when the tensor came scattered;
@@ -331,7 +351,7 @@ class _Stage:
                 site = sites.get((x.direction, x.kind, x.chunk, part))
                 if site is None:
                     site = sites[(x.direction, x.kind, x.chunk, part)] = self.p2p_site(x, part)
-                transfer, sender, suffix = site
+                transfer, sender, suffix, pair = site
                 keys.append(
                     add(
                         lane,
@@ -340,14 +360,15 @@ class _Stage:
                         microbatch=x.microbatch,
                         transfer=transfer,
                         blocking=False,
-                        rendezvous=P2PKey(who, sender, x.kind, x.microbatch, part),
+                        rendezvous=P2PKey(pair or who, sender, x.kind, x.microbatch, part),
                     )
                 )
             gpu.barrier(label, keys, first.microbatch)
 
-    def p2p_site(self, x, part: str) -> tuple[Transfer, int, str]:
+    def p2p_site(self, x, part: str) -> tuple[Transfer, int, str, tuple[int, int] | None]:
         """What every transfer of a call with this direction, kind, sending chunk and part
-        shares: the transfer, the sender's virtual stage and the label's suffix."""
+        shares: the transfer, the sender's virtual stage, the label's suffix and, in mixed
+        mode, the name its rendezvous takes (None: this GPU's own)."""
         gpu, p = self.gpu, self.pipeline
         # ranks form a ring under interleaving: rank p - 1's chunk k feeds rank 0's k + 1
         step = 1 if x.kind == "F" else -1
@@ -355,8 +376,13 @@ class _Stage:
         receiver = (sender + step) % p
         nbytes = self.p2p_bytes[x.kind] if part == "data" else meta_bytes(gpu)
         transfer = gpu.comm.between(sender, receiver, gpu.j, gpu.d, nbytes)
+        pair = None  # the rendezvous is named by this GPU's (tensor rank, replica)
+        if gpu.coupled_with(receiver if x.direction == "send" else sender):
+            # mixed mode, a whole TP group at an end: one rendezvous of every tensor rank
+            transfer = gpu.comm.replica_between(sender, receiver, gpu.d, nbytes)
+            pair = (0, gpu.d)
         suffix = " meta" if part == "meta" else ""
-        return transfer, stage_of(sender, x.chunk, p, self.placement), suffix
+        return transfer, stage_of(sender, x.chunk, p, self.placement), suffix, pair
 
     def layers(self, chunk: int) -> list[int]:
         """The rank-local indices of a chunk's layers, in forward order."""
@@ -390,7 +416,7 @@ class _Stage:
         first, last = virtual == 0, virtual == self.num_virtual - 1
         recv: list[object] = []
         if not first:
-            own = [] if self.blocking else [PipelineKey(self.who, virtual - 1, "F", mb)]
+            own = [] if self.blocking else self.received(virtual - 1, "F", mb)
             recv = self.receive(label, mb, "F", own)
         layers = self.layers(step.chunk)
         dp = self.dp.forward_pass(label, mb, step.chunk, layers)
@@ -413,7 +439,7 @@ class _Stage:
         first, last = virtual == 0, virtual == self.num_virtual - 1
         recv: list[object] = []
         if not last:
-            own = [] if self.blocking else [PipelineKey(self.who, virtual + 1, "B", mb)]
+            own = [] if self.blocking else self.received(virtual + 1, "B", mb)
             if self.regather and (self.gather["B"] or self.p2p != frameworks.SEQUENTIAL_BLOCKING):
                 own = list(self.tp(f"{label} regather", mb, ALL_GATHER, own))  # own output
             recv = self.receive(label, mb, "B", own)

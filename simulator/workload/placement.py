@@ -103,14 +103,20 @@ class StageComm:
         stage: int,
         *,
         exclude: frozenset[int] = frozenset(),
+        split: frozenset[tuple[int, int]] = frozenset(),
         joint: StageComm | None = None,
+        group: bool = False,
     ) -> None:
         self.fabric, self.placement, self.stage = fabric, placement, stage
-        self.exact = not scenario.network.symmetry or joint is not None
+        # group: one lane stands for a whole TP group of an excluded replica
+        self.group = group
+        self.exact = (not scenario.network.symmetry or joint is not None) and not group
         self.exclude, self.joint = exclude, joint
         # mixed mode: data-parallel collectives are rendezvous of the representative's
-        # lane and the exact lanes of the excluded replicas
+        # lane and the lanes of the excluded replicas; ``split``: the (replica, stage)
+        # TP groups of those that have a lane per GPU (the others one lane each)
         self.mixed = bool(exclude) or joint is not None
+        self.split = joint.split if joint is not None else split
         self.algorithm = scenario.network.collective_algorithm
         m, b = scenario.model, scenario.training.micro_batch_size
         # a micro-batch's activations on one GPU: its 1/CP share of each sequence
@@ -133,10 +139,10 @@ class StageComm:
     def tp(self, kind: str, d: int) -> Collective | None:
         """A tensor-parallel collective (a vocabulary collective kind) of one
         micro-batch's activations in replica ``d``; None for one tensor rank."""
-        key = (kind, d if self.exact else 0)
+        key = (kind, d if self.exact or self.group else 0)
         if key not in self._tp:
             placement = self.placement
-            if self.exact:
+            if self.exact or self.group:
                 self._tp[key] = self._collective(
                     kind, [placement.tp_group(d, self.stage)], self.activation_bytes
                 )
@@ -265,6 +271,12 @@ class StageComm:
         rank, replica) pair: the tied embedding's gradient (symmetric: every pair's)."""
         placement = self.placement
         low, high = sorted((self.stage, other))
+        if self.group:  # the tied ends of a whole TP group are whole groups too
+            pairs = [
+                [placement.gpu(t, d, low), placement.gpu(t, d, high)]
+                for t in range(placement.tensor)
+            ]
+            return self._collective(ALL_REDUCE, pairs, message_bytes)
         if self.exact:
             pair = [placement.gpu(j, d, low), placement.gpu(j, d, high)]
             return self._collective(ALL_REDUCE, [pair], message_bytes)
@@ -289,6 +301,8 @@ class StageComm:
         (default: its 1/T shard); the receiver of a blocking p2p builds the same transfer
         as its sender."""
         nbytes = self.shard_bytes if message_bytes is None else message_bytes
+        if self.group:
+            return self.replica_between(src, dst, d, nbytes)
         key = (src, dst, nbytes, *((j, d) if self.exact else (0, 0)))
         if key not in self._sends:
             placement = self.placement
@@ -311,6 +325,24 @@ class StageComm:
                     build,
                     abs(dst - src) + 1,
                 )
+        return self._sends[key]
+
+    def replica_between(self, src: int, dst: int, d: int, nbytes: float) -> Transfer:
+        """Mixed mode: every tensor rank of replica ``d`` sending ``nbytes`` from pipeline
+        rank ``src`` to ``dst``, one coupled flow (a whole TP group's sends, or those
+        between a whole group and a group of lanes per GPU)."""
+        key = (src, dst, nbytes, -1, d)
+        if key not in self._sends:
+            placement = self.placement
+            # every pair on its own links (a touched GPU's NIC is in one of them)
+            pairs = [
+                (collectives.point_to_point([(a, b)], nbytes, self.fabric),)
+                for a, b in (
+                    (placement.gpu(t, d, src), placement.gpu(t, d, dst))
+                    for t in range(placement.tensor)
+                )
+            ]
+            self._sends[key] = _merged(pairs)[0]
         return self._sends[key]
 
     # -- symmetric mode: the congruent copies, and the stages alike ----------------------
