@@ -182,13 +182,6 @@ def fast_path(scenario: Scenario, cluster) -> tuple[frozenset[int], frozenset[tu
     per_stage = placement.tensor * placement.data
     for i, p in enumerate(scenario.perturbations):
         if p.kind in (SLOW_LINK, SLOW_NIC):
-            if p.down:
-                raise ScenarioError(
-                    f"{where(i)} ({p.describe()}): a failed link reroutes traffic of many "
-                    f"replicas, which symmetric mode cannot split{off}",
-                    key="network.symmetry",
-                    value=True,
-                )
             links = (
                 nic_cable(cluster, scenario, p)
                 if p.kind == SLOW_NIC
@@ -197,8 +190,9 @@ def fast_path(scenario: Scenario, cluster) -> tuple[frozenset[int], frozenset[tu
             node = _node_of(cluster.links[links[0]], gpn)
             if node is None:
                 raise ScenarioError(
-                    f"{where(i)} ({p.describe()}): a switch-to-switch link carries traffic of "
-                    f"many replicas, which symmetric mode cannot split{off}",
+                    f"{where(i)} ({p.describe()}): a switch-to-switch link carries (or, "
+                    f"failed, reroutes) traffic of many replicas, which symmetric mode "
+                    f"cannot split{off}",
                     key="network.symmetry",
                     value=True,
                 )
