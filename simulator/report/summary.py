@@ -167,10 +167,15 @@ def perturbation_lines(result: Result) -> list[str]:
     lines = ["", "  perturbations"]
     lines += [f"    {i + 1}. {text}" for i, text in enumerate(m.perturbations)]
     if s.network.symmetry:
-        exact = sum(1 for lane in compute_lanes(result.workload.lanes) if lane.stands_for == 1)
+        tp, dp = s.parallel.tensor_model_parallel_size, s.parallel.data_parallel_size
+        lanes = compute_lanes(result.workload.lanes)
+        replicas = sorted({(lane.gpu // tp) % dp for lane in lanes} - {0})
+        per_gpu = sum(1 for lane in lanes if lane.stands_for == 1)
+        shown = ", ".join(map(str, replicas[:8])) + (", ..." if len(replicas) > 8 else "")
         lines.append(
-            f"    symmetric mode: the {exact} GPUs of the replicas they touch simulated "
-            "exactly, the rest by their representatives"
+            f"    symmetric mode: replica{'s' if len(replicas) != 1 else ''} {shown} simulated "
+            f"beside the representatives ({per_gpu} lanes of one GPU, "
+            f"{len(lanes) - per_gpu - s.parallel.pipeline_model_parallel_size} of a TP group)"
         )
     total = sum(w.gpu_seconds for w in m.waits)
     gpu_s = m.iteration_time_s * m.num_gpus
