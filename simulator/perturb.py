@@ -208,17 +208,17 @@ def fast_path(scenario: Scenario, cluster) -> tuple[frozenset[int], frozenset[tu
             gpus = gpus_of(p, scenario)
         for g in gpus:
             d = (g // placement.tensor) % placement.data
+            if d == 0:
+                raise ScenarioError(
+                    f"{where(i)} ({p.describe()}) touches data-parallel replica 0, which "
+                    "stands for the untouched replicas in symmetric mode: target another "
+                    f"replica (GPUs {placement.tensor} to {per_stage - 1} of stage 0 are "
+                    f"replicas 1 and up; replicas are alike){off}",
+                    key="network.symmetry",
+                    value=True,
+                )
             touched.add(d)
             split.add((d, g // per_stage))
-    if 0 in touched:
-        raise ScenarioError(
-            "a perturbation touches data-parallel replica 0, which stands for the untouched "
-            f"replicas in symmetric mode: target another replica (GPUs {placement.tensor} to "
-            f"{placement.tensor * placement.data - 1} of stage 0 are replicas 1 and up; "
-            f"replicas are alike){off}",
-            key="network.symmetry",
-            value=True,
-        )
     # the tied embedding's all-reduce pairs the first and last stage's groups: both
     # whole or both split
     last = placement.pipeline - 1
