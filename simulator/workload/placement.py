@@ -248,9 +248,11 @@ class StageComm:
 
                 def merged(stage: int) -> Collective | None:
                     groups = [placement.dp_group(t, stage) for t in range(placement.tensor)]
-                    return _merged([self._collective(kind, [g], message_bytes) for g in groups])
+                    parts = [self._collective(kind, [g], message_bytes) for g in groups]
+                    return _merged(parts, self._near_touched(stage, parts[0]))
 
-                self._dp[key] = self._shared(("dp-mixed", kind, message_bytes), self.stage, merged)
+                key_mixed = ("dp-mixed", kind, message_bytes, *self.exclude)
+                self._dp[key] = self._shared(key_mixed, self.stage, merged)
             elif self.exact:
                 self._dp[key] = self._collective(
                     kind, [placement.dp_group(j, self.stage)], message_bytes
@@ -326,6 +328,37 @@ class StageComm:
                     abs(dst - src) + 1,
                 )
         return self._sends[key]
+
+    def _near_touched(self, stage: int, first: Collective | None):
+        """Which links the joint data-parallel flow of ``stage`` keeps: tensor rank 0's
+        group's (the representative's links, where every rank's rings add their
+        multiplicities, as symmetric mode counts its copies) and every link with an end
+        in a node of a touched replica's GPU of the stage. The other ranks' links away
+        from those nodes carry, by symmetry, what rank 0's carry: leaving them out
+        changes no rate and spares the fair-share recomputes thousands of links."""
+        links, placement = self.fabric.links, self.placement
+        if links is None or first is None:
+            return None
+        gpn = self.fabric.pattern.gpus_per_node if self.fabric.pattern else None
+        if gpn is None:
+            return None
+        nodes = {
+            placement.gpu(t, d, stage) // gpn for d in self.exclude for t in range(placement.tensor)
+        }
+        own = {link for phase in first for link in phase.links}
+
+        def near(vertex: tuple) -> bool:
+            if vertex[0] == "gpu":
+                return vertex[1] // gpn in nodes
+            return vertex[0] in ("nic", "nvswitch") and vertex[1] in nodes
+
+        def keep(link: int) -> bool:
+            if link in own:
+                return True
+            ends = links[link]
+            return near(ends.src) or near(ends.dst)
+
+        return keep
 
     def replica_between(self, src: int, dst: int, d: int, nbytes: float) -> Transfer:
         """Mixed mode: every tensor rank of replica ``d`` sending ``nbytes`` from pipeline
@@ -426,10 +459,11 @@ class StageComm:
         return collectives.collective(self.algorithm, kind, groups, message_bytes, self.fabric)
 
 
-def _merged(parts: Sequence[Collective | None]) -> Collective | None:
+def _merged(parts: Sequence[Collective | None], keep=None) -> Collective | None:
     """Collectives of one shape (phases of the same bytes per flow) as one: each phase's
     flows of every part coupled, their multiplicities added link by link; a phase's
-    latency is the largest of the parts'."""
+    latency is the largest of the parts'. ``keep(link)``, if given, says which links
+    the coupled flow keeps."""
     if parts[0] is None:
         return None
     phases = []
@@ -437,7 +471,8 @@ def _merged(parts: Sequence[Collective | None]) -> Collective | None:
         mults: dict[int, int] = {}
         for t in same:
             for link, m in zip(t.links, t.mults, strict=True):
-                mults[link] = mults.get(link, 0) + m
+                if keep is None or keep(link):
+                    mults[link] = mults.get(link, 0) + m
         links = tuple(sorted(mults))
         first = same[0]
         if any(t.bytes_per_flow != first.bytes_per_flow for t in same):
