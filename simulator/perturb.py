@@ -89,10 +89,12 @@ def nic_cable(cluster, scenario: Scenario, p: PerturbationSpec) -> tuple[int, ..
     nic = ("nic", p.node, p.nic)
     if nodes > 1:
         other = ((p.node + 1) % nodes) * gpn
+        links = cluster.links
         for g in range(p.node * gpn, (p.node + 1) * gpn):
-            for i in cluster.route(g, other + g % gpn):
-                if cluster.links[i].src == nic and cluster.links[i].dst[0] == "switch":
-                    return cable(cluster, i, p, scenario)
+            out = [i for i in cluster.route(g, other + g % gpn) if links[i].src == nic]
+            back = [i for i in cluster.route(other + g % gpn, g) if links[i].dst == nic]
+            if out and back and links[out[0]].dst[0] == "switch":
+                return (out[0], back[0])
     raise ScenarioError(
         f"{named(scenario, p)}: no GPU's traffic leaves node {p.node} through NIC {p.nic}",
         key="perturbation.nic",
