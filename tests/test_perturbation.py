@@ -257,3 +257,34 @@ def test_a_perturbation_that_changes_nothing_leaves_symmetric_mode_as_it_was():
 def test_what_the_fast_path_cannot_split_is_a_one_line_error(p, message):
     with pytest.raises(ScenarioError, match=message):
         run(with_perturbations(load(**MIXED), p))
+
+
+def test_the_fast_path_on_a_fat_tree_matches_exact_mode():
+    """Two nodes per leaf, two spines: the sends and rings cross uplinks shared with
+    other replicas' (D-mod-K), which the representative's coupled flows carry."""
+    tree = {"num_nodes": 8, "fabric": "fat-tree", "nodes_per_leaf": 2, "spine_switches": 2}
+    p = P(kind="slow_gpu", node=5, factor=1.3)
+    s = with_perturbations(load(**{**MIXED, "cluster": tree}), p)
+    fast, exact = run(s).metrics, run(with_perturbations(s, p, symmetry=False)).metrics
+    assert fast.iteration_time_s == exact.iteration_time_s
+    for a, b in zip(fast.stages, exact.stages, strict=True):
+        assert a.breakdown_s == pytest.approx(b.breakdown_s, rel=1e-6, abs=1e-12)
+
+
+VARIANTS = {
+    "deepspeed's blocking p2p": {"framework": "deepspeed"},
+    "overlapped p2p": {"pipeline_p2p": "overlapped"},
+    "ZeRO-2": {"data_parallel_sharding": "gradients"},
+    "all-reduce after the flush": {"overlap_grad_reduce": False, "data_parallel_sharding": "none"},
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_one_slow_gpu_gives_exact_modes_iteration_under_each_gradient_and_p2p_path(variant):
+    training = {**MIXED["training"], **VARIANTS[variant]}
+    if variant.startswith("deepspeed"):
+        training = {"global_batch_size": 16, "framework": "deepspeed"}
+    p = P(kind="slow_gpu", gpu=36, factor=1.3)
+    s = with_perturbations(load(**{**MIXED, "training": training}), p)
+    exact = run(with_perturbations(s, p, symmetry=False)).metrics
+    assert run(s).metrics.iteration_time_s == exact.iteration_time_s
