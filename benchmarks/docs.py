@@ -413,6 +413,19 @@ def what_if(images: Path | None) -> Generated:
     }
 
 
+def what_if_perturbations(images: Path | None) -> Generated:
+    """docs/what-if.md: a straggler, a slow NIC and failed links on the 16k-GPU run and on
+    MT-NLG, through symmetric mode's fast path (benchmarks/perturbation.py)."""
+    from perturbation import what_if_table
+
+    return {
+        ("docs/what-if.md", "what-if-perturb-dense16k"): what_if_table(str(ROOT / DENSE16K)),
+        ("docs/what-if.md", "what-if-perturb-mtnlg"): what_if_table(
+            str(ROOT / "scenarios" / "mt-nlg-530b-420nodes.toml")
+        ),
+    }
+
+
 def performance(images: Path | None) -> Generated:
     """docs/performance.md's timings, by benchmarks/performance.py --scaling --write
     (machine-dependent: rewritten by a full run, never checked)."""
@@ -491,6 +504,11 @@ SECTIONS = [
     Section("frameworks", "docs/frameworks.md: deepspeed vs megatron, by mechanism", frameworks),
     Section("what-if", "docs/what-if.md: goodput of a 16k-GPU run", what_if),
     Section("moe-routing", "docs/moe.md: balanced vs skewed routing", moe_routing),
+    Section(
+        "what-if-perturb",
+        "docs/what-if.md: a straggler, a slow NIC, failed links (16k GPUs, MT-NLG)",
+        what_if_perturbations,
+    ),
     Section("performance", "docs/performance.md timings (not checked)", performance, checked=False),
 ]
 FAST = [s.name for s in SECTIONS if s.fast]

@@ -55,6 +55,27 @@ class Trace(NamedTuple):
     end_s: float  # when the last op finished
     num_transfers: int
     link_intervals: list  # engine.flows.Interval: which links carried what, when
+    # with blame tracking (perturbed runs): Wait records, who waited for whom
+    waits: tuple = ()
+
+
+class Wait(NamedTuple):
+    """A lane's wait at a collective for its last member: ``seconds`` on lane ``lane``
+    (each of the GPUs it stands for), charged to lane ``cause``, the last to arrive."""
+
+    lane: int
+    cause: int
+    seconds: float
+    kind: str  # the collective's op kind
+
+
+class WaitCause(NamedTuple):
+    """GPU time lost waiting, summed by what caused it (simulator/perturb.py)."""
+
+    cause: str  # "replica 2 (slow_gpu gpu=17 factor=1.05)", ...
+    replica: int  # the data-parallel replica of the last arrivers (-1: the representatives)
+    gpu: int  # the last arriver charged the most of it (-1: the representative lanes)
+    gpu_seconds: float
 
 
 class LinkLoad(NamedTuple):
@@ -119,11 +140,19 @@ class Metrics:
     simulated_spans: int
     out_of_memory: str | None = None  # why the layout does not fit, None when it does
     busiest_links: tuple[LinkLoad, ...] = ()
+    # perturbed runs: GPU time lost waiting at collectives, by cause, most first
+    waits: tuple[WaitCause, ...] = ()
+    perturbations: tuple[str, ...] = ()  # each perturbation's one-line description
 
     def to_json(self) -> dict[str, Any]:
         """metrics.json as a dict (json.dumps writes the file)."""
         out: dict[str, Any] = {"schema_version": SCHEMA_VERSION}
         out.update({f.name: getattr(self, f.name) for f in fields(self)})
+        if not self.perturbations:  # a clean run's file keeps its keys
+            del out["waits"], out["perturbations"]
+        else:
+            out["waits"] = [w._asdict() for w in self.waits]
+            out["perturbations"] = list(self.perturbations)
         out["breakdown_s"] = dict(self.breakdown_s)
         out["framework_mechanisms"] = dict(self.framework_mechanisms)
         out["stages"] = [stage.to_json() for stage in self.stages]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from stepsim.topologies import (
 )
 from stepsim.topologies.describe import LINK_ROLES, link_name
 
+from . import perturb
 from .engine.core import simulate
 from .engine.network import AnalyticalNetwork, FairShareNetwork
 from .report.linkstats import mean_utilization, utilization_over_time
@@ -103,15 +105,28 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
     # symmetric mode simulates the representative GPUs: the pattern is enough
     cluster = build_cluster(scenario.cluster, pattern=scenario.network.symmetry)
     capacities = cluster.capacities
+    if scenario.perturbations:  # simulator/perturb.py
+        touched, split = perturb.fast_path(scenario, cluster)  # symmetric mode
+        perturb.fail_links(scenario, cluster)
+        capacities = perturb.capacities(scenario, cluster, capacities)
     network = NETWORKS[scenario.network.model].factory(capacities)
     with gc_paused():
         try:
-            workload = lower(scenario, cluster)
+            if not scenario.perturbations:
+                workload = lower(scenario, cluster)
+            else:
+                workload = lower(scenario, cluster, touched, split)
+                workload = perturb.perturb_compute(
+                    scenario, workload, lambda other: lower(other, cluster, touched, split)
+                )
         except LayoutError as exc:  # the layout the user chose: their one-line error
             raise ScenarioError(str(exc)) from None
-        trace = simulate(workload, network=network, progress=progress)
+        blame = bool(scenario.perturbations)
+        trace = simulate(workload, network=network, progress=progress, blame=blame)
         memory = memory_per_stage(scenario)
         problem = out_of_memory(scenario, memory)
+        if problem is None and scenario.perturbations:
+            problem = perturb.memory_problem(scenario, memory)
         metrics = summarize(
             scenario,
             workload,
@@ -120,6 +135,12 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
             out_of_memory=str(problem) if problem is not None else None,
             busiest_links=busiest_links(cluster, trace),
         )
+        if blame:
+            metrics = replace(
+                metrics,
+                waits=perturb.wait_causes(scenario, cluster, workload, trace.waits),
+                perturbations=tuple(p.describe() for p in scenario.perturbations),
+            )
     return Result(scenario, cluster, workload, trace, memory, metrics)
 
 

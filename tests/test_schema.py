@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from stepsim.scenario import ScenarioError, frameworks, scenario_from_dict, scenario_to_dict
-from stepsim.scenario.schema import SECTIONS, TOP_LEVEL, check_value, keys, markdown_table
+from stepsim.scenario.schema import ARRAYS, SECTIONS, TOP_LEVEL, check_value, keys, markdown_table
 from stepsim.topologies import FABRICS
 from tests.helpers import load, scenario
 
@@ -24,7 +24,7 @@ def test_the_readme_holds_exactly_the_generated_key_tables():
 
 
 def test_keys_are_the_spec_fields_with_key_metadata_in_field_order():
-    assert list(keys()) == [TOP_LEVEL, *SECTIONS]
+    assert list(keys()) == [TOP_LEVEL, *SECTIONS, *ARRAYS]
     assert list(keys()["model"]) == [
         "preset",
         "num_layers",

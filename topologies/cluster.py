@@ -222,6 +222,23 @@ class Cluster:
             return [members]
         return [ring for cycle in best for ring in (cycle, [cycle[0], *cycle[:0:-1]])]
 
+    def fail_switch_links(self, pairs: Sequence[tuple[tuple, tuple]]) -> list[tuple]:
+        """Take the links between switches ``pairs`` (src, dst vertices) out of routing:
+        routes found from now on take the remaining shortest switch paths (D-mod-K over
+        fewer of them). Link numbers are kept (the links carry nothing). Returns the leaf
+        switches (those with NICs) that could reach each other before and cannot now."""
+        leaves = sorted(set(self._nic_switch.values()))
+        before = {a: set(nx.descendants(self._switches, a)) for a in leaves}
+        self._switches.remove_edges_from(pairs)
+        self._switch_pred.clear()
+        self._switch_paths.clear()
+        self._routes.clear()
+        return [
+            a
+            for a in leaves
+            if not before[a].intersection(leaves) <= set(nx.descendants(self._switches, a))
+        ]
+
     def _predecessors(self, a: tuple) -> dict[tuple, list[tuple]]:
         """Breadth-first predecessors of every switch reachable from switch ``a``."""
         pred = self._switch_pred.get(a)

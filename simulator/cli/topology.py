@@ -22,6 +22,12 @@ def add_command(sub) -> None:
         metavar="FILE",
         help="draw the graph (clusters of up to 288 GPUs: four NVL72 racks)",
     )
+    topo.add_argument(
+        "--links",
+        action="store_true",
+        help="list every directed link: its index (what a [[perturbation]] of kind "
+        "slow_link names), its ends, role and GB/s",
+    )
     json_argument(topo)
     topo.set_defaults(handler=command)
 
@@ -50,6 +56,15 @@ def command(args: argparse.Namespace) -> int:
         print_json({**head, **summary})
     else:
         print(topology_text(scenario, summary))
+    if args.links and not args.json:
+        from stepsim.topologies.describe import link_name
+
+        print("\n  link  role     GB/s  from -> to")
+        for link in cluster.links:
+            print(
+                f"  {link.index:>5} {cluster.link_role(link.index):<7}"
+                f"{link.bandwidth_bytes_per_s / 1e9:>7.4g}  {link_name(link.src, link.dst)}"
+            )
     if args.png:
         spec = scenario.cluster
         planes = planes_of(spec.fabric_shape(), spec.nics_per_node) if spec.fabric in PLANAR else 1

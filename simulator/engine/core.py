@@ -21,7 +21,7 @@ from collections.abc import Callable
 import simpy
 from simpy.events import NORMAL
 
-from ..results import Span, Trace
+from ..results import Span, Trace, Wait
 from ..vocabulary import BARRIER, COMPUTE_KINDS, IDLE, PP_SEND, STREAM_OF_COMM, WAIT_OF_COMM
 from ..workload.ops import Workload
 from .events import Call
@@ -41,6 +41,7 @@ def simulate(
     *,
     network: NetworkFactory | None = None,
     progress: Callable[[float], None] | None = None,
+    blame: bool = False,
 ) -> Trace:
     """Run every lane to its end and return what happened, span by span.
 
@@ -48,8 +49,57 @@ def simulate(
     ``FairShareNetwork.factory(capacities)``; without one, a network with no links,
     enough for workloads whose transfers only take time (abstract pipelines).
     ``progress``, if given, is called with the fraction of ops done, about every 1 % of
-    them."""
-    return _Engine(workload, network or FairShareNetwork.factory(()), progress).run()
+    them. ``blame`` records who waited for whom at collectives (`Trace.waits`, `_Blame`)."""
+    engine = _Engine(workload, network or FairShareNetwork.factory(()), progress)
+    if blame:
+        engine.blame = _Blame()
+    return engine.run()
+
+
+class _Blame:
+    """Who waited for whom: at a collective the members that arrived before the last one
+    wait, and their wait is charged to the last arriver's lane. A member that did not
+    block (an overlapped gradient bucket) is charged, when its lane later waits for the
+    bucket, the part of that wait before the last member arrived. Only collectives of
+    one pipeline stage (tensor-, data-, context-, expert-parallel) are charged: pipeline
+    idle, blocking p2p pairs and the tied embedding's all-reduce wait on the pipeline."""
+
+    def __init__(self) -> None:
+        self.waits: list[Wait] = []
+        # a non-blocking member op -> (the last arriver's lane, when it arrived)
+        self.pending: dict[int, tuple[int, float]] = {}
+
+    def collective(self, engine: _Engine, first: int, last_lane: int) -> None:
+        now, ops, start_s = engine.env.now, engine.ops, engine.start_s
+        lanes = engine.workload.lanes
+        stage = lanes[last_lane].stage
+        members = engine.members[first]
+        # members that arrived at the same instant as the last share its place; the
+        # charge goes to the one standing for the fewest GPUs (a representative lane
+        # stands for replicas no perturbation touches)
+        for index in members:
+            lane = ops[index].lane
+            if start_s[index] == now and lanes[lane].stands_for < lanes[last_lane].stands_for:
+                last_lane = lane
+        for index in members:
+            op = ops[index]
+            if lanes[op.lane].stage != stage:
+                # between pipeline stages (a blocking p2p pair, the tied embedding's
+                # all-reduce): waiting on the pipeline, not charged
+                continue
+            if not op.blocking:
+                if op.lane != last_lane:
+                    self.pending[index] = (last_lane, now)
+                continue
+            wait = now - start_s[index]
+            if wait > 0 and op.lane != last_lane:
+                self.waits.append(_new(Wait, (op.lane, last_lane, wait, op.kind)))
+
+    def waited(self, lane: int, dep: int, dep_kind: str, waited_from: float, now: float) -> None:
+        pending = self.pending.pop(dep, None)
+        if pending is not None and pending[1] > waited_from:
+            wait = min(pending[1], now) - waited_from
+            self.waits.append(_new(Wait, (lane, pending[0], wait, dep_kind)))
 
 
 class _Engine:
@@ -103,6 +153,7 @@ class _Engine:
         self.op_ended = [self._op_ended_callback(i) for i in range(num_lanes)]
         self.lane_event = [Call() for _ in range(num_lanes)]
         self.lane_callbacks = [(ended,) for ended in self.op_ended]
+        self.blame: _Blame | None = None
 
     def run(self) -> Trace:
         self._wake(range(len(self.workload.lanes)))
@@ -114,6 +165,7 @@ class _Engine:
             self.last_end_s,
             self.network.num_transfers,
             self.network.intervals,
+            tuple(self.blame.waits) if self.blame is not None else (),
         )
 
     def _op_ended_callback(self, lane: int):
@@ -247,6 +299,8 @@ class _Engine:
         self.arrived[first] = count
         if count == len(self.members[first]):
             del self.arrived[first]
+            if self.blame is not None:
+                self.blame.collective(self, first, op.lane)
             if op.kind == PP_SEND:  # a blocking p2p pair: its span starts with the transfer
                 for index in self.members[first]:
                     self.start_s[index] = self.env.now
@@ -290,6 +344,8 @@ class _Engine:
         op = self.workload.ops[lane.ops[self.position[lane_index]]]
         gpu, stream = lane.gpu, lane.stream
         dep_op = self.workload.ops[dep]
+        if self.blame is not None:
+            self.blame.waited(lane_index, dep, dep_op.kind, waited_from, now)
         wait_kind = WAIT_OF_COMM.get(dep_op.kind)
         if wait_kind is None:
             busy_from = now  # waited on another GPU's compute: all of it is bubble

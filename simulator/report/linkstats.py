@@ -19,13 +19,18 @@ def _rows(
     """One row per (interval, chosen link): link index, bytes/s on it, start, end. Only
     the chosen links' rows are made (a large run's collectives cross thousands of
     links, of which a handful are drawn)."""
-    rows = [
-        (link, m * iv.rate_bytes_per_s, iv.start_s, iv.end_s)
-        for iv in intervals
-        if not chosen.isdisjoint(iv.links)
-        for link, m in zip(iv.links, iv.mults, strict=True)
-        if link in chosen
-    ]
+    # where the chosen links sit in each shape, found once per shape (by identity): a
+    # coupled flow of many rings crosses thousands of links in every interval
+    places: dict[int, list[tuple[int, int]]] = {}
+    rows = []
+    for iv in intervals:
+        found = places.get(id(iv.links))
+        if found is None:
+            found = places[id(iv.links)] = [
+                (i, link) for i, link in enumerate(iv.links) if link in chosen
+            ]
+        rate, mults = iv.rate_bytes_per_s, iv.mults
+        rows.extend((link, mults[i] * rate, iv.start_s, iv.end_s) for i, link in found)
     if not rows:
         return np.zeros(0, np.int64), np.zeros(0), np.zeros(0), np.zeros(0)
     links, loads, starts, ends = zip(*rows, strict=True)

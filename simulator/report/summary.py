@@ -141,6 +141,8 @@ def summary_text(result: Result) -> str:
         share = 100 * value / iteration if iteration else 0.0
         lines.append(f"    {category.label:<34}{value:>10.{places}f}{share:>8.1f}")
     lines += ["", _stage_table(m.stages, places)]
+    if m.perturbations:
+        lines += perturbation_lines(result)
     if m.busiest_links:
         lines += [
             "",
@@ -153,6 +155,42 @@ def summary_text(result: Result) -> str:
                 f"{100 * link.peak_utilization:5.1f} %  {link.link}"
             )
     return "\n".join(lines)
+
+
+# the causes of waiting a summary lists (metrics.json has them all)
+WAIT_CAUSES_SHOWN = 5
+
+
+def perturbation_lines(result: Result) -> list[str]:
+    """What was perturbed, how it was simulated, and who waited for whom."""
+    s, m = result.scenario, result.metrics
+    lines = ["", "  perturbations"]
+    lines += [f"    {i + 1}. {text}" for i, text in enumerate(m.perturbations)]
+    if s.network.symmetry:
+        tp, dp = s.parallel.tensor_model_parallel_size, s.parallel.data_parallel_size
+        lanes = compute_lanes(result.workload.lanes)
+        replicas = sorted({(lane.gpu // tp) % dp for lane in lanes} - {0})
+        per_gpu = sum(1 for lane in lanes if lane.stands_for == 1)
+        shown = ", ".join(map(str, replicas[:8])) + (", ..." if len(replicas) > 8 else "")
+        lines.append(
+            f"    symmetric mode: replica{'s' if len(replicas) != 1 else ''} {shown} simulated "
+            f"beside the representatives ({per_gpu} lanes of one GPU, "
+            f"{len(lanes) - per_gpu - s.parallel.pipeline_model_parallel_size} of a TP group)"
+        )
+    total = sum(w.gpu_seconds for w in m.waits)
+    gpu_s = m.iteration_time_s * m.num_gpus
+    share = 100 * total / gpu_s if gpu_s else 0.0
+    lines += [
+        "",
+        f"  waits at collectives for the last member: {total:.4g} GPU-s "
+        f"({share:.2f} % of all GPU time), by cause",
+    ]
+    for w in m.waits[:WAIT_CAUSES_SHOWN]:
+        lines.append(f"    {w.gpu_seconds:>10.4g} GPU-s  {w.cause}")
+    if len(m.waits) > WAIT_CAUSES_SHOWN:
+        rest = sum(w.gpu_seconds for w in m.waits[WAIT_CAUSES_SHOWN:])
+        lines.append(f"    {rest:>10.4g} GPU-s  {len(m.waits) - WAIT_CAUSES_SHOWN} other causes")
+    return lines
 
 
 def context_parallel_lines(result: Result) -> list[str]:

@@ -34,6 +34,8 @@ from .files import (
     read_toml,
     scenario_path,
 )
+from .perturbation import SECTION as PERTURBATION
+from .perturbation import PerturbationSpec, where
 from .spec import (
     ClusterSpec,
     GpuSpec,
@@ -95,6 +97,11 @@ def parse_override(item: str) -> tuple[str, str, Any]:
     section, dot, key = target.partition(".")
     if not dot:
         section, key = "", target
+    if section in schema.ARRAYS:
+        raise ScenarioError(
+            f"--set {_shown(target)}: [[{section}]] tables are not set from the command line; "
+            f"write them in the scenario file (scenarios/README.md)"
+        )
     if section and section not in schema.SECTIONS:
         raise ScenarioError(
             f"--set {_shown(target)}: unknown section {_shown(section)!r}; "
@@ -124,7 +131,7 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
 def scenario_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> Scenario:
     """Validate a parsed TOML document and build the frozen Scenario. A relative
     ``training.schedule_file`` is read from ``base_dir`` (the scenario's folder)."""
-    allowed_top = {*schema.keys()[schema.TOP_LEVEL], *schema.SECTIONS}
+    allowed_top = {*schema.keys()[schema.TOP_LEVEL], *schema.SECTIONS, *schema.ARRAYS}
     for key in raw:
         if key not in allowed_top:
             raise ScenarioError(f"unknown key {key!r} at top level; known: {_known(allowed_top)}")
@@ -148,6 +155,7 @@ def scenario_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
     parallel = _build_parallel(tables["parallel"], model, cluster, training)
     _require("network", tables["network"])
     network = NetworkConfig(**tables["network"])
+    perturbations = _build_perturbations(raw.get(PERTURBATION, []))
     try:
         return Scenario(
             name=name,
@@ -156,6 +164,7 @@ def scenario_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
             parallel=parallel,
             training=training,
             network=network,
+            perturbations=perturbations,
         )
     except ScenarioError as exc:
         written = tables["training"].get("schedule_file")
@@ -163,6 +172,24 @@ def scenario_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
             # the file's rules name the resolved path; the user wrote this one
             raise ScenarioError(key=exc.key, value=written, rule=exc.rule) from None
         raise
+
+
+def _build_perturbations(tables: Any) -> tuple[PerturbationSpec, ...]:
+    """The [[perturbation]] tables, in file order; an error names which one."""
+    if not isinstance(tables, list) or not all(isinstance(t, Mapping) for t in tables):
+        raise ScenarioError(
+            f"{PERTURBATION} must be written as [[{PERTURBATION}]] tables, one per perturbation"
+        )
+    built = []
+    for i, table in enumerate(tables):
+        try:
+            _require(PERTURBATION, _check_table(PERTURBATION, table))
+            built.append(PerturbationSpec(**table))
+        except ScenarioError as exc:
+            raise ScenarioError(
+                f"{where(i)}: {exc}", key=exc.key, value=exc.value, rule=exc.rule, fix=exc.fix
+            ) from None
+    return tuple(built)
 
 
 def _known(keys: Iterable[str]) -> str:
@@ -294,7 +321,10 @@ def scenario_to_dict(scenario: Scenario) -> dict[str, Any]:
         return {k: v for k, v in values.items() if v is not None}
 
     top = table(scenario, schema.TOP_LEVEL)
-    return {**top, **{s: table(getattr(scenario, s), s) for s in schema.SECTIONS}}
+    doc = {**top, **{s: table(getattr(scenario, s), s) for s in schema.SECTIONS}}
+    if scenario.perturbations:  # absent when there are none: clean runs' files stay as they were
+        doc[PERTURBATION] = [p.given() for p in scenario.perturbations]
+    return doc
 
 
 def _file_value(value: Any) -> Any:
@@ -303,16 +333,22 @@ def _file_value(value: Any) -> Any:
 
 
 def dumps_toml(doc: Mapping[str, Any]) -> str:
-    """A small TOML writer for flat tables of str, int, float and bool."""
+    """A small TOML writer for flat tables (and arrays of them) of str, int, float, bool."""
     lines = []
     for key, value in doc.items():
-        if not isinstance(value, Mapping):
+        if not isinstance(value, Mapping | list):
             lines.append(f"{key} = {_toml_value(value)}")
     for key, value in doc.items():
         if isinstance(value, Mapping):
             lines.append("")
             lines.append(f"[{key}]")
             lines.extend(f"{k} = {_toml_value(v)}" for k, v in value.items())
+    for key, value in doc.items():
+        if isinstance(value, list):  # an array of tables
+            for item in value:
+                lines.append("")
+                lines.append(f"[[{key}]]")
+                lines.extend(f"{k} = {_toml_value(v)}" for k, v in item.items())
     return "\n".join(lines) + "\n"
 
 

@@ -38,6 +38,7 @@ from .model_rules import check_distributed_optimizer as check_distributed_optimi
 from .model_rules import check_model as check_model  # these through rules
 from .moe_rules import check_expert_parallel
 from .overlap_rules import check_overlap
+from .perturbation import check_targets
 from .precision import check_fp8
 from .softmax import SOURCE as SOFTMAX_SOURCE
 from .softmax import scenario_softmax_path
@@ -245,6 +246,7 @@ def check_scenario(scenario: Scenario) -> None:
     check_fp8(scenario)
     check_calibration(scenario)
     check_nvls(scenario)
+    check_targets(scenario.perturbations, scenario.cluster)
 
 
 def check_cluster_size(scenario: Scenario) -> None:

@@ -17,6 +17,8 @@ from typing import Any
 
 from . import frameworks
 from .errors import ScenarioError
+from .perturbation import SECTION as PERTURBATION
+from .perturbation import PerturbationSpec
 from .spec import ClusterSpec, ModelSpec, NetworkConfig, ParallelConfig, Scenario, TrainingConfig
 
 # Each section's spec; the top level is the Scenario itself (its `name`).
@@ -28,6 +30,8 @@ SECTIONS: dict[str, type] = {
     "network": NetworkConfig,
 }
 TOP_LEVEL = ""
+# Arrays of tables ([[perturbation]]): each table one spec, the scenario a tuple of them.
+ARRAYS: dict[str, type] = {PERTURBATION: PerturbationSpec}
 # The key in a section that names a preset filling the others, and how a missing
 # key's error points to it.
 PRESET_KEYS = {"model": "preset", "cluster": "node"}
@@ -115,6 +119,7 @@ def keys() -> dict[str, dict[str, Key]]:
     return {
         TOP_LEVEL: _keys_of(Scenario, TOP_LEVEL),
         **{section: _keys_of(cls, section) for section, cls in SECTIONS.items()},
+        **{section: _keys_of(cls, section) for section, cls in ARRAYS.items()},
     }
 
 
@@ -206,6 +211,8 @@ def markdown_tables() -> str:
     parts = []
     for section in keys():
         title = f"[{section}]" if section else "Top level"
+        if section in ARRAYS:
+            title = f"[[{section}]] (any number of tables)"
         parts.append(f"#### {title} keys\n\n{markdown_table(section)}\n")
     parts.append(f"#### Framework defaults\n\n{frameworks.markdown_table()}\n")
     return "\n".join(parts)

@@ -33,6 +33,7 @@ from . import precision, rules
 from .errors import ScenarioError
 from .fields import key, presets_of
 from .model import ModelSpec
+from .perturbation import PerturbationSpec
 from .stages import virtual_stage_layers
 from .training import SCHEDULES, RecomputeGranularity, TrainingConfig
 
@@ -450,6 +451,8 @@ class Scenario:
     training: TrainingConfig
     network: NetworkConfig
     calibration: KernelConstants | None = None  # None: the GPU's own (cluster.gpu.kernels)
+    # [[perturbation]] tables in file order (scenario/perturbation.py); () for a clean run
+    perturbations: tuple[PerturbationSpec, ...] = ()
 
     def __post_init__(self) -> None:
         rules.check_scenario(self)

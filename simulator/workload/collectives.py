@@ -103,6 +103,7 @@ class Fabric(NamedTuple):
     base_latency_s: float
     pattern: Pattern | None = None  # None: the whole graph, every copy enumerated
     nvls_efficiency: float = 0.0  # > 0: the NVSwitch reduces (NVLS), at this fraction
+    links: Sequence | None = None  # the cluster's links (topologies.Link), for their ends
 
     @classmethod
     def of(cls, cluster, base_latency_s: float, nvls_efficiency: float = 0.0) -> Fabric:
@@ -126,6 +127,7 @@ class Fabric(NamedTuple):
                 {},
             ),
             nvls_efficiency=nvls_efficiency,
+            links=cluster.links,
         )
 
 

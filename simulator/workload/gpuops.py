@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..vocabulary import BARRIER, COMPUTE_STREAM, CP_COMM, TP_COMM
+from ..vocabulary import BARRIER, COMPUTE_STREAM, CP_COMM, DP_SYNC, TP_COMM
 from .compute import Work
 from .keys import OpKey, RendezvousKey, Who
 from .ops import WorkloadBuilder
@@ -28,7 +28,13 @@ class GpuOps:
         self.who: Who = (j, d)
         self.exact = comm.exact
         self.gpu = placement.gpu(j, d, self.stage)
-        self.stands_for = 1 if self.exact else placement.tensor * placement.data
+        self.stands_for = (
+            1
+            if self.exact
+            else placement.tensor
+            if comm.group
+            else placement.tensor * (placement.data - len(comm.exclude))
+        )
         self._num_collectives: dict[str, int] = {}  # by op kind: TP_COMM, DP_SYNC
         self.lane = self.new_lane(COMPUTE_STREAM)
 
@@ -40,6 +46,24 @@ class GpuOps:
         par = scenario.parallel
         local = self.j + self.comm.placement.tensor * self.d
         return (local // par.etp_size) % par.ep_size
+
+    def peers(self, stage: int) -> list[Who]:
+        """The (tensor rank, replica) names of the GPUs of pipeline rank ``stage`` whose
+        pipeline ops this GPU's meet: its own, but in mixed mode a whole TP group's lane
+        meets every GPU of a group with a lane per GPU, and such a GPU the whole group's."""
+        comm = self.comm
+        if comm.joint is None or stage == self.stage:
+            return [self.who]
+        split = (self.d, stage) in comm.split
+        if comm.group:
+            return [(t, self.d) for t in range(comm.placement.tensor)] if split else [self.who]
+        return [self.who] if split else [(0, self.d)]
+
+    def coupled_with(self, stage: int) -> bool:
+        """Mixed mode: whether a blocking p2p call with pipeline rank ``stage`` is one
+        coupled flow of the whole TP group's sends (a whole group at either end)."""
+        comm = self.comm
+        return comm.joint is not None and (comm.group or (self.d, stage) not in comm.split)
 
     def new_lane(self, stream: str) -> int:
         """A lane of this GPU on ``stream`` (the compute lane is made first)."""
@@ -61,7 +85,8 @@ class GpuOps:
 
     def collective(self, lane: int, kind: str, label: str, transfer, **fields) -> None:
         """A collective op (TP_COMM or DP_SYNC); in exact mode a rendezvous of the group."""
-        rendezvous = self.rendezvous(kind) if self.exact else None
+        joined = self.exact or (self.comm.mixed and kind == DP_SYNC)
+        rendezvous = self.rendezvous(kind) if joined else None
         self.builder.add(lane, kind, label, transfer=transfer, rendezvous=rendezvous, **fields)
 
     def rendezvous(self, kind: str, group: object = None) -> RendezvousKey:
@@ -71,6 +96,8 @@ class GpuOps:
         count = self._num_collectives[kind] = self._num_collectives.get(kind, 0) + 1
         if group is not None:
             return RendezvousKey(kind, self.stage, group, count)
+        if kind == DP_SYNC and self.comm.mixed:  # the representative's lane and the exact ones
+            return RendezvousKey(kind, self.stage, "joint", count)
         # a TP group is the replica's tensor ranks, a DP group the tensor rank's replicas,
         # a CP group the tensor rank's replicas of one context-parallel group
         group: object = self.d if kind == TP_COMM else self.j

@@ -42,7 +42,6 @@ from stepsim.schedules.p2p import (
     Call,
 )
 
-from ..engine.flows import Transfer
 from ..scenario import Scenario, frameworks
 from ..units import us_to_s
 from ..vocabulary import (
@@ -50,6 +49,7 @@ from ..vocabulary import (
     ALL_REDUCE,
     BACKWARD,
     CP_COMM,
+    DP_SYNC,
     FORWARD,
     PP_SEND,
     RECOMPUTE,
@@ -75,10 +75,19 @@ from .p2pcalls import blocking_call
 from .placement import StageComm, placement_of
 
 
-def lower(scenario: Scenario, cluster) -> Workload:
+def lower(
+    scenario: Scenario,
+    cluster,
+    touched: frozenset[int] = frozenset(),
+    split: frozenset[tuple[int, int]] | None = None,
+) -> Workload:
     """Build the ops of one training iteration: one compute lane per pipeline stage
     (symmetric mode) or per GPU (exact mode, ``network.symmetry = false``). Raises
-    collectives.LayoutError when the layout's congruent groups are not alike."""
+    collectives.LayoutError when the layout's congruent groups are not alike.
+    ``touched`` (symmetric mode, simulator/perturb.py): replicas whose every GPU is
+    lowered besides the representative, which stands for the rest: the (replica, stage)
+    TP groups in ``split`` (default: all of them) a lane per GPU as in exact mode, the
+    others one lane each standing for the group."""
     placement = placement_of(scenario)
     fabric = Fabric.of(
         cluster,
@@ -93,10 +102,25 @@ def lower(scenario: Scenario, cluster) -> Workload:
     else:
         ranks = [(j, d) for d in range(placement.data) for j in range(placement.tensor)]
     items = p2p_items(scenario, orders)
+    touched = touched if scenario.network.symmetry else frozenset()
+    if split is None:
+        split = frozenset((d, s) for d in touched for s in range(placement.pipeline))
     for stage, order in enumerate(orders):
-        comm = StageComm(scenario, fabric, placement, stage)
+        comm = StageComm(scenario, fabric, placement, stage, exclude=touched, split=split)
         for j, d in ranks:
             _Stage(GpuOps(builder, comm, j, d), scenario, compute).lower(order, items[stage])
+        if touched:
+            exact = StageComm(scenario, fabric, placement, stage, joint=comm)
+            whole = StageComm(scenario, fabric, placement, stage, joint=comm, group=True)
+            for d in sorted(touched):
+                lanes = range(placement.tensor) if (d, stage) in split else [None]
+                for j in lanes:
+                    gpu = (
+                        GpuOps(builder, exact, j, d)
+                        if j is not None
+                        else GpuOps(builder, whole, 0, d)
+                    )
+                    _Stage(gpu, scenario, compute).lower(order, items[stage])
     return builder.build()
 
 
@@ -166,7 +190,7 @@ class _Stage:
         # a layer's ops by pass kind and whether its first waits: rows to replay, or ()
         # when they cannot be replayed (layer_body)
         self.bodies: dict[tuple[str, bool], tuple[tuple, ...]] = {}
-        self.p2p_sites: dict[tuple[str, str, int, str], tuple[Transfer, int, str]] = {}
+        self.p2p_sites: dict[tuple[str, str, int, str], tuple] = {}
 
     # -- small builders -----------------------------------------------------------------
 
@@ -269,6 +293,11 @@ class _Stage:
             key=key,
         )
 
+    def received(self, virtual: int, kind: str, mb: int) -> list[object]:
+        """The key(s) of virtual stage ``virtual``'s output of pass ``kind`` for this GPU."""
+        holder = holder_of(virtual, self.pipeline, self.placement)[0]
+        return [PipelineKey(who, virtual, kind, mb) for who in self.gpu.peers(holder)]
+
     def receive(self, label: str, mb: int, kind: str, deps: Sequence[object]) -> list[object]:
         """At the start of a pass that received ``kind`` (F: an activation, B: a
         gradient): the TP all-gather of the 1/T shards when the tensor came scattered;
@@ -346,11 +375,11 @@ class _Stage:
         first, last = self.ends[step.chunk]
         recv: list[object] = []
         if not first:
-            own = [] if self.blocking else [PipelineKey(self.who, virtual - 1, "F", mb)]
+            own = [] if self.blocking else self.received(virtual - 1, "F", mb)
             recv = self.receive(label, mb, "F", own)
         if pair is not None and not self.ends[pair.chunk][1] and not self.blocking:
             after = self.virtual[pair.chunk] + 1
-            recv.append(PipelineKey(self.who, after, "B", pair.microbatch))
+            recv += self.received(after, "B", pair.microbatch)
         layers = self.layers(step.chunk)
         dp = self.dp.forward_pass(label, mb, step.chunk, layers)
         if first:
@@ -382,7 +411,7 @@ class _Stage:
         first, last = self.ends[step.chunk]
         recv: list[object] = []
         if not last:
-            own = [] if self.blocking else [PipelineKey(self.who, virtual + 1, "B", mb)]
+            own = [] if self.blocking else self.received(virtual + 1, "B", mb)
             if self.regather and (self.gather["B"] or self.p2p != frameworks.SEQUENTIAL_BLOCKING):
                 own = list(self.tp(f"{label} regather", mb, ALL_GATHER, own))  # own output
             recv = self.receive(label, mb, "B", own)
@@ -437,6 +466,8 @@ class _Stage:
         if rows is None:
             # exact mode: a TP collective's rendezvous is named by its group and count
             kinds = (TP_COMM, CP_COMM) if gpu.exact else ()
+            if gpu.comm.mixed:  # mixed mode: data-parallel buckets join the joint rendezvous
+                kinds = (*kinds, DP_SYNC)
             body = builder.body_since(mark, gpu.lane, label, mb, deps, kinds)
             # exact mode: an MoE layer's expert collectives are named by their group too,
             # which a replay (naming by kind alone) cannot do: made by the blocks each time

@@ -42,7 +42,7 @@ def blocking_call(stage: _Stage, call: Call) -> None:
             site = sites.get((x.direction, x.kind, x.chunk, part))
             if site is None:
                 site = sites[(x.direction, x.kind, x.chunk, part)] = p2p_site(stage, x, part)
-            transfer, sender, suffix = site
+            transfer, sender, suffix, pair = site
             keys.append(
                 add(
                     lane,
@@ -51,15 +51,16 @@ def blocking_call(stage: _Stage, call: Call) -> None:
                     microbatch=x.microbatch,
                     transfer=transfer,
                     blocking=False,
-                    rendezvous=P2PKey(who, sender, x.kind, x.microbatch, part),
+                    rendezvous=P2PKey(pair or who, sender, x.kind, x.microbatch, part),
                 )
             )
         gpu.barrier(label, keys, first.microbatch)
 
 
-def p2p_site(stage: _Stage, x, part: str) -> tuple[Transfer, int, str]:
+def p2p_site(stage: _Stage, x, part: str) -> tuple[Transfer, int, str, tuple[int, int] | None]:
     """What every transfer of a call with this direction, kind, sending chunk and part
-    shares: the transfer, the sender's virtual stage and the label's suffix."""
+    shares: the transfer, the sender's virtual stage, the label's suffix and, in mixed
+    mode (perturbations' fast path), the name its rendezvous takes (None: this GPU's own)."""
     gpu, p = stage.gpu, stage.pipeline
     # ranks form a ring under interleaving: rank p - 1's chunk k feeds rank 0's k + 1
     step = 1 if x.kind == "F" else -1
@@ -67,8 +68,13 @@ def p2p_site(stage: _Stage, x, part: str) -> tuple[Transfer, int, str]:
     receiver = (sender + step) % p
     nbytes = stage.p2p_bytes[x.kind] if part == "data" else meta_bytes(gpu)
     transfer = gpu.comm.between(sender, receiver, gpu.j, gpu.d, nbytes)
+    pair = None  # the rendezvous is named by this GPU's (tensor rank, replica)
+    if gpu.coupled_with(receiver if x.direction == "send" else sender):
+        # mixed mode, a whole TP group at an end: one rendezvous of every tensor rank
+        transfer = gpu.comm.replica_between(sender, receiver, gpu.d, nbytes)
+        pair = (0, gpu.d)
     suffix = " meta" if part == "meta" else ""
-    return transfer, stage_of(sender, x.chunk, p, stage.placement), suffix
+    return transfer, stage_of(sender, x.chunk, p, stage.placement), suffix, pair
 
 
 def meta_bytes(gpu: GpuOps) -> float:

@@ -88,13 +88,35 @@ class StageComm:
     0) and carries the flows of every congruent group of the stage. Exact mode: the
     transfer of the group of GPU (tensor rank ``j``, replica ``d``) alone. A layout
     whose congruent groups cross the cluster unlike the representative's raises
-    collectives.LayoutError."""
+    collectives.LayoutError.
+
+    Mixed mode (perturbations in symmetric mode, simulator/perturb.py): the
+    representative's transfers leave out the copies of the replicas in ``exclude``
+    (simulated exactly, each by an exact StageComm whose ``joint`` is this one), and
+    every data-parallel collective is the representative's, which all of them join."""
 
     def __init__(
-        self, scenario: Scenario, fabric: Fabric, placement: Placement, stage: int
+        self,
+        scenario: Scenario,
+        fabric: Fabric,
+        placement: Placement,
+        stage: int,
+        *,
+        exclude: frozenset[int] = frozenset(),
+        split: frozenset[tuple[int, int]] = frozenset(),
+        joint: StageComm | None = None,
+        group: bool = False,
     ) -> None:
         self.fabric, self.placement, self.stage = fabric, placement, stage
-        self.exact = not scenario.network.symmetry
+        # group: one lane stands for a whole TP group of an excluded replica
+        self.group = group
+        self.exact = (not scenario.network.symmetry or joint is not None) and not group
+        self.exclude, self.joint = exclude, joint
+        # mixed mode: data-parallel collectives are rendezvous of the representative's
+        # lane and the lanes of the excluded replicas; ``split``: the (replica, stage)
+        # TP groups of those that have a lane per GPU (the others one lane each)
+        self.mixed = bool(exclude) or joint is not None
+        self.split = joint.split if joint is not None else split
         self.algorithm = scenario.network.collective_algorithm
         m, b = scenario.model, scenario.training.micro_batch_size
         # a micro-batch's activations on one GPU: its 1/CP share of each sequence
@@ -117,10 +139,10 @@ class StageComm:
     def tp(self, kind: str, d: int) -> Collective | None:
         """A tensor-parallel collective (a vocabulary collective kind) of one
         micro-batch's activations in replica ``d``; None for one tensor rank."""
-        key = (kind, d if self.exact else 0)
+        key = (kind, d if self.exact or self.group else 0)
         if key not in self._tp:
             placement = self.placement
-            if self.exact:
+            if self.exact or self.group:
                 self._tp[key] = self._collective(
                     kind, [placement.tp_group(d, self.stage)], self.activation_bytes
                 )
@@ -128,11 +150,11 @@ class StageComm:
 
                 def build(stage: int) -> Collective | None:
                     rep = placement.tp_group(0, stage)
-                    offsets = [placement.tensor * r for r in range(placement.data)]
+                    offsets = [placement.tensor * r for r in self._replicas()]
                     groups = [[g + o for g in rep] for o in self._kept(rep, offsets)]
                     return self._collective(kind, groups, self.activation_bytes)
 
-                self._tp[key] = self._shared(("tp", kind), self.stage, build)
+                self._tp[key] = self._shared(("tp", kind, *self.exclude), self.stage, build)
         return self._tp[key]
 
     def cp(self, kind: str, message_bytes: float, j: int, d: int) -> Transfer | Collective:
@@ -232,10 +254,23 @@ class StageComm:
     def dp(self, kind: str, message_bytes: float, j: int) -> Collective | None:
         """A collective over the data-parallel group of tensor rank ``j`` (and, symmetric,
         the congruent groups of the others); None for one replica."""
+        if self.joint is not None:  # mixed mode: the representative's, joined
+            return self.joint.dp(kind, message_bytes, 0)
         key = (kind, message_bytes, j if self.exact else 0)
         if key not in self._dp:
             placement = self.placement
-            if self.exact:
+            if self.mixed:
+                # every tensor rank's group on its own links, one coupled flow: the
+                # representative's links alone would miss the exact replicas' own
+
+                def merged(stage: int) -> Collective | None:
+                    groups = [placement.dp_group(t, stage) for t in range(placement.tensor)]
+                    parts = [self._collective(kind, [g], message_bytes) for g in groups]
+                    return _merged(parts, self._near_touched(stage, parts[0]))
+
+                key_mixed = ("dp-mixed", kind, message_bytes, *self.exclude)
+                self._dp[key] = self._shared(key_mixed, self.stage, merged)
+            elif self.exact:
                 self._dp[key] = self._collective(
                     kind, [placement.dp_group(j, self.stage)], message_bytes
                 )
@@ -255,6 +290,12 @@ class StageComm:
         rank, replica) pair: the tied embedding's gradient (symmetric: every pair's)."""
         placement = self.placement
         low, high = sorted((self.stage, other))
+        if self.group:  # the tied ends of a whole TP group are whole groups too
+            pairs = [
+                [placement.gpu(t, d, low), placement.gpu(t, d, high)]
+                for t in range(placement.tensor)
+            ]
+            return self._collective(ALL_REDUCE, pairs, message_bytes)
         if self.exact:
             pair = [placement.gpu(j, d, low), placement.gpu(j, d, high)]
             return self._collective(ALL_REDUCE, [pair], message_bytes)
@@ -264,7 +305,8 @@ class StageComm:
             groups = [[g + o for g in rep] for o in self._kept(rep, self._every_rank())]
             return self._collective(ALL_REDUCE, groups, message_bytes)
 
-        return self._shared(("tied", high - low, message_bytes), low, build, high - low + 1)
+        key = ("tied", high - low, message_bytes, *self.exclude)
+        return self._shared(key, low, build, high - low + 1)
 
     def send_to(self, other: int, j: int, d: int, message_bytes: float | None = None) -> Transfer:
         """Activations or gradients of one micro-batch to pipeline rank ``other``, each
@@ -278,6 +320,8 @@ class StageComm:
         (default: its 1/T shard); the receiver of a blocking p2p builds the same transfer
         as its sender."""
         nbytes = self.shard_bytes if message_bytes is None else message_bytes
+        if self.group:
+            return self.replica_between(src, dst, d, nbytes)
         key = (src, dst, nbytes, *((j, d) if self.exact else (0, 0)))
         if key not in self._sends:
             placement = self.placement
@@ -295,18 +339,73 @@ class StageComm:
                     return collectives.point_to_point(pairs, nbytes, self.fabric)
 
                 self._sends[key] = self._shared(
-                    ("send", src - low, dst - low, nbytes), low, build, abs(dst - src) + 1
+                    ("send", src - low, dst - low, nbytes, *self.exclude),
+                    low,
+                    build,
+                    abs(dst - src) + 1,
                 )
+        return self._sends[key]
+
+    def _near_touched(self, stage: int, first: Collective | None):
+        """Which links the joint data-parallel flow of ``stage`` keeps: tensor rank 0's
+        group's (the representative's links, where every rank's rings add their
+        multiplicities, as symmetric mode counts its copies) and every link with an end
+        in a node of a touched replica's GPU of the stage. The other ranks' links away
+        from those nodes carry, by symmetry, what rank 0's carry: leaving them out
+        changes no rate and spares the fair-share recomputes thousands of links."""
+        links, placement = self.fabric.links, self.placement
+        if links is None or first is None:
+            return None
+        gpn = self.fabric.pattern.gpus_per_node if self.fabric.pattern else None
+        if gpn is None:
+            return None
+        nodes = {
+            placement.gpu(t, d, stage) // gpn for d in self.exclude for t in range(placement.tensor)
+        }
+        own = {link for phase in first for link in phase.links}
+
+        def near(vertex: tuple) -> bool:
+            if vertex[0] == "gpu":
+                return vertex[1] // gpn in nodes
+            return vertex[0] in ("nic", "nvswitch") and vertex[1] in nodes
+
+        def keep(link: int) -> bool:
+            if link in own:
+                return True
+            ends = links[link]
+            return near(ends.src) or near(ends.dst)
+
+        return keep
+
+    def replica_between(self, src: int, dst: int, d: int, nbytes: float) -> Transfer:
+        """Mixed mode: every tensor rank of replica ``d`` sending ``nbytes`` from pipeline
+        rank ``src`` to ``dst``, one coupled flow (a whole TP group's sends, or those
+        between a whole group and a group of lanes per GPU)."""
+        key = (src, dst, nbytes, -1, d)
+        if key not in self._sends:
+            placement = self.placement
+            # every pair on its own links (a touched GPU's NIC is in one of them)
+            pairs = [
+                (collectives.point_to_point([(a, b)], nbytes, self.fabric),)
+                for a, b in (
+                    (placement.gpu(t, d, src), placement.gpu(t, d, dst))
+                    for t in range(placement.tensor)
+                )
+            ]
+            self._sends[key] = _merged(pairs)[0]
         return self._sends[key]
 
     # -- symmetric mode: the congruent copies, and the stages alike ----------------------
 
+    def _replicas(self) -> list[int]:
+        """The replicas the representative stands for: all, less those simulated
+        exactly in mixed mode."""
+        return [r for r in range(self.placement.data) if r not in self.exclude]
+
     def _every_rank(self) -> list[int]:
         """GPU offsets of every (tensor rank, replica) pair's copy, replica-major."""
         placement = self.placement
-        return [
-            t + placement.tensor * r for r in range(placement.data) for t in range(placement.tensor)
-        ]
+        return [t + placement.tensor * r for r in self._replicas() for t in range(placement.tensor)]
 
     def _kept(self, rep: Sequence[int], offsets) -> list[int]:
         """The copies (``rep`` moved by each offset, in order) that can change the
@@ -375,6 +474,30 @@ class StageComm:
     ) -> Collective | None:
         """A collective by the scenario's algorithm (collectives.collective)."""
         return collectives.collective(self.algorithm, kind, groups, message_bytes, self.fabric)
+
+
+def _merged(parts: Sequence[Collective | None], keep=None) -> Collective | None:
+    """Collectives of one shape (phases of the same bytes per flow) as one: each phase's
+    flows of every part coupled, their multiplicities added link by link; a phase's
+    latency is the largest of the parts'. ``keep(link)``, if given, says which links
+    the coupled flow keeps."""
+    if parts[0] is None:
+        return None
+    phases = []
+    for same in zip(*parts, strict=True):
+        mults: dict[int, int] = {}
+        for t in same:
+            for link, m in zip(t.links, t.mults, strict=True):
+                if keep is None or keep(link):
+                    mults[link] = mults.get(link, 0) + m
+        links = tuple(sorted(mults))
+        first = same[0]
+        if any(t.bytes_per_flow != first.bytes_per_flow for t in same):
+            raise LayoutError("mixed mode: the data-parallel groups' collectives differ in shape")
+        latency = max(t.latency_s for t in same)
+        counts = tuple(mults[i] for i in links)
+        phases.append(Transfer(links, counts, first.bytes_per_flow, latency))
+    return tuple(phases)
 
 
 def _moved(result, nodes: int, translate):
