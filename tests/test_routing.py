@@ -47,6 +47,21 @@ def test_zipf_shares_fall_as_one_over_rank_and_are_capped_at_one_over_topk():
     assert capped[3] / capped[2] == pytest.approx(9 / 16)
 
 
+def test_steep_zipf_over_many_experts_caps_the_top_k_and_leaves_the_rest_near_zero():
+    """(e+1)^x overflows a float past 1e308 (4096 experts, x = 100): those experts'
+    shares are 0 (no OverflowError); the rest water-filled under the 1/k cap."""
+    steep = {**ZIPF, "moe_routing_zipf_exponent": 100.0}
+    model = dataclasses.replace(
+        moe_scenario(experts=8, topk=2, model=steep).model, num_experts=4096
+    )
+    shares = expert_shares(model)
+    assert shares[0] == 0.5  # capped; expert 1 takes the other half, less what follows
+    assert shares[2] == pytest.approx(0.5 * (2 / 3) ** 100)
+    assert shares[1] == pytest.approx(0.5)
+    assert shares[-1] == 0.0  # 4096^100 overflows: 0
+    assert math.fsum(shares) == pytest.approx(1.0)
+
+
 def test_rank_loads_put_the_hottest_experts_on_ep_rank_zero():
     """Experts sit in order on the EP ranks (Megatron-Core): under zipf rank 0 is the
     busiest, its load EP x the shares of its E / EP experts."""
