@@ -84,6 +84,12 @@ def test_zipf_exponent_zero_is_balanced_to_the_bit():
 def test_grouped_gemm_of_equal_shapes_is_the_batched_gemm():
     cm = ComputeModel(moe_scenario())
     assert grouped_gemm(cm, [(512.0, 2048.0, 1024.0)] * 4) == cm.gemm(512, 2048, 1024, 4)
+    # the unequal shapes' tile and wave sum meets the batched GEMM as the shapes meet (the
+    # line above takes a shortcut; this goes through the sum)
+    for m in (96.0, 512.0, 3000.0):
+        near = [(m, 2048.0, 1024.0)] * 3 + [(m * (1 - 1e-12), 2048.0, 1024.0)]
+        batched = cm.gemm(m, 2048, 1024, 4).duration_s
+        assert grouped_gemm(cm, near).duration_s == pytest.approx(batched, rel=1e-9)
     # unequal: each expert's tiles overhang its own rows; an empty expert computes nothing
     alone = grouped_gemm(cm, [(512.0, 2048.0, 1024.0)])
     assert grouped_gemm(cm, [(512.0, 2048.0, 1024.0), (0.0, 2048.0, 1024.0)]) == alone
