@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from stepsim.report.summary import summary_text
 from stepsim.run import build_cluster, run
 from stepsim.scenario import ScenarioError
 from stepsim.scenario.loader import scenario_to_dict
@@ -221,3 +222,11 @@ def test_routing_keys_need_an_moe_model():
             model={"num_layers": 2, "hidden_size": H, "seq_length": S, "moe_routing": "zipf"},
             cluster={"node": "dgx-h100", "num_nodes": 1},
         )
+
+
+def test_the_summary_names_the_routing_and_the_busiest_ranks_load():
+    skew = moe_scenario(experts=8, topk=2, ep=4, dp=4, model=ZIPF)
+    loads = rank_loads(skew.model, 4)
+    text = summary_text(run(skew))
+    assert f"zipf (exponent 1): the busiest EP rank (rank 0) gets {loads[0]:.3g} x" in text
+    assert "  routing " not in summary_text(run(moe_scenario(ep=4, dp=4)))
