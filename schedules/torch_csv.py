@@ -92,7 +92,11 @@ def parse_torch_csv(text: str) -> tuple[list[list[Step]], str]:
         raise ValueError("no actions found: write one row per rank, e.g. '0F0,0F1,0I0,0W0'")
     p = len(rows)
     stages = {rank: sorted({action[0] for action in row}) for rank, row in enumerate(rows)}
-    num_stages = 1 + max(s for held in stages.values() for s in held)
+    every = set().union(*stages.values())
+    num_stages = 1 + max(every)
+    if len(every) < num_stages:  # also bounds the placement's search below
+        missing = min(set(range(min(num_stages, len(every) + 1))) - every)
+        raise ValueError(f"stage {missing} has no action, though stage {num_stages - 1} has")
     if num_stages % p:
         raise ValueError(
             f"stages 0 to {num_stages - 1} do not divide over {p} ranks (one row per rank)"

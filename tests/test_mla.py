@@ -6,7 +6,8 @@ import pytest
 from stepsim.run import run
 from stepsim.scenario import ModelSpec, ScenarioError
 from stepsim.scenario.presets import MODELS
-from stepsim.workload.compute import ComputeModel
+from stepsim.workload.attention import causal_fraction, flash_work
+from stepsim.workload.compute import ComputeModel, gemm_efficiency
 from stepsim.workload.memory import active_params, layer_params, model_params
 from tests.helpers import load
 
@@ -148,3 +149,17 @@ def test_mla_refuses_context_parallelism_and_first_k_dense_needs_an_moe_layer():
         )
     with pytest.raises(ScenarioError, match="first_k_dense_replace=2 must be < model.num_layers"):
         mla_scenario(num_experts=4, first_k_dense_replace=2)
+
+
+def test_mla_flash_backward_runs_three_qk_and_two_v_matmuls():
+    """Flash backward recomputes S = Q K^T and runs dQ and dK over the Q/K width, dP and
+    dV over V's: 2 s^2 (3 (d_n + d_r) + 2 d_v) per head (416 / 160 = 2.6 x the forward's
+    matmuls here), not 2.5 x as with one head width; the model's FLOPs stay 2 x."""
+    cm = ComputeModel(mla_scenario())
+    heads, s = A, cm.model.seq_length
+    rate = cm.gpu.peak_tflops * 1e12 * gemm_efficiency(cm.constants, s, s, DN + DR, heads)
+    exps = cm.gpu.tensor_flops_per_exp * heads * s * s * causal_fraction(s)
+    forward, backward = flash_work(cm, False), flash_work(cm, True)
+    ratio = (backward.duration_s * rate - exps) / (forward.duration_s * rate - exps)
+    assert ratio == pytest.approx((3 * (DN + DR) + 2 * DV) / (DN + DR + DV))
+    assert backward.flops == 2 * forward.flops

@@ -9,7 +9,12 @@ from stepsim.scenario.presets import MODELS
 from stepsim.vocabulary import ALL_TO_ALL, BREAKDOWN_KEYS, EP_COMM
 from stepsim.workload.collectives import Fabric
 from stepsim.workload.compute import ComputeModel
-from stepsim.workload.memory import active_params, model_params
+from stepsim.workload.memory import (
+    active_params,
+    fp8_linear_params_per_rank,
+    fp8_weight_bytes,
+    model_params,
+)
 from stepsim.workload.moe import dispatch_bytes, moe_block_work, tokens_per_expert
 from stepsim.workload.placement import StageComm, placement_of
 from tests.helpers import load
@@ -317,3 +322,28 @@ def test_fp8_experts_run_their_grouped_gemms_at_the_fp8_rate_after_their_casts()
     assert work.duration_s == pytest.approx(expected)
     assert work.flops == moe_block_work(ComputeModel(bf16)).experts.flops
     assert run(fp8).metrics.iteration_time_s < run(bf16).metrics.iteration_time_s
+
+
+def test_fp8_weight_caches_count_each_stages_own_dense_and_moe_layers():
+    """DeepSeek's dense first layers: a stage holding them caches their wide MLPs' FP8
+    copies, a stage of MoE layers only its E / EP experts' and shared experts'; the two
+    together are the model's (the mean layer's x the layers)."""
+    fp8 = {"fp8_format": "hybrid", "fp8_recipe": "blockwise"}
+    scenario = moe_scenario(
+        experts=8,
+        ep=8,
+        dp=8,
+        nodes=2,
+        model={"num_layers": 4, "first_k_dense_replace": 2, "ffn_hidden_size": 4 * H},
+        parallel={"pipeline_model_parallel_size": 2},
+        training=fp8,
+    )
+    m = scenario.model
+    copies = fp8_weight_bytes(scenario, 1) / fp8_linear_params_per_rank(scenario)
+    attention = H * m.qkv_width + m.attention_width * H
+    dense = attention + 3 * H * 4 * H  # SwiGLU: fc1 2 x 4h wide, fc2 4h
+    moe = attention + 3 * H * m.expert_ffn  # one local expert (8 experts over EP 8)
+    assert fp8_weight_bytes(scenario, 2, 0) == pytest.approx(2 * dense * copies)
+    assert fp8_weight_bytes(scenario, 2, 1) == pytest.approx(2 * moe * copies)
+    both = fp8_weight_bytes(scenario, 2, 0) + fp8_weight_bytes(scenario, 2, 1)
+    assert both == pytest.approx(fp8_weight_bytes(scenario, 4))

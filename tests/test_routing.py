@@ -6,6 +6,7 @@ import math
 
 import pytest
 
+from stepsim.report.summary import summary_text
 from stepsim.run import build_cluster, run
 from stepsim.scenario import ScenarioError
 from stepsim.scenario.loader import scenario_to_dict
@@ -47,6 +48,21 @@ def test_zipf_shares_fall_as_one_over_rank_and_are_capped_at_one_over_topk():
     assert capped[3] / capped[2] == pytest.approx(9 / 16)
 
 
+def test_steep_zipf_over_many_experts_caps_the_top_k_and_leaves_the_rest_near_zero():
+    """(e+1)^x overflows a float past 1e308 (4096 experts, x = 100): those experts'
+    shares are 0 (no OverflowError); the rest water-filled under the 1/k cap."""
+    steep = {**ZIPF, "moe_routing_zipf_exponent": 100.0}
+    model = dataclasses.replace(
+        moe_scenario(experts=8, topk=2, model=steep).model, num_experts=4096
+    )
+    shares = expert_shares(model)
+    assert shares[0] == 0.5  # capped; expert 1 takes the other half, less what follows
+    assert shares[2] == pytest.approx(0.5 * (2 / 3) ** 100)
+    assert shares[1] == pytest.approx(0.5)
+    assert shares[-1] == 0.0  # 4096^100 overflows: 0
+    assert math.fsum(shares) == pytest.approx(1.0)
+
+
 def test_rank_loads_put_the_hottest_experts_on_ep_rank_zero():
     """Experts sit in order on the EP ranks (Megatron-Core): under zipf rank 0 is the
     busiest, its load EP x the shares of its E / EP experts."""
@@ -69,6 +85,12 @@ def test_zipf_exponent_zero_is_balanced_to_the_bit():
 def test_grouped_gemm_of_equal_shapes_is_the_batched_gemm():
     cm = ComputeModel(moe_scenario())
     assert grouped_gemm(cm, [(512.0, 2048.0, 1024.0)] * 4) == cm.gemm(512, 2048, 1024, 4)
+    # the unequal shapes' tile and wave sum meets the batched GEMM as the shapes meet (the
+    # line above takes a shortcut; this goes through the sum)
+    for m in (96.0, 512.0, 3000.0):
+        near = [(m, 2048.0, 1024.0)] * 3 + [(m * (1 - 1e-12), 2048.0, 1024.0)]
+        batched = cm.gemm(m, 2048, 1024, 4).duration_s
+        assert grouped_gemm(cm, near).duration_s == pytest.approx(batched, rel=1e-9)
     # unequal: each expert's tiles overhang its own rows; an empty expert computes nothing
     alone = grouped_gemm(cm, [(512.0, 2048.0, 1024.0)])
     assert grouped_gemm(cm, [(512.0, 2048.0, 1024.0), (0.0, 2048.0, 1024.0)]) == alone
@@ -200,3 +222,11 @@ def test_routing_keys_need_an_moe_model():
             model={"num_layers": 2, "hidden_size": H, "seq_length": S, "moe_routing": "zipf"},
             cluster={"node": "dgx-h100", "num_nodes": 1},
         )
+
+
+def test_the_summary_names_the_routing_and_the_busiest_ranks_load():
+    skew = moe_scenario(experts=8, topk=2, ep=4, dp=4, model=ZIPF)
+    loads = rank_loads(skew.model, 4)
+    text = summary_text(run(skew))
+    assert f"zipf (exponent 1): the busiest EP rank (rank 0) gets {loads[0]:.3g} x" in text
+    assert "  routing " not in summary_text(run(moe_scenario(ep=4, dp=4)))

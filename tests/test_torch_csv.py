@@ -81,6 +81,8 @@ def test_dualpipev_round_trips_with_its_pairs_and_full_backwards():
         ("0F0,1F0\n1F0\n2F0\n", r"rank 0 holds stages \[0, 1\]"),
         ("0F0\n0F1\n", r"stages 0 to 0 do not divide over 2 ranks"),
         ("", r"no actions found"),
+        # a stage number far past the rest: refused before the placement search
+        ("0F0\n99999999999999999999F0\n", r"stage 1 has no action, though stage 9+ has"),
     ],
 )
 def test_bad_files_are_one_line_errors(text, message):

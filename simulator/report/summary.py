@@ -251,6 +251,18 @@ def expert_parallel_lines(result: Result) -> list[str]:
         f"expert grads over {par.expert_data_parallel_size} "
         f"GPU{'s' if par.expert_data_parallel_size > 1 else ''}",
     ]
+    from ..workload.routing import rank_loads, skewed
+
+    if skewed(model):  # which routing, and how far the busiest EP rank is above the mean
+        how = model.moe_routing
+        if how == "zipf":
+            x = model.moe_routing_zipf_exponent
+            how += f" (exponent {1.0 if x is None else x:g})"  # routing.expert_shares
+        loads = rank_loads(model, par.ep_size)
+        lines.append(
+            f"  routing                   {how}: the busiest EP rank (rank "
+            f"{loads.index(max(loads))}) gets {max(loads):.3g} x the balanced load"
+        )
     if span > 1:
         exposed_s = m.breakdown_s.get(EP_COMM, 0.0)
         share = 100 * exposed_s / m.iteration_time_s if m.iteration_time_s else 0.0

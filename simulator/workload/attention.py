@@ -153,6 +153,9 @@ def flash_work(cm: ComputeModel, backward: bool) -> Work:
         matmul_flops = 2.0 * heads * s * s * (cm.model.qk_dim + cm.model.v_dim)
     exponentials = heads * s * s * done
     executed = matmul_flops * done * (FLASH_BACKWARD_MATMULS if backward else 1.0)
+    if cm.model.mla and backward:  # S again, dQ, dK over qk_dim; dP, dV over v_dim
+        m = cm.model
+        executed = 2.0 * heads * s * s * (3 * m.qk_dim + 2 * m.v_dim) * done
     rate = tflops_to_flops_per_s(cm.gpu.peak_tflops) * gemm_efficiency(
         cm.constants, s, s, head, heads
     )

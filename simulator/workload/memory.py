@@ -30,6 +30,7 @@ p x v virtual stages (schedules.stage_of).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from stepsim.schedules import holder_of
@@ -127,21 +128,30 @@ def fp8_linear_params_per_rank(scenario: Scenario) -> float:
     if not m.mla and not m.moe:
         weights = h * m.qkv_width + m.attention_width * h + h * m.fc1_width + m.ffn_hidden_size * h
         return weights / t
+    dense, moe = _fp8_layer_weights(scenario)
+    if not m.moe:
+        return dense
+    # an MoE model: the mean layer's (fp8_weight_bytes counts a stage's own mix)
+    return (m.num_moe_layers * moe + (m.num_layers - m.num_moe_layers) * dense) / m.num_layers
+
+
+def _fp8_layer_weights(scenario: Scenario) -> tuple[float, float]:
+    """(a dense layer's, an MoE layer's) linear weights on one GPU: an MoE layer's
+    shared experts over TP and its E / EP local routed experts over ETP."""
+    m = scenario.model
+    h = m.hidden_size
+    t = scenario.parallel.tensor_model_parallel_size
     mlp = (h * m.fc1_width + m.ffn_hidden_size * h) / t
     if m.mla:  # its down-projections are on every tensor rank whole
         attention = mla_linear_weights_per_rank(m, t)
     else:
         attention = (h * m.qkv_width + m.attention_width * h) / t
     if not m.moe:
-        return attention + mlp
-    # an MoE model: the mean layer's (its MoE layers' shared experts over TP, their E / EP
-    # local routed experts over ETP; an approximation for a stage of another mix)
+        return attention + mlp, 0.0
     par = scenario.parallel
     shared = 3 * h * m.shared_expert_ffn if m.gated else 2 * h * m.shared_expert_ffn
     routed = m.num_experts // par.ep_size * (h * m.expert_fc1_width + m.expert_ffn * h)
-    moe = attention + shared / t + routed / par.etp_size
-    dense = attention + mlp
-    return (m.num_moe_layers * moe + (m.num_layers - m.num_moe_layers) * dense) / m.num_layers
+    return attention + mlp, attention + shared / t + routed / par.etp_size
 
 
 def gathered_param_bytes(scenario: Scenario, params: float, layers: float) -> float:
@@ -154,17 +164,24 @@ def gathered_param_bytes(scenario: Scenario, params: float, layers: float) -> fl
     return gathered
 
 
-def fp8_weight_bytes(scenario: Scenario, layers: float) -> float:
+def fp8_weight_bytes(scenario: Scenario, layers: float, stage: int | None = None) -> float:
     """What FP8 adds to the weights of ``layers`` layers on one rank (0 without FP8): TE's
     cached FP8 copy of each linear weight and its second copy (transpose or column-wise,
     scenario.precision.second_copy), 1 byte each, kept from the first micro-batch on;
-    with ``fp8_param_gather`` the FP8 weight replaces the 16-bit one (1 byte less)."""
+    with ``fp8_param_gather`` the FP8 weight replaces the 16-bit one (1 byte less).
+    ``stage``: that pipeline rank's own layers, dense and MoE (DeepSeek's dense first
+    layers are wider than its MoE layers' share on a GPU), else the mean layer's."""
     training = scenario.training
     if not fp8_enabled(training):
         return 0.0
     copies = 1 + second_copy(scenario.cluster.gpu, recipe_of(training))
     if fp8_param_gather(training):
         copies -= WEIGHT_BYTES_PER_PARAM
+    m = scenario.model
+    if stage is not None and m.moe and m.num_moe_layers < m.num_layers:
+        dense, moe = _fp8_layer_weights(scenario)
+        flags = rank_moe_flags(scenario, stage)
+        return math.fsum(moe if flag else dense for flag in flags) * copies
     return layers * fp8_linear_params_per_rank(scenario) * copies
 
 
@@ -387,7 +404,7 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
             rest = params - layer * scenario.rank_layers(stage)
             gradients = (params - rest) * gradient_bytes / d + (layer + rest) * gradient_bytes
         if fp8_enabled(scenario.training):
-            weights += fp8_weight_bytes(scenario, scenario.rank_layers(stage))
+            weights += fp8_weight_bytes(scenario, scenario.rank_layers(stage), stage)
     chunks = scenario.chunk_layers[stage]
     if len(set(chunks)) == 1:  # every chunk alike: the peak in flight times a chunk's layers
         activations = stage_activation_bytes_per_layer(scenario, stage) * chunks[0]

@@ -17,9 +17,14 @@ per token:
 **Tensor parallelism** as Megatron-Core shards it: the up-projections are
 column-parallel (a / TP heads each), the projection row-parallel; the down-projections
 are replicated on every tensor rank ("duplicated" linears) and, under sequence
-parallelism, run on the rank's n / TP tokens, their latents then gathered (here the SP
-all-gather stays the hidden state's, before the block: a little more than the latents'
-bytes); without SP every rank runs them on all n tokens. Their norms likewise.
+parallelism, run on the rank's n / TP tokens, their latents then gathered; without SP
+every rank runs them on all n tokens. Approximations under TP > 1 with SP: the SP
+all-gather here stays the hidden state's, before the block (h per token where
+Megatron-Core gathers the latents, q_lora + kv_lora + d_r: 7168 against 2112 for
+DeepSeek-V3, 3.4 x the bytes), the latents' norms run on all n tokens (Megatron-Core:
+n / TP) and every rank keeps all n tokens' latents; the TP all-reduce of the
+duplicated down-projections' weight gradients (Megatron-Core's
+`allreduce_gradients_across_tp_domain`) is not modelled. None of it applies at TP 1.
 
 **Activations kept** (2 bytes each, per token): the hidden input (shared by the two
 down-projections, Korthikanti's QKV input), the two latents before and after their

@@ -55,10 +55,18 @@ def _shares(
     if routing == BALANCED:
         return (1.0 / experts,) * experts
     if routing == ZIPF:
-        raw = [1.0 / (e + 1) ** exponent for e in range(experts)]
+        raw = [_zipf(e, exponent) for e in range(experts)]
         return _capped(raw, 1.0 / topk)
     total = math.fsum(given or ())
     return tuple(s / total for s in given or ())
+
+
+def _zipf(expert: int, exponent: float) -> float:
+    """1/(e+1)^x; 0 where (e+1)^x overflows a float (many experts, x up to 100)."""
+    try:
+        return 1.0 / (expert + 1) ** exponent
+    except OverflowError:
+        return 0.0
 
 
 def _capped(raw: list[float], cap: float) -> tuple[float, ...]:
@@ -67,8 +75,12 @@ def _capped(raw: list[float], cap: float) -> tuple[float, ...]:
     fixed: set[int] = set()
     while True:
         free = math.fsum(raw[e] for e in range(len(raw)) if e not in fixed)
-        left = 1.0 - cap * len(fixed)
-        shares = [cap if e in fixed else raw[e] * left / free for e in range(len(raw))]
+        left = max(0.0, 1.0 - cap * len(fixed))
+        if free > 0:
+            shares = [cap if e in fixed else raw[e] * left / free for e in range(len(raw))]
+        else:  # the uncapped shares underflowed to 0: what is left, evenly
+            share = left / (len(raw) - len(fixed))
+            shares = [cap if e in fixed else share for e in range(len(raw))]
         over = {e for e, s in enumerate(shares) if s > cap * (1 + 1e-12) and e not in fixed}
         if not over:
             return tuple(shares)
