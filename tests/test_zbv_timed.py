@@ -7,11 +7,18 @@ from pathlib import Path
 import pytest
 
 from stepsim.engine.core import simulate
-from stepsim.schedules import ZbvTimes, build, peak_inflight, step_label, zbv_timed
+from stepsim.schedules import (
+    ZbvTimes,
+    build,
+    default_memory,
+    peak_inflight,
+    step_label,
+    zbv_timed,
+)
 from stepsim.schedules.custom import check_orders
 from stepsim.workload.lowering import stage_orders
 from stepsim.workload.ops import abstract_pipeline
-from stepsim.workload.schedule_costs import hop_s, schedule_times
+from stepsim.workload.schedule_costs import _avg_then_mid, hop_s, schedule_times
 from tests.helpers import load as make_scenario
 
 AUTHORS = json.loads((Path(__file__).parent / "data" / "zbv_authors.json").read_text())
@@ -64,9 +71,20 @@ def test_the_full_simulator_builds_zbv_from_its_own_op_times():
     )
     times = schedule_times(s)
     assert times is not None and times.backward > times.forward > times.weight > 0
-    assert times.hop == pytest.approx(hop_s(s))
+    assert times.hop == int(hop_s(s) * 1e6)  # whole microseconds, as the authors' timers
+    m = s.model
+    assert (times.f_mem, times.b_mem, times.w_mem) == default_memory(
+        m.hidden_size, m.num_attention_heads, m.seq_length
+    )
     assert stage_orders(s) == zbv_timed(4, s.num_microbatches, times)
     assert schedule_times(make_scenario(training={"schedule": "1f1b"})) is None
+
+
+def test_chunk_times_are_averaged_per_rank_then_the_median_rank_taken():
+    # the authors' avg_then_mid: the upper median for an even count, at least 1
+    assert _avg_then_mid([[1, 3], [10, 10], [4, 4], [100, 0]]) == 10
+    assert _avg_then_mid([[2], [4], [9]]) == 4
+    assert _avg_then_mid([[0, 0]]) == 1
 
 
 def test_the_hop_is_the_activation_over_nvlink_or_the_nic():
@@ -74,7 +92,7 @@ def test_the_hop_is_the_activation_over_nvlink_or_the_nic():
     cl, m = inside.cluster, inside.model
     nbytes = inside.training.micro_batch_size * m.seq_length * m.hidden_size * 2
     gpus = inside.parallel.tensor_model_parallel_size * inside.parallel.data_parallel_size
-    if gpus < cl.gpus_per_node:
+    if gpus * inside.parallel.pipeline_model_parallel_size <= cl.gpus_per_node:
         rate = cl.nvlink_gbytes_per_s * 1e9 * cl.nvlink_efficiency
         assert hop_s(inside) == pytest.approx(cl.nvlink_latency_us * 1e-6 + nbytes / rate)
     else:
