@@ -8,6 +8,8 @@ from typing import Any, NamedTuple
 
 from .results import SCHEMA_VERSION, Metrics, Trace
 
+ITERATION_STREAM = "iteration"  # the lane of a job's barriers between iterations (jobs.py)
+
 
 class SharedLink(NamedTuple):
     """A link a job's traffic shared with another job's, over the together run."""
@@ -52,6 +54,7 @@ class JobsResult:
     window_s: float  # the together run's end
     trace: Trace | None = None  # the together run (every job's lanes, the cluster's GPUs)
     workload: Any = None
+    cluster: Any = None  # with the trace: the cluster it ran on
 
     def to_json(self) -> dict[str, Any]:
         return {

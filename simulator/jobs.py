@@ -27,7 +27,7 @@ from stepsim.topologies.describe import link_name
 from .engine.core import simulate
 from .engine.flows import Transfer
 from .engine.network import FairShareNetwork
-from .jobresults import JobResult, JobsResult, SharedLink
+from .jobresults import ITERATION_STREAM, JobResult, JobsResult, SharedLink
 from .report.metrics import summarize
 from .results import Trace
 from .run import build_cluster, busiest_links, gc_paused, memory_per_stage
@@ -39,7 +39,6 @@ from .workload.lowering import lower
 from .workload.memory import out_of_memory
 from .workload.ops import Lane, Op, Workload
 
-ITERATION_STREAM = "iteration"  # the lane holding a job's between-iteration barriers
 SHARED_LINKS_SHOWN = 3
 
 
@@ -195,6 +194,7 @@ def run_jobs(
         trace.end_s,
         trace if keep_trace else None,
         merged if keep_trace else None,
+        cluster if keep_trace else None,
     )
 
 

@@ -125,7 +125,7 @@ class JobsSpec:
             for n in job.nodes:
                 if n in held:
                     raise ScenarioError(
-                        f"job {job.name!r}: node {n} is job {held[n]!r}'s too",
+                        f"job {job.name!r}: node {n} is held by job {held[n]!r} too",
                         key="job.nodes",
                         value=n,
                     )
