@@ -13,7 +13,7 @@ from stepsim.jobs import JobCluster, link_bytes, lower_job, run_jobs
 from stepsim.run import build_cluster
 from stepsim.scenario import ScenarioError, dumps_toml
 from stepsim.scenario.jobfile import jobs_from_dict, load_jobs
-from stepsim.scenario.jobs import parse_nodes, place
+from stepsim.scenario.jobs import markdown_table, parse_nodes, place
 from stepsim.vocabulary import DP_SYNC
 from tests.helpers import ROOT, load, scenario
 
@@ -269,6 +269,11 @@ def test_command_prints_the_slowdown_and_writes_json_and_a_trace(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "stepsim: error: job 'a': give either nodes or placement (packed, spread, random), not both"
     ]
+
+
+def test_the_readme_shows_the_job_keys():
+    text = (ROOT / "scenarios" / "README.md").read_text(encoding="utf-8")
+    assert markdown_table() in text
 
 
 def test_shipped_jobs_files_load():

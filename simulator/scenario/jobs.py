@@ -58,7 +58,7 @@ class JobTable:
         "its model, parallel and training sections are the job's"
     )
     nodes: str | None = key(
-        'its nodes as ranges, in order: "0-15", "0-3,8-11" (or `placement`)', default=None
+        'its nodes as ranges, in order: `"0-15"`, `"0-3,8-11"` (or `placement`)', default=None
     )
     placement: str | None = key(
         "where the job's nodes are chosen among the free ones (or `nodes`)",
@@ -130,6 +130,13 @@ class JobsSpec:
                         value=n,
                     )
                 held[n] = job.name
+
+
+def markdown_table() -> str:
+    """The [[job]] keys as scenarios/README.md shows them."""
+    from . import schema
+
+    return schema.markdown_table(SECTION, schema._keys_of(JobTable, SECTION))
 
 
 def needed_nodes(scenario: Scenario, cluster: ClusterSpec) -> int:
