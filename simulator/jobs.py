@@ -31,7 +31,7 @@ from .jobresults import ITERATION_STREAM, JobResult, JobsResult, SharedLink
 from .report.metrics import summarize
 from .results import Trace
 from .run import build_cluster, busiest_links, gc_paused, memory_per_stage
-from .scenario import ScenarioError
+from .scenario import ScenarioError, limits
 from .scenario.jobs import JobSpec, JobsSpec
 from .vocabulary import BARRIER
 from .workload.collectives import LayoutError
@@ -182,6 +182,9 @@ def run_jobs(
             )
         counts = default_iterations([m.iteration_time_s for m in alone])
         counts = [job.iterations or n for job, n in zip(spec.jobs, counts, strict=True)]
+        total = sum(len(w.ops) * n for w, n in zip(workloads, counts, strict=True))
+        together = "the jobs' iterations run together (job.iterations) mean"
+        limits.check("simulated_ops", total, together)
         repeated = [repeat(w, n) for w, n in zip(workloads, counts, strict=True)]
         merged, offsets = merge([w for w, _ in repeated])
         trace = simulate(merged, network=FairShareNetwork.factory(capacities), progress=progress)

@@ -42,6 +42,9 @@ def jobs_text(result: JobsResult, cluster, header: str) -> str:
             f"  {job.slowdown:>7.3f}x"
         )
     for job in result.jobs:
+        if job.alone.out_of_memory:
+            lines.append(f"  WARNING: job {job.name}: {job.alone.out_of_memory}")
+    for job in result.jobs:
         lines += [
             "",
             f"  job {job.name}: where the time goes, mean per GPU and iteration (seconds)",

@@ -22,11 +22,19 @@ def jobs_trace(result, spec) -> dict:
     )
     document = chrome_trace(view)
     gpn = spec.cluster.gpus_per_node
-    job_of = {n * gpn + g: job.name for job in spec.jobs for n in job.nodes for g in range(gpn)}
+    job_of = {
+        n * gpn + g: (i, job.name)
+        for i, job in enumerate(spec.jobs)
+        for n in job.nodes
+        for g in range(gpn)
+    }
     for event in document["traceEvents"]:
-        if event.get("ph") == "M" and event.get("name") == "process_name":
-            name = job_of.get(event["pid"])
-            if name is not None:
-                event["args"]["name"] = f"job {name} · {event['args']['name']}"
+        if event.get("ph") != "M" or event["pid"] not in job_of:
+            continue
+        number, name = job_of[event["pid"]]
+        if event["name"] == "process_name":
+            event["args"]["name"] = f"job {name} · {event['args']['name']}"
+        elif event["name"] == "process_sort_index":  # by job, then by stage
+            event["args"]["sort_index"] += number * 1_000_000
     document["otherData"] = {"jobs": result.name}
     return document
