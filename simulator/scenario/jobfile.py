@@ -12,7 +12,7 @@ from typing import Any
 from ..vocabulary import FAIR_SHARE
 from . import schema
 from .errors import ScenarioError
-from .files import read_toml, shipped_dir
+from .files import read_toml, shipped_dir, shipped_scenarios
 from .jobs import (
     SECTION,
     JobSpec,
@@ -111,9 +111,12 @@ def jobs_from_dict(raw: Mapping[str, Any], base_dir: Path, default_name: str = "
 
 def _job_scenario(job: JobTable, base_dir: Path, cluster) -> Any:
     """The job's scenario on the shared cluster, every GPU simulated (exact mode)."""
-    path = base_dir / job.scenario
+    path = base_dir / job.scenario  # relative to the jobs file, else a shipped name
+    shipped = shipped_scenarios()
     try:
-        scenario = load_scenario(path if path.exists() else job.scenario)
+        scenario = load_scenario(
+            path if path.exists() or job.scenario not in shipped else shipped[job.scenario]
+        )
     except ScenarioError as exc:
         raise ScenarioError(
             f"job {job.name!r}: {exc}", key=exc.key, value=exc.value, rule=exc.rule
