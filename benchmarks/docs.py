@@ -426,6 +426,42 @@ def what_if_perturbations(images: Path | None) -> Generated:
     }
 
 
+JOBS_FILES = ("scenarios/jobs/two-jobs-packed.toml", "scenarios/jobs/two-jobs-spread.toml")
+
+
+def what_if_jobs(images: Path | None) -> Generated:
+    """docs/what-if.md: two jobs sharing an oversubscribed fat tree, packed vs spread
+    (the shipped jobs files, and random placement as a third row)."""
+    from stepsim.jobs import run_jobs
+    from stepsim.scenario.files import read_toml
+    from stepsim.scenario.jobfile import jobs_from_dict
+
+    out: Generated = {}
+    for path, block in zip(JOBS_FILES, ("what-if-jobs-packed", "what-if-jobs-spread"), strict=True):
+        argv = ["jobs", path]
+        out[("docs/what-if.md", block)] = command_block(argv, stepsim(*argv, "--quiet"))
+    rows = [
+        "| placement | job | nodes | alone | together | slowdown | DP sync alone | together |",
+        "|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    raw = read_toml(ROOT / JOBS_FILES[0], "jobs file")
+    for placement, seed in (("packed", None), ("spread", None), ("random", 1)):
+        tables = [{**t, "placement": placement} for t in raw["job"]]
+        if seed is not None:
+            tables = [{**t, "seed": seed + i} for i, t in enumerate(tables)]
+        spec = jobs_from_dict({**raw, "job": tables}, ROOT / "scenarios" / "jobs")
+        shown = placement + (f" (seeds {seed}, {seed + 1})" if seed is not None else "")
+        for job in run_jobs(spec).jobs:
+            rows.append(
+                f"| {shown} | {job.name} | {','.join(map(str, job.nodes))} "
+                f"| {1e3 * job.alone_s:.1f} ms | {1e3 * job.together_s:.1f} ms "
+                f"| {job.slowdown:.3f} | {1e3 * job.alone.breakdown_s['dp_sync']:.1f} ms "
+                f"| {1e3 * job.together_breakdown_s['dp_sync']:.1f} ms |"
+            )
+    out[("docs/what-if.md", "what-if-jobs-table")] = "\n".join(rows)
+    return out
+
+
 def performance(images: Path | None) -> Generated:
     """docs/performance.md's timings, by benchmarks/performance.py --scaling --write
     (machine-dependent: rewritten by a full run, never checked)."""
@@ -508,6 +544,9 @@ SECTIONS = [
         "what-if-perturb",
         "docs/what-if.md: a straggler, a slow NIC, failed links (16k GPUs, MT-NLG)",
         what_if_perturbations,
+    ),
+    Section(
+        "what-if-jobs", "docs/what-if.md: two jobs on a fat tree, packed vs spread", what_if_jobs
     ),
     Section("performance", "docs/performance.md timings (not checked)", performance, checked=False),
 ]

@@ -85,7 +85,11 @@ def test_the_wheel_installs_one_namespace_with_its_data(wheel_site):
         "stepsim",
         wheel.name.split("-py3")[0] + ".dist-info",
     }
-    for data in ("scenarios/tiny-2gpu.toml", "scenarios/validation/megatron_2021_table1.csv"):
+    for data in (
+        "scenarios/tiny-2gpu.toml",
+        "scenarios/validation/megatron_2021_table1.csv",
+        "scenarios/jobs/two-jobs-spread.toml",
+    ):
         assert f"stepsim/{data}" in names
 
 

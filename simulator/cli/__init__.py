@@ -1,6 +1,6 @@
 """The ``stepsim`` command. With the loader, the only code that touches files.
 
-One module per command (run, sweep, topology, schedule, validate, search, plan), each
+One module per command (run, sweep, jobs, topology, schedule, validate, search, plan), each
 adding its parser and holding its handler: argument parsing and printing only, the
 work done by the layers below. common.py has what they share. Errors a user can
 cause print one line and exit with status 2; no traceback.
@@ -15,7 +15,7 @@ import sys
 from .. import __version__
 from ..engine.core import DeadlockError
 from ..scenario import ScenarioError
-from . import listing, plan, run, schedule, search, sweep, topology, validate
+from . import jobs, listing, plan, run, schedule, search, sweep, topology, validate
 from .common import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
@@ -28,7 +28,7 @@ from .common import (
 __all__ = ["EXIT_USAGE", "Progress", "build_parser", "main"]
 
 # in the order `stepsim --help` lists them
-COMMANDS = (run, sweep, validate, search, plan, topology, schedule, listing)
+COMMANDS = (run, sweep, jobs, validate, search, plan, topology, schedule, listing)
 
 
 def build_parser() -> argparse.ArgumentParser:

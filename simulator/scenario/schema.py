@@ -187,13 +187,14 @@ def _values_text(key: Key) -> str:
     return f"{_number(key.low)} to {_number(key.high)}"
 
 
-def markdown_table(section: str) -> str:
-    """One section's keys as the README shows them."""
+def markdown_table(section: str, table: dict[str, Key] | None = None) -> str:
+    """One section's keys as the README shows them (``table``: keys of a spec outside
+    the scenario, such as a jobs file's [[job]])."""
     lines = [
         "| Key | Type | Unit | Default | Values | Meaning |",
         "|---|---|---|---|---|---|",
     ]
-    for key in keys()[section].values():
+    for key in (keys()[section] if table is None else table).values():
         cells = (
             f"`{key.name}`",
             TYPE_NAMES[key.type],
