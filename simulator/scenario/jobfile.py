@@ -23,7 +23,7 @@ from .jobs import (
     parse_nodes,
     place,
 )
-from .loader import _build_cluster, _check_table, load_scenario
+from .loader import cluster_of_table, load_scenario
 
 TOP_KEYS = ("name", "cluster", SECTION)
 
@@ -62,11 +62,11 @@ def jobs_from_dict(raw: Mapping[str, Any], base_dir: Path, default_name: str = "
         raise ScenarioError(
             "a jobs file needs a [cluster] table (the shared machine)", key="cluster"
         )
-    cluster = _build_cluster(_check_table("cluster", table))
+    cluster = cluster_of_table(table)
     tables = raw.get(SECTION, [])
     if not isinstance(tables, list) or not all(isinstance(t, Mapping) for t in tables):
         raise ScenarioError(f"jobs are written as [[{SECTION}]] tables, one per job", key=SECTION)
-    known = schema._keys_of(JobTable, SECTION)
+    known = schema.keys_of(JobTable, SECTION)
     written = []
     for i, t in enumerate(tables):
         for k in t:

@@ -76,7 +76,7 @@ class JobTable:
     def __post_init__(self) -> None:
         from . import schema
 
-        for k in schema._keys_of(JobTable, SECTION).values():
+        for k in schema.keys_of(JobTable, SECTION).values():
             value = getattr(self, k.name)
             if value is not None:
                 schema.check_value(k, value)
@@ -136,7 +136,7 @@ def markdown_table() -> str:
     """The [[job]] keys as scenarios/README.md shows them."""
     from . import schema
 
-    return schema.markdown_table(SECTION, schema._keys_of(JobTable, SECTION))
+    return schema.markdown_table(SECTION, schema.keys_of(JobTable, SECTION))
 
 
 def needed_nodes(scenario: Scenario, cluster: ClusterSpec) -> int:

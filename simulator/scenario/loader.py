@@ -363,3 +363,9 @@ def _toml_value(value: Any) -> str:
         # JSON string escapes are valid TOML; TOML also forbids a raw DEL character.
         return json.dumps(value, ensure_ascii=False).replace("\x7f", "\\u007f")
     raise TypeError(f"cannot write {type(value).__name__} to TOML")
+
+
+def cluster_of_table(table: Mapping[str, Any]) -> ClusterSpec:
+    """A ``[cluster]`` table checked and built as a scenario's is (a jobs file's shared
+    cluster)."""
+    return _build_cluster(_check_table("cluster", table))

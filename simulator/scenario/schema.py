@@ -217,3 +217,9 @@ def markdown_tables() -> str:
         parts.append(f"#### {title} keys\n\n{markdown_table(section)}\n")
     parts.append(f"#### Framework defaults\n\n{frameworks.markdown_table()}\n")
     return "\n".join(parts)
+
+
+def keys_of(cls: type, section: str) -> dict[str, Key]:
+    """The keys a spec class declares, by name, for its section (other modules' tables,
+    e.g. a jobs file's ``[[job]]``, use the same machinery)."""
+    return _keys_of(cls, section)
