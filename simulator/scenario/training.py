@@ -229,7 +229,9 @@ class TrainingConfig:
     moe_token_dispatcher_type: str | None = key(
         "Megatron-Core's `--moe-token-dispatcher-type` for MoE layers: `alltoall` (tokens "
         "all-to-all'ed to their experts' EP ranks and back) or `allgather` (every token "
-        "all-gathered over the EP x ETP group, the experts' outputs reduce-scattered)",
+        "all-gathered over the EP x ETP group, the experts' outputs reduce-scattered) or "
+        "`flex` (`--moe-enable-deepep`: DeepEP's kernels, a token sent once per destination "
+        "node over RDMA and forwarded over NVLink inside it; docs/moe.md)",
         default=None,
         choices=MOE_DISPATCHERS,
         derived="`allgather` (Megatron-Core's default)",
