@@ -473,6 +473,55 @@ def moe_routing(images: Path | None) -> Generated:
     return {("docs/moe.md", "moe-routing"): "\n".join(rows)}
 
 
+# docs/moe.md's dispatcher table: DeepSeek-V3's scenario with EP inside a node or across
+# its 8 nodes, Megatron-Core's all-to-all or DeepEP (flex), with and without node limits
+MOE_DISPATCH_VARIANTS = (
+    ("EP 64 over 8 nodes, alltoall", 64, "alltoall", 8),
+    ("EP 64 over 8 nodes, flex", 64, "flex", 8),
+    ("EP 64 over 8 nodes, flex, 4 nodes per token (the scenario)", 64, "flex", 4),
+    ("EP 8 inside a node, alltoall", 8, "alltoall", 8),
+    ("EP 8 inside a node, flex", 8, "flex", 8),
+)
+
+
+def moe_dispatch(images: Path | None) -> Generated:
+    """docs/moe.md: EP inside a node vs across nodes, `alltoall` vs `flex`, on the
+    DeepSeek-V3 scenario, from the breakdown and the rows each token puts on each link."""
+    from stepsim.run import run
+    from stepsim.scenario import load_scenario
+    from stepsim.workload.compute import ComputeModel
+    from stepsim.workload.deepep import flex_traffic
+
+    path = ROOT / "scenarios" / "deepseek-v3-2048-h800.toml"
+    lines = [
+        "| EP, dispatcher | rows per token: NIC | NVLink | iteration | compute "
+        "| ep_comm exposed | idle (bubble) | memory per GPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, ep, dispatcher, groups in MOE_DISPATCH_VARIANTS:
+        sets = (
+            f"parallel.expert_model_parallel_size={ep}",
+            f"training.moe_token_dispatcher_type={dispatcher}",
+            f"model.moe_router_group_topk={groups}",
+        )
+        scenario = load_scenario(path, sets)
+        k, g = scenario.model.router_topk, min(ep, scenario.cluster.gpus_per_node)
+        if dispatcher == "flex":
+            t = flex_traffic(ComputeModel(scenario))
+            nic, nvlink = (t.nodes - 1) * t.rdma, (g - 1) * t.nvlink
+        else:
+            nic, nvlink = k * (ep - g) / ep, k * (g - 1) / ep
+        m = run(scenario).metrics
+        b = m.breakdown_s
+        fits = "" if m.out_of_memory is None else " (over)"
+        lines.append(
+            f"| {name} | {nic:.2f} | {nvlink:.2f} | {m.iteration_time_s:.2f} s "
+            f"| {b['compute']:.2f} s | {b['ep_comm']:.2f} s | {b['idle']:.2f} s "
+            f"| {m.memory_per_gpu_gib:.1f} GiB{fits} |"
+        )
+    return {("docs/moe.md", "moe-dispatch"): "\n".join(lines)}
+
+
 SECTIONS = [
     Section("showcase", "README: MT-NLG 530B summary, pictures", showcase, fast=True),
     Section("calibration", "README: kernel constants per GPU", calibration, fast=True),
@@ -491,6 +540,7 @@ SECTIONS = [
     Section("frameworks", "docs/frameworks.md: deepspeed vs megatron, by mechanism", frameworks),
     Section("what-if", "docs/what-if.md: goodput of a 16k-GPU run", what_if),
     Section("moe-routing", "docs/moe.md: balanced vs skewed routing", moe_routing),
+    Section("moe-dispatch", "docs/moe.md: alltoall vs flex, EP in or across nodes", moe_dispatch),
     Section("performance", "docs/performance.md timings (not checked)", performance, checked=False),
 ]
 FAST = [s.name for s in SECTIONS if s.fast]
