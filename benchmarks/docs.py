@@ -522,6 +522,85 @@ def moe_routing(images: Path | None) -> Generated:
     return {("docs/moe.md", "moe-routing"): "\n".join(rows)}
 
 
+# docs/moe.md's dispatcher table: DeepSeek-V3's scenario with EP inside a node or across
+# its 8 nodes, Megatron-Core's all-to-all or DeepEP (flex), with and without node limits
+MOE_DISPATCH_VARIANTS = (
+    ("EP 64 over 8 nodes, alltoall", 64, "alltoall", 8),
+    ("EP 64 over 8 nodes, flex", 64, "flex", 8),
+    ("EP 64 over 8 nodes, flex, 4 nodes per token (the scenario)", 64, "flex", 4),
+    ("EP 8 inside a node, alltoall", 8, "alltoall", 8),
+    ("EP 8 inside a node, flex", 8, "flex", 8),
+)
+
+# docs/moe.md's DeepSeek-V3 schedules: 1F1B, DualPipe's pairs back to back (the
+# scenario), and overlapped (selective recomputation: over memory)
+MOE_DEEPSEEK_SCHEDULES = (
+    ("1f1b, full recomputation", ("training.schedule=1f1b",)),
+    ("dualpipe, pairs back to back, full recomputation (the scenario)", ()),
+    (
+        "dualpipe, pairs overlapped (20 of 132 SMs), selective recomputation",
+        (
+            "training.overlap_moe_expert_parallel_comm=true",
+            "training.recompute_granularity=selective",
+        ),
+    ),
+)
+
+
+def moe_dispatch(images: Path | None) -> Generated:
+    """docs/moe.md: EP inside a node vs across nodes, `alltoall` vs `flex`, on the
+    DeepSeek-V3 scenario, from the breakdown and the rows each token puts on each link."""
+    from stepsim.run import run
+    from stepsim.scenario import load_scenario
+    from stepsim.workload.compute import ComputeModel
+    from stepsim.workload.deepep import flex_traffic
+
+    path = ROOT / "scenarios" / "deepseek-v3-2048-h800.toml"
+    lines = [
+        "| EP, dispatcher | rows per token: NIC | NVLink | iteration | compute "
+        "| ep_comm exposed | idle (bubble) | memory per GPU |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, ep, dispatcher, groups in MOE_DISPATCH_VARIANTS:
+        sets = (
+            f"parallel.expert_model_parallel_size={ep}",
+            f"training.moe_token_dispatcher_type={dispatcher}",
+            f"model.moe_router_group_topk={groups}",
+        )
+        scenario = load_scenario(path, sets)
+        k, g = scenario.model.router_topk, min(ep, scenario.cluster.gpus_per_node)
+        if dispatcher == "flex":
+            t = flex_traffic(ComputeModel(scenario))
+            nic, nvlink = (t.nodes - 1) * t.rdma, (g - 1) * t.nvlink
+        else:
+            nic, nvlink = k * (ep - g) / ep, k * (g - 1) / ep
+        m = run(scenario).metrics
+        b = m.breakdown_s
+        fits = "" if m.out_of_memory is None else " (over)"
+        lines.append(
+            f"| {name} | {nic:.2f} | {nvlink:.2f} | {m.iteration_time_s:.2f} s "
+            f"| {b['compute']:.2f} s | {b['ep_comm']:.2f} s | {b['idle']:.2f} s "
+            f"| {m.memory_per_gpu_gib:.1f} GiB{fits} |"
+        )
+    table = {("docs/moe.md", "moe-dispatch"): "\n".join(lines)}
+    lines = [
+        "| schedule | iteration | compute | ep_comm exposed | dp_sync exposed | idle (bubble) "
+        "| memory per GPU |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, sets in MOE_DEEPSEEK_SCHEDULES:
+        result = run(load_scenario(path, sets))
+        m, b = result.metrics, result.metrics.breakdown_s
+        fits = "" if m.out_of_memory is None else " (over)"
+        lines.append(
+            f"| {name} | {m.iteration_time_s:.2f} s | {b['compute']:.2f} s "
+            f"| {b['ep_comm']:.2f} s | {b['dp_sync']:.2f} s | {b['idle']:.2f} s "
+            f"| {m.memory_per_gpu_gib:.1f} GiB{fits} |"
+        )
+    table["docs/moe.md", "moe-deepseek"] = "\n".join(lines)
+    return table
+
+
 SECTIONS = [
     Section("showcase", "README: MT-NLG 530B summary, pictures", showcase, fast=True),
     Section("calibration", "README: kernel constants per GPU", calibration, fast=True),
@@ -548,6 +627,7 @@ SECTIONS = [
     Section(
         "what-if-jobs", "docs/what-if.md: two jobs on a fat tree, packed vs spread", what_if_jobs
     ),
+    Section("moe-dispatch", "docs/moe.md: alltoall vs flex, EP in or across nodes", moe_dispatch),
     Section("performance", "docs/performance.md timings (not checked)", performance, checked=False),
 ]
 FAST = [s.name for s in SECTIONS if s.fast]

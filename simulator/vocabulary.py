@@ -119,8 +119,8 @@ SHARDING_NAMES = {  # in tables
 CP_P2P, CP_ALL_GATHER, CP_A2A = "p2p", "all_gather", "a2a"
 CP_COMM_TYPES: tuple[str, ...] = (CP_P2P, CP_ALL_GATHER, CP_A2A)
 # training.moe_token_dispatcher_type: Megatron-Core's token dispatchers (workload.moe)
-MOE_ALLGATHER, MOE_ALLTOALL = "allgather", "alltoall"
-MOE_DISPATCHERS: tuple[str, ...] = (MOE_ALLGATHER, MOE_ALLTOALL)
+MOE_ALLGATHER, MOE_ALLTOALL, MOE_FLEX = "allgather", "alltoall", "flex"
+MOE_DISPATCHERS: tuple[str, ...] = (MOE_ALLGATHER, MOE_ALLTOALL, MOE_FLEX)
 RING, TREE, HIERARCHICAL, AUTO = "ring", "tree", "hierarchical", "auto"  # collectives.all_reduce
 ALL_REDUCE_ALGORITHMS: tuple[str, ...] = (RING, TREE, HIERARCHICAL, AUTO)
 # NVLink SHARP (in-switch reduction): `auto`'s choice with NVLS among the candidates

@@ -104,9 +104,11 @@ def test_missing_file_and_bad_flags_exit_2(capsys):
 def test_every_shipped_scenario_loads_and_runs(path, capsys):
     scenario = load_scenario(path)
     # few micro-batches per pipeline keep the suite fast; the layout stays as shipped
-    # (Megatron's interleaving needs a multiple of the pipeline size)
-    interleaved = scenario.training.schedule == "interleaved"
-    per_pipeline = scenario.parallel.pipeline_model_parallel_size if interleaved else 2
+    # (Megatron's interleaving needs a multiple of the pipeline size, DualPipe(V) 2 p)
+    p = scenario.parallel.pipeline_model_parallel_size
+    per_pipeline = {"interleaved": p, "dualpipe": 2 * p, "dualpipev": 2 * p}.get(
+        scenario.training.schedule, 2
+    )
     small = scenario.training.micro_batch_size * scenario.parallel.data_parallel_size * per_pipeline
     assert main(["run", str(path), "--json", "--set", f"training.global_batch_size={small}"]) == 0
     metrics = json.loads(capsys.readouterr().out)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from stepsim.bubble import OpTimes, run_schedule
@@ -19,6 +21,8 @@ from stepsim.schedules import (
     upstream,
 )
 from stepsim.schedules.custom import check_orders, parse_orders
+
+ROOT = Path(__file__).resolve().parents[1]
 
 # rank 0 of the DualPipe README's DualPipeV figure (4 ranks, 10 micro-batches), read off it
 DUALPIPEV_P4_M10_RANK0 = (
@@ -153,23 +157,116 @@ def test_parameters_twice_activations_per_stage():
     assert all(dual[r] == dual[p - 1 - r] for r in range(p))
 
 
-def test_full_simulator_refuses_the_dual_placement_and_runs_dualpipev():
-    from stepsim.run import run
-    from stepsim.scenario import ScenarioError
+def _full(name, **training):
     from tests.helpers import load
 
-    def scenario(name):
+    return load(
+        model={"num_layers": 8, "vocab_size": 16, "seq_length": 512},
+        parallel={"pipeline_model_parallel_size": 4, "virtual_pipeline_model_parallel_size": 2},
+        training={
+            "global_batch_size": 8,
+            "schedule": name,
+            "share_embeddings_and_output_weights": False,
+            **training,
+        },
+    )
+
+
+def test_full_simulator_runs_dualpipe_with_twice_the_parameters_and_p_plus_1_stages():
+    """The same uniform layout (p = 4, 8 layers): DualPipeV holds 2p + 1 = 9 half-size
+    chunks (1 layer) of one model, DualPipe p + 1 = 5 whole stages (2 layers) of two
+    copies, with twice the parameters on the middle ranks (no embedding or output there);
+    each token's FLOPs count once, so both give the same model FLOPs."""
+    from stepsim.run import run
+    from stepsim.workload.memory import inflight_layers, stage_params_per_rank
+
+    v_shape, dual = _full("dualpipev"), _full("dualpipe")
+    assert dual.chunk_layers == ((2, 2),) * 4 and v_shape.chunk_layers == ((1, 1),) * 4
+    for rank in (1, 2):
+        assert stage_params_per_rank(dual, rank) == 2 * stage_params_per_rank(v_shape, rank)
+    # both end ranks hold an embedding and an output layer (of different copies)
+    assert stage_params_per_rank(dual, 0) == stage_params_per_rank(dual, 3)
+    assert [inflight_layers(v_shape, r) for r in range(4)] == [9] * 4  # (2p + 1) x 1
+    assert [inflight_layers(dual, r) for r in range(4)] == [10] * 4  # (p + 1) x 2
+    a, b = run(v_shape), run(dual)
+    assert [m.inflight_activations for m in a.memory] == [9] * 4
+    assert [m.inflight_activations for m in b.memory] == [5] * 4
+    assert b.metrics.model_tflops_per_gpu * b.metrics.iteration_time_s == pytest.approx(
+        a.metrics.model_tflops_per_gpu * a.metrics.iteration_time_s, rel=1e-12
+    )
+
+
+def test_dualpipe_sums_its_copies_gradients_between_mirrored_ranks():
+    """With one replica there is no data-parallel sync: what DualPipe's dp_sync shows is
+    the all-reduce of rank r's gradients with rank p - 1 - r's, once per iteration."""
+    from stepsim.run import run
+    from stepsim.vocabulary import DP_SYNC
+
+    a, b = run(_full("dualpipev")), run(_full("dualpipe"))
+    assert a.metrics.breakdown_s[DP_SYNC] == 0
+    assert b.metrics.breakdown_s[DP_SYNC] > 0
+    sums = [s for s in b.trace.spans if "DualPipe copies" in s.label]
+    assert sorted(s.gpu for s in sums) == [0, 1, 2, 3]
+
+
+def test_dualpipe_exact_mode_agrees_with_symmetric_mode():
+    from stepsim.run import run
+
+    kwargs = {"data_parallel_size": 2, "tensor_model_parallel_size": 2}
+    from tests.helpers import load
+
+    def scenario(symmetry):
         return load(
             model={"num_layers": 8, "vocab_size": 16, "seq_length": 512},
-            parallel={"pipeline_model_parallel_size": 4, "virtual_pipeline_model_parallel_size": 2},
-            training={"global_batch_size": 8, "schedule": name},
+            cluster={"node": "dgx-h100", "num_nodes": 2},
+            parallel={
+                "pipeline_model_parallel_size": 4,
+                "virtual_pipeline_model_parallel_size": 2,
+                **kwargs,
+            },
+            training={
+                "global_batch_size": 16,
+                "schedule": "dualpipe",
+                "share_embeddings_and_output_weights": False,
+                "use_distributed_optimizer": True,
+            },
+            network={"model": "fair-share", "symmetry": symmetry},
         )
 
-    with pytest.raises(ScenarioError, match="runs in `stepsim schedule` only for now"):
-        scenario("dualpipe")
-    result = run(scenario("dualpipev"))
-    # two chunks of one model in a V: PP + 1 = 2p + 1 half-size chunks in flight per rank
-    assert [m.inflight_activations for m in result.memory] == [9] * 4
+    assert run(scenario(False)).metrics.iteration_time_s == pytest.approx(
+        run(scenario(True)).metrics.iteration_time_s, rel=1e-9
+    )
+
+
+def test_dualpipe_splits_each_copy_over_p_stages():
+    """61 layers over PP 16 with the last stage holding 1 (DeepSeek-V3's scenario): each
+    copy splits as one chunk per rank would, rank r holding stage r and stage p - 1 - r."""
+    from stepsim.scenario import load_scenario
+    from stepsim.workload.experts import rank_global_layers
+
+    scenario = load_scenario(ROOT / "scenarios" / "deepseek-v3-2048-h800.toml")
+    assert scenario.training.schedule == "dualpipe"
+    assert scenario.chunk_layers[0] == (4, 1) and scenario.chunk_layers[15] == (1, 4)
+    assert scenario.chunk_layers[7] == (4, 4)
+    assert rank_global_layers(scenario, 0) == [0, 1, 2, 3, 60]
+    assert rank_global_layers(scenario, 15) == [60, 0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("training", "match"),
+    [
+        ({"share_embeddings_and_output_weights": True}, "tied embeddings across its two"),
+        (
+            {"data_parallel_sharding": "gradients"},
+            "must be `none` or `optimizer` with training.schedule='dualpipe'",
+        ),
+    ],
+)
+def test_dualpipe_rules(training, match):
+    from stepsim.scenario import ScenarioError
+
+    with pytest.raises(ScenarioError, match=match):
+        _full("dualpipe", **training)
 
 
 def test_the_schedule_command_draws_and_reads_dualpipe(tmp_path, capsys):

@@ -16,12 +16,13 @@ from stepsim.workload.ops import abstract_pipeline
 from tests.helpers import load
 
 P, M, LAYERS = 4, 8, 8
-# dualpipe's two model copies are not lowered (a rule says so; test_dualpipe.py checks it)
-FULL = [name for name in SCHEDULES if SCHEDULES[name].placement != "dual"]
+FULL = list(SCHEDULES)
 
 
 def _scenario(name, **training):
     v = 2 if SCHEDULES[name].chunked else 1
+    if SCHEDULES[name].placement == "dual":  # dualpipe's copies: untied embeddings
+        training = {"share_embeddings_and_output_weights": False, **training}
     return load(
         model={"num_layers": LAYERS, "vocab_size": 16, "seq_length": 512},
         parallel={"pipeline_model_parallel_size": P, "virtual_pipeline_model_parallel_size": v},
@@ -80,7 +81,7 @@ def test_full_simulator_agrees_with_the_abstract_pipeline(results, name):
     result, info = results[name], SCHEDULES[name]
     v = result.scenario.parallel.virtual_pipeline_model_parallel_size
     layer = ComputeModel(result.scenario).layer()
-    per_chunk = LAYERS // (P * v)
+    per_chunk = LAYERS // (P * (1 if info.placement == "dual" else v))  # dual: whole stages
     forward = (layer.attention_forward + layer.mlp_forward).duration_s * per_chunk
     weight = (layer.attention_weight + layer.mlp_weight).duration_s * per_chunk
     backward = (layer.attention_backward + layer.mlp_backward).duration_s * per_chunk

@@ -55,6 +55,8 @@ def test_keys_are_the_spec_fields_with_key_metadata_in_field_order():
         "moe_layer_freq",
         "first_k_dense_replace",
         "moe_expert_capacity_factor",
+        "moe_router_num_groups",
+        "moe_router_group_topk",
         "moe_routing",
         "moe_routing_zipf_exponent",
         "moe_routing_shares_file",

@@ -150,10 +150,10 @@ def test_counters_are_on_whole_nanoseconds(tiny):
         assert Decimal(json.dumps(event["ts"])) * 1000 % 1 == 0
 
 
-# dualpipe's two model copies run in `stepsim schedule` only (a rule refuses them here)
-@pytest.mark.parametrize("name", [n for n in SCHEDULES if SCHEDULES[n].placement != "dual"])
+@pytest.mark.parametrize("name", list(SCHEDULES))
 def test_every_schedule_traces_whole(name):
     v = 2 if SCHEDULES[name].chunked else 1
+    untied = SCHEDULES[name].placement == "dual"  # dualpipe's copies: untied embeddings
     result = run(
         load(
             model={"num_layers": 8, "vocab_size": 16, "seq_length": 512},
@@ -162,7 +162,12 @@ def test_every_schedule_traces_whole(name):
                 "virtual_pipeline_model_parallel_size": v,
                 "data_parallel_size": 2,
             },
-            training={"global_batch_size": 16, "schedule": name, "overlap_grad_reduce": True},
+            training={
+                "global_batch_size": 16,
+                "schedule": name,
+                "overlap_grad_reduce": True,
+                **({"share_embeddings_and_output_weights": False} if untied else {}),
+            },
         )
     )
     trace = _written(chrome_trace(result))

@@ -33,6 +33,9 @@ from typing import Protocol
 
 # Relative tolerance when deciding that two fair shares are the same bottleneck.
 SHARE_RTOL = 1e-12
+# A link's load left after its frozen flows are taken off, relative to its load before,
+# below which no flow is left on it (the residue of fractional multiplicities).
+LOAD_RTOL = 1e-9
 
 
 class CoupledFlow(Protocol):
@@ -140,8 +143,12 @@ def _progressive_filling(
                 still.append(c)
                 continue
             n = load[c] - sum(count[group] * mult for group, mult in here)
-            if not n:
-                continue  # its remaining capacity is not read again
+            if n <= LOAD_RTOL * load[c]:
+                # no unfrozen flow left on it (fractional multiplicities, an all-to-all-v's
+                # or the flex dispatcher's, may leave a rounding residue, even a negative
+                # one, which would be taken for the next bottleneck); its remaining
+                # capacity is not read again
+                continue
             load[c] = n
             left_here = remaining[c]
             first_mult = here[0][1]

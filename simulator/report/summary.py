@@ -21,6 +21,7 @@ from ..vocabulary import (
     EP_COMM,
     MOE_ALLGATHER,
     MOE_ALLTOALL,
+    MOE_FLEX,
     NVLS,
     categories_of,
 )
@@ -242,6 +243,7 @@ def expert_parallel_lines(result: Result) -> list[str]:
     how = {
         MOE_ALLTOALL: f"all-to-all over EP groups of {par.ep_size} GPUs {par.etp_size} apart",
         MOE_ALLGATHER: f"all-gather / reduce-scatter over EP x ETP groups of {span} GPUs",
+        MOE_FLEX: f"DeepEP over EP groups of {par.ep_size} GPUs, once per node and GPU",
     }[s.training.moe_dispatcher]
     lines = [
         f"  mixture of experts        {model.num_experts} experts, top-{model.router_topk}, "

@@ -1,18 +1,19 @@
 """``python -m stepsim.scenario`` prints the key tables of scenarios/README.md,
 generated from the specs (tests/test_schema.py checks the README holds them);
-``--write README`` replaces the tables in that file (the key tables in order, and the
-framework defaults table)."""
+``--write README`` replaces the tables in that file (the key tables in order, the jobs
+file's, and the framework defaults table)."""
 
 import sys
 from pathlib import Path
 
-from . import frameworks
+from . import frameworks, jobs
 from .schema import keys, markdown_table, markdown_tables
 
 if len(sys.argv) == 3 and sys.argv[1] == "--write":
     readme = Path(sys.argv[2])
     lines = readme.read_text(encoding="utf-8").splitlines()
-    tables = iter(markdown_table(section) for section in keys())
+    # the scenario sections' tables in order, then the jobs file's [[job]] table
+    tables = iter([*(markdown_table(section) for section in keys()), jobs.markdown_table()])
     out, i = [], 0
     while i < len(lines):
         table = None

@@ -188,6 +188,25 @@ class ModelSpec:
         high=1000.0,
     )
 
+    moe_router_num_groups: int | None = key(
+        "group-limited routing (`--moe-router-num-groups`): the experts split into this "
+        "many equal groups of consecutive experts, a token's experts in at most "
+        "`moe_router_group_topk` of them (DeepSeek-V3's node-limited routing: one group per "
+        "node of its EP group); unset: any experts",
+        default=None,
+        derived="none",
+        low=1,
+        high=65536,
+    )
+    moe_router_group_topk: int | None = key(
+        "group-limited routing (`--moe-router-group-topk`): the groups a token's experts may "
+        "lie in, with `moe_router_num_groups`",
+        default=None,
+        derived="none",
+        low=1,
+        high=65536,
+    )
+
     moe_routing: str | None = key(
         "how the tokens spread over the routed experts: `balanced` (the same share each), "
         "`zipf` (expert i's share ~ 1/(i+1)^`moe_routing_zipf_exponent`, at most 1/top-k) "

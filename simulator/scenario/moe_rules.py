@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ..vocabulary import SHARD_FULL
+from ..vocabulary import MOE_FLEX, SHARD_FULL
 from .errors import ScenarioError
 
 if TYPE_CHECKING:
@@ -23,6 +23,8 @@ _MOE_MODEL_KEYS = (
     "moe_layer_freq",
     "first_k_dense_replace",
     "moe_expert_capacity_factor",
+    "moe_router_num_groups",
+    "moe_router_group_topk",
     "moe_routing",
     "moe_routing_zipf_exponent",
     "moe_routing_shares_file",
@@ -54,6 +56,43 @@ def check_moe_model(model: ModelSpec) -> None:
             rule=f"must be < model.num_layers={model.num_layers} (leave an MoE layer)",
         )
     check_routing(model)
+    check_groups(model)
+
+
+def check_groups(model: ModelSpec) -> None:
+    """Group-limited routing (Megatron-Core's TransformerConfig checks): both keys or
+    neither, the groups divide the experts, and the chosen groups hold top-k experts."""
+    groups, chosen = model.moe_router_num_groups, model.moe_router_group_topk
+    if (groups is None) != (chosen is None):
+        name = "moe_router_num_groups" if groups is not None else "moe_router_group_topk"
+        other = "moe_router_group_topk" if groups is not None else "moe_router_num_groups"
+        raise ScenarioError(
+            key=f"model.{name}",
+            value=getattr(model, name),
+            rule=f"needs model.{other} too (group-limited routing takes both)",
+        )
+    if groups is None:
+        return
+    if model.num_experts % groups:
+        raise ScenarioError(
+            key="model.moe_router_num_groups",
+            value=groups,
+            rule=f"must divide model.num_experts={model.num_experts} (equal groups)",
+        )
+    if chosen > groups:
+        raise ScenarioError(
+            key="model.moe_router_group_topk",
+            value=chosen,
+            rule=f"must be <= model.moe_router_num_groups={groups}",
+        )
+    if chosen * (model.num_experts // groups) < model.router_topk:
+        raise ScenarioError(
+            key="model.moe_router_group_topk",
+            value=chosen,
+            rule=f"x the {model.num_experts // groups} experts of a group must be >= "
+            f"model.moe_router_topk={model.router_topk} (a token's experts lie in the chosen "
+            "groups)",
+        )
 
 
 def check_routing(model: ModelSpec) -> None:
@@ -167,6 +206,8 @@ def check_expert_parallel(scenario: Scenario) -> None:
             rule=f"x expert_tensor_parallel_size={etp} must divide or be a multiple of "
             f"cluster.gpus_per_node={gpn} (alike EP groups on every node)",
         )
+    if training.moe_dispatcher == MOE_FLEX:
+        check_flex(scenario)
     if training.data_parallel_sharding == SHARD_FULL:
         raise ScenarioError(
             key="training.data_parallel_sharding",
@@ -174,3 +215,42 @@ def check_expert_parallel(scenario: Scenario) -> None:
             rule="cannot be `full` for an MoE model yet (FSDP of expert weights is not "
             "modelled); use `optimizer` or `gradients`",
         )
+
+
+def check_flex(scenario: Scenario) -> None:
+    """The flex (DeepEP) dispatcher: Megatron-Core's asserts (TP x EP > 1; no padding to
+    capacity, which stepsim does not model anyway) and what stepsim models of it
+    (workload/deepep.py): ETP 1, balanced dropless routing, groups that nest with the
+    experts of a GPU and of a node."""
+    model, par = scenario.model, scenario.parallel
+    key = "training.moe_token_dispatcher_type"
+    problem = None
+    if par.ep_size < 2:
+        problem = "needs parallel.expert_model_parallel_size > 1 (DeepEP moves tokens over EP)"
+    elif par.etp_size != 1:
+        problem = "is modelled with parallel.expert_tensor_parallel_size = 1 only"
+    elif model.moe_routing not in (None, "balanced"):
+        problem = (
+            f"is modelled under balanced routing only, not model.moe_routing={model.moe_routing!r}"
+        )
+    elif model.moe_expert_capacity_factor is not None:
+        problem = "is modelled dropless only (model.moe_expert_capacity_factor unset)"
+    if problem:
+        raise ScenarioError(key=key, value=MOE_FLEX, rule=problem)
+    groups = model.moe_router_num_groups
+    if groups is None:
+        return
+    gpn = scenario.cluster.gpus_per_node
+    experts = model.num_experts
+    size = experts // groups
+    for what, block in (
+        ("a GPU's", experts // par.ep_size),
+        ("a node's", experts * min(par.ep_size, gpn) // par.ep_size),
+    ):
+        if block % size and size % block:
+            raise ScenarioError(
+                key="model.moe_router_num_groups",
+                value=groups,
+                rule=f"groups of {size} experts must nest with {what} {block} experts under "
+                "the flex dispatcher (one divides the other)",
+            )

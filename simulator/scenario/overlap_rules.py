@@ -1,14 +1,14 @@
 """Rules of the expert all-to-all overlap (issue 20 part 4; docs/moe.md): what
 `training.overlap_moe_expert_parallel_comm` needs, as Megatron-Core's
 TransformerConfig.__post_init__ asserts it (expert parallelism, the alltoall
-dispatcher, no full recomputation, a virtual pipeline when PP > 1) or as stepsim
+or flex dispatcher, no full recomputation, a virtual pipeline when PP > 1) or as stepsim
 models it (pairs of an `interleaved`, `dualpipev` or single-stage `1f1b` schedule)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..vocabulary import MOE_ALLTOALL, RECOMPUTE_FULL
+from ..vocabulary import MOE_ALLTOALL, MOE_FLEX, RECOMPUTE_FULL
 from .errors import ScenarioError
 from .frameworks import OVERLAPPED
 
@@ -33,8 +33,8 @@ def check_overlap(scenario: Scenario) -> None:
     problem = None
     if not model.moe or par.ep_size < 2:
         problem = "needs an MoE model with parallel.expert_model_parallel_size > 1"
-    elif training.moe_dispatcher != MOE_ALLTOALL:
-        problem = 'needs training.moe_token_dispatcher_type = "alltoall"'
+    elif training.moe_dispatcher not in (MOE_ALLTOALL, MOE_FLEX):
+        problem = 'needs training.moe_token_dispatcher_type = "alltoall" or "flex"'
     elif training.recompute_granularity == RECOMPUTE_FULL:
         problem = "cannot go with full recomputation (Megatron-Core refuses it)"
     elif par.cp_size > 1:

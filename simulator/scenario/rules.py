@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from stepsim.schedules import DUAL, V_SHAPE
+from stepsim.schedules import DUAL, LOOPED, V_SHAPE
 from stepsim.schedules import SCHEDULES as SCHEDULE_INFO
 from stepsim.schedules import check as schedule_problem
 from stepsim.schedules.custom import check_orders, sizes_of
@@ -42,7 +42,7 @@ from .perturbation import check_targets
 from .precision import check_fp8
 from .softmax import SOURCE as SOFTMAX_SOURCE
 from .softmax import scenario_softmax_path
-from .stages import stage_layers
+from .stages import check_dual, stage_layers
 
 if TYPE_CHECKING:
     from .spec import (
@@ -237,7 +237,7 @@ def check_scenario(scenario: Scenario) -> None:
     check_context_parallel(scenario.model, scenario.parallel, scenario.training)
     check_expert_parallel(scenario)
     check_overlap(scenario)
-    check_layout(scenario.model, scenario.parallel, scenario.cluster)
+    check_layout(scenario.model, scenario.parallel, scenario.cluster, scenario.training.placement)
     check_schedule(scenario.model, scenario.parallel, scenario.training)
     check_size(scenario.model, scenario.parallel, scenario.training)
     check_softmax(scenario)
@@ -270,7 +270,7 @@ def check_softmax(scenario: Scenario) -> None:
         )
 
 
-def check_model_split(model: ModelSpec, parallel: ParallelConfig) -> None:
+def check_model_split(model: ModelSpec, parallel: ParallelConfig, placement: str = LOOPED) -> None:
     """Tensor parallelism splits heads and the MLP evenly; pipeline stages and chunks
     split the layers evenly, or as Megatron-Core's four uneven-split keys say
     (`stages.stage_layers`)."""
@@ -283,12 +283,14 @@ def check_model_split(model: ModelSpec, parallel: ParallelConfig) -> None:
         if size % tp:
             raise ScenarioError(key=tp_key, value=tp, rule=f"must divide model.{what}={size}")
     check_query_groups_split(model, tp)
-    stage_layers(model, parallel)
+    stage_layers(model, parallel, placement)
 
 
-def check_layout(model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpec) -> None:
+def check_layout(
+    model: ModelSpec, parallel: ParallelConfig, cluster: ClusterSpec, placement: str = LOOPED
+) -> None:
     """The model splits evenly, the layout fits in the cluster, and sits in it alike."""
-    check_model_split(model, parallel)
+    check_model_split(model, parallel, placement)
     tp, dp = parallel.tensor_model_parallel_size, parallel.data_parallel_size
     cp = parallel.cp_size
     if parallel.num_gpus > cluster.num_gpus:
@@ -440,13 +442,14 @@ def _check_named(parallel: ParallelConfig, training: TrainingConfig) -> None:
             value=v,
             rule=f"must be 2 for training.schedule={schedule!r} (two chunks in a V)",
         )
-    if info.placement == DUAL:
+    if info.placement == DUAL and v != 2:
         raise ScenarioError(
-            key="training.schedule",
-            value=schedule,
-            rule="runs in `stepsim schedule` only for now: the full simulator does not lower "
-            "its two model copies yet (use 'dualpipev', the same order on one copy in a V)",
+            key=v_key,
+            value=v,
+            rule=f"must be 2 for training.schedule={schedule!r} (two model copies)",
         )
+    if info.placement == DUAL:
+        check_dual(training)
     if info.chunked and v < 2:
         raise ScenarioError(
             key=v_key, value=v, rule=f"must be at least 2 for training.schedule={schedule!r}"

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from stepsim.schedules import holder_of
+from stepsim.schedules import DUAL, LOOPED, holder_of
 
 from .errors import ScenarioError
 
 if TYPE_CHECKING:
-    from .spec import ModelSpec, ParallelConfig
+    from .spec import ModelSpec, ParallelConfig, TrainingConfig
 
 FIRST_KEY = "parallel.decoder_first_pipeline_num_layers"
 LAST_KEY = "parallel.decoder_last_pipeline_num_layers"
@@ -28,8 +28,14 @@ def is_uneven(parallel: ParallelConfig) -> bool:
     )
 
 
-def stage_layers(model: ModelSpec, parallel: ParallelConfig) -> tuple[tuple[int, ...], ...]:
+def stage_layers(
+    model: ModelSpec, parallel: ParallelConfig, placement: str = LOOPED
+) -> tuple[tuple[int, ...], ...]:
     """Layers per virtual stage as Megatron-Core splits them, checked.
+
+    Under DualPipe's ``dual`` placement each of the two model copies is a pipeline of p
+    stages split as one chunk per rank would be (the keys below with v = 1); rank r's
+    chunk 0 holds stage r of copy 0 and its chunk 1 stage p - 1 - r of copy 1.
 
     Returns, for each pipeline rank r, a tuple of v counts: ``[r][k]`` is what chunk k of
     rank r holds, counting the embedding and the loss as one layer each where the
@@ -52,8 +58,17 @@ def stage_layers(model: ModelSpec, parallel: ParallelConfig) -> tuple[tuple[int,
     stepsim also needs every virtual stage to hold at least one layer (Megatron-Core allows
     an embedding-only stage; stepsim lowers the embedding with the first layer).
     """
+    if placement == DUAL:
+        copy = _stage_layers(model, parallel, 1)
+        p = parallel.pipeline_model_parallel_size
+        return tuple((copy[r][0], copy[p - 1 - r][0]) for r in range(p))
+    return _stage_layers(model, parallel, parallel.virtual_pipeline_model_parallel_size)
+
+
+def _stage_layers(
+    model: ModelSpec, parallel: ParallelConfig, v: int
+) -> tuple[tuple[int, ...], ...]:
     L, p = model.num_layers, parallel.pipeline_model_parallel_size
-    v = parallel.virtual_pipeline_model_parallel_size
     first, last = (
         parallel.decoder_first_pipeline_num_layers,
         parallel.decoder_last_pipeline_num_layers,
@@ -159,13 +174,41 @@ def virtual_stage_layers(
     """`stage_layers` with the embedding's and the loss's layer taken off the chunks that
     hold virtual stages 0 and p v - 1 under ``placement`` (schedules.holder_of):
     ``[r][k]`` is the transformer layers of chunk k of rank r."""
-    counts = [list(chunks) for chunks in stage_layers(model, parallel)]
+    counts = [list(chunks) for chunks in stage_layers(model, parallel, placement)]
     p = parallel.pipeline_model_parallel_size
     v = parallel.virtual_pipeline_model_parallel_size
+    # the virtual stages holding an embedding and a loss: under `dual` each copy's ends
+    firsts, lasts = ([0, p], [p - 1, 2 * p - 1]) if placement == DUAL else ([0], [p * v - 1])
     if parallel.account_for_embedding_in_pipeline_split:
-        rank, chunk = holder_of(0, p, placement)
-        counts[rank][chunk] -= 1
+        for virtual in firsts:
+            rank, chunk = holder_of(virtual, p, placement)
+            counts[rank][chunk] -= 1
     if parallel.account_for_loss_in_pipeline_split:
-        rank, chunk = holder_of(p * v - 1, p, placement)
-        counts[rank][chunk] -= 1
+        for virtual in lasts:
+            rank, chunk = holder_of(virtual, p, placement)
+            counts[rank][chunk] -= 1
     return tuple(tuple(chunks) for chunks in counts)
+
+
+def check_dual(training: TrainingConfig) -> None:
+    """What DualPipe's two model copies need of the rest, as stepsim lowers them: untied
+    embeddings (each end rank holds an embedding and an output layer of different
+    copies), and whole gradients until the copies' sum after the flush (not ZeRO-2's or
+    FSDP's per-micro-batch reduce-scatters)."""
+    from ..vocabulary import SHARD_FULL, SHARD_GRADIENTS
+
+    if training.share_embeddings_and_output_weights:
+        raise ScenarioError(
+            key="training.share_embeddings_and_output_weights",
+            value=True,
+            rule="must be false with training.schedule='dualpipe' (tied embeddings across "
+            "its two model copies are not modelled)",
+        )
+    sharding = training.data_parallel_sharding
+    if sharding in (SHARD_GRADIENTS, SHARD_FULL):
+        raise ScenarioError(
+            key="training.data_parallel_sharding",
+            value=sharding,
+            rule="must be `none` or `optimizer` with training.schedule='dualpipe' (its copies' "
+            "gradients are summed after the flush, before the data-parallel sync)",
+        )

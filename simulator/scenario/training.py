@@ -68,7 +68,7 @@ class TrainingConfig:
         "chunks, stages r and 2 PP - 1 - r (`v`); named schedules fix theirs, and a torch "
         "CSV's stage numbers fix its own",
         default=None,
-        # DualPipe's dual placement runs in `stepsim schedule` only (not lowered yet)
+        # DualPipe's dual placement comes with `schedule = "dualpipe"` only, not custom orders
         choices=(schedules.LOOPED, schedules.V_SHAPE),
         derived=f'`"{schedules.LOOPED}"`',
     )
@@ -229,7 +229,9 @@ class TrainingConfig:
     moe_token_dispatcher_type: str | None = key(
         "Megatron-Core's `--moe-token-dispatcher-type` for MoE layers: `alltoall` (tokens "
         "all-to-all'ed to their experts' EP ranks and back) or `allgather` (every token "
-        "all-gathered over the EP x ETP group, the experts' outputs reduce-scattered)",
+        "all-gathered over the EP x ETP group, the experts' outputs reduce-scattered) or "
+        "`flex` (`--moe-enable-deepep`: DeepEP's kernels, a token sent once per destination "
+        "node over RDMA and forwarded over NVLink inside it; docs/moe.md)",
         default=None,
         choices=MOE_DISPATCHERS,
         derived="`allgather` (Megatron-Core's default)",
@@ -237,7 +239,8 @@ class TrainingConfig:
     overlap_moe_expert_parallel_comm: bool | None = key(
         "Megatron-Core's `--overlap-moe-expert-parallel-comm`: an F&B pair (the forward of "
         "one micro-batch and the backward of another, Megatron's combined 1F1B under "
-        "`interleaved`, DualPipe's under `dualpipev`) runs its MoE layers interleaved, each "
+        "`interleaved`, DualPipe's under `dualpipe` and `dualpipev`) runs its MoE layers "
+        "interleaved, each "
         "all-to-all on a communication stream behind the other micro-batch's compute",
         default=None,
         derived="false",

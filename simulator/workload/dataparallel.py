@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import math
 
+from stepsim.schedules import DUAL
+
 from ..scenario import Scenario
 from ..vocabulary import (
     ALL_GATHER,
@@ -65,7 +67,7 @@ from ..vocabulary import (
 from .compute import ComputeModel
 from .experts import layer_params_of
 from .gpuops import GpuOps
-from .keys import BucketKey, ShardKey, TiedKey, TiedReadyKey
+from .keys import BucketKey, CopiesKey, CopiesReadyKey, ShardKey, TiedKey, TiedReadyKey
 from .memory import (
     WEIGHT_BYTES_PER_PARAM,
     gathered_param_bytes,
@@ -143,6 +145,9 @@ class DataParallel:
             self.tied_with = out if gpu.stage == 0 else 0
         t = par.tensor_model_parallel_size
         self.tied_bytes = m.vocab_size * m.hidden_size / t * training.gradient_bytes
+        # DualPipe: rank r and rank p - 1 - r hold the same stages of the two copies
+        p = par.pipeline_model_parallel_size
+        self.copy_with = p - 1 - gpu.stage if training.placement == DUAL else None
 
     # -- hooks --------------------------------------------------------------------------
 
@@ -165,6 +170,7 @@ class DataParallel:
     def finish(self) -> None:
         """At the end of the stage: the gradient sync still to do (and the tied
         embedding's all-reduce, before or after it), the optimizer step."""
+        self.sum_copies()
         if self.tied_with is not None:
             self.gpu.builder.name_last(self.gpu.lane, TiedReadyKey(self.gpu.who, self.gpu.stage))
         tied_first = self.tied_order == TIED_BEFORE_DP or (
@@ -199,6 +205,28 @@ class DataParallel:
             f"tied embedding grads {COLLECTIVE_LABELS[ALL_REDUCE]}",
             transfer=transfer,
             rendezvous=TiedKey(gpu.who),
+        )
+
+    def sum_copies(self) -> None:
+        """DualPipe's two model copies: rank r's gradients (both its chunks, experts
+        included) all-reduced with rank p - 1 - r's, which holds the same stages of the
+        other copy, once both are done, before the data-parallel sync (each then holds
+        the sum for both copies). A rendezvous of the two ranks' lanes; the wait for the
+        other's last pass counts as pipeline idle."""
+        if self.copy_with is None:
+            return
+        gpu = self.gpu
+        gpu.builder.name_last(gpu.lane, CopiesReadyKey(gpu.who, gpu.stage))
+        other = CopiesReadyKey(gpu.who, self.copy_with)
+        gpu.barrier(f"wait for stage {self.copy_with} (DualPipe's other copy)", [other])
+        nbytes = (self.params + self.expert_params) * self.grad_bytes
+        transfer = gpu.comm.tied(self.copy_with, nbytes, gpu.j, gpu.d)
+        gpu.builder.add(
+            gpu.lane,
+            DP_SYNC,
+            f"DualPipe copies' grads {COLLECTIVE_LABELS[ALL_REDUCE]}",
+            transfer=transfer,
+            rendezvous=CopiesKey(gpu.who, min(gpu.stage, self.copy_with)),
         )
 
     def sync(self) -> None:
@@ -431,7 +459,8 @@ class _GatherAhead(Pass):
 def strategy_for(gpu: GpuOps, scenario: Scenario, compute: ComputeModel) -> DataParallel:
     """The data-parallel mode of the scenario, for one simulated GPU."""
     training = scenario.training
-    overlap = training.overlap_grad_reduce
+    # DualPipe: the copies' sum comes first, after the flush, so no bucket starts earlier
+    overlap = training.overlap_grad_reduce and training.placement != DUAL
     if scenario.parallel.gradient_group_size == 1:
         return DataParallel(gpu, scenario, compute)
     if training.data_parallel_sharding == SHARD_FULL:

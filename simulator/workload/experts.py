@@ -14,7 +14,7 @@ expert-data-parallel group, TP x CP x DP / (EP x ETP) GPUs (Megatron-Core's
 
 from __future__ import annotations
 
-from stepsim.schedules import holder_of
+from stepsim.schedules import DUAL, holder_of
 
 from ..scenario import ModelSpec, Scenario
 from .mla import attention_params as mla_attention_params
@@ -74,6 +74,8 @@ def rank_global_layers(scenario: Scenario, rank: int) -> list[int]:
     counts, placement = scenario.chunk_layers, scenario.training.placement
     starts, start = {}, 0
     for virtual in range(p * v):
+        if placement == DUAL and virtual == p:
+            start = 0  # DualPipe's second copy: the same layers again
         holder = holder_of(virtual, p, placement)
         starts[holder] = start
         start += counts[holder[0]][holder[1]]

@@ -124,3 +124,21 @@ class P2PKey:
     kind: str
     microbatch: int
     part: str = "data"
+
+
+@dataclass(frozen=True, slots=True)
+class CopiesKey:
+    """DualPipe's gradient sum of its two model copies between pipeline ranks ``low`` and
+    p - 1 - ``low`` of one (tensor rank, replica): a rendezvous of the two GPUs ``who``."""
+
+    who: Who
+    low: int
+
+
+@dataclass(frozen=True, slots=True)
+class CopiesReadyKey:
+    """The last pass of GPU ``who`` of pipeline rank ``stage`` under DualPipe: the rank
+    holding the other copy of its stages waits for it before their gradient sum."""
+
+    who: Who
+    stage: int

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from stepsim.schedules import holder_of
+from stepsim.schedules import DUAL, holder_of
 
 from ..scenario import ModelSpec, Scenario
 from ..scenario.precision import fp8_enabled, fp8_param_gather, recipe_of, second_copy
@@ -200,6 +200,16 @@ def output_rank(scenario: Scenario) -> int:
     return holder_of(p * v - 1, p, placement)[0]
 
 
+def end_ranks(scenario: Scenario) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(ranks holding an embedding, ranks holding an output layer and loss): rank 0 and
+    `output_rank`, or under DualPipe's two copies both end ranks each (rank 0 holds copy
+    0's first stage and copy 1's last, rank p - 1 the others)."""
+    if scenario.training.placement == DUAL:
+        ends = (0, scenario.parallel.pipeline_model_parallel_size - 1)
+        return ends, ends
+    return (0,), (output_rank(scenario),)
+
+
 def stage_params_per_rank(scenario: Scenario, stage: int) -> float:
     """Parameters on one GPU of a pipeline stage (embedding on the first, output on the
     one holding the last virtual stage).
@@ -215,11 +225,12 @@ def stage_params_per_rank(scenario: Scenario, stage: int) -> float:
         params = sum(dense + experts for dense, experts in layer_params_of(scenario, stage))
     else:
         params = layer_params_per_rank(scenario) * scenario.rank_layers(stage)
-    if stage == 0:
+    embedding, output = end_ranks(scenario)
+    if stage in embedding:
         params += m.vocab_size * m.hidden_size / t + (0 if m.rope else m.seq_length * m.hidden_size)
-    if stage == output_rank(scenario):
+    if stage in output:
         params += norm_params(m)  # final norm
-        if stage != 0 or not tied:
+        if stage not in embedding or not tied:
             params += m.vocab_size * m.hidden_size / t
     return params
 
@@ -418,7 +429,7 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
         if scenario.model.moe:  # its largest layer, an MoE one
             whole = max(whole, moe_activation_bytes(scenario, whole, RECOMPUTE_NONE))
         activations += whole
-    if stage == output_rank(scenario):
+    if stage in end_ranks(scenario)[1]:
         # fp32 logits of the micro-batch whose loss is being computed (Korthikanti Sec 4.3).
         tokens = m.seq_length // scenario.parallel.cp_size * scenario.training.micro_batch_size
         activations += 4 * tokens * m.vocab_size / t
@@ -436,19 +447,24 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
 def inflight_layers(scenario: Scenario, stage: int) -> int:
     """Most transformer layers whose activations a rank holds at once under its schedule:
     each forward adds its chunk's layers, the backward (or, when split, the weight
-    gradient) of the same chunk and micro-batch takes them off (schedules.peak_inflight,
+    gradient; a full backward's where the order holds no W) of the same chunk and
+    micro-batch takes them off (schedules.peak_inflight,
     weighted by `Scenario.chunk_layers`)."""
     from .lowering import stage_orders  # lowering imports this module
 
     order = stage_orders(scenario)[stage]
     counts = scenario.chunk_layers[stage]
-    release = "W" if any(step.kind == "W" for step in order) else "B"
+    # released at the W, or at a full B (one whose W the order does not hold), as
+    # schedules.peak_inflight counts them
+    weights = {(s.microbatch, s.chunk) for s in order if s.kind == "W"}
     alive = peak = 0
     for step in order:
         if step.kind == "F":
             alive += counts[step.chunk]
             peak = max(peak, alive)
-        elif step.kind == release:
+        elif step.kind == "W" or (
+            step.kind == "B" and (step.microbatch, step.chunk) not in weights
+        ):
             alive -= counts[step.chunk]
     return peak
 

@@ -43,9 +43,11 @@ from ..vocabulary import (
     BACKWARD,
     EP_COMM,
     MOE_ALLTOALL,
+    MOE_FLEX,
     REDUCE_SCATTER,
 )
 from .compute import BYTES_PER_ELEMENT, MASK_BYTES, ZERO, ComputeModel, Work
+from .deepep import flex_traffic, received_rows, row_bytes
 from .precision import FP8_BYTES
 from .routing import grouped_gemm, rank_loads, rank_rows, skewed
 
@@ -239,6 +241,10 @@ def _moe_block_work(cm: ComputeModel, rank: int) -> MoeBlockWork:
     if cm.training.moe_dispatcher == MOE_ALLTOALL:
         # rows in, k rows out (and back): the GPU's own tokens
         permute = mem(e * h * local * (1 + k))
+    elif cm.training.moe_dispatcher == MOE_FLEX:
+        # DeepEP reads the tokens where they are; the receiver expands the rows it got
+        # (one per token and GPU) into its experts' k per local token (and back)
+        permute = mem(e * h * (received_rows(cm) + local * k))
     elif skewed(model):  # allgather: the local experts' rows picked from (and added into) all
         permute = mem(e * h * 2 * rows)
     else:
@@ -290,6 +296,16 @@ class MoeBlock:
         self.bytes = dispatch_bytes(cm, busiest_rank(cm) if rank is None else rank)
         self.alltoall = cm.training.moe_dispatcher == MOE_ALLTOALL
         self.etp = cm.parallel.etp_size
+        # flex (DeepEP, deepep.py): the pair weights and a row's bytes (FP8 forward dispatch)
+        self.flex = None
+        if cm.training.moe_dispatcher == MOE_FLEX:
+            traffic = flex_traffic(cm)
+            local = cm.tokens / cm.parallel.tensor_model_parallel_size
+            self.flex = (
+                (traffic.rdma, traffic.nvlink),
+                local * row_bytes(cm, False),
+                local * row_bytes(cm, cm.fp8 is not None),
+            )
         # the all-to-all-v's per-rank weights under skew (None: a plain all-to-all)
         self.loads = rank_loads(cm.model, cm.parallel.ep_size) if skewed(cm.model) else None
 
@@ -309,10 +325,25 @@ class MoeBlock:
         if transfer is not None:
             expert_collective(gpu, EP_COMM, group, label, transfer, microbatch=mb)
 
-    def exchange(self, stage: _Stage, label: str, mb: int, into: bool) -> None:
+    def flex_transfer(self, gpu, into: bool, forward: bool):
+        """The flex dispatcher's one coupled transfer (RDMA and NVLink hops together) of
+        the forward dispatch (``into`` and ``forward``: FP8 rows under FP8) or of the
+        other three exchanges (16-bit)."""
+        pairs, unit, unit_fp8 = self.flex
+        nbytes = unit_fp8 if into and forward else unit
+        return gpu.comm.expert("ep", ALL_TO_ALL, nbytes, gpu.j, gpu.d, pairs=pairs)
+
+    def exchange(
+        self, stage: _Stage, label: str, mb: int, into: bool, forward: bool = False
+    ) -> None:
         """Tokens to their experts (``into``) or back: the dispatch and the combine, and
         in the backward their duals (the combine's dual moves tokens into the experts)."""
         b = self.bytes
+        if self.flex is not None:
+            transfer = self.flex_transfer(stage.gpu, into, forward)
+            if transfer is not None:
+                expert_collective(stage.gpu, EP_COMM, "ep", label, transfer, microbatch=mb)
+            return
         if not self.alltoall:
             kind = ALL_GATHER if into else REDUCE_SCATTER
             self._comm(stage, label, mb, "tpep", kind, b.gather_bytes)
@@ -327,7 +358,7 @@ class MoeBlock:
     def forward(self, stage: _Stage, kind: str, label: str, mb: int, deps: Sequence[object]):
         w, gpu = self.work, stage.gpu
         gpu.work(kind, label, mb, w.pre, deps)
-        self.exchange(stage, label, mb, True)
+        self.exchange(stage, label, mb, True, forward=True)
         gpu.work(kind, label, mb, w.experts)
         self.exchange(stage, label, mb, False)
         gpu.work(kind, label, mb, w.post)

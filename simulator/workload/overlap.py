@@ -123,7 +123,7 @@ class Pairing:
     def moe_forward(self, stage: _Stage, label: str, mb: int) -> Generator[None]:
         w, gpu = self.moe.work, stage.gpu
         gpu.work(FORWARD, label, mb, w.pre)
-        yield from self.exchange(stage, label, mb, True)
+        yield from self.exchange(stage, label, mb, True, forward=True)
         gpu.work(FORWARD, label, mb, w.experts)
         yield from self.exchange(stage, label, mb, False)
         gpu.work(FORWARD, label, mb, w.post)
@@ -141,7 +141,9 @@ class Pairing:
         yield from self.exchange(stage, label, mb, False)  # the dispatch's dual
         gpu.work(BACKWARD, label, mb, w.pre_b - w.pre_w if split else w.pre_b)
 
-    def exchange(self, stage: _Stage, label: str, mb: int, into: bool) -> Generator[None]:
+    def exchange(
+        self, stage: _Stage, label: str, mb: int, into: bool, forward: bool = False
+    ) -> Generator[None]:
         """Tokens to their experts (``into``) or back, on the communication lane once the
         compute before has ended (the all-to-all, with ETP > 1 its all-gather after or
         reduce-scatter before); pauses for the other pass, then waits for it."""
@@ -149,10 +151,15 @@ class Pairing:
         steps = [("ep", ALL_TO_ALL, b.alltoall_bytes), ("etp", ALL_GATHER, b.etp_bytes)]
         if not into:
             steps = [("etp", REDUCE_SCATTER, b.etp_bytes), ("ep", ALL_TO_ALL, b.alltoall_bytes)]
+        if self.moe.flex is not None:  # DeepEP's one transfer (deepep.py)
+            steps = [("ep", ALL_TO_ALL, None)]
         ready = [gpu.last_key(gpu.lane)]
         sent = None
         for group, kind, nbytes in steps:
-            transfer = gpu.comm.expert(group, kind, nbytes, gpu.j, gpu.d)
+            if nbytes is None:
+                transfer = self.moe.flex_transfer(gpu, into, forward)
+            else:
+                transfer = gpu.comm.expert(group, kind, nbytes, gpu.j, gpu.d)
             if transfer is None:
                 continue
             rendezvous = None

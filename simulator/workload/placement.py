@@ -12,6 +12,7 @@ is all C x D replicas (Megatron-Core's data-parallel group with context parallel
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -195,6 +196,7 @@ class StageComm:
         j: int = 0,
         d: int = 0,
         loads: tuple[tuple[float, ...], bool] | None = None,
+        pairs: tuple[float, float] | None = None,
     ) -> Transfer | Collective | None:
         """A collective over an expert group (``group``: a name of `expert_groups`): in
         symmetric mode the representative GPU's, carrying every congruent group of the
@@ -203,9 +205,13 @@ class StageComm:
         all-gather / reduce-scatter / all-reduce of ``message_bytes``; None for a group
         of one GPU. ``loads``: an all-to-all-v (routing skew, workload/routing.py): each
         member's load factor, in group order, and whether it weighs the flows it sends
-        (the combine) or those it receives (the dispatch)."""
+        (the combine) or those it receives (the dispatch). ``pairs``: the flex
+        dispatcher's two hops instead (workload/deepep.py): each member sends
+        ``message_bytes`` x the first weight to the member of the same index in each other
+        node, x the second to each other member of its node."""
         offset = self.expert_offset(group, j, d) if self.exact else 0
         key = (group, kind, message_bytes, offset) + ((loads,) if loads is not None else ())
+        key += (("flex", pairs),) if pairs is not None else ()
         if key not in self._expert:
             base, offsets = self._experts[group]
             stage_gpus = self.placement.tensor * self.placement.data
@@ -214,12 +220,18 @@ class StageComm:
                 return None
             if self.exact:
                 members = [g + offset + stage_gpus * self.stage for g in base]
-                self._expert[key] = self._context(kind, [members], message_bytes, loads)
+                self._expert[key] = (
+                    self._flex([members], message_bytes, pairs)
+                    if pairs is not None
+                    else self._context(kind, [members], message_bytes, loads)
+                )
                 return self._expert[key]
 
             def build(stage: int) -> Transfer | Collective | None:
                 rep = [g + stage_gpus * stage for g in base]
                 groups = [[g + o for g in rep] for o in self._kept(rep, offsets)]
+                if pairs is not None:
+                    return self._flex(groups, message_bytes, pairs)
                 return self._context(kind, groups, message_bytes, loads)
 
             self._expert[key] = self._shared(("expert", *key), self.stage, build)
@@ -231,6 +243,30 @@ class StageComm:
         base, offsets = self._experts[group]
         local = j + self.placement.tensor * d
         return next(o for o in offsets if local - o in base)
+
+    def _flex(self, groups, message_bytes: float, pairs: tuple[float, float]) -> Transfer | None:
+        """DeepEP's dispatch or combine over ``groups`` (StageComm.expert's ``pairs``): the
+        RDMA hop between same-index members of different nodes, the NVLink hop inside a
+        node, one coupled flow; None when no pair carries bytes."""
+        rdma, nvlink = pairs
+        edge_sets, weights = [], []
+        for g in groups:
+            nodes = [self.fabric.node_of(x) for x in g]
+            seen: dict[int, int] = {}
+            index = []
+            for node in nodes:
+                index.append(seen.get(node, 0))
+                seen[node] = index[-1] + 1
+            edges, weights = [], []
+            for a, b in itertools.permutations(range(len(g)), 2):
+                w = nvlink if nodes[a] == nodes[b] else rdma if index[a] == index[b] else 0.0
+                if w > 0:
+                    edges.append((g[a], g[b]))
+                    weights.append(w)
+            edge_sets.append(edges)
+        if not edge_sets[0]:
+            return None
+        return collectives.exchange(edge_sets, message_bytes, self.fabric, True, weights)
 
     def _context(
         self, kind: str, groups, message_bytes: float, loads=None
