@@ -54,14 +54,14 @@ from .engine.steady import NotSteady, Snapshot, same, simulate_observed
 from .report.linkstats import bytes_by, cumulative_load, mean_utilization
 from .report.metrics import Tally, lane_flops, lane_seconds
 from .results import FastForward, Trace
-from .scenario import Scenario
+from .scenario import Scenario, ScenarioError
 from .vocabulary import CATEGORY_OF_KIND
 from .workload.ops import Workload
 from .workload.orders import p2p_items, stage_orders
 
 # fast-forward only when the full run has at least this many times the micro-batches
 # of the short one (below, simulating in full costs little more)
-MIN_SAVING = 4
+MIN_SAVING = 10
 # the short run: warm-up and cool-down (WARM_PERIODS pipeline depths of micro-batches,
 # times the chunks) and STEADY_PERIODS periods between them
 WARM_PERIODS = 2
@@ -92,16 +92,17 @@ def with_microbatches(scenario: Scenario, m: int) -> Scenario:
 
 
 def periods(scenario: Scenario) -> list[int]:
-    """The periods to try, in micro-batches: 1, and the interleaved schedule's group."""
-    out = [1]
+    """The periods to try, in micro-batches: 1, or the interleaved schedule's
+    micro-batch group (its rounds)."""
     tr, p = scenario.training, scenario.parallel.pipeline_model_parallel_size
     if tr.schedule == INTERLEAVED:
-        out.append(tr.microbatch_group_size_per_vp_stage or p)
-    return out
+        return [tr.microbatch_group_size_per_vp_stage or p]
+    return [1]
 
 
 def short_microbatches(scenario: Scenario, q: int) -> int:
-    """m': enough for warm-up, cool-down and a few periods, and m - m' a multiple of q."""
+    """m': enough for warm-up, cool-down and a few periods, a multiple of q when q > 1
+    (the interleaved schedule's rule), and m - m' a multiple of q."""
     par = scenario.parallel
     depth = par.pipeline_model_parallel_size * par.virtual_pipeline_model_parallel_size
     base = WARM_PERIODS * depth + STEADY_PERIODS * q
@@ -129,16 +130,19 @@ def fast_forward(scenario: Scenario, lower, network: NetworkFactory) -> Plan | N
         m_short = short_microbatches(scenario, q)
         if m < MIN_SAVING * m_short:
             continue
-        short = with_microbatches(scenario, m_short)
-        k = (m - m_short) // q
-        if not _orders_insert(short, scenario, k, q):
+        try:  # the short scenarios keep every rule (a schedule may refuse their m)
+            short = with_microbatches(scenario, m_short)
+            longer = with_microbatches(scenario, m_short + q)
+        except ScenarioError:
             continue
+        k = (m - m_short) // q
         workload = lower(short)
-        shape = _insertion(workload, lower(with_microbatches(scenario, m_short + q)), q)
+        shape = _insertion(workload, lower(longer), q)
         if shape is None:
             continue
         plan = _prove(short, workload, network, shape, k, q)
-        if plan is not None:
+        # the full schedule's orders last: some schedules take long to build them
+        if plan is not None and _orders_insert(short, scenario, k, q):
             return plan
     return None
 

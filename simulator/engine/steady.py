@@ -90,6 +90,7 @@ class _Describer:
         self.pos_of = pos_of
         self.lane_of_event = {id(event): i for i, event in enumerate(engine.lane_event)}
         self.lane_of_callback = {id(fn): i for i, fn in enumerate(engine.op_ended)}
+        self.low = [0] * len(engine.lane_ops)  # per lane, every op before it has finished
 
     def __call__(self, t0: float) -> Snapshot:
         engine = self.engine
@@ -106,11 +107,19 @@ class _Describer:
                 lanes.append(("waits", engine.next_dep[lane], engine.waited_from[lane] - t0))
             else:
                 lanes.append(("runs",))
-        inflight = tuple(
-            (self.op(i), s - t0)
-            for i, (s, e) in enumerate(zip(start_s, end_s, strict=True))
-            if s is not None and e is None
-        )
+        # ops in flight: started, not finished; before each lane's first unfinished op
+        # (kept from one snapshot to the next: it only moves on) every op has finished
+        inflight = []
+        for lane, lane_ops in enumerate(engine.lane_ops):
+            low, position = self.low[lane], positions[lane]
+            while low < position and end_s[lane_ops[low]] is not None:
+                low += 1
+            self.low[lane] = low
+            for index in lane_ops[low : position + 1]:
+                s = start_s[index]
+                if s is not None and end_s[index] is None:
+                    inflight.append((self.op(index), s - t0))
+        inflight = tuple(inflight)
         # the queue in the order it pops: by time, priority, then the order scheduled
         queue = sorted(engine.env._queue, key=lambda item: item[:3])
         self.seqs: dict[int, int] = {}

@@ -122,6 +122,8 @@ def summary_text(result: Result) -> str:
         f"{m.gpu_memory_gib:g} GiB (peak on stage {m.memory_peak_stage})",
         f"  kernel constants          {m.calibration}",
     ]
+    if m.fast_forward is not None:
+        lines += fast_forward_lines(m.fast_forward, m.num_microbatches)
     if fp8_enabled(tr):
         lines.append(f"  FP8 GEMMs                 {fp8_text(s)}")
     softmax = scenario_softmax_path(s)
@@ -155,6 +157,22 @@ def summary_text(result: Result) -> str:
                 f"{100 * link.peak_utilization:5.1f} %  {link.link}"
             )
     return "\n".join(lines)
+
+
+def fast_forward_lines(ff, num_microbatches: int) -> list[str]:
+    """Says that the steady state was fast-forwarded (simulator/fastforward.py)."""
+    period = (
+        "micro-batch"
+        if ff.period_microbatches == 1
+        else (f"{ff.period_microbatches} micro-batches")
+    )
+    return [
+        f"  fast-forward              {ff.simulated_microbatches} of {num_microbatches:,} "
+        f"micro-batches simulated; the state was proved to repeat every {period} "
+        f"({ff.period_s:.4g} s, from {ff.proved_at_s:.4g} s) and {ff.periods_skipped:,} "
+        "periods were added (trace.json and the timeline show the "
+        f"{ff.simulated_microbatches} simulated)",
+    ]
 
 
 # the causes of waiting a summary lists (metrics.json has them all)
