@@ -11,6 +11,7 @@ import pytest
 from stepsim import fastforward
 from stepsim.engine.network import FairShareNetwork
 from stepsim.engine.steady import same
+from stepsim.report.summary import summary_text
 from stepsim.report.trace import chrome_trace
 from stepsim.run import PEAK_BINS, build_cluster, run
 from stepsim.scenario import scenario_from_dict
@@ -174,3 +175,24 @@ def test_same_compares_numbers_within_tolerance():
     assert not same((1, (2.0, "a")), (1, (2.1, "a")), 1e-9)
     assert not same((1, (2.0,)), (1, (2.0, 3.0)), 1e-9)
     assert not same(("lane op", 1), ("lane op", 2), 1e-9)
+
+
+def test_context_parallel_wire_time_counts_the_skipped_periods():
+    """The summary's CP time on the wire is read off the trace: a fast-forwarded run's
+    adds the skipped periods' copies of its proved period."""
+    parallel = {"pipeline_model_parallel_size": 4, "data_parallel_size": 1}
+    results = []
+    for fast_forward in (True, False):
+        doc = scenario(
+            model={"num_layers": 8},
+            parallel={**parallel, "context_parallel_size": 2},
+            training={"global_batch_size": 120, "attention_backend": "flash"},
+            network={"fast_forward": fast_forward},
+        )
+        results.append(run(scenario_from_dict(doc)))
+    assert results[0].metrics.fast_forward is not None
+    lines = [
+        [line for line in summary_text(r).splitlines() if "CP communication" in line]
+        for r in results
+    ]
+    assert lines[0] == lines[1] and len(lines[0]) == 1

@@ -217,12 +217,7 @@ def context_parallel_lines(result: Result) -> list[str]:
     or not) against what the compute stream waited for."""
     s, m = result.scenario, result.metrics
     par = s.parallel
-    wire_s, lanes = 0.0, compute_lanes(result.trace.lanes)
-    gpus = {lane.gpu for lane in lanes}
-    for gpu, _stream, kind, _label, _mb, start_s, end_s, _op in result.trace.spans:
-        if kind == CP_COMM and gpu in gpus:
-            wire_s += end_s - start_s
-    wire_s /= max(1, len(lanes))
+    wire_s = _wire_s(result, CP_COMM)
     exposed_s = m.breakdown_s.get(CP_COMM, 0.0)
     text = context_text(s)
     return [
@@ -234,12 +229,22 @@ def context_parallel_lines(result: Result) -> list[str]:
 
 
 def _wire_s(result: Result, kind: str) -> float:
-    """Seconds per simulated GPU that ``kind``'s transfers were in flight."""
+    """Seconds per simulated GPU that ``kind``'s transfers were in flight. A
+    fast-forwarded run's trace is the short run's: the skipped periods are added as
+    copies of its proved period (simulator/fastforward.py)."""
     wire_s, lanes = 0.0, compute_lanes(result.trace.lanes)
     gpus = {lane.gpu for lane in lanes}
+    ff = result.metrics.fast_forward
+    t0 = ff.proved_at_s if ff is not None else 0.0
+    t1 = t0 + ff.period_s if ff is not None else 0.0
+    window_s = 0.0
     for gpu, _stream, span_kind, _label, _mb, start_s, end_s, _op in result.trace.spans:
         if span_kind == kind and gpu in gpus:
             wire_s += end_s - start_s
+            if end_s > t0 and start_s < t1:
+                window_s += min(end_s, t1) - max(start_s, t0)
+    if ff is not None:
+        wire_s += ff.periods_skipped * window_s
     return wire_s / max(1, len(lanes))
 
 
