@@ -91,6 +91,8 @@ def test_fast_forward_equals_the_full_run(schedule, m, chunks, overlap):
     assert fast.trace.end_s < full.trace.end_s
     trace = json.loads(json.dumps(chrome_trace(fast), separators=(",", ":")))
     assert trace_check.problems(trace) == []
+    assert "fast_forward" in trace["otherData"]
+    assert "fast_forward" not in json.loads(json.dumps(chrome_trace(full)))["otherData"]
     assert fast.metrics.to_json()["fast_forward"]["period_microbatches"] == (
         4 if schedule == "interleaved" else 1
     )
