@@ -111,10 +111,13 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
         capacities = perturb.capacities(scenario, cluster, capacities)
     network = NETWORKS[scenario.network.model].factory(capacities)
     with gc_paused():
-        plan = fastforward.fast_forward(scenario, lambda s: lower(s, cluster), network)
-        if plan is not None:
-            return _fast_forwarded(scenario, cluster, plan)
         try:
+            # a long pipeline's steady state, proved to repeat (simulator/fastforward.py)
+            plan = fastforward.fast_forward(scenario, lambda s: lower(s, cluster), network)
+            if plan is not None:
+                if progress is not None:
+                    progress(1.0)
+                return _fast_forwarded(scenario, cluster, plan)
             if not scenario.perturbations:
                 workload = lower(scenario, cluster)
             else:
