@@ -153,6 +153,8 @@ def run_case(name: str) -> None:
             raise SystemExit(code)
         metrics = json.loads(out.getvalue())
         result = {"simulated_s": metrics["iteration_time_s"]}
+        if "fast_forward" in metrics:  # simulator/fastforward.py: m' simulated, k periods added
+            result["fast_forward"] = metrics["fast_forward"]
     # ru_maxrss is KiB on Linux
     result["peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(json.dumps(result))
@@ -217,6 +219,7 @@ def measure(name: str, repeat: int, timeout_s: float) -> dict:
         "max_s": max(walls),
         "peak_gib": last["peak_gib"],
         "simulated_s": last["simulated_s"],
+        "fast_forward": last.get("fast_forward"),
         "runs": repeat,
     }
 
@@ -394,7 +397,14 @@ def main() -> None:
     if args.long:
         long = {name: measure(name, args.repeat, 3600) for name in LONG}
         for name, row in long.items():
-            print(f"  {name:<20} {row['median_s']:7.2f} s  {row['peak_gib']:5.2f} GiB")
+            ff = row["fast_forward"]
+            used = (
+                f"  fast-forward: {ff['simulated_microbatches']} simulated, "
+                f"{ff['periods_skipped']:,} periods added"
+                if ff
+                else "  simulated in full"
+            )
+            print(f"  {name:<20} {row['median_s']:7.2f} s  {row['peak_gib']:5.2f} GiB{used}")
         ratio = long["gpt3-p16-m3072"]["median_s"] / long["gpt3-p16-m192"]["median_s"]
         print(f"  m = 3,072 / m = 192: {ratio:.1f}x (target: at most 10x)")
     scaling = run_scaling(1) if args.scaling else None

@@ -78,6 +78,20 @@ class WaitCause(NamedTuple):
     gpu_seconds: float
 
 
+class FastForward(NamedTuple):
+    """How a run was fast-forwarded (simulator/fastforward.py): it simulated
+    ``simulated_microbatches`` micro-batches, proved that the state after one period of
+    ``period_microbatches`` micro-batches equals the state before it shifted by
+    ``period_s`` (the instant ``proved_at_s`` against one period later), and added
+    ``periods_skipped`` such periods."""
+
+    simulated_microbatches: int
+    period_microbatches: int
+    periods_skipped: int
+    period_s: float
+    proved_at_s: float
+
+
 class LinkLoad(NamedTuple):
     """One of the busiest links of its role: its name, role (topologies.describe.LINK_ROLES:
     nvlink, pcie, nic, uplink), index in the cluster's links, mean utilization over the
@@ -143,6 +157,8 @@ class Metrics:
     # perturbed runs: GPU time lost waiting at collectives, by cause, most first
     waits: tuple[WaitCause, ...] = ()
     perturbations: tuple[str, ...] = ()  # each perturbation's one-line description
+    # the steady-state fast-forward, when it was used (simulator/fastforward.py)
+    fast_forward: FastForward | None = None
 
     def to_json(self) -> dict[str, Any]:
         """metrics.json as a dict (json.dumps writes the file)."""
@@ -153,6 +169,10 @@ class Metrics:
         else:
             out["waits"] = [w._asdict() for w in self.waits]
             out["perturbations"] = list(self.perturbations)
+        if self.fast_forward is None:  # a run simulated in full keeps its keys
+            del out["fast_forward"]
+        else:
+            out["fast_forward"] = self.fast_forward._asdict()
         out["breakdown_s"] = dict(self.breakdown_s)
         out["framework_mechanisms"] = dict(self.framework_mechanisms)
         out["stages"] = [stage.to_json() for stage in self.stages]

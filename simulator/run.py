@@ -20,7 +20,7 @@ from stepsim.topologies import (
 )
 from stepsim.topologies.describe import LINK_ROLES, link_name
 
-from . import perturb
+from . import fastforward, perturb
 from .engine.core import simulate
 from .engine.network import AnalyticalNetwork, FairShareNetwork
 from .report.linkstats import mean_utilization, utilization_over_time
@@ -112,6 +112,12 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
     network = NETWORKS[scenario.network.model].factory(capacities)
     with gc_paused():
         try:
+            # a long pipeline's steady state, proved to repeat (simulator/fastforward.py)
+            plan = fastforward.fast_forward(scenario, lambda s: lower(s, cluster), network)
+            if plan is not None:
+                if progress is not None:
+                    progress(1.0)
+                return _fast_forwarded(scenario, cluster, plan)
             if not scenario.perturbations:
                 workload = lower(scenario, cluster)
             else:
@@ -144,37 +150,76 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
     return Result(scenario, cluster, workload, trace, memory, metrics)
 
 
+def _fast_forwarded(scenario: Scenario, cluster, plan: fastforward.Plan) -> Result:
+    """The full run's result from a proved fast-forward: its metrics, and the short
+    run's workload and trace (what trace.json and the timeline show)."""
+    memory = memory_per_stage(scenario)
+    problem = out_of_memory(scenario, memory)
+    end_s, utilization, series_of = fastforward.link_loads(plan, cluster.capacities, PEAK_BINS)
+    links = busiest_links(
+        cluster, plan.trace, end_s=end_s, utilization=utilization, series_of=series_of
+    )
+    metrics = summarize(
+        scenario,
+        plan.workload,
+        plan.trace,
+        memory,
+        out_of_memory=str(problem) if problem is not None else None,
+        busiest_links=links,
+        counted=fastforward.tally(plan),
+    )
+    metrics = replace(metrics, fast_forward=fastforward.summary(plan))
+    return Result(scenario, cluster, plan.workload, plan.trace, memory, metrics)
+
+
 # the busiest links shown per role, and the time bins their peak is the busiest of
 BUSIEST_PER_ROLE = 1
 PEAK_BINS = 100
 
 
 def busiest_links(
-    cluster: Cluster, trace: Trace, per_role: int = BUSIEST_PER_ROLE
+    cluster: Cluster,
+    trace: Trace,
+    per_role: int = BUSIEST_PER_ROLE,
+    *,
+    end_s: float | None = None,
+    utilization: np.ndarray | None = None,
+    series_of: Callable[[list[int]], dict[int, np.ndarray]] | None = None,
 ) -> list[LinkLoad]:
     """The links of each role (NVLink, PCIe, NIC, switch uplink) that carried the most
     bytes relative to what they could carry, in LINK_ROLES order, with their peak.
 
     In symmetric mode these are the representative GPUs' links, each charged for
-    every flow it carries (multiplicities included); in exact mode any link.
+    every flow it carries (multiplicities included); in exact mode any link. A
+    fast-forward (simulator/fastforward.py) gives the iteration's ``end_s``, each link's
+    ``utilization`` and the chosen links' utilization over time (``series_of``).
     """
     links, capacities = cluster.links, cluster.capacities
-    utilization = mean_utilization(trace.link_intervals, capacities, trace.end_s)
+    if end_s is None:
+        end_s = trace.end_s
+    if utilization is None:
+        utilization = mean_utilization(trace.link_intervals, capacities, end_s)
     # only links that carried something can be chosen: the others are never looked at
     used = np.flatnonzero(utilization > 0)
-    order = used[np.argsort(-utilization[used], kind="stable")].tolist()  # ties: lower first
+    # ties: lower first (a fast-forward's sums differ from a full run's in the last bits:
+    # its utilization is ranked to 12 decimals, so that links equal in one are in both)
+    ranked = utilization if series_of is None else np.round(utilization, 12)
+    order = used[np.argsort(-ranked[used], kind="stable")].tolist()
     roles = {i: cluster.link_role(i) for i in order}
     chosen = [i for role in LINK_ROLES for i in [i for i in order if roles[i] == role][:per_role]]
-    _, series = utilization_over_time(
-        trace.link_intervals, capacities, chosen, trace.end_s, PEAK_BINS
-    )
+    if series_of is None:
+        _, series = utilization_over_time(
+            trace.link_intervals, capacities, chosen, end_s, PEAK_BINS
+        )
+    else:
+        series = series_of(chosen)
     return [
         LinkLoad(
             link=link_name(links[i].src, links[i].dst),
             kind=roles[i],
             index=i,
             utilization=float(utilization[i]),
-            gbytes=float(utilization[i] * capacities[i] * trace.end_s / 1e9),
+            gbytes=float(utilization[i] * capacities[i] * end_s / 1e9),
             peak_utilization=float(series[i].max()),
         )
         for i in chosen

@@ -158,6 +158,11 @@ class _Engine:
     def run(self) -> Trace:
         self._wake(range(len(self.workload.lanes)))
         self.env.run()
+        return self.result()
+
+    def result(self) -> Trace:
+        """What happened, once the clock has run out (raises DeadlockError if some
+        lane could not finish)."""
         self._check_finished()
         return Trace(
             self.spans,

@@ -18,7 +18,9 @@ def jobs_trace(result, spec) -> dict:
         cluster=result.cluster,
         workload=result.workload,
         trace=trace._replace(spans=spans),
-        metrics=SimpleNamespace(busiest_links=[shared[i] for i in sorted(shared)]),
+        metrics=SimpleNamespace(
+            busiest_links=[shared[i] for i in sorted(shared)], fast_forward=None
+        ),  # jobs run in exact mode: never fast-forwarded
     )
     document = chrome_trace(view)
     gpn = spec.cluster.gpus_per_node

@@ -78,18 +78,11 @@ def mean_utilization(
     return carried / (capacity * end_s)
 
 
-def utilization_over_time(
-    intervals: Sequence[Interval],
-    capacities: Sequence[float],
-    links: Sequence[int],
-    end_s: float,
-    bins: int,
-) -> tuple[np.ndarray, dict[int, np.ndarray]]:
-    """Bin edges and, per chosen link, its mean utilization in each time bin."""
-    edges = np.linspace(0.0, end_s, bins + 1)
-    out: dict[int, np.ndarray] = {}
-    if not intervals:
-        return edges, {link: np.zeros(bins) for link in links}
+def cumulative_load(
+    intervals: Sequence[Interval], links: Sequence[int]
+) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per chosen link, the bytes it carried from time 0 as a piecewise-linear function:
+    its breakpoints and the bytes by each (np.interp between them is exact)."""
     # only the intervals that cross a chosen link (decided once per shape, by
     # identity), and only the chosen links' rows of them
     chosen = set(links)
@@ -102,6 +95,7 @@ def utilization_over_time(
         if hit:
             mine_only.append(iv)
     all_links, loads, starts, ends = _rows(mine_only, chosen)
+    out = {}
     for link in links:
         mine = all_links == link
         times = np.concatenate([starts[mine], ends[mine]])
@@ -110,8 +104,28 @@ def utilization_over_time(
         times, deltas = times[order], deltas[order]
         level = np.cumsum(deltas)  # load from each event time to the next
         integral = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times))])
-        at_edges = np.interp(
-            edges, times, integral, left=0.0, right=integral[-1] if len(integral) else 0.0
-        )
+        out[link] = (times, integral)
+    return out
+
+
+def bytes_by(times: np.ndarray, integral: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """`cumulative_load`'s function evaluated at ``at``."""
+    return np.interp(at, times, integral, left=0.0, right=integral[-1] if len(integral) else 0.0)
+
+
+def utilization_over_time(
+    intervals: Sequence[Interval],
+    capacities: Sequence[float],
+    links: Sequence[int],
+    end_s: float,
+    bins: int,
+) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """Bin edges and, per chosen link, its mean utilization in each time bin."""
+    edges = np.linspace(0.0, end_s, bins + 1)
+    if not intervals:
+        return edges, {link: np.zeros(bins) for link in links}
+    out: dict[int, np.ndarray] = {}
+    for link, (times, integral) in cumulative_load(intervals, links).items():
+        at_edges = bytes_by(times, integral, edges)
         out[link] = np.diff(at_edges) / (np.diff(edges) * capacities[link])
     return edges, out

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from ..results import LinkLoad, Metrics, StageMetrics, Trace
 from ..scenario import Scenario
@@ -40,25 +41,84 @@ def compute_lanes(lanes: Sequence[Lane]) -> list[Lane]:
     return [lane for lane in lanes if lane.stream == COMPUTE_STREAM]
 
 
-def stage_breakdowns(trace: Trace, keys: Sequence[str] = BREAKDOWN_KEYS) -> list[dict[str, float]]:
-    """Seconds per category on each simulated GPU's compute stream, idle filling the rest;
-    ``keys``: the categories (vocabulary.breakdown_keys: CP's with context parallelism)."""
-    iteration_s = trace.end_s
-    lanes = compute_lanes(trace.lanes)
+def lane_seconds(trace: Trace) -> dict[tuple[int, str], dict[str, float]]:
+    """Seconds per breakdown category (idle excepted) on each simulated GPU's compute
+    stream, summed over its spans in trace order."""
     by_lane: dict[tuple[int, str], dict[str, float]] = {
-        (lane.gpu, lane.stream): defaultdict(float) for lane in lanes
+        (lane.gpu, lane.stream): defaultdict(float) for lane in compute_lanes(trace.lanes)
     }
     for gpu, stream, kind, _label, _mb, start_s, end_s, _op in trace.spans:
         totals = by_lane.get((gpu, stream))
         if totals is not None:
             totals[CATEGORY_OF_KIND[kind]] += end_s - start_s
+    return by_lane
+
+
+def breakdowns(
+    lanes: Sequence[Lane],
+    seconds: dict[tuple[int, str], dict[str, float]],
+    iteration_s: float,
+    keys: Sequence[str] = BREAKDOWN_KEYS,
+) -> list[dict[str, float]]:
+    """Each compute lane's breakdown from its seconds per category (`lane_seconds`),
+    idle filling the rest of the iteration."""
     out = []
-    for lane in lanes:
-        totals = by_lane[(lane.gpu, lane.stream)]
+    for lane in compute_lanes(lanes):
+        totals = seconds[(lane.gpu, lane.stream)]
         row = {key: totals.get(key, 0.0) for key in keys if key != IDLE_TIME}
         row[IDLE_TIME] = max(iteration_s - sum(row.values()), 0.0)
         out.append(row)
     return out
+
+
+def stage_breakdowns(trace: Trace, keys: Sequence[str] = BREAKDOWN_KEYS) -> list[dict[str, float]]:
+    """Seconds per category on each simulated GPU's compute stream, idle filling the rest;
+    ``keys``: the categories (vocabulary.breakdown_keys: CP's with context parallelism)."""
+    return breakdowns(trace.lanes, lane_seconds(trace), trace.end_s, keys)
+
+
+def lane_flops(
+    workload: Workload, lane: Lane, positions: range | None = None
+) -> tuple[float, float]:
+    """Hardware and model FLOPs of the lane's ops (or of those at ``positions``)."""
+    ops = workload.ops
+    lane_hw = lane_model = 0.0
+    for index in lane.ops if positions is None else (lane.ops[i] for i in positions):
+        op = ops[index]
+        flops = op.flops
+        lane_hw += flops
+        if op.kind in MODEL_KINDS:
+            lane_model += flops
+    return lane_hw, lane_model
+
+
+class Tally(NamedTuple):
+    """What the metrics read of a simulated iteration: its length, each compute lane's
+    seconds per category, FLOPs over every GPU, transfers and spans simulated. `tally`
+    reads them off a trace; the steady-state fast-forward extends a shorter run's."""
+
+    iteration_s: float
+    seconds: dict[tuple[int, str], dict[str, float]]
+    hardware_flops: float
+    model_flops: float
+    num_transfers: int
+    num_spans: int
+
+
+def tally(workload: Workload, trace: Trace) -> Tally:
+    hardware_flops = model_flops = 0.0
+    for lane in workload.lanes:
+        lane_hw, lane_model = lane_flops(workload, lane)
+        hardware_flops += lane_hw * lane.stands_for
+        model_flops += lane_model * lane.stands_for
+    return Tally(
+        trace.end_s,
+        lane_seconds(trace),
+        hardware_flops,
+        model_flops,
+        trace.num_transfers,
+        len(trace.spans),
+    )
 
 
 def _mean_breakdown(lanes: Sequence[Lane], breakdowns: Sequence[dict]) -> dict[str, float]:
@@ -78,31 +138,28 @@ def summarize(
     memory: list[StageMemory],
     out_of_memory: str | None = None,
     busiest_links: Sequence[LinkLoad] = (),
+    counted: Tally | None = None,
 ) -> Metrics:
     """The metrics of a simulated iteration; ``out_of_memory`` and ``busiest_links`` are
-    what the run found besides (simulator.run)."""
-    iteration_s = trace.end_s
+    what the run found besides (simulator.run); ``counted``: the trace's `tally`, or a
+    fast-forward's extension of it."""
+    counted = tally(workload, trace) if counted is None else counted
+    iteration_s = counted.iteration_s
     num_gpus = scenario.parallel.num_gpus
-    hardware_flops = model_flops = 0.0
-    ops = workload.ops
-    for lane in workload.lanes:
-        lane_hw = lane_model = 0.0
-        for index in lane.ops:
-            op = ops[index]
-            flops = op.flops
-            lane_hw += flops
-            if op.kind in MODEL_KINDS:
-                lane_model += flops
-        hardware_flops += lane_hw * lane.stands_for
-        model_flops += lane_model * lane.stands_for
+    hardware_flops, model_flops = counted.hardware_flops, counted.model_flops
     per_gpu = 1.0 / (num_gpus * iteration_s * 1e12) if iteration_s > 0 else 0.0
     hardware_tflops = hardware_flops * per_gpu
     model_tflops = model_flops * per_gpu
     par = scenario.parallel
     expert_comm = scenario.model.moe and par.ep_size * par.etp_size > 1
-    breakdowns = stage_breakdowns(trace, breakdown_keys(par.cp_size > 1, expert_comm))
+    rows = breakdowns(
+        workload.lanes,
+        counted.seconds,
+        iteration_s,
+        breakdown_keys(par.cp_size > 1, expert_comm),
+    )
     lanes = compute_lanes(workload.lanes)
-    mean = _mean_breakdown(lanes, breakdowns)
+    mean = _mean_breakdown(lanes, rows)
     per_stage: dict[int, list[int]] = {}
     for i, lane in enumerate(lanes):
         per_stage.setdefault(lane.stage, []).append(i)
@@ -131,7 +188,7 @@ def summarize(
                 gpu=lanes[members[0]].gpu,
                 stands_for_gpus=sum(lanes[i].stands_for for i in members),
                 breakdown_s=_mean_breakdown(
-                    [lanes[i] for i in members], [breakdowns[i] for i in members]
+                    [lanes[i] for i in members], [rows[i] for i in members]
                 ),
                 memory=stage_memory,
             )
@@ -139,8 +196,8 @@ def summarize(
                 sorted(per_stage.items()), memory, strict=True
             )
         ),
-        simulated_transfers=trace.num_transfers,
-        simulated_spans=len(trace.spans),
+        simulated_transfers=counted.num_transfers,
+        simulated_spans=counted.num_spans,
         out_of_memory=out_of_memory,
         busiest_links=tuple(busiest_links),
     )

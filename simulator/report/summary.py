@@ -123,6 +123,8 @@ def summary_text(result: Result) -> str:
         f"{m.gpu_memory_gib:g} GiB (peak on stage {m.memory_peak_stage})",
         f"  kernel constants          {m.calibration}",
     ]
+    if m.fast_forward is not None:
+        lines += fast_forward_lines(m.fast_forward, m.num_microbatches)
     if fp8_enabled(tr):
         lines.append(f"  FP8 GEMMs                 {fp8_text(s)}")
     softmax = scenario_softmax_path(s)
@@ -156,6 +158,22 @@ def summary_text(result: Result) -> str:
                 f"{100 * link.peak_utilization:5.1f} %  {link.link}"
             )
     return "\n".join(lines)
+
+
+def fast_forward_lines(ff, num_microbatches: int) -> list[str]:
+    """Says that the steady state was fast-forwarded (simulator/fastforward.py)."""
+    period = (
+        "micro-batch"
+        if ff.period_microbatches == 1
+        else (f"{ff.period_microbatches} micro-batches")
+    )
+    return [
+        f"  fast-forward              {ff.simulated_microbatches} of {num_microbatches:,} "
+        f"micro-batches simulated; the state was proved to repeat every {period} "
+        f"({ff.period_s:.4g} s, from {ff.proved_at_s:.4g} s) and {ff.periods_skipped:,} "
+        "periods were added (trace.json and the timeline show the "
+        f"{ff.simulated_microbatches} simulated)",
+    ]
 
 
 # the causes of waiting a summary lists (metrics.json has them all)
@@ -200,12 +218,7 @@ def context_parallel_lines(result: Result) -> list[str]:
     or not) against what the compute stream waited for."""
     s, m = result.scenario, result.metrics
     par = s.parallel
-    wire_s, lanes = 0.0, compute_lanes(result.trace.lanes)
-    gpus = {lane.gpu for lane in lanes}
-    for gpu, _stream, kind, _label, _mb, start_s, end_s, _op in result.trace.spans:
-        if kind == CP_COMM and gpu in gpus:
-            wire_s += end_s - start_s
-    wire_s /= max(1, len(lanes))
+    wire_s = _wire_s(result, CP_COMM)
     exposed_s = m.breakdown_s.get(CP_COMM, 0.0)
     text = context_text(s)
     return [
@@ -217,12 +230,22 @@ def context_parallel_lines(result: Result) -> list[str]:
 
 
 def _wire_s(result: Result, kind: str) -> float:
-    """Seconds per simulated GPU that ``kind``'s transfers were in flight."""
+    """Seconds per simulated GPU that ``kind``'s transfers were in flight. A
+    fast-forwarded run's trace is the short run's: the skipped periods are added as
+    copies of its proved period (simulator/fastforward.py)."""
     wire_s, lanes = 0.0, compute_lanes(result.trace.lanes)
     gpus = {lane.gpu for lane in lanes}
+    ff = result.metrics.fast_forward
+    t0 = ff.proved_at_s if ff is not None else 0.0
+    t1 = t0 + ff.period_s if ff is not None else 0.0
+    window_s = 0.0
     for gpu, _stream, span_kind, _label, _mb, start_s, end_s, _op in result.trace.spans:
         if span_kind == kind and gpu in gpus:
             wire_s += end_s - start_s
+            if end_s > t0 and start_s < t1:
+                window_s += min(end_s, t1) - max(start_s, t0)
+    if ff is not None:
+        wire_s += ff.periods_skipped * window_s
     return wire_s / max(1, len(lanes))
 
 

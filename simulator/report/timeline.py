@@ -87,8 +87,16 @@ def timeline_figure(result: Result) -> Figure:
     ax.set_ylim(len(lanes) - 0.45, -0.55)  # first stage on top, after imshow set limits
     ax.set_xlim(0, trace.end_s * scale)
     ax.set_xlabel(f"time ({unit})")
+    ff = result.metrics.fast_forward
+    what = (
+        "one iteration"
+        if ff is None
+        else f"the {ff.simulated_microbatches} micro-batches simulated of "
+        f"{result.metrics.num_microbatches:,} (fast-forward: the iteration is "
+        f"{result.metrics.iteration_time_s * scale:.4g} {unit})"
+    )
     ax.set_title(
-        f"{result.scenario.name}: one iteration, {trace.end_s * scale:.4g} {unit}"
+        f"{result.scenario.name}: {what}, {trace.end_s * scale:.4g} {unit}"
         f" (rows: {rows_note}; thin band: background transfers)"
     )
     # the legend names what is drawn (a wait shares its communication's entry), and idle

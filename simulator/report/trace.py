@@ -124,10 +124,18 @@ def chrome_trace(result: Result) -> dict:
             event[direction] = True
         events.append(event)
     events += _link_counters(result)
+    other: dict = {"scenario": result.scenario.name}
+    ff = result.metrics.fast_forward
+    if ff is not None:  # the short run's spans (simulator/fastforward.py)
+        other["fast_forward"] = (
+            f"a run of {ff.simulated_microbatches} of the {result.metrics.num_microbatches} "
+            f"micro-batches is shown; the iteration ({result.metrics.iteration_time_s:.6g} s) "
+            f"adds {ff.periods_skipped} copies of its period from {ff.proved_at_s:.6g} s"
+        )
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
-        "otherData": {"scenario": result.scenario.name},
+        "otherData": other,
     }
 
 

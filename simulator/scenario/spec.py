@@ -433,6 +433,12 @@ class NetworkConfig:
         "reaches it (slower by about TP x DP, see docs/performance.md)",
         default=True,
     )
+    fast_forward: bool | None = key(
+        "`false`: simulate every micro-batch; unset or `true`: a long pipeline's repeating "
+        "steady state may be simulated for a few periods and the rest added, where a check "
+        "proves the state repeats (docs/design.md; the summary says when it was used)",
+        default=None,
+    )
 
     def __post_init__(self) -> None:
         rules.check_values(self, "network")

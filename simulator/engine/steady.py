@@ -1,0 +1,225 @@
+"""The engine's state at chosen instants, for the steady-state fast-forward.
+
+`simulate_observed` runs a workload as `core.simulate` does (the same engine, the same
+events in the same order, so the same trace to the bit) and, each time one of the
+``triggers`` ops has started and the clock is about to move past that instant, takes a
+`snapshot`: everything the rest of the run depends on, written relative to that instant
+and to each lane's position, so that two snapshots compare equal when the state one
+period later is the state now, shifted (simulator/fastforward.py says how that is used).
+
+What the rest of a run depends on, and how it is written:
+
+- each lane: the op it is at (its position), and if that op has not started, which of
+  its deps it waits on and since when (an op that has started is in flight, below);
+- every op in flight (started, not finished: the lanes' compute ops and blocking
+  transfers, non-blocking transfers, collectives whose members are arriving), named by
+  its lane and its position relative to the lane's, with its start; ops before a lane's
+  position that are not in flight are done, ops from it on are not started;
+- every event on simpy's queue, in the order the queue pops them, with its time: a
+  lane's compute op ending, a flow ending (its links, multiplicities, bytes left now,
+  rate, whether it runs alone on claimed links, when its bytes started to move, its
+  place in start order, and what it calls when done: a lane's op, a non-blocking op, a
+  collective's members, the next phase of a collective), a flow's latency ending, a
+  zero-byte transfer ending. A wake-up made stale by a later rate change does nothing
+  and is left out.
+
+The network's other tables (flows per link and shape, claimed links, neighbours) follow
+from the flows; its caches (solo rates, link classes) change no result. A callback the
+description does not know makes `NotSteady`: the fast-forward is then not used.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from ..results import Trace
+from ..workload.ops import Workload
+from .core import _Engine
+from .events import Call
+from .network import NetworkFactory, _Flow
+
+
+class NotSteady(Exception):
+    """The state cannot be written down (an event of a kind the snapshot does not know)."""
+
+
+class Snapshot:
+    """The state right after every event at ``time_s`` (see the module's docstring)."""
+
+    __slots__ = ("time_s", "positions", "state", "num_transfers")
+
+    def __init__(self, time_s: float, positions: tuple[int, ...], state: tuple, transfers: int):
+        self.time_s = time_s
+        self.positions = positions
+        self.state = state
+        self.num_transfers = transfers
+
+
+def simulate_observed(
+    workload: Workload, network: NetworkFactory, triggers: Sequence[int]
+) -> tuple[Trace, list[Snapshot], list, list]:
+    """Simulate the workload; a snapshot once each trigger op has started (in order).
+    Also every op's start and end."""
+    engine = _Engine(workload, network)
+    env = engine.env
+    pos_of = [0] * len(workload.ops)
+    for lane in workload.lanes:
+        for position, index in enumerate(lane.ops):
+            pos_of[index] = position
+    describe = _Describer(engine, pos_of)
+    start_s = engine.start_s
+    snapshots: list[Snapshot] = []
+    pending = list(triggers)
+    pending.reverse()
+    engine._wake(range(len(workload.lanes)))
+    peek, step = env.peek, env.step
+    while True:
+        now = peek()
+        while pending and start_s[pending[-1]] is not None and now > start_s[pending[-1]]:
+            snapshots.append(describe(start_s[pending.pop()]))
+        if now == math.inf:
+            break
+        step()
+    return engine.result(), snapshots, engine.start_s, engine.end_s
+
+
+class _Describer:
+    def __init__(self, engine: _Engine, pos_of: list[int]) -> None:
+        self.engine = engine
+        self.pos_of = pos_of
+        self.lane_of_event = {id(event): i for i, event in enumerate(engine.lane_event)}
+        self.lane_of_callback = {id(fn): i for i, fn in enumerate(engine.op_ended)}
+        self.low = [0] * len(engine.lane_ops)  # per lane, every op before it has finished
+
+    def __call__(self, t0: float) -> Snapshot:
+        engine = self.engine
+        self.t0 = t0
+        positions = tuple(engine.position)
+        self.positions = positions
+        start_s, end_s = engine.start_s, engine.end_s
+        lanes = []
+        for lane, lane_ops in enumerate(engine.lane_ops):
+            position = positions[lane]
+            if position >= len(lane_ops):
+                lanes.append(("done",))
+            elif start_s[lane_ops[position]] is None:
+                lanes.append(("waits", engine.next_dep[lane], engine.waited_from[lane] - t0))
+            else:
+                lanes.append(("runs",))
+        # ops in flight: started, not finished; before each lane's first unfinished op
+        # (kept from one snapshot to the next: it only moves on) every op has finished
+        inflight = []
+        for lane, lane_ops in enumerate(engine.lane_ops):
+            low, position = self.low[lane], positions[lane]
+            while low < position and end_s[lane_ops[low]] is not None:
+                low += 1
+            self.low[lane] = low
+            for index in lane_ops[low : position + 1]:
+                s = start_s[index]
+                if s is not None and end_s[index] is None:
+                    inflight.append((self.op(index), s - t0))
+        inflight = tuple(inflight)
+        # the queue in the order it pops: by time, priority, then the order scheduled
+        queue = sorted(engine.env._queue, key=lambda item: item[:3])
+        self.seqs: dict[int, int] = {}
+        for _t, _p, _eid, event in queue:  # flows' start order, as ranks
+            flow = self.flow_of(event)
+            if flow is not None:
+                self.seqs[flow.seq] = 0
+        for rank, seq in enumerate(sorted(self.seqs)):
+            self.seqs[seq] = rank
+        events = []
+        for t, priority, _eid, event in queue:
+            described = self.event(event)
+            if described is not None:
+                events.append((t - t0, priority, described))
+        state = (tuple(lanes), inflight, tuple(events))
+        return Snapshot(t0, positions, state, engine.network.num_transfers)
+
+    def op(self, index: int) -> tuple[int, int]:
+        lane = self.engine.ops[index].lane
+        return (lane, self.pos_of[index] - self.positions[lane])
+
+    @staticmethod
+    def cells(fn: Callable) -> dict[str, object]:
+        closure = getattr(fn, "__closure__", None) or ()
+        return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in closure), strict=True))
+
+    def flow_of(self, event: object) -> _Flow | None:
+        if isinstance(event, _Flow):
+            return event
+        if type(event) is Call and len(event.callbacks) == 1:
+            fn = event.callbacks[0]
+            if getattr(fn, "__code__", None) is not None:
+                flow = self.cells(fn).get("flow")
+                if isinstance(flow, _Flow):
+                    return flow
+        return None
+
+    def event(self, event: object) -> tuple | None:
+        lane = self.lane_of_event.get(id(event))
+        if lane is not None:
+            return ("op ends", lane)
+        if isinstance(event, _Flow):  # a claimed flow's end; void once re-rated
+            return ("flow ends", self.flow(event)) if event.version == 1 else None
+        if type(event) is not Call or len(event.callbacks) != 1:
+            raise NotSteady(f"an event of type {type(event).__name__}")
+        fn = event.callbacks[0]
+        name = getattr(fn, "__qualname__", "")
+        if name.endswith("_set_rate.<locals>.<lambda>"):
+            cells = self.cells(fn)
+            flow = cells["flow"]
+            if cells["version"] != flow.version:
+                return None  # stale: the flow was re-rated after this was scheduled
+            return ("flow ends", self.flow(flow))
+        if name.endswith("_start_later.<locals>.<lambda>"):
+            return ("flow starts", self.flow(self.cells(fn)["flow"]))
+        return ("calls", self.callback(fn))
+
+    def flow(self, flow: _Flow) -> tuple:
+        moved = flow.rate * max(self.t0 - flow.updated_s, 0.0)
+        return (
+            flow.links,
+            flow.mults,
+            flow.bytes_left - moved,
+            flow.rate,
+            flow.claimed,
+            flow.start_s - self.t0,
+            self.seqs.get(flow.seq, -1),
+            self.callback(flow.on_done),
+        )
+
+    def callback(self, fn: Callable) -> tuple:
+        """What a transfer's ``on_done`` finishes, by op (lane, relative position)."""
+        lane = self.lane_of_callback.get(id(fn))
+        if lane is not None:
+            return ("lane op", lane)
+        name = getattr(fn, "__qualname__", "")
+        if getattr(fn, "__code__", None) is None:
+            raise NotSteady(f"a callback {name!r}")
+        cells = self.cells(fn)
+        if name.endswith("_transfer_done_callback.<locals>.done"):
+            return ("op", self.op(cells["index"]))
+        if name.endswith("_arrive.<locals>.<lambda>"):
+            return ("collective", self.op(cells["first"]))
+        if name.endswith("next_phase.<locals>.<lambda>"):
+            chain = self.cells(cells["next_phase"])
+            return ("phase", cells["index"] + 1, chain["phases"], self.callback(chain["on_done"]))
+        raise NotSteady(f"a callback {name!r}")
+
+
+def same(a: object, b: object, time_tol: float, rel_tol: float = 1e-9) -> bool:
+    """Whether two snapshots' states are equal: numbers within ``rel_tol`` or, near
+    zero, ``time_tol``; everything else exactly."""
+    if type(a) is float or type(b) is float:
+        if not isinstance(a, int | float) or not isinstance(b, int | float):
+            return False
+        return math.isclose(a, b, rel_tol=rel_tol, abs_tol=time_tol)
+    if type(a) is tuple and type(b) is tuple:
+        if len(a) != len(b):
+            return False
+        if a == b:
+            return True
+        return all(same(x, y, time_tol, rel_tol) for x, y in zip(a, b, strict=True))
+    return a == b
