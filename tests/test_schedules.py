@@ -153,11 +153,12 @@ def test_random_sizes_keep_every_invariant(name, p, m, v, f, b, w, c):
         assert trace.end_s == pytest.approx(m * (F + B) + (p - 1) * (F + B) / v)
 
 
+@pytest.mark.parametrize("name", ["zbv", "zbv_unit"])  # the authors' timed greedy and unit time
 @pytest.mark.parametrize("p", [2, 3, 5, 8])
-def test_zbv_unit_closed_form_with_equal_op_times(p):
+def test_zbv_closed_form_with_equal_op_times(name, p):
     # m(F + B + W) + (p - 1)F/2 for F = B = W, no latency, m >= 2p - 1 (reference file)
     for m in (2 * p - 1, 3 * p + 1):
-        orders = build("zbv_unit", p, m, 2)
+        orders = build(name, p, m, 2)
         trace = simulate(
             abstract_pipeline(
                 orders, forward_s=0.5, backward_s=0.5, weight_s=0.5, num_chunks=2, placement="v"

@@ -6,18 +6,15 @@ from pathlib import Path
 
 import pytest
 
-from stepsim.engine.core import simulate
 from stepsim.schedules import (
     ZbvTimes,
     build,
     default_memory,
-    peak_inflight,
     step_label,
     zbv_timed,
 )
 from stepsim.schedules.custom import check_orders
 from stepsim.workload.lowering import stage_orders
-from stepsim.workload.ops import abstract_pipeline
 from stepsim.workload.schedule_costs import _avg_then_mid, hop_s, schedule_times
 from tests.helpers import load as make_scenario
 
@@ -47,20 +44,6 @@ def test_unequal_times_change_the_order_where_the_unit_greedy_does_not():
     timed = zbv_timed(3, 4, ZbvTimes(1.0, 2.5, 1.0, 0.1))
     assert _labels(timed) != _labels(build("zbv_unit", 3, 4, 2))
     assert _labels(timed) != _labels(zbv_timed(3, 4))  # unit times give another order
-
-
-@pytest.mark.parametrize("p", [2, 3, 5, 8])
-def test_equal_op_times_meet_the_zbv_closed_form(p):
-    # m(F + B + W) + (p - 1)F/2 per rank for F = B = W and no latency, m >= 2p - 1
-    for m in (2 * p - 1, 3 * p + 1):
-        orders = build("zbv", p, m, 2)
-        trace = simulate(
-            abstract_pipeline(
-                orders, forward_s=0.5, backward_s=0.5, weight_s=0.5, num_chunks=2, placement="v"
-            )
-        )
-        assert trace.end_s == pytest.approx(m * 3.0 + (p - 1) * 0.5)
-        assert [peak_inflight(o) for o in orders] == [2 * p] * p
 
 
 def test_the_full_simulator_builds_zbv_from_its_own_op_times():
