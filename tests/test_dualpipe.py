@@ -291,3 +291,14 @@ def test_the_schedule_command_draws_and_reads_dualpipe(tmp_path, capsys):
     assert again["makespan"] == named["makespan"] and again["rank_order"] == named["rank_order"]
     assert main([*args, *times[:6], "--overlapped", "-1"]) == 2
     assert "--overlapped=-1.0 must be a finite number >= 0" in capsys.readouterr().err
+
+
+def test_the_summary_says_dualpipes_grad_reduce_waits_for_the_copies_sum():
+    from stepsim.report.summary import summary_text
+    from stepsim.run import run
+
+    text = summary_text(run(_full("dualpipe", overlap_grad_reduce=True)))
+    assert "grad reduce after the copies' sum" in text and "overlapped grad reduce" not in text
+    assert "overlapped grad reduce" in summary_text(
+        run(_full("dualpipev", overlap_grad_reduce=True))
+    )

@@ -6,6 +6,7 @@ import itertools
 import math
 from collections.abc import Sequence
 
+from stepsim.schedules import DUAL
 from stepsim.topologies import PLANAR
 
 from ..results import Result, StageMetrics
@@ -36,6 +37,16 @@ def layer_counts(scenario: Scenario) -> str:
     ]
     runs = [(c, len(list(group))) for c, group in itertools.groupby(counts)]
     return ", ".join(f"{c} x{n}" if n > 1 else str(c) for c, n in runs)
+
+
+def _grad_reduce_text(tr) -> str:
+    """The header's word on the gradient reduce: under DualPipe the copies' sum comes
+    first, after the flush, so an overlapped reduce waits for it (dataparallel.py)."""
+    if not tr.overlap_grad_reduce:
+        return ""
+    if tr.placement == DUAL:
+        return " · grad reduce after the copies' sum (overlap_grad_reduce has no effect)"
+    return " · overlapped grad reduce"
 
 
 def _p2p_text(training) -> str:
@@ -98,7 +109,7 @@ def summary_text(result: Result) -> str:
         )
         + (f" · FP8 {tr.fp8_format} ({recipe_of(tr)})" if fp8_enabled(tr) else "")
         + (" · TP comm overlapped with GEMMs" if tr.tp_comm_overlap else "")
-        + (" · overlapped grad reduce" if tr.overlap_grad_reduce else "")
+        + _grad_reduce_text(tr)
         + (" · overlapped param gather" if tr.overlap_param_gather else "")
         + f" · {tr.engine_label} engine ({_p2p_text(tr)})"
         + f" · {s.network.model} network"
