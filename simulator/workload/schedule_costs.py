@@ -28,11 +28,9 @@ from stepsim.schedules import SCHEDULES, ZbvTimes, default_memory
 from ..scenario import Scenario
 from ..units import us_to_s
 from ..vocabulary import RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE
-from .compute import ComputeModel
+from .compute import BYTES_PER_ELEMENT, ComputeModel
 from .experts import rank_moe_flags
 from .moe import moe_block_work
-
-BYTES_PER_ELEMENT = 2
 
 
 def _us(seconds: float) -> int:
@@ -65,20 +63,11 @@ def schedule_times(scenario: Scenario) -> ZbvTimes | None:
     per_layer = {False: (dense_f, dense_b + recompute, dense_w)}
     if scenario.model.moe:
         moe = moe_block_work(model)
-        moe_f = layer.attention_forward + moe.pre + moe.experts + moe.post + moe.shared + moe.tail
-        moe_w = (layer.attention_weight + moe.pre_w + moe.experts_w + moe.shared_w).duration_s
-        moe_b = (
-            layer.attention_backward
-            + moe.tail_b
-            + moe.shared_b
-            + moe.post_b
-            + moe.experts_b
-            + moe.pre_b
-        ).duration_s - moe_w
-        moe_recompute = (
-            moe_f.duration_s if tr.recompute_granularity == RECOMPUTE_FULL else recompute
-        )
-        per_layer[True] = (moe_f.duration_s, moe_b + moe_recompute, moe_w)
+        moe_f = (layer.attention_forward + moe.forward).duration_s
+        moe_w = (layer.attention_weight + moe.weight).duration_s
+        moe_b = (layer.attention_backward + moe.backward).duration_s - moe_w
+        moe_recompute = moe_f if tr.recompute_granularity == RECOMPUTE_FULL else recompute
+        per_layer[True] = (moe_f, moe_b + moe_recompute, moe_w)
     p = scenario.parallel.pipeline_model_parallel_size
     last = 2 * p - 1  # V placement: rank 0 holds the first stage and the last
     embedding = (
