@@ -8,7 +8,6 @@ from collections.abc import Callable
 from stepsim import schedules
 
 from ..scenario import Scenario
-from ..vocabulary import RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE
 from ..workload.compute import ComputeModel
 from ..workload.memory import (
     StageMemory,
@@ -74,11 +73,7 @@ def iteration_lower_bound_s(scenario: Scenario) -> float:
         moe = moe_block_work(model)
         forward = min(forward, (layer.attention_forward + moe.forward).duration_s)
         backward = min(backward, (layer.attention_backward + moe.backward).duration_s)
-    recompute = {
-        RECOMPUTE_NONE: 0.0,
-        RECOMPUTE_SELECTIVE: layer.attention_core_forward.duration_s,
-        RECOMPUTE_FULL: forward,
-    }[tr.recompute_granularity]
+    recompute = layer.recompute_s(tr.recompute_granularity, forward)
     split = tr.split_backward
     embedding = (
         extras.embedding_forward.duration_s

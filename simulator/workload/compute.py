@@ -62,6 +62,7 @@ from ..scenario import (
     TrainingConfig,
 )
 from ..units import gbytes_per_s_to_bytes_per_s, tflops_to_flops_per_s
+from ..vocabulary import RECOMPUTE_FULL, RECOMPUTE_SELECTIVE
 
 BYTES_PER_ELEMENT = 2  # fp16 / bf16 activations and weights
 # MLA's kernels the layer picks out by name (mla.py: its first GEMM's dW and the GEMM
@@ -161,6 +162,15 @@ class LayerWork:
     mlp_last_weight: Work
     attention_overlap: OverlapGemms
     mlp_overlap: OverlapGemms
+
+    def recompute_s(self, granularity: str, forward_s: float) -> float:
+        """What a backward repeats of its layer's forward: nothing, the attention core
+        (selective), or the whole forward, ``forward_s`` (full; a MoE layer's differs)."""
+        if granularity == RECOMPUTE_FULL:
+            return forward_s
+        if granularity == RECOMPUTE_SELECTIVE:
+            return self.attention_core_forward.duration_s
+        return 0.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -27,7 +27,6 @@ from stepsim.schedules import SCHEDULES, ZbvTimes, default_memory
 
 from ..scenario import Scenario
 from ..units import us_to_s
-from ..vocabulary import RECOMPUTE_FULL, RECOMPUTE_NONE, RECOMPUTE_SELECTIVE
 from .compute import BYTES_PER_ELEMENT, ComputeModel
 from .experts import rank_moe_flags
 from .moe import moe_block_work
@@ -55,19 +54,14 @@ def schedule_times(scenario: Scenario) -> ZbvTimes | None:
     dense_f = (layer.attention_forward + layer.mlp_forward).duration_s
     dense_w = (layer.attention_weight + layer.mlp_weight).duration_s
     dense_b = (layer.attention_backward + layer.mlp_backward).duration_s - dense_w
-    recompute = {
-        RECOMPUTE_NONE: 0.0,
-        RECOMPUTE_SELECTIVE: layer.attention_core_forward.duration_s,
-        RECOMPUTE_FULL: dense_f,
-    }[tr.recompute_granularity]
-    per_layer = {False: (dense_f, dense_b + recompute, dense_w)}
+    recompute = tr.recompute_granularity
+    per_layer = {False: (dense_f, dense_b + layer.recompute_s(recompute, dense_f), dense_w)}
     if scenario.model.moe:
         moe = moe_block_work(model)
         moe_f = (layer.attention_forward + moe.forward).duration_s
         moe_w = (layer.attention_weight + moe.weight).duration_s
         moe_b = (layer.attention_backward + moe.backward).duration_s - moe_w
-        moe_recompute = moe_f if tr.recompute_granularity == RECOMPUTE_FULL else recompute
-        per_layer[True] = (moe_f, moe_b + moe_recompute, moe_w)
+        per_layer[True] = (moe_f, moe_b + layer.recompute_s(recompute, moe_f), moe_w)
     p = scenario.parallel.pipeline_model_parallel_size
     last = 2 * p - 1  # V placement: rank 0 holds the first stage and the last
     embedding = (
