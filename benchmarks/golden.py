@@ -15,6 +15,9 @@ picture's trace, ``stepsim validate --quick`` (``--full`` adds the whole table),
 two-key sweep (sweep.csv), a small search (search.csv), the ``plan`` commands and
 ``topology``. Pictures (PNG) are left out: their bytes depend on matplotlib's version,
 not on stepsim. About two minutes on a 2-core machine (five with ``--full``).
+``--exact`` records exact mode instead (``network.symmetry = false``, every GPU
+simulated): benchmarks/exact_cases.py's shipped scenarios cut down and small
+perturbed ones (a few minutes).
 """
 
 from __future__ import annotations
@@ -86,6 +89,27 @@ def record(out: Path, full: bool) -> None:
         "--out", str(out / "scale"),
     ])  # fmt: skip
     _run(out, "topology", ["topology", bigscience])
+    _finish(out)
+
+
+def record_exact(out: Path) -> None:
+    """Exact mode's outputs (benchmarks/exact_cases.py)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import exact_cases
+
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    for stem, extra in exact_cases.SHIPPED.items():
+        path = str(SCENARIOS / f"{stem}.toml")
+        args = ["run", path, *exact_cases.EXACT, *extra, "--out", str(out / f"exact-{stem}")]
+        _run(out, f"exact-{stem}", [*args, "--quiet"])
+    for name, path in exact_cases.write_generated(out / "cases").items():
+        _run(out, f"case-{name}", ["run", str(path), "--out", str(out / f"case-{name}"), "--quiet"])
+    _finish(out)
+
+
+def _finish(out: Path) -> None:
     for png in out.rglob("*.png"):
         png.unlink()
     print(f"recorded {sum(1 for _ in files(out))} files in {out}")
@@ -125,10 +149,16 @@ def main() -> int:
     rec = sub.add_parser("record", help="run everything and keep the outputs in DIR")
     rec.add_argument("dir", type=Path)
     rec.add_argument("--full", action="store_true", help="the whole validation table")
+    rec.add_argument(
+        "--exact", action="store_true", help="exact mode's cases instead (exact_cases.py)"
+    )
     cmp_ = sub.add_parser("compare", help="compare two recordings file by file")
     cmp_.add_argument("before", type=Path)
     cmp_.add_argument("after", type=Path)
     args = parser.parse_args()
+    if args.command == "record" and args.exact:
+        record_exact(args.dir.resolve())
+        return 0
     if args.command == "record":
         record(args.dir.resolve(), args.full)
         return 0

@@ -69,7 +69,7 @@ def lower_job(job: JobSpec, cluster) -> Workload:
     """The job's one iteration, its lanes on the cluster's GPUs."""
     view = JobCluster(cluster, job.nodes)
     try:
-        workload = lower(job.scenario, view)
+        workload = lower(job.scenario, view, collapse=False)  # lanes on the job's GPUs
     except LayoutError as exc:
         raise ScenarioError(f"job {job.name!r}: {exc}") from None
     lanes = tuple(lane._replace(gpu=view.gpus[lane.gpu]) for lane in workload.lanes)

@@ -386,7 +386,12 @@ def wait_causes(scenario: Scenario, cluster, workload: Workload, waits) -> tuple
         if replica == 0 and scenario.network.symmetry:  # replica 0's lanes stand for the rest
             replica = gpu = -1
         per_gpu = totals.setdefault(replica, {})
-        per_gpu[gpu] = per_gpu.get(gpu, 0.0) + w.seconds * lanes[w.lane].stands_for
+        seconds = w.seconds * lanes[w.lane].stands_for
+        # exact mode's congruent TP groups (workload/congruent.py): rank k of the waiting
+        # group waited for rank k of the late one, as exact mode's rings of each rank do
+        for k in range(lanes[w.lane].copies):
+            g = gpu + k if lanes[w.cause].copies > 1 else gpu
+            per_gpu[g] = per_gpu.get(g, 0.0) + seconds
     out = []
     for replica, per_gpu in totals.items():
         if replica == -1:

@@ -30,6 +30,7 @@ from .scenario import ClusterSpec, Scenario, ScenarioError, limits
 from .units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
 from .vocabulary import ANALYTICAL, FAIR_SHARE
 from .workload.collectives import LayoutError
+from .workload.congruent import collapsible, exact_transfers
 from .workload.lowering import inflight_per_stage, lower
 from .workload.memory import StageMemory, out_of_memory, stage_memory
 
@@ -118,17 +119,23 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
                 if progress is not None:
                     progress(1.0)
                 return _fast_forwarded(scenario, cluster, plan)
+            # exact mode: a congruent TP group as one lane (workload/congruent.py), decided
+            # once for both lowerings of a gpu_type perturbation
+            collapse = collapsible(scenario)
             if not scenario.perturbations:
-                workload = lower(scenario, cluster)
+                workload = lower(scenario, cluster, collapse=collapse)
             else:
-                workload = lower(scenario, cluster, touched, split)
+                workload = lower(scenario, cluster, touched, split, collapse)
                 workload = perturb.perturb_compute(
-                    scenario, workload, lambda other: lower(other, cluster, touched, split)
+                    scenario,
+                    workload,
+                    lambda other: lower(other, cluster, touched, split, collapse),
                 )
         except LayoutError as exc:  # the layout the user chose: their one-line error
             raise ScenarioError(str(exc)) from None
         blame = bool(scenario.perturbations)
         trace = simulate(workload, network=network, progress=progress, blame=blame)
+        trace = trace._replace(num_transfers=exact_transfers(workload, trace.num_transfers))
         memory = memory_per_stage(scenario)
         problem = out_of_memory(scenario, memory)
         if problem is None and scenario.perturbations:

@@ -32,18 +32,21 @@ from ..vocabulary import (
     MODEL_KINDS,
     breakdown_keys,
 )
+from ..workload.congruent import copies_of, per_gpu
 from ..workload.memory import StageMemory
 from ..workload.ops import Lane, Workload
 
 
 def compute_lanes(lanes: Sequence[Lane]) -> list[Lane]:
-    """One lane per simulated GPU: its compute stream (side lanes carry only transfers)."""
-    return [lane for lane in lanes if lane.stream == COMPUTE_STREAM]
+    """One lane per simulated GPU: its compute stream (side lanes carry only transfers).
+    A lane simulating a congruent TP group (``copies``, workload/congruent.py) is one
+    lane per GPU of it."""
+    return [lane for lane in per_gpu(lanes) if lane.stream == COMPUTE_STREAM]
 
 
 def lane_seconds(trace: Trace) -> dict[tuple[int, str], dict[str, float]]:
     """Seconds per breakdown category (idle excepted) on each simulated GPU's compute
-    stream, summed over its spans in trace order."""
+    stream, summed over its spans in trace order (a congruent group's GPUs: its lane's)."""
     by_lane: dict[tuple[int, str], dict[str, float]] = {
         (lane.gpu, lane.stream): defaultdict(float) for lane in compute_lanes(trace.lanes)
     }
@@ -51,6 +54,11 @@ def lane_seconds(trace: Trace) -> dict[tuple[int, str], dict[str, float]]:
         totals = by_lane.get((gpu, stream))
         if totals is not None:
             totals[CATEGORY_OF_KIND[kind]] += end_s - start_s
+    for lane in trace.lanes:
+        if lane.copies > 1 and lane.stream == COMPUTE_STREAM:
+            totals = by_lane[(lane.gpu, lane.stream)]
+            for k in range(1, lane.copies):
+                by_lane[(lane.gpu + k, lane.stream)] = totals
     return by_lane
 
 
@@ -109,16 +117,40 @@ def tally(workload: Workload, trace: Trace) -> Tally:
     hardware_flops = model_flops = 0.0
     for lane in workload.lanes:
         lane_hw, lane_model = lane_flops(workload, lane)
-        hardware_flops += lane_hw * lane.stands_for
-        model_flops += lane_model * lane.stands_for
+        for _ in range(lane.copies):  # each GPU of a congruent group, as its own lane
+            hardware_flops += lane_hw * lane.stands_for
+            model_flops += lane_model * lane.stands_for
     return Tally(
         trace.end_s,
         lane_seconds(trace),
         hardware_flops,
         model_flops,
         trace.num_transfers,
-        len(trace.spans),
+        num_spans(trace),
     )
+
+
+def spans_per_gpu(trace: Trace) -> list:
+    """The trace's spans with a congruent group's lane's (``copies``) given to each GPU
+    of the group: each span followed by its copies."""
+    copies = copies_of(trace.lanes)
+    if not copies:
+        return trace.spans
+    out = []
+    for span in trace.spans:
+        out.append(span)
+        n = copies.get(span.gpu)
+        if n is not None:
+            out.extend(span._replace(gpu=span.gpu + k) for k in range(1, n))
+    return out
+
+
+def num_spans(trace: Trace) -> int:
+    """The spans recorded, a congruent group's lane's counted once per GPU of it."""
+    copies = copies_of(trace.lanes)
+    if not copies:
+        return len(trace.spans)
+    return sum(copies.get(span.gpu, 1) for span in trace.spans)
 
 
 def _mean_breakdown(lanes: Sequence[Lane], breakdowns: Sequence[dict]) -> dict[str, float]:

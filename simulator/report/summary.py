@@ -26,7 +26,7 @@ from ..vocabulary import (
     NVLS,
     categories_of,
 )
-from .metrics import compute_lanes
+from .metrics import compute_lanes, spans_per_gpu
 
 
 def layer_counts(scenario: Scenario) -> str:
@@ -250,7 +250,7 @@ def _wire_s(result: Result, kind: str) -> float:
     t0 = ff.proved_at_s if ff is not None else 0.0
     t1 = t0 + ff.period_s if ff is not None else 0.0
     window_s = 0.0
-    for gpu, _stream, span_kind, _label, _mb, start_s, end_s, _op in result.trace.spans:
+    for gpu, _stream, span_kind, _label, _mb, start_s, end_s, _op in spans_per_gpu(result.trace):
         if span_kind == kind and gpu in gpus:
             wire_s += end_s - start_s
             if end_s > t0 and start_s < t1:

@@ -38,7 +38,8 @@ from ..vocabulary import (
     TP_STREAM,
     WEIGHT,
 )
-from .metrics import compute_lanes
+from ..workload.congruent import copies_of
+from .metrics import compute_lanes, spans_per_gpu
 
 # the name of a stream's track in the trace (its first slot; the next are "#2", "#3"...)
 TRACK_TITLES = {
@@ -87,7 +88,7 @@ def slots(spans: list[Span], starts: list[int], ends: list[int]) -> list[int]:
 def chrome_trace(result: Result) -> dict:
     """Chrome trace event format: a process per simulated GPU, a thread per stream and
     concurrent slot. Opens in Perfetto (ui.perfetto.dev) and chrome://tracing."""
-    spans = result.trace.spans
+    spans = spans_per_gpu(result.trace)  # a congruent TP group's lane: each GPU's
     starts = [to_ns(sp.start_s) for sp in spans]
     ends = [to_ns(sp.end_s) for sp in spans]
     slot_of = slots(spans, starts, ends)
@@ -198,13 +199,17 @@ def _pipeline_flows(result: Result, spans: list[Span], starts: list[int]) -> dic
                 if after:
                     consumer.setdefault(send, spans[min(after, key=starts.__getitem__)].op)
     flows: dict[int, tuple[int, str]] = {}
+    # a congruent TP group's lane (workload/congruent.py): its spans are each followed by
+    # their copies for the group's other GPUs, and rank k's send feeds rank k's op
+    copies = copies_of(result.trace.lanes)
     for send, i in sorted(send_span.items()):
         j = own_span.get(consumer.get(send, -1))
         if j is None or j in flows or starts[j] <= starts[i]:
             continue
-        bind_id = len(flows) // 2 + 1
-        flows[i] = (bind_id, "flow_out")
-        flows[j] = (bind_id, "flow_in")
+        for k in range(copies.get(spans[i].gpu, 1) if spans[j].gpu in copies else 1):
+            bind_id = len(flows) // 2 + 1
+            flows[i + k] = (bind_id, "flow_out")
+            flows[j + k] = (bind_id, "flow_in")
     return flows
 
 

@@ -430,7 +430,8 @@ class NetworkConfig:
         "GPUs, its flows weighted by the flows they stand for (fast; exact when replicas are "
         "identical, which every scenario stepsim can express is); `false`: exact mode, every "
         "GPU has its own lanes and flows and a collective starts when the last member GPU "
-        "reaches it (slower by about TP x DP, see docs/performance.md)",
+        "reaches it (slower by about DP, or TP x DP where a perturbation or the links tell a "
+        "TP group's ranks apart; see docs/performance.md)",
         default=True,
     )
     fast_forward: bool | None = key(

@@ -35,6 +35,10 @@ class GpuOps:
             if comm.group
             else placement.tensor * (placement.data - len(comm.exclude))
         )
+        # exact mode's congruent TP group (congruent.py): one lane, T GPUs reported
+        self.copies = 1
+        if comm.group and comm.ranks is not None:
+            self.stands_for, self.copies = 1, placement.tensor
         self._num_collectives: dict[str, int] = {}  # by op kind: TP_COMM, DP_SYNC
         self.lane = self.new_lane(COMPUTE_STREAM)
 
@@ -68,7 +72,11 @@ class GpuOps:
     def new_lane(self, stream: str) -> int:
         """A lane of this GPU on ``stream`` (the compute lane is made first)."""
         return self.builder.lane(
-            gpu=self.gpu, stream=stream, stage=self.stage, stands_for=self.stands_for
+            gpu=self.gpu,
+            stream=stream,
+            stage=self.stage,
+            stands_for=self.stands_for,
+            copies=self.copies,
         )
 
     def work(self, kind: str, label: str, mb: int, w: Work, deps: Sequence[object] = ()) -> None:

@@ -61,6 +61,7 @@ from ..vocabulary import (
 )
 from .collectives import Fabric
 from .compute import ComputeModel, OverlapGemms, Work
+from .congruent import NotCongruent, RankLinks, collapsible
 from .context import ContextAttention
 from .dataparallel import strategy_for
 from .experts import rank_moe_flags
@@ -80,6 +81,7 @@ def lower(
     cluster,
     touched: frozenset[int] = frozenset(),
     split: frozenset[tuple[int, int]] | None = None,
+    collapse: bool | None = None,
 ) -> Workload:
     """Build the ops of one training iteration: one compute lane per pipeline stage
     (symmetric mode) or per GPU (exact mode, ``network.symmetry = false``). Raises
@@ -87,7 +89,26 @@ def lower(
     ``touched`` (symmetric mode, simulator/perturb.py): replicas whose every GPU is
     lowered besides the representative, which stands for the rest: the (replica, stage)
     TP groups in ``split`` (default: all of them) a lane per GPU as in exact mode, the
-    others one lane each standing for the group."""
+    others one lane each standing for the group. ``collapse`` (exact mode): one lane
+    per TP group where its ranks are alike (congruent.py; None: where
+    `congruent.collapsible` says so, False: a lane per GPU)."""
+    if collapse is None:
+        collapse = collapsible(scenario)
+    if collapse and not scenario.network.symmetry:
+        try:
+            return _lower(scenario, cluster, frozenset(), frozenset(), collapse=True)
+        except NotCongruent:
+            pass  # two ranks' transfers unlike: every GPU its own lane
+    return _lower(scenario, cluster, touched, split)
+
+
+def _lower(
+    scenario: Scenario,
+    cluster,
+    touched: frozenset[int],
+    split: frozenset[tuple[int, int]] | None,
+    collapse: bool = False,
+) -> Workload:
     placement = placement_of(scenario)
     fabric = Fabric.of(
         cluster,
@@ -105,7 +126,18 @@ def lower(
     touched = touched if scenario.network.symmetry else frozenset()
     if split is None:
         split = frozenset((d, s) for d in touched for s in range(placement.pipeline))
+    if collapse:  # exact mode: each TP group one lane, every replica (congruent.py)
+        ranks, touched = [], frozenset(range(placement.data))
+        split, links = frozenset(), RankLinks(cluster.capacities)
     for stage, order in enumerate(orders):
+        if collapse:
+            comm = StageComm(scenario, fabric, placement, stage, exclude=touched, ranks=links)
+            whole = StageComm(
+                scenario, fabric, placement, stage, joint=comm, group=True, ranks=links
+            )
+            for d in range(placement.data):
+                _Stage(GpuOps(builder, whole, 0, d), scenario, compute).lower(order, items[stage])
+            continue
         comm = StageComm(scenario, fabric, placement, stage, exclude=touched, split=split)
         for j, d in ranks:
             _Stage(GpuOps(builder, comm, j, d), scenario, compute).lower(order, items[stage])

@@ -57,6 +57,9 @@ class Lane(NamedTuple):
     stage: int
     stands_for: int  # how many real GPUs this lane represents (itself included)
     ops: tuple[int, ...]
+    # exact mode's congruent TP group (workload/congruent.py): this lane simulates GPUs
+    # gpu to gpu + copies - 1 at once, each of which the reports show as its own lane
+    copies: int = 1
 
 
 class Workload(NamedTuple):
@@ -78,8 +81,10 @@ class WorkloadBuilder:
         self._rendezvous: dict[object, int] = {}
         self._unresolved: list[int] = []  # ops with deps, resolved in build()
 
-    def lane(self, *, gpu: int, stream: str, stage: int, stands_for: int = 1) -> int:
-        self._lanes.append([gpu, stream, stage, stands_for, []])
+    def lane(
+        self, *, gpu: int, stream: str, stage: int, stands_for: int = 1, copies: int = 1
+    ) -> int:
+        self._lanes.append([gpu, stream, stage, stands_for, [], copies])
         return len(self._lanes) - 1
 
     def add(
@@ -247,8 +252,8 @@ class WorkloadBuilder:
                 raise ValueError(f"op {op.label!r} depends on unknown op {exc.args[0]!r}") from None
             ops[index] = _new(Op, (*op[:8], deps, *op[9:]))  # op._replace(deps=deps)
         lanes = tuple(
-            Lane(i, gpu, stream, stage, stands_for, tuple(op_ids))
-            for i, (gpu, stream, stage, stands_for, op_ids) in enumerate(self._lanes)
+            Lane(i, gpu, stream, stage, stands_for, tuple(op_ids), copies)
+            for i, (gpu, stream, stage, stands_for, op_ids, copies) in enumerate(self._lanes)
         )
         return Workload(tuple(ops), lanes)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..engine.flows import Collective, Transfer
 from ..scenario import Scenario
@@ -22,6 +23,9 @@ from ..vocabulary import ALL_REDUCE, ALL_TO_ALL, RING_SEND
 from . import collectives
 from .collectives import Fabric, LayoutError
 from .compute import BYTES_PER_ELEMENT
+
+if TYPE_CHECKING:
+    from .congruent import RankLinks
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +111,12 @@ class StageComm:
         split: frozenset[tuple[int, int]] = frozenset(),
         joint: StageComm | None = None,
         group: bool = False,
+        ranks: RankLinks | None = None,
     ) -> None:
         self.fabric, self.placement, self.stage = fabric, placement, stage
+        # exact mode's congruent TP groups (congruent.py): every whole group's coupled
+        # transfer is checked rank by rank as it is built
+        self.ranks = ranks
         # group: one lane stands for a whole TP group of an excluded replica
         self.group = group
         self.exact = (not scenario.network.symmetry or joint is not None) and not group
@@ -302,6 +310,8 @@ class StageComm:
                 def merged(stage: int) -> Collective | None:
                     groups = [placement.dp_group(t, stage) for t in range(placement.tensor)]
                     parts = [self._collective(kind, [g], message_bytes) for g in groups]
+                    if self.ranks is not None:
+                        self.ranks.check(parts)
                     return _merged(parts, self._near_touched(stage, parts[0]))
 
                 key_mixed = ("dp-mixed", kind, message_bytes, *self.exclude)
@@ -331,6 +341,10 @@ class StageComm:
                 [placement.gpu(t, d, low), placement.gpu(t, d, high)]
                 for t in range(placement.tensor)
             ]
+            if self.ranks is not None:  # each rank's own, checked, as one coupled flow
+                parts = [self._collective(ALL_REDUCE, [pair], message_bytes) for pair in pairs]
+                self.ranks.check(parts)
+                return _merged(parts)
             return self._collective(ALL_REDUCE, pairs, message_bytes)
         if self.exact:
             pair = [placement.gpu(j, d, low), placement.gpu(j, d, high)]
@@ -428,6 +442,8 @@ class StageComm:
                     for t in range(placement.tensor)
                 )
             ]
+            if self.ranks is not None:
+                self.ranks.check(pairs)
             self._sends[key] = _merged(pairs)[0]
         return self._sends[key]
 
