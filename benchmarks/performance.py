@@ -45,7 +45,7 @@ TARGETS = {
     "mt-nlg-3360": (
         "MT-NLG 530B, 3,360 GPUs (TP 8, PP 35, DP 12, 160 micro-batches), fair share",
         [MT_NLG],
-        3.0,
+        1.71,  # issue 18: at most half of the 3.43 s measured before its work
         1.0,
     ),
     "dense-16384": (
@@ -118,10 +118,12 @@ EXACT = {
     "mt-nlg-3360-exact": (
         "the MT-NLG run in exact mode (every GPU simulated)",
         [MT_NLG, "--set", "network.symmetry=false"],
-        120.0,
-        4.0,
+        None,  # RELATIVE: a multiple of the symmetric run's time in the same run
+        3.0,
     ),
 }
+# issue 18: exact-mode MT-NLG within 20x the symmetric run (measured alongside)
+RELATIVE = {"mt-nlg-3360-exact": (20.0, "mt-nlg-3360")}
 
 
 def _case_arguments(name: str) -> list[str] | None:
@@ -323,9 +325,15 @@ def table(results: dict[str, dict], cases: dict) -> str:
     ]
     for name, row in results.items():
         what, _, target_s, target_gib = cases[name]
+        if name in RELATIVE:  # a multiple of another case's median in the same run
+            times, of = RELATIVE[name]
+            target_s = times * results[of]["median_s"]
+            target = f"{times:g}x the symmetric run ({target_s:.1f} s)"
+        else:
+            target = f"{target_s:g} s"
         met = row["median_s"] <= target_s and row["peak_gib"] <= target_gib
         lines.append(
-            f"| {what} | <= {target_s:g} s, <= {target_gib:g} GiB | {row['median_s']:.2f} s | "
+            f"| {what} | <= {target}, <= {target_gib:g} GiB | {row['median_s']:.2f} s | "
             f"{row['min_s']:.2f} - {row['max_s']:.2f} s | {row['peak_gib']:.2f} GiB | "
             f"{'yes' if met else '**no**'} |"
         )
