@@ -37,7 +37,7 @@ from ..results import Trace
 from ..workload.ops import Workload
 from .core import _Engine
 from .events import Call
-from .network import NetworkFactory, _Flow
+from .network import NetworkFactory, _Alone, _Flow
 
 
 class NotSteady(Exception):
@@ -163,6 +163,16 @@ class _Describer:
             return ("op ends", lane)
         if isinstance(event, _Flow):  # a claimed flow's end; void once re-rated
             return ("flow ends", self.flow(event)) if event.version == 1 else None
+        if type(event) is _Alone:  # a transfer alone on its links (start_alone)
+            transfer = event.transfer
+            return (
+                "alone ends",
+                transfer.links,
+                transfer.mults,
+                event.rate,
+                event.start_s - self.t0,
+                self.callback(event.on_done),
+            )
         if type(event) is not Call or len(event.callbacks) != 1:
             raise NotSteady(f"an event of type {type(event).__name__}")
         fn = event.callbacks[0]
