@@ -19,8 +19,10 @@ What the rest of a run depends on, and how it is written:
   lane's compute op ending, a flow ending (its links, multiplicities, bytes left now,
   rate, whether it runs alone on claimed links, when its bytes started to move, its
   place in start order, and what it calls when done: a lane's op, a non-blocking op, a
-  collective's members, the next phase of a collective), a flow's latency ending, a
-  zero-byte transfer ending. A wake-up made stale by a later rate change does nothing
+  collective's members, the next phase of a collective), a transfer alone on its links
+  ending (`FairShareNetwork.start_alone`: its links, multiplicities, rate, when its
+  bytes started to move and what it calls), a flow's latency ending, a zero-byte
+  transfer ending. A wake-up made stale by a later rate change does nothing
   and is left out.
 
 The network's other tables (flows per link and shape, claimed links, neighbours) follow
