@@ -146,11 +146,11 @@ def run_case(name: str) -> None:
     if arguments is None:
         result = {"simulated_s": _allreduce_1024()}
     else:
-        from stepsim.cli import main
+        from stepsim.cli import program  # what the stepsim executable runs
 
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            code = main(["run", *arguments, "--json", "--quiet"])
+            code = program(["run", *arguments, "--json", "--quiet"])
         if code != 0:
             raise SystemExit(code)
         metrics = json.loads(out.getvalue())

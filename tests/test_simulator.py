@@ -2,9 +2,9 @@
 
 import pytest
 
-from stepsim.engine.core import DeadlockError, simulate
+from stepsim.engine.core import DeadlockError, alone, simulate
 from stepsim.engine.flows import Transfer, delay
-from stepsim.engine.network import AnalyticalNetwork, FairShareNetwork
+from stepsim.engine.network import AnalyticalNetwork, FairShareNetwork, Network
 from stepsim.run import run
 from stepsim.vocabulary import (
     BARRIER,
@@ -244,3 +244,39 @@ def test_keys_of_different_kinds_with_equal_fields_name_different_ops():
     assert builder.build().ops[waits].deps == (second, first, second)
     with pytest.raises(ValueError, match="two ops share the key"):
         builder.add(lane, FORWARD, "d", key=PipelineKey((0, 0), 1, "F0", 2))
+
+
+def _alone_and_shared():
+    """Lane 0: two TP collectives in a row on links 0, 1 (alone); lane 1: a blocking and
+    a non-blocking one on link 2; lanes 2 and 3: one each on link 3 (shared)."""
+    builder = WorkloadBuilder()
+    lanes = [builder.lane(gpu=i, stream="compute", stage=0) for i in range(4)]
+    ring = (Transfer((0, 1), (1, 2), 100.0, 0.5),)
+    builder.add(lanes[0], TP_COMM, "a", transfer=ring)
+    builder.add(lanes[0], FORWARD, "f", duration_s=1.0)
+    builder.add(lanes[0], TP_COMM, "b", transfer=ring)
+    builder.add(lanes[1], TP_COMM, "c", transfer=(Transfer((2,), (1,), 100.0, 0.0),))
+    builder.add(lanes[1], PP_SEND, "d", transfer=Transfer((2,), (1,), 50.0, 0.0), blocking=False)
+    for lane in lanes[2:]:
+        builder.add(lane, TP_COMM, "e", transfer=(Transfer((3,), (1,), 100.0, 0.0),))
+    return builder.build()
+
+
+def test_only_collectives_no_other_transfer_meets_run_alone():
+    workload = _alone_and_shared()
+    ring = workload.ops[0].transfer
+    assert alone(workload) == {id(ring)}
+
+
+def test_transfers_alone_on_their_links_give_the_claimed_path_s_trace_to_the_bit():
+    class Claimed(FairShareNetwork):  # every transfer through start: the claimed path
+        start_alone = Network.start_alone
+
+    capacities = [40.0, 40.0, 10.0, 10.0]
+    fast = simulate(_alone_and_shared(), network=FairShareNetwork.factory(capacities))
+    plain = simulate(_alone_and_shared(), network=Claimed.factory(capacities))
+    assert fast == plain
+    # lane 0: 0.5 s latency + 100 B at 20 B/s (link 1 carries two flows), a 1 s forward,
+    # the same again
+    assert [sp.end_s for sp in fast.spans if sp.gpu == 0] == [5.5, 6.5, 12.0]
+    assert fast.num_transfers == 6

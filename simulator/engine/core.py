@@ -56,6 +56,47 @@ def simulate(
     return engine.run()
 
 
+def alone(workload: Workload) -> set[int]:
+    """The single-phase collectives (by id) that never share a link with another transfer
+    while they run: blocking ops of one lane, in no rendezvous, whose links no op of
+    another lane, no non-blocking op and no collective of several phases or members
+    crosses. A lane runs one blocking op at a time, so such a transfer is alone on its
+    links from start to end: `Network.start_alone` (symmetric mode's tensor-parallel
+    collectives on a stage's NVLink, about half of a large run's transfers)."""
+    # each distinct transfer object (a stage reuses one per kind) with the lane that
+    # owns it, or -1 when it cannot be alone
+    owner_of: dict[int, list] = {}
+    for op in workload.ops:
+        transfer = op.transfer
+        if transfer is None:
+            continue
+        owner = op.lane  # a blocking single-phase collective of its lane alone
+        if (
+            op.rendezvous >= 0
+            or not op.blocking
+            or type(transfer) is not tuple
+            or len(transfer) != 1
+        ):
+            owner = -1
+        entry = owner_of.get(id(transfer))
+        if entry is None:
+            owner_of[id(transfer)] = [transfer, owner]
+        elif entry[1] != owner:
+            entry[1] = -1
+    link_owner: dict[int, int] = {}
+    for transfer, owner in owner_of.values():
+        phases = (transfer,) if type(transfer) is not tuple else transfer
+        for phase in phases:
+            for link in phase.links:
+                if link_owner.setdefault(link, owner) != owner:
+                    link_owner[link] = -1
+    return {
+        key
+        for key, (transfer, owner) in owner_of.items()
+        if owner >= 0 and all(link_owner[link] == owner for link in transfer[0].links)
+    }
+
+
 class _Blame:
     """Who waited for whom: at a collective the members that arrived before the last one
     wait, and their wait is charged to the last arriver's lane. A member that did not
@@ -143,6 +184,8 @@ class _Engine:
         for op in workload.ops:
             if op.rendezvous >= 0:
                 self.members.setdefault(op.rendezvous, []).append(op.index)
+        # transfers that never share a link with another running transfer (`alone`)
+        self.alone = alone(workload)
         self.arrived: dict[int, int] = {}
         # per lane, for the hot paths: its ops, GPU and stream
         self.ops = workload.ops
@@ -282,7 +325,10 @@ class _Engine:
                 if op.rendezvous >= 0:
                     self._arrive(op)
                 elif op.blocking:
-                    self.network.start(op.transfer, self.op_ended[lane_index])
+                    if id(op.transfer) in self.alone:
+                        self.network.start_alone(op.transfer[0], self.op_ended[lane_index])
+                    else:
+                        self.network.start(op.transfer, self.op_ended[lane_index])
                 else:
                     gpu = self.lane_gpu[lane_index]
                     self.network.start(op.transfer, self._transfer_done_callback(index, gpu))

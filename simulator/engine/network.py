@@ -79,6 +79,12 @@ class Network:
         self.num_transfers += 1
         self._start_transfer(transfer, on_done)
 
+    def start_alone(self, transfer: Transfer, on_done: Callback) -> None:
+        """`start` for a transfer that no other transfer shares a link with while it runs,
+        and no other transfer calling the same ``on_done`` overlaps (the caller knows:
+        engine.core.alone). The same result as `start`, with less bookkeeping."""
+        self.start(transfer, on_done)
+
     def transfer(self, transfer: Transfer | Collective) -> simpy.Event:
         """The same as an event, for simpy processes (tests, scripts)."""
         done = self.env.event()
@@ -146,6 +152,14 @@ class _Flow:
         self.on_done = on_done
 
 
+class _Alone:
+    """A transfer alone on its links (`FairShareNetwork.start_alone`): its own end event,
+    reused for the next one of the same ``on_done`` (they never overlap)."""
+
+    __slots__ = ("transfer", "rate", "start_s", "on_done", "callbacks")
+    _ok = True  # what simpy's Environment.step reads of an event after its callbacks
+
+
 class FairShareNetwork(Network):
     def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
         super().__init__(env, capacities)
@@ -186,6 +200,8 @@ class FairShareNetwork(Network):
         self._structures: dict = {}
         self._schedule = env.schedule
         self._claim_ends = (self._claim_ended,)
+        self._alone_ends = (self._alone_ended,)
+        self._alone: dict[Callback, _Alone] = {}  # by on_done
 
     def _start_transfer(self, transfer: Transfer, on_done: Callback) -> None:
         if transfer.bytes_per_flow <= 0 or not transfer.links:
@@ -215,6 +231,37 @@ class FairShareNetwork(Network):
 
     def _claim_ended(self, flow: _Flow) -> None:
         self._finish(flow, 1)
+
+    def start_alone(self, transfer: Transfer, on_done: Callback) -> None:
+        """What a transfer claiming idle links does (`_start_transfer`), without the
+        claim: no other flow will ever start on its links while it runs, so it stays
+        claimed from start to end and no table needs to know it. One end event, at the
+        same time and in the same order; the same interval recorded at its end."""
+        self.num_transfers += 1
+        if transfer.bytes_per_flow <= 0 or not transfer.links:
+            self._after(transfer.latency_s, on_done)
+            return
+        cached = self._solo.get(id(transfer))
+        if cached is None:
+            cached = self._solo_entry(transfer)
+        event = self._alone.get(on_done)
+        if event is None:
+            event = self._alone[on_done] = _Alone()
+            event.on_done = on_done
+        event.transfer = transfer
+        event.rate = rate = cached[1]
+        event.start_s = self.env.now + transfer.latency_s
+        event.callbacks = self._alone_ends
+        self._schedule(event, NORMAL, transfer.latency_s + transfer.bytes_per_flow / rate)
+
+    def _alone_ended(self, event: _Alone) -> None:
+        now, start_s = self.env.now, event.start_s
+        if now > start_s:  # as _close_interval (its rate, a solo rate, is positive)
+            transfer = event.transfer
+            self.intervals.append(
+                _new(Interval, (transfer.links, transfer.mults, event.rate, start_s, now))
+            )
+        event.on_done(None)
 
     def _start_later(self, flow: _Flow) -> None:
         """An ordinary flow: it starts sharing links when its latency is over."""

@@ -19,8 +19,10 @@ What the rest of a run depends on, and how it is written:
   lane's compute op ending, a flow ending (its links, multiplicities, bytes left now,
   rate, whether it runs alone on claimed links, when its bytes started to move, its
   place in start order, and what it calls when done: a lane's op, a non-blocking op, a
-  collective's members, the next phase of a collective), a flow's latency ending, a
-  zero-byte transfer ending. A wake-up made stale by a later rate change does nothing
+  collective's members, the next phase of a collective), a transfer alone on its links
+  ending (`FairShareNetwork.start_alone`: its links, multiplicities, rate, when its
+  bytes started to move and what it calls), a flow's latency ending, a zero-byte
+  transfer ending. A wake-up made stale by a later rate change does nothing
   and is left out.
 
 The network's other tables (flows per link and shape, claimed links, neighbours) follow
@@ -37,7 +39,7 @@ from ..results import Trace
 from ..workload.ops import Workload
 from .core import _Engine
 from .events import Call
-from .network import NetworkFactory, _Flow
+from .network import NetworkFactory, _Alone, _Flow
 
 
 class NotSteady(Exception):
@@ -163,6 +165,16 @@ class _Describer:
             return ("op ends", lane)
         if isinstance(event, _Flow):  # a claimed flow's end; void once re-rated
             return ("flow ends", self.flow(event)) if event.version == 1 else None
+        if type(event) is _Alone:  # a transfer alone on its links (start_alone)
+            transfer = event.transfer
+            return (
+                "alone ends",
+                transfer.links,
+                transfer.mults,
+                event.rate,
+                event.start_s - self.t0,
+                self.callback(event.on_done),
+            )
         if type(event) is not Call or len(event.callbacks) != 1:
             raise NotSteady(f"an event of type {type(event).__name__}")
         fn = event.callbacks[0]
