@@ -7,7 +7,8 @@
   factor, then times each ``jitter`` draw.
 - **Network** (``slow_link``, ``slow_nic``): the cable's two directed links at
   ``bandwidth_factor`` x their capacity (`capacities`); ``down`` takes switch-to-switch
-  cables out of routing (`fail_links`, exact mode).
+  cables out of routing (`fail_links`, exact mode) and detours a failed NIC's GPUs
+  through another NIC of their node (`detours`: the job after its restart).
 - **Symmetric mode** (the fast path): the replicas a perturbation touches
   (`touched_replicas`) are lowered as in exact mode, every GPU of them, beside the
   representative lanes, which stand for the untouched replicas (lowering.lower).
