@@ -5,10 +5,12 @@ what the fast path costs (docs/performance.md).
     python benchmarks/perturbation.py --speed [--repeat 3] [--write]  # wall times
 
 The perturbations (`CASES`): a 5 % straggler (one GPU of data-parallel replica 5, stage 0,
-its compute ops 1.05 x as long), the NIC of that GPU at half rate, and the cable from
-that NIC to its leaf switch failed. All three touch replica 5 only, so symmetric mode
-simulates that replica besides the representatives (simulator/perturb.py); a failed
-link is refused there (it reroutes many replicas' traffic) and the table says so.
+its compute ops 1.05 x as long), the NIC of that GPU at half rate, the cable from that
+NIC to its leaf switch failed (the job after its restart without the NIC: GPU 43 uses
+NIC 2), and a switch uplink failed. The first three touch replica 5 only, so symmetric
+mode simulates that replica besides the representatives (simulator/perturb.py); a
+failed uplink is refused there (it reroutes many replicas' traffic) and the table says
+so.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ CASES = {
     "NIC 3 of node 5 at half rate": (
         PerturbationSpec(kind="slow_nic", node=NODE, nic=NIC, bandwidth_factor=0.5),
     ),
-    "NIC 3 of node 5's cable failed": (
+    "NIC 3 of node 5's cable failed, after the restart": (
         PerturbationSpec(kind="slow_nic", node=NODE, nic=NIC, down=True),
     ),
     # filled in per scenario: its first switch-to-switch link, if it has one

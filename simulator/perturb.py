@@ -7,7 +7,8 @@
   factor, then times each ``jitter`` draw.
 - **Network** (``slow_link``, ``slow_nic``): the cable's two directed links at
   ``bandwidth_factor`` x their capacity (`capacities`); ``down`` takes switch-to-switch
-  cables out of routing (`fail_links`, exact mode).
+  cables out of routing (`fail_links`, exact mode) and detours a failed NIC's GPUs
+  through another NIC of their node (`detours`: the job after its restart).
 - **Symmetric mode** (the fast path): the replicas a perturbation touches
   (`touched_replicas`) are lowered as in exact mode, every GPU of them, beside the
   representative lanes, which stand for the untouched replicas (lowering.lower).
@@ -22,6 +23,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import numpy as np
+
+from stepsim.topologies import PLANAR
+from stepsim.topologies.detour import Detour
 
 from .results import WaitCause
 from .scenario import Scenario, ScenarioError
@@ -91,8 +95,8 @@ def nic_cable(cluster, scenario: Scenario, p: PerturbationSpec) -> tuple[int, ..
         other = ((p.node + 1) % nodes) * gpn
         links = cluster.links
         for g in range(p.node * gpn, (p.node + 1) * gpn):
-            out = [i for i in cluster.route(g, other + g % gpn) if links[i].src == nic]
-            back = [i for i in cluster.route(other + g % gpn, g) if links[i].dst == nic]
+            out = [i for i in cluster.own_route(g, other + g % gpn) if links[i].src == nic]
+            back = [i for i in cluster.own_route(other + g % gpn, g) if links[i].dst == nic]
             if out and back and links[out[0]].dst[0] == "switch":
                 return (out[0], back[0])
     raise ScenarioError(
@@ -127,22 +131,29 @@ def capacities(scenario: Scenario, cluster, base: list[float]) -> list[float]:
 
 
 def fail_links(scenario: Scenario, cluster) -> None:
-    """Take failed cables out of routing: between switches only (a GPU's NVLink, PCIe
-    or NIC cable has no other path in the node models here), and only where every leaf
-    still reaches the leaves it reached."""
+    """Take failed cables out of routing. A NIC's cable: the job as it runs after its
+    restart without that NIC, the NIC's GPUs detoured through another NIC of their
+    node (`detours`). A cable between switches: routes avoid it, where every leaf
+    still reaches the leaves it reached. A GPU's NVLink or PCIe link: an error (NCCL
+    has no path around a GPU's own link; the GPU, so its node, leaves the job)."""
+    nics = []
     for p, links in cables(scenario, cluster):
         if not p.down:
             continue
-        ends = [(cluster.links[i].src, cluster.links[i].dst) for i in links]
-        if any(a[0] != "switch" or b[0] != "switch" for a, b in ends):
-            role = cluster.link_role(links[0])
+        role = cluster.link_role(links[0])
+        if role == "nic":
+            nics.append((p, links))
+            continue
+        if role != "uplink":
             raise ScenarioError(
-                f"{named(scenario, p)}: a failed {role} link leaves its GPU no other path "
-                f"(stepsim reroutes only around switch-to-switch links); "
-                f"use bandwidth_factor for a degraded one",
+                f"{named(scenario, p)}: a failed {role} link takes its GPU out of the job "
+                f"(NCCL has no path around a GPU's own NVLink or PCIe link; a restart "
+                f"leaves the node out: run with one node fewer); use bandwidth_factor for "
+                f"a degraded one",
                 key="perturbation.down",
                 value=True,
             )
+        ends = [(cluster.links[i].src, cluster.links[i].dst) for i in links]
         cut = cluster.fail_switch_links(ends)
         if cut:
             raise ScenarioError(
@@ -151,6 +162,75 @@ def fail_links(scenario: Scenario, cluster) -> None:
                 key="perturbation.down",
                 value=True,
             )
+    if nics:
+        cluster.detour(detours(scenario, cluster, nics))
+
+
+def failed_nic(cluster, links: tuple[int, ...]) -> tuple:
+    """The NIC vertex ``("nic", node, k)`` of a NIC's cable."""
+    link = cluster.links[links[0]]
+    return link.src if link.src[0] == "nic" else link.dst
+
+
+def detours(scenario: Scenario, cluster, failed) -> dict[int, Detour]:
+    """Where the GPUs of each failed NIC send and receive after the restart: through
+    the node's NIC ``k ^ 1`` (on a DGX A100 the NIC under the same PCIe switch, which
+    NCCL's search picks), else the lowest-numbered NIC up (docs/what-if.md)."""
+    spec = scenario.cluster
+    gpn, nodes, count = spec.gpus_per_node, spec.num_nodes, spec.nics_per_node
+    down = {failed_nic(cluster, links): p for p, links in failed}
+    out: dict[int, Detour] = {}
+    for (_, node, k), p in down.items():
+        if spec.fabric in PLANAR:
+            raise ScenarioError(
+                f"{named(scenario, p)}: on a {spec.fabric} fabric NIC {k} is node {node}'s "
+                f"only way onto its {'rail' if spec.fabric == 'rail-only' else 'plane'}",
+                key="perturbation.down",
+                value=True,
+            )
+        order = [k ^ 1] + [j for j in range(count) if j != k ^ 1]
+        spare = next(
+            (j for j in order if j < count and j != k and ("nic", node, j) not in down), None
+        )
+        if spare is None:
+            raise ScenarioError(
+                f"{named(scenario, p)}: node {node} has no other NIC up, so its GPUs cannot "
+                f"reach other nodes (the job restarts without the node: run with one node "
+                f"fewer)",
+                key="perturbation.down",
+                value=True,
+            )
+        other = ((node + 1) % nodes) * gpn  # nodes > 1: nic_cable found the cable
+        gpus = range(node * gpn, (node + 1) * gpn)
+        leaves = {g: cluster.own_route(g, other) for g in gpus}
+        nic_of = {g: cluster.links[route[0]].dst for g, route in leaves.items()}
+        via = next(g for g in gpus if nic_of[g] == ("nic", node, spare))
+        for g in gpus:
+            if nic_of[g] == ("nic", node, k):
+                up, back = leaves[g][0], cluster.own_route(other, g)[-1]
+                out[g] = Detour(via, up, back, ("nic", node, spare))
+    return out
+
+
+def described(scenario: Scenario, cluster) -> tuple[str, ...]:
+    """Each perturbation as the summary and metrics.json list it; a failed NIC cable's
+    says that the run is the job's after its restart without that NIC."""
+    links_of = {id(p): links for p, links in cables(scenario, cluster)}
+    out = []
+    for p in scenario.perturbations:
+        text, links = p.describe(), links_of.get(id(p))
+        if p.down and links and cluster.link_role(links[0]) == "nic":
+            _, node, k = nic = failed_nic(cluster, links)
+            gpus = sorted(g for g, d in cluster.detours.items() if cluster.links[d.up].dst == nic)
+            spare = cluster.detours[gpus[0]].nic[2]
+            text += (
+                f": the run after the job's restart without NIC {k} of node {node} "
+                f"({'GPUs' if len(gpus) > 1 else 'GPU'} {', '.join(map(str, gpus))} "
+                f"{'use' if len(gpus) > 1 else 'uses'} NIC {spare}; "
+                f"the restart itself: stepsim plan goodput)"
+            )
+        out.append(text)
+    return tuple(out)
 
 
 # -- symmetric mode: which replicas leave the representative ---------------------------

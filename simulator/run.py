@@ -152,7 +152,7 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
             metrics = replace(
                 metrics,
                 waits=perturb.wait_causes(scenario, cluster, workload, trace.waits),
-                perturbations=tuple(p.describe() for p in scenario.perturbations),
+                perturbations=perturb.described(scenario, cluster),
             )
     return Result(scenario, cluster, workload, trace, memory, metrics)
 

@@ -142,7 +142,7 @@ def test_a_link_at_half_rate_doubles_the_ring_all_reduces_bandwidth_term():
     assert half - latency == pytest.approx(2 * full, rel=1e-12)
 
 
-def test_a_failed_uplink_reroutes_and_a_failed_nic_link_is_an_error():
+def test_a_failed_uplink_reroutes_and_a_failed_pcie_link_is_an_error():
     tree = {"num_nodes": 4, "fabric": "fat-tree", "nodes_per_leaf": 2, "spine_switches": 2}
     layout = {"tensor_model_parallel_size": 8, "data_parallel_size": 4}
     s = load(cluster=tree, parallel=layout, network={"symmetry": False})
@@ -151,9 +151,9 @@ def test_a_failed_uplink_reroutes_and_a_failed_nic_link_is_an_error():
     base = run(s).metrics.iteration_time_s
     down = run(with_perturbations(s, P(kind="slow_link", link=uplink, down=True))).metrics
     assert down.iteration_time_s >= base
-    nic = P(kind="slow_nic", node=1, nic=0, down=True)
-    with pytest.raises(ScenarioError, match=r"failed nic link leaves its GPU no other path"):
-        run(with_perturbations(s, nic))
+    pcie = next(link.index for link in cluster.links if cluster.link_role(link.index) == "pcie")
+    with pytest.raises(ScenarioError, match=r"a failed pcie link takes its GPU out of the job"):
+        run(with_perturbations(s, P(kind="slow_link", link=pcie, down=True)))
     one_spine = load(
         cluster={**tree, "spine_switches": 1}, parallel=layout, network={"symmetry": False}
     )
@@ -251,7 +251,6 @@ def test_a_perturbation_that_changes_nothing_leaves_symmetric_mode_as_it_was():
     [
         (P(kind="slow_gpu", gpu=1, factor=2.0), r"touches data-parallel replica 0"),
         (P(kind="jitter", sigma=0.1, seed=1), r"jitter on every GPU touches every replica"),
-        (P(kind="slow_nic", node=1, nic=0, down=True), r"a failed nic link leaves its GPU no"),
     ],
 )
 def test_what_the_fast_path_cannot_split_is_a_one_line_error(p, message):

@@ -22,6 +22,7 @@ from typing import NamedTuple
 import networkx as nx
 
 from .describe import link_role
+from .detour import Detours
 from .fabric import FabricShape, add_fabric
 from .node import GPU, NIC, NVSWITCH, SWITCH, NodeShape, add_nvlink_domain, add_server
 
@@ -70,7 +71,7 @@ def check_nvlink_domain(gpus_per_server: int, nvlink_domain_gpus: int) -> None:
         )
 
 
-class Cluster:
+class Cluster(Detours):
     """Directed links with integer indices and cached GPU-to-GPU routes.
 
     Inside an NVLink domain a route takes the NVLink graph (through the NVSwitch,
@@ -140,14 +141,6 @@ class Cluster:
     def nvlink_domain_of(self, gpu: int) -> int:
         """The NVLink domain a GPU belongs to (its server's number today)."""
         return gpu // self.nvlink_domain_gpus
-
-    def route(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]:
-        """Link indices from one GPU to another (empty for a GPU to itself)."""
-        key = (src_gpu, dst_gpu)
-        route = self._routes.get(key)
-        if route is None:
-            route = self._routes[key] = self._find_route(src_gpu, dst_gpu)
-        return route
 
     def route_latency_s(self, route: tuple[int, ...]) -> float:
         return sum(self.links[i].latency_s for i in route)

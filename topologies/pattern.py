@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from math import ceil
 
 from .cluster import Cluster, Link, build_graph
+from .detour import Detours
 from .fabric import FabricShape
 from .node import GPU, NIC, NVSWITCH, SWITCH, NodeShape
 
@@ -62,7 +63,7 @@ class Links(Sequence):
         return (self._cluster.link(i) for i in range(len(self)))
 
 
-class _CountedCluster:
+class _CountedCluster(Detours):
     """What a cluster counted from its pattern (`PatternCluster`, the tree fabrics'
     `tree_pattern.TreePatternCluster`) answers as the whole graph would, from the
     attributes both set: ``num_nodes``, ``node``, ``fabric``, ``gpus_per_node``,
@@ -157,13 +158,6 @@ class PatternCluster(_CountedCluster):
     def link_role(self, index: int) -> str:
         """What link ``index`` does: what the unit's link standing for it does."""
         return self.unit.link_role(self._unit_index(index))
-
-    def route(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]:
-        key = (src_gpu, dst_gpu)
-        route = self._routes.get(key)
-        if route is None:
-            route = self._routes[key] = self._find_route(src_gpu, dst_gpu)
-        return route
 
     def route_latency_s(self, route: tuple[int, ...]) -> float:
         return sum(self._latency[self._unit_index(i)] for i in route)

@@ -196,13 +196,6 @@ class TreePatternCluster(_CountedCluster):
         link = self.link(index)
         return link_role(link.kind, link.src, link.dst)
 
-    def route(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]:
-        key = (src_gpu, dst_gpu)
-        route = self._routes.get(key)
-        if route is None:
-            route = self._routes[key] = self._find_route(src_gpu, dst_gpu)
-        return route
-
     def route_latency_s(self, route: tuple[int, ...]) -> float:
         block, lat, unit = self.block, self.lat, self._unit_latency
         server_links = self.server_links

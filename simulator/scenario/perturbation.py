@@ -15,7 +15,8 @@ its ``kind`` and a target, with the kind's own keys:
   run and in both simulation modes.
 - ``slow_link``: ``link = L`` (the index `stepsim topology --links` and metrics.json
   print) and ``bandwidth_factor = f`` or ``down = true``: that cable (both directions)
-  at f x its bandwidth, or failed (traffic rerouted where the fabric has another path).
+  at f x its bandwidth, or failed (traffic rerouted where the fabric has another path;
+  a NIC's cable: the job after its restart without the NIC, simulator/perturb.py).
 - ``slow_nic``: ``node = N``, ``nic = K`` and ``bandwidth_factor`` or ``down``: the
   cable from that NIC to its leaf switch (both directions), as ``slow_link``.
 
@@ -99,8 +100,9 @@ class PerturbationSpec:
         high=1000,
     )
     down: bool | None = key(
-        "`slow_link`, `slow_nic`: the cable has failed; traffic takes another path of the "
-        "fabric (fat-tree uplinks), else an error",
+        "`slow_link`, `slow_nic`: the cable has failed: between switches, traffic takes the "
+        "fabric's other paths; a NIC's, the job after its restart without the NIC (its "
+        "GPUs use another NIC of the node); a GPU's NVLink or PCIe link: an error",
         default=None,
     )
     gpu_model: str | None = key(

@@ -82,7 +82,9 @@ class Pattern(NamedTuple):
     ``shift_nodes``, clear of a partly filled group) moves every route alike,
     so a collective of groups moved so is the same collective with its links moved
     (``translate(links, servers)``); placement.StageComm uses both. ``memo`` holds what
-    was built once, by where it was built (one lowering's)."""
+    was built once, by where it was built (one lowering's). ``detoured``: the GPUs
+    whose traffic leaves through another NIC of their server (a failed NIC,
+    topologies.detour), whose servers are unlike the others'."""
 
     gpus_per_node: int
     region_gpus: int
@@ -90,6 +92,7 @@ class Pattern(NamedTuple):
     moves: Callable[[int, int], bool]
     translate: Callable[[Sequence[int], int], tuple[int, ...]]
     memo: dict
+    detoured: frozenset[int] = frozenset()
 
 
 class Fabric(NamedTuple):
@@ -125,6 +128,7 @@ class Fabric(NamedTuple):
                 cluster.moves,
                 translate,
                 {},
+                frozenset(cluster.detours),
             ),
             nvls_efficiency=nvls_efficiency,
             links=cluster.links,

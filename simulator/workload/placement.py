@@ -312,7 +312,7 @@ class StageComm:
                     parts = [self._collective(kind, [g], message_bytes) for g in groups]
                     if self.ranks is not None:
                         self.ranks.check(parts)
-                    return _merged(parts, self._near_touched(stage, parts[0]))
+                    return _merged(parts, self._near_touched(stage, parts, groups))
 
                 key_mixed = ("dp-mixed", kind, message_bytes, *self.exclude)
                 self._dp[key] = self._shared(key_mixed, self.stage, merged)
@@ -396,23 +396,29 @@ class StageComm:
                 )
         return self._sends[key]
 
-    def _near_touched(self, stage: int, first: Collective | None):
+    def _near_touched(self, stage: int, parts: Sequence[Collective | None], groups):
         """Which links the joint data-parallel flow of ``stage`` keeps: tensor rank 0's
         group's (the representative's links, where every rank's rings add their
-        multiplicities, as symmetric mode counts its copies) and every link with an end
-        in a node of a touched replica's GPU of the stage. The other ranks' links away
-        from those nodes carry, by symmetry, what rank 0's carry: leaving them out
-        changes no rate and spares the fair-share recomputes thousands of links."""
-        links, placement = self.fabric.links, self.placement
-        if links is None or first is None:
+        multiplicities, as symmetric mode counts its copies), every link of a group
+        with a detoured GPU (its rings leave its node unlike rank 0's) and every link
+        with an end in a node of a touched replica's GPU of the stage. The other ranks'
+        links away from those nodes carry, by symmetry, what rank 0's carry: leaving
+        them out changes no rate and spares the fair-share recomputes thousands of
+        links."""
+        links, placement, pattern = self.fabric.links, self.placement, self.fabric.pattern
+        if links is None or parts[0] is None or pattern is None:
             return None
-        gpn = self.fabric.pattern.gpus_per_node if self.fabric.pattern else None
-        if gpn is None:
-            return None
+        gpn = pattern.gpus_per_node
         nodes = {
             placement.gpu(t, d, stage) // gpn for d in self.exclude for t in range(placement.tensor)
         }
-        own = {link for phase in first for link in phase.links}
+        own = {
+            link
+            for part, group in zip(parts, groups, strict=True)
+            if part is parts[0] or pattern.detoured.intersection(group)
+            for phase in part
+            for link in phase.links
+        }
 
         def near(vertex: tuple) -> bool:
             if vertex[0] == "gpu":
@@ -509,7 +515,11 @@ class StageComm:
         )
         at = first * stage_gpus // gpn
         last = nodes + (stages * stage_gpus - 1) // gpn  # the moved groups' last server
-        if nodes != at and not pattern.moves(last, nodes - at):
+        if nodes != at and (
+            not pattern.moves(last, nodes - at)
+            or _detoured_in(pattern, at, last - nodes + at)
+            or _detoured_in(pattern, nodes, last)
+        ):
             return build(low)
         slot = (key, first)
         if slot not in pattern.memo:
@@ -526,6 +536,13 @@ class StageComm:
     ) -> Collective | None:
         """A collective by the scenario's algorithm (collectives.collective)."""
         return collectives.collective(self.algorithm, kind, groups, message_bytes, self.fabric)
+
+
+def _detoured_in(pattern, first: int, last: int) -> bool:
+    """Whether servers ``first`` to ``last`` hold a detoured GPU (their routes are not
+    the other servers' moved)."""
+    gpn = pattern.gpus_per_node
+    return any(first <= g // gpn <= last for g in pattern.detoured)
 
 
 def _merged(parts: Sequence[Collective | None], keep=None) -> Collective | None:
