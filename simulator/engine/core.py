@@ -63,22 +63,31 @@ def alone(workload: Workload) -> set[int]:
     crosses. A lane runs one blocking op at a time, so such a transfer is alone on its
     links from start to end: `Network.start_alone` (symmetric mode's tensor-parallel
     collectives on a stage's NVLink, about half of a large run's transfers)."""
+    return _scan(workload)[1]
+
+
+def _scan(workload: Workload) -> tuple[dict[int, list[int]], set[int]]:
+    """The engine's one pass over the ops at set-up: exact mode's collectives (each
+    rendezvous's member ops by its first member) and the transfers that are `alone`."""
+    members: dict[int, list[int]] = {}
     # each distinct transfer object (a stage reuses one per kind) with the lane that
     # owns it, or -1 when it cannot be alone
     owner_of: dict[int, list] = {}
+    get = owner_of.get
     for op in workload.ops:
         transfer = op.transfer
         if transfer is None:
+            if op.rendezvous < 0:
+                continue
+            members.setdefault(op.rendezvous, []).append(op.index)
             continue
         owner = op.lane  # a blocking single-phase collective of its lane alone
-        if (
-            op.rendezvous >= 0
-            or not op.blocking
-            or type(transfer) is not tuple
-            or len(transfer) != 1
-        ):
+        if op.rendezvous >= 0:
+            members.setdefault(op.rendezvous, []).append(op.index)
             owner = -1
-        entry = owner_of.get(id(transfer))
+        elif not op.blocking or type(transfer) is not tuple or len(transfer) != 1:
+            owner = -1
+        entry = get(id(transfer))
         if entry is None:
             owner_of[id(transfer)] = [transfer, owner]
         elif entry[1] != owner:
@@ -90,7 +99,7 @@ def alone(workload: Workload) -> set[int]:
             for link in phase.links:
                 if link_owner.setdefault(link, owner) != owner:
                     link_owner[link] = -1
-    return {
+    return members, {
         key
         for key, (transfer, owner) in owner_of.items()
         if owner >= 0 and all(link_owner[link] == owner for link in transfer[0].links)
@@ -179,13 +188,9 @@ class _Engine:
         self.waited_from = [0.0] * num_lanes
         self.ready: deque[int] = deque()  # lanes to advance now, in order
         self.draining = False
-        # exact mode: a collective's member ops by its first member, and how many arrived
-        self.members: dict[int, list[int]] = {}
-        for op in workload.ops:
-            if op.rendezvous >= 0:
-                self.members.setdefault(op.rendezvous, []).append(op.index)
-        # transfers that never share a link with another running transfer (`alone`)
-        self.alone = alone(workload)
+        # exact mode: a collective's member ops by its first member (and below, how many
+        # arrived); the transfers that never share a link with another running one (`alone`)
+        self.members, self.alone = _scan(workload)
         self.arrived: dict[int, int] = {}
         # per lane, for the hot paths: its ops, GPU and stream
         self.ops = workload.ops
