@@ -15,14 +15,23 @@ named after their kind.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable
 
 import simpy
 from simpy.events import NORMAL
 
 from ..results import Span, Trace, Wait
-from ..vocabulary import BARRIER, COMPUTE_KINDS, IDLE, PP_SEND, STREAM_OF_COMM, WAIT_OF_COMM
+from ..vocabulary import (
+    BARRIER,
+    CATEGORY_OF_KIND,
+    COMPUTE_KINDS,
+    COMPUTE_STREAM,
+    IDLE,
+    PP_SEND,
+    STREAM_OF_COMM,
+    WAIT_OF_COMM,
+)
 from ..workload.ops import Workload
 from .events import Call
 from .network import FairShareNetwork, NetworkFactory
@@ -54,6 +63,26 @@ def simulate(
     if blame:
         engine.blame = _Blame()
     return engine.run()
+
+
+def simulate_totals(
+    workload: Workload,
+    *,
+    network: NetworkFactory | None = None,
+    progress: Callable[[float], None] | None = None,
+    blame: bool = False,
+) -> tuple[Trace, dict[tuple[int, str], dict[str, float]], int]:
+    """`simulate` for a caller that writes no spans (`stepsim run --json` without --out):
+    the trace without spans, each compute lane's seconds per category added up as its
+    spans end, in the order `report.metrics.lane_seconds` adds them from a trace (the
+    same floats, bit for bit), and the number of spans. Workloads without congruent
+    groups (``copies`` 1) only: the reports give a group's lane to each of its GPUs."""
+    if any(lane.copies != 1 for lane in workload.lanes):
+        raise ValueError("simulate_totals: a lane stands for a congruent group (copies > 1)")
+    engine = _Engine(workload, network or FairShareNetwork.factory(()), progress, totals=True)
+    if blame:
+        engine.blame = _Blame()
+    return engine.run(), engine.seconds, engine.num_spans
 
 
 def alone(workload: Workload) -> set[int]:
@@ -166,6 +195,7 @@ class _Engine:
         workload: Workload,
         network: NetworkFactory,
         progress: Callable[[float], None] | None = None,
+        totals: bool = False,
     ) -> None:
         self.workload = workload
         self.progress = progress
@@ -197,11 +227,24 @@ class _Engine:
         self.lane_ops = [lane.ops for lane in workload.lanes]
         self.lane_gpu = [lane.gpu for lane in workload.lanes]
         self.lane_stream = [lane.stream for lane in workload.lanes]
+        self.blame: _Blame | None = None
+        # `simulate_totals`: no spans, each compute lane's seconds per category (one
+        # table per (GPU, stream), shared by lanes of the same) and the spans' count
+        self.totals: list[defaultdict[str, float] | None] | None = None
+        self.seconds: dict[tuple[int, str], defaultdict[str, float]] = {}
+        self.num_spans = 0
+        if totals:
+            self.totals = [
+                self.seconds.setdefault((lane.gpu, lane.stream), defaultdict(float))
+                if lane.stream == COMPUTE_STREAM
+                else None
+                for lane in workload.lanes
+            ]
+            self._end_running_op = self._end_running_op_totals
         # one callback per lane for "the op it is running has ended"
         self.op_ended = [self._op_ended_callback(i) for i in range(num_lanes)]
         self.lane_event = [Call() for _ in range(num_lanes)]
         self.lane_callbacks = [(ended,) for ended in self.op_ended]
-        self.blame: _Blame | None = None
 
     def run(self) -> Trace:
         self._wake(range(len(self.workload.lanes)))
@@ -285,6 +328,19 @@ class _Engine:
                     ),
                 )
             )
+        self._done(index, now)
+        self.position[lane_index] = position + 1
+
+    def _end_running_op_totals(self, lane_index: int) -> None:
+        """`_end_running_op` adding the span's seconds up instead of recording it."""
+        position = self.position[lane_index]
+        index = self.lane_ops[lane_index][position]
+        start, now = self.start_s[index], self.env.now
+        if now > start:
+            self.num_spans += 1
+            totals = self.totals[lane_index]
+            if totals is not None:
+                totals[CATEGORY_OF_KIND[self.ops[index].kind]] += now - start
         self._done(index, now)
         self.position[lane_index] = position + 1
 
@@ -380,6 +436,9 @@ class _Engine:
         op = self.workload.ops[index]
         start = self.start_s[index]
         if self.env.now > start:
+            if self.totals is not None:  # on a stream of its own: in no compute lane's totals
+                self.num_spans += 1
+                return
             stream = STREAM_OF_COMM[op.kind]
             self.spans.append(
                 Span(gpu, stream, op.kind, op.label, op.microbatch, start, self.env.now, index)
@@ -411,14 +470,28 @@ class _Engine:
             # Until another GPU starts sending (or, blocking p2p, both sides reach the
             # call), this one waits on the pipeline, not the wire.
             busy_from = max(waited_from, self.start_s[dep])
+        totals = self.totals
         if busy_from > waited_from:
-            self.spans.append(
-                Span(gpu, stream, IDLE, op.label, op.microbatch, waited_from, busy_from, op.index)
-            )
+            if totals is None:
+                self.spans.append(
+                    Span(gpu, stream, IDLE, op.label, op.microbatch, waited_from, busy_from, op.index)
+                )
+            else:
+                self._add(lane_index, IDLE, busy_from - waited_from)
         if now > busy_from:
-            self.spans.append(
-                Span(gpu, stream, wait_kind, op.label, op.microbatch, busy_from, now, op.index)
-            )
+            if totals is None:
+                self.spans.append(
+                    Span(gpu, stream, wait_kind, op.label, op.microbatch, busy_from, now, op.index)
+                )
+            else:
+                self._add(lane_index, wait_kind, now - busy_from)
+
+    def _add(self, lane_index: int, kind: str, seconds: float) -> None:
+        """`simulate_totals`: a span of the lane's, added up."""
+        self.num_spans += 1
+        totals = self.totals[lane_index]
+        if totals is not None:
+            totals[CATEGORY_OF_KIND[kind]] += seconds
 
     def _check_finished(self) -> None:
         ops = self.workload.ops
