@@ -34,6 +34,7 @@ from ..vocabulary import (
 )
 from ..workload.ops import Workload
 from .events import Call
+from .lookover import scan
 from .network import FairShareNetwork, NetworkFactory
 
 # builds a named tuple from a tuple of its fields without the Python-level __new__ the
@@ -83,56 +84,6 @@ def simulate_totals(
     if blame:
         engine.blame = _Blame()
     return engine.run(), engine.seconds, engine.num_spans
-
-
-def alone(workload: Workload) -> set[int]:
-    """The single-phase collectives (by id) that never share a link with another transfer
-    while they run: blocking ops of one lane, in no rendezvous, whose links no op of
-    another lane, no non-blocking op and no collective of several phases or members
-    crosses. A lane runs one blocking op at a time, so such a transfer is alone on its
-    links from start to end: `Network.start_alone` (symmetric mode's tensor-parallel
-    collectives on a stage's NVLink, about half of a large run's transfers)."""
-    return _scan(workload)[1]
-
-
-def _scan(workload: Workload) -> tuple[dict[int, list[int]], set[int]]:
-    """The engine's one pass over the ops at set-up: exact mode's collectives (each
-    rendezvous's member ops by its first member) and the transfers that are `alone`."""
-    members: dict[int, list[int]] = {}
-    # each distinct transfer object (a stage reuses one per kind) with the lane that
-    # owns it, or -1 when it cannot be alone
-    owner_of: dict[int, list] = {}
-    get = owner_of.get
-    for op in workload.ops:
-        transfer = op.transfer
-        if transfer is None:
-            if op.rendezvous < 0:
-                continue
-            members.setdefault(op.rendezvous, []).append(op.index)
-            continue
-        owner = op.lane  # a blocking single-phase collective of its lane alone
-        if op.rendezvous >= 0:
-            members.setdefault(op.rendezvous, []).append(op.index)
-            owner = -1
-        elif not op.blocking or type(transfer) is not tuple or len(transfer) != 1:
-            owner = -1
-        entry = get(id(transfer))
-        if entry is None:
-            owner_of[id(transfer)] = [transfer, owner]
-        elif entry[1] != owner:
-            entry[1] = -1
-    link_owner: dict[int, int] = {}
-    for transfer, owner in owner_of.values():
-        phases = (transfer,) if type(transfer) is not tuple else transfer
-        for phase in phases:
-            for link in phase.links:
-                if link_owner.setdefault(link, owner) != owner:
-                    link_owner[link] = -1
-    return members, {
-        key
-        for key, (transfer, owner) in owner_of.items()
-        if owner >= 0 and all(link_owner[link] == owner for link in transfer[0].links)
-    }
 
 
 class _Blame:
@@ -220,7 +171,7 @@ class _Engine:
         self.draining = False
         # exact mode: a collective's member ops by its first member (and below, how many
         # arrived); the transfers that never share a link with another running one (`alone`)
-        self.members, self.alone = _scan(workload)
+        self.members, self.alone = scan(workload)
         self.arrived: dict[int, int] = {}
         # per lane, for the hot paths: its ops, GPU and stream
         self.ops = workload.ops
@@ -470,18 +421,18 @@ class _Engine:
             # Until another GPU starts sending (or, blocking p2p, both sides reach the
             # call), this one waits on the pipeline, not the wire.
             busy_from = max(waited_from, self.start_s[dep])
-        totals = self.totals
+        label, microbatch, kept = op.label, op.microbatch, self.totals is None
         if busy_from > waited_from:
-            if totals is None:
+            if kept:
                 self.spans.append(
-                    Span(gpu, stream, IDLE, op.label, op.microbatch, waited_from, busy_from, op.index)
+                    Span(gpu, stream, IDLE, label, microbatch, waited_from, busy_from, op.index)
                 )
             else:
                 self._add(lane_index, IDLE, busy_from - waited_from)
         if now > busy_from:
-            if totals is None:
+            if kept:
                 self.spans.append(
-                    Span(gpu, stream, wait_kind, op.label, op.microbatch, busy_from, now, op.index)
+                    Span(gpu, stream, wait_kind, label, microbatch, busy_from, now, op.index)
                 )
             else:
                 self._add(lane_index, wait_kind, now - busy_from)
