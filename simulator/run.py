@@ -21,10 +21,10 @@ from stepsim.topologies import (
 from stepsim.topologies.describe import LINK_ROLES, link_name
 
 from . import fastforward, perturb
-from .engine.core import simulate
+from .engine.core import simulate, simulate_totals
 from .engine.network import AnalyticalNetwork, FairShareNetwork
 from .report.linkstats import mean_utilization, utilization_over_time
-from .report.metrics import summarize
+from .report.metrics import summarize, tally
 from .results import LinkLoad, Result, Trace
 from .scenario import ClusterSpec, Scenario, ScenarioError, limits
 from .units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
@@ -99,10 +99,19 @@ def memory_per_stage(scenario: Scenario) -> list[StageMemory]:
     ]
 
 
-def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> Result:
+def run(
+    scenario: Scenario,
+    progress: Callable[[float], None] | None = None,
+    *,
+    spans: bool = True,
+) -> Result:
     """Simulate one training iteration of the scenario. A layout that does not fit in
     GPU memory is simulated all the same; ``metrics.out_of_memory`` says so.
-    ``progress`` is called with the fraction of ops simulated (see engine.simulate)."""
+    ``progress`` is called with the fraction of ops simulated (see engine.simulate).
+    ``spans`` False: the caller reads only the metrics (`stepsim run --json` without
+    --out), and the engine may add the spans up as they end rather than record them
+    (`engine.core.simulate_totals`; the result's trace then has no spans); the
+    metrics are the same, bit for bit."""
     # symmetric mode simulates the representative GPUs: the pattern is enough
     cluster = build_cluster(scenario.cluster, pattern=scenario.network.symmetry)
     capacities = cluster.capacities
@@ -134,8 +143,15 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
         except LayoutError as exc:  # the layout the user chose: their one-line error
             raise ScenarioError(str(exc)) from None
         blame = bool(scenario.perturbations)
-        trace = simulate(workload, network=network, progress=progress, blame=blame)
+        totals = None
+        if spans or any(lane.copies != 1 for lane in workload.lanes):
+            trace = simulate(workload, network=network, progress=progress, blame=blame)
+        else:
+            trace, *totals = simulate_totals(
+                workload, network=network, progress=progress, blame=blame
+            )
         trace = trace._replace(num_transfers=exact_transfers(workload, trace.num_transfers))
+        counted = None if totals is None else tally(workload, trace, *totals)
         memory = memory_per_stage(scenario)
         problem = out_of_memory(scenario, memory)
         if problem is None and scenario.perturbations:
@@ -147,6 +163,7 @@ def run(scenario: Scenario, progress: Callable[[float], None] | None = None) -> 
             memory,
             out_of_memory=str(problem) if problem is not None else None,
             busiest_links=busiest_links(cluster, trace),
+            counted=counted,
         )
         if blame:
             metrics = replace(

@@ -201,7 +201,7 @@ def test_progress_line_only_on_a_terminal_and_cleared_after(capsys):
 def test_ctrl_c_of_run_is_one_line_and_status_130(monkeypatch, capsys):
     from stepsim import run as run_module
 
-    def interrupted(scenario, progress=None):
+    def interrupted(scenario, progress=None, *, spans=True):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(run_module, "run", interrupted)

@@ -2,10 +2,12 @@
 
 import pytest
 
-from stepsim.engine.core import DeadlockError, alone, simulate
+from stepsim.engine.core import DeadlockError, simulate, simulate_totals
 from stepsim.engine.flows import Transfer, delay
+from stepsim.engine.lookover import alone
 from stepsim.engine.network import AnalyticalNetwork, FairShareNetwork, Network
 from stepsim.run import run
+from stepsim.scenario.loader import load_scenario
 from stepsim.vocabulary import (
     BARRIER,
     COMPUTE_TIME,
@@ -280,3 +282,31 @@ def test_transfers_alone_on_their_links_give_the_claimed_path_s_trace_to_the_bit
     # the same again
     assert [sp.end_s for sp in fast.spans if sp.gpu == 0] == [5.5, 6.5, 12.0]
     assert fast.num_transfers == 6
+
+
+@pytest.mark.parametrize(
+    "name, overrides",
+    [
+        ("tiny-2gpu", []),
+        ("mt-nlg-530b-straggler", ["training.global_batch_size=96"]),  # DeepSpeed, a wait table
+        ("llama3-8b-128k-cp8-h100", ["training.global_batch_size=16"]),  # context parallel
+    ],
+)
+def test_metrics_added_up_while_simulating_are_the_spans_metrics_to_the_bit(name, overrides):
+    """`stepsim run --json` keeps no spans (engine.core.simulate_totals): its metrics are
+    those summed from the recorded spans, float for float."""
+    scenario = load_scenario(name, overrides)
+    kept, added = run(scenario), run(scenario, spans=False)
+    assert added.trace.spans == [] and kept.trace.spans
+    assert added.metrics == kept.metrics
+    assert added.metrics.to_json() == kept.metrics.to_json()
+
+
+def test_a_congruent_group_keeps_its_spans_for_the_totals():
+    scenario = load_scenario("tiny-2gpu", ["network.symmetry=false"])
+    result = run(scenario, spans=False)
+    if any(lane.copies > 1 for lane in result.workload.lanes):
+        assert result.trace.spans  # the reports give the group's lane to each GPU
+    with pytest.raises(ValueError, match="congruent group"):
+        lanes = result.workload.lanes
+        simulate_totals(result.workload._replace(lanes=(lanes[0]._replace(copies=2), *lanes[1:])))

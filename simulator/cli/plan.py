@@ -12,7 +12,7 @@ from ..plan.goodput import (
     DEFAULT_STORAGE_GBYTES_PER_S,
     FLEET_FAILURES_PER_1000_NODE_DAYS,
 )
-from ..plan.questions import SCALE_KEEPS
+from ..plan.planning import SCALE_KEEPS  # not plan.questions: `stepsim run` loads this
 from ..scenario import ScenarioError
 from .common import (
     Parser,

@@ -68,7 +68,8 @@ def command(args: argparse.Namespace) -> int:
     progress = progress_for(args)
     progress.begin("simulating")
     try:
-        result = run(scenario, progress.update)
+        # only the metrics printed: the engine may add spans up rather than keep them
+        result = run(scenario, progress.update, spans=bool(args.out) or not args.json)
     finally:
         progress.clear()
     if args.out:

@@ -15,16 +15,26 @@ named after their kind.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import defaultdict, deque
 from collections.abc import Callable
 
 import simpy
 from simpy.events import NORMAL
 
 from ..results import Span, Trace, Wait
-from ..vocabulary import BARRIER, COMPUTE_KINDS, IDLE, PP_SEND, STREAM_OF_COMM, WAIT_OF_COMM
+from ..vocabulary import (
+    BARRIER,
+    CATEGORY_OF_KIND,
+    COMPUTE_KINDS,
+    COMPUTE_STREAM,
+    IDLE,
+    PP_SEND,
+    STREAM_OF_COMM,
+    WAIT_OF_COMM,
+)
 from ..workload.ops import Workload
 from .events import Call
+from .lookover import scan
 from .network import FairShareNetwork, NetworkFactory
 
 # builds a named tuple from a tuple of its fields without the Python-level __new__ the
@@ -56,45 +66,24 @@ def simulate(
     return engine.run()
 
 
-def alone(workload: Workload) -> set[int]:
-    """The single-phase collectives (by id) that never share a link with another transfer
-    while they run: blocking ops of one lane, in no rendezvous, whose links no op of
-    another lane, no non-blocking op and no collective of several phases or members
-    crosses. A lane runs one blocking op at a time, so such a transfer is alone on its
-    links from start to end: `Network.start_alone` (symmetric mode's tensor-parallel
-    collectives on a stage's NVLink, about half of a large run's transfers)."""
-    # each distinct transfer object (a stage reuses one per kind) with the lane that
-    # owns it, or -1 when it cannot be alone
-    owner_of: dict[int, list] = {}
-    for op in workload.ops:
-        transfer = op.transfer
-        if transfer is None:
-            continue
-        owner = op.lane  # a blocking single-phase collective of its lane alone
-        if (
-            op.rendezvous >= 0
-            or not op.blocking
-            or type(transfer) is not tuple
-            or len(transfer) != 1
-        ):
-            owner = -1
-        entry = owner_of.get(id(transfer))
-        if entry is None:
-            owner_of[id(transfer)] = [transfer, owner]
-        elif entry[1] != owner:
-            entry[1] = -1
-    link_owner: dict[int, int] = {}
-    for transfer, owner in owner_of.values():
-        phases = (transfer,) if type(transfer) is not tuple else transfer
-        for phase in phases:
-            for link in phase.links:
-                if link_owner.setdefault(link, owner) != owner:
-                    link_owner[link] = -1
-    return {
-        key
-        for key, (transfer, owner) in owner_of.items()
-        if owner >= 0 and all(link_owner[link] == owner for link in transfer[0].links)
-    }
+def simulate_totals(
+    workload: Workload,
+    *,
+    network: NetworkFactory | None = None,
+    progress: Callable[[float], None] | None = None,
+    blame: bool = False,
+) -> tuple[Trace, dict[tuple[int, str], dict[str, float]], int]:
+    """`simulate` for a caller that writes no spans (`stepsim run --json` without --out):
+    the trace without spans, each compute lane's seconds per category added up as its
+    spans end, in the order `report.metrics.lane_seconds` adds them from a trace (the
+    same floats, bit for bit), and the number of spans. Workloads without congruent
+    groups (``copies`` 1) only: the reports give a group's lane to each of its GPUs."""
+    if any(lane.copies != 1 for lane in workload.lanes):
+        raise ValueError("simulate_totals: a lane stands for a congruent group (copies > 1)")
+    engine = _Engine(workload, network or FairShareNetwork.factory(()), progress, totals=True)
+    if blame:
+        engine.blame = _Blame()
+    return engine.run(), engine.seconds, engine.num_spans
 
 
 class _Blame:
@@ -157,6 +146,7 @@ class _Engine:
         workload: Workload,
         network: NetworkFactory,
         progress: Callable[[float], None] | None = None,
+        totals: bool = False,
     ) -> None:
         self.workload = workload
         self.progress = progress
@@ -179,24 +169,33 @@ class _Engine:
         self.waited_from = [0.0] * num_lanes
         self.ready: deque[int] = deque()  # lanes to advance now, in order
         self.draining = False
-        # exact mode: a collective's member ops by its first member, and how many arrived
-        self.members: dict[int, list[int]] = {}
-        for op in workload.ops:
-            if op.rendezvous >= 0:
-                self.members.setdefault(op.rendezvous, []).append(op.index)
-        # transfers that never share a link with another running transfer (`alone`)
-        self.alone = alone(workload)
+        # exact mode: a collective's member ops by its first member (and below, how many
+        # arrived); the transfers that never share a link with another running one (`alone`)
+        self.members, self.alone = scan(workload)
         self.arrived: dict[int, int] = {}
         # per lane, for the hot paths: its ops, GPU and stream
         self.ops = workload.ops
         self.lane_ops = [lane.ops for lane in workload.lanes]
         self.lane_gpu = [lane.gpu for lane in workload.lanes]
         self.lane_stream = [lane.stream for lane in workload.lanes]
+        self.blame: _Blame | None = None
+        # `simulate_totals`: no spans, each compute lane's seconds per category (one
+        # table per (GPU, stream), shared by lanes of the same) and the spans' count
+        self.totals: list[defaultdict[str, float] | None] | None = None
+        self.seconds: dict[tuple[int, str], defaultdict[str, float]] = {}
+        self.num_spans = 0
+        if totals:
+            self.totals = [
+                self.seconds.setdefault((lane.gpu, lane.stream), defaultdict(float))
+                if lane.stream == COMPUTE_STREAM
+                else None
+                for lane in workload.lanes
+            ]
+            self._end_running_op = self._end_running_op_totals
         # one callback per lane for "the op it is running has ended"
         self.op_ended = [self._op_ended_callback(i) for i in range(num_lanes)]
         self.lane_event = [Call() for _ in range(num_lanes)]
         self.lane_callbacks = [(ended,) for ended in self.op_ended]
-        self.blame: _Blame | None = None
 
     def run(self) -> Trace:
         self._wake(range(len(self.workload.lanes)))
@@ -280,6 +279,19 @@ class _Engine:
                     ),
                 )
             )
+        self._done(index, now)
+        self.position[lane_index] = position + 1
+
+    def _end_running_op_totals(self, lane_index: int) -> None:
+        """`_end_running_op` adding the span's seconds up instead of recording it."""
+        position = self.position[lane_index]
+        index = self.lane_ops[lane_index][position]
+        start, now = self.start_s[index], self.env.now
+        if now > start:
+            self.num_spans += 1
+            totals = self.totals[lane_index]
+            if totals is not None:
+                totals[CATEGORY_OF_KIND[self.ops[index].kind]] += now - start
         self._done(index, now)
         self.position[lane_index] = position + 1
 
@@ -375,6 +387,9 @@ class _Engine:
         op = self.workload.ops[index]
         start = self.start_s[index]
         if self.env.now > start:
+            if self.totals is not None:  # on a stream of its own: in no compute lane's totals
+                self.num_spans += 1
+                return
             stream = STREAM_OF_COMM[op.kind]
             self.spans.append(
                 Span(gpu, stream, op.kind, op.label, op.microbatch, start, self.env.now, index)
@@ -406,14 +421,28 @@ class _Engine:
             # Until another GPU starts sending (or, blocking p2p, both sides reach the
             # call), this one waits on the pipeline, not the wire.
             busy_from = max(waited_from, self.start_s[dep])
+        label, microbatch, kept = op.label, op.microbatch, self.totals is None
         if busy_from > waited_from:
-            self.spans.append(
-                Span(gpu, stream, IDLE, op.label, op.microbatch, waited_from, busy_from, op.index)
-            )
+            if kept:
+                self.spans.append(
+                    Span(gpu, stream, IDLE, label, microbatch, waited_from, busy_from, op.index)
+                )
+            else:
+                self._add(lane_index, IDLE, busy_from - waited_from)
         if now > busy_from:
-            self.spans.append(
-                Span(gpu, stream, wait_kind, op.label, op.microbatch, busy_from, now, op.index)
-            )
+            if kept:
+                self.spans.append(
+                    Span(gpu, stream, wait_kind, label, microbatch, busy_from, now, op.index)
+                )
+            else:
+                self._add(lane_index, wait_kind, now - busy_from)
+
+    def _add(self, lane_index: int, kind: str, seconds: float) -> None:
+        """`simulate_totals`: a span of the lane's, added up."""
+        self.num_spans += 1
+        totals = self.totals[lane_index]
+        if totals is not None:
+            totals[CATEGORY_OF_KIND[kind]] += seconds
 
     def _check_finished(self) -> None:
         ops = self.workload.ops

@@ -82,7 +82,7 @@ class Network:
     def start_alone(self, transfer: Transfer, on_done: Callback) -> None:
         """`start` for a transfer that no other transfer shares a link with while it runs,
         and no other transfer calling the same ``on_done`` overlaps (the caller knows:
-        engine.core.alone). The same result as `start`, with less bookkeeping."""
+        engine.lookover.alone). The same result as `start`, with less bookkeeping."""
         self.start(transfer, on_done)
 
     def transfer(self, transfer: Transfer | Collective) -> simpy.Event:

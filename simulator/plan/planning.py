@@ -16,6 +16,11 @@ from ..vocabulary import NO_SHARDING, RECOMPUTE_NONE
 from ..workload.memory import stage_params_per_rank
 from .space import SCHEDULE_BOUND_KEYS, Layout
 
+# what `plan scale` keeps as the nodes change: the global batch (strong scaling) or the
+# micro-batches per pipeline (weak scaling)
+KEEP_GLOBAL_BATCH, KEEP_MICROBATCHES = "global-batch", "microbatches"
+SCALE_KEEPS = (KEEP_GLOBAL_BATCH, KEEP_MICROBATCHES)
+
 
 def apply_layout(base: Scenario, layout: Layout) -> Scenario:
     """The base scenario with this layout, checked by the scenario's rules (building a

@@ -13,15 +13,17 @@ from ..scenario import Scenario, ScenarioError
 from ..scenario.presets import MODEL_FAMILIES
 from ..vocabulary import RECOMPUTE_FULL
 from ..workload.memory import out_of_memory
-from .planning import model_params, with_model, with_nodes
+from .planning import (
+    KEEP_MICROBATCHES,
+    SCALE_KEEPS,
+    model_params,
+    with_model,
+    with_nodes,
+)
 from .search import Candidate, fits
 from .space import SearchSpace
 
 SECONDS_PER_DAY = 86_400.0
-# what `plan scale` keeps as the nodes change: the global batch (strong scaling) or the
-# micro-batches per pipeline (weak scaling)
-KEEP_GLOBAL_BATCH, KEEP_MICROBATCHES = "global-batch", "microbatches"
-SCALE_KEEPS = (KEEP_GLOBAL_BATCH, KEEP_MICROBATCHES)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

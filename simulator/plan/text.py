@@ -21,8 +21,8 @@ from .goodput import (
     failures_per_day,
     run_goodput,
 )
+from .planning import KEEP_GLOBAL_BATCH
 from .questions import (
-    KEEP_GLOBAL_BATCH,
     SECONDS_PER_DAY,
     FitRow,
     ScalePoint,

@@ -113,7 +113,14 @@ class Tally(NamedTuple):
     num_spans: int
 
 
-def tally(workload: Workload, trace: Trace) -> Tally:
+def tally(
+    workload: Workload,
+    trace: Trace,
+    seconds: dict[tuple[int, str], dict[str, float]] | None = None,
+    spans: int | None = None,
+) -> Tally:
+    """``seconds`` and ``spans``: what `engine.core.simulate_totals` added up while the
+    spans ended (the trace then has none); else read off the trace's spans."""
     hardware_flops = model_flops = 0.0
     for lane in workload.lanes:
         lane_hw, lane_model = lane_flops(workload, lane)
@@ -122,11 +129,11 @@ def tally(workload: Workload, trace: Trace) -> Tally:
             model_flops += lane_model * lane.stands_for
     return Tally(
         trace.end_s,
-        lane_seconds(trace),
+        lane_seconds(trace) if seconds is None else seconds,
         hardware_flops,
         model_flops,
         trace.num_transfers,
-        num_spans(trace),
+        num_spans(trace) if spans is None else spans,
     )
 
 

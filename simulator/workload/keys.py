@@ -111,19 +111,16 @@ class TiedReadyKey:
     stage: int
 
 
-@dataclass(frozen=True, slots=True)
-class P2PKey:
-    """A blocking pipeline transfer (framework p2p modes): what micro-batch ``microbatch``
-    sends from virtual pipeline stage ``sender`` (``kind`` F: its activation, B: its gradient),
-    ``part`` "data" or DeepSpeed's "meta" message before it. The sender's and the
-    receiver's ops share it as their rendezvous; ``who`` is the GPU pair's (tensor rank,
-    replica)."""
-
-    who: Who
-    sender: int
-    kind: str
-    microbatch: int
-    part: str = "data"
+# A blocking pipeline transfer (framework p2p modes): what micro-batch ``microbatch``
+# sends from virtual pipeline stage ``sender`` (``kind`` F: its activation, B: its
+# gradient), ``part`` "data" or DeepSpeed's "meta" message before it. The sender's and
+# the receiver's ops share it as their rendezvous; ``who`` is the GPU pair's (tensor
+# rank, replica). Unlike the names above it is a tuple tagged with P2P_KEY,
+# (P2P_KEY, who, sender, kind, microbatch, part): DeepSpeed's engine names two per
+# micro-batch and stage, and a frozen dataclass's Python __init__ and __hash__ cost a
+# large run tens of milliseconds (docs/performance.md). No other name is a tuple, and
+# a dataclass never equals one, so the tag keeps it apart.
+P2P_KEY = "P2PKey"
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ from stepsim.schedules.p2p import Call
 from ..engine.flows import Transfer
 from ..scenario import frameworks
 from ..vocabulary import ALL_GATHER, PP_SEND
-from .keys import P2PKey
+from .keys import P2P_KEY
 
 if TYPE_CHECKING:
     from .gpuops import GpuOps
@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def blocking_call(stage: _Stage, call: Call) -> None:
     """One blocking p2p call of the framework: a member op per transfer (its
-    rendezvous with the other stage's op for it, P2PKey), then the lane waits for all
+    rendezvous with the other stage's op for it, keys.P2P_KEY), then the lane waits for all
     of them. DeepSpeed sends a partitioned tensor's meta message first, as a call of
     its own (frameworks.md §1(b), §2(b))."""
     gpu = stage.gpu
@@ -51,7 +51,7 @@ def blocking_call(stage: _Stage, call: Call) -> None:
                     microbatch=x.microbatch,
                     transfer=transfer,
                     blocking=False,
-                    rendezvous=P2PKey(pair or who, sender, x.kind, x.microbatch, part),
+                    rendezvous=(P2P_KEY, pair or who, sender, x.kind, x.microbatch, part),
                 )
             )
         gpu.barrier(label, keys, first.microbatch)
