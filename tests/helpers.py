@@ -1,7 +1,11 @@
 """Small builders shared by tests."""
 
+import contextlib
+import io
+import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 from stepsim.engine.core import simulate
@@ -15,21 +19,77 @@ from stepsim.workload.ops import WorkloadBuilder
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def cli_error(path: str | Path, *args: str) -> str:
+def cli_error(path: str | Path, *args: str, process: bool = False) -> str:
     """The one line `stepsim run PATH ARGS` prints on bad input (exit 2, nothing on
-    stdout), without its ``stepsim: error:`` prefix."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "stepsim", "run", str(path), *args],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 2
-    assert proc.stdout == ""
-    (line,) = proc.stderr.strip().splitlines()
+    stdout), without its ``stepsim: error:`` prefix. In this process by default (what
+    ``python -m stepsim`` runs is ``sys.exit(main())``, so the status, stdout and stderr
+    are main's; an exception that escaped main would fail the test here as a traceback
+    would there, and a warning it shows counts as a line of stderr); ``process=True``
+    runs the real command, as a user types it (~0.6 s of imports each)."""
+    if process:
+        proc = subprocess.run(
+            [sys.executable, "-m", "stepsim", "run", str(path), *args],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=ROOT,
+        )
+        code, out, err = proc.returncode, proc.stdout, proc.stderr
+    else:
+        code, out, err = main_in_process("run", str(path), *args, cwd=ROOT)
+    assert code == 2
+    assert out == ""
+    (line,) = err.strip().splitlines()
     assert line.startswith("stepsim: error: ")
     return line.removeprefix("stepsim: error: ")
+
+
+def main_in_process(*argv: str, cwd: str | Path | None = None) -> tuple[int, str, str]:
+    """(exit status, stdout, stderr) of ``stepsim ARGV`` run by ``cli.main`` in this
+    process, as ``sys.exit(main())`` would end it: argparse's SystemExit gives its code.
+    Warnings that a fresh interpreter would show are written to the stderr returned."""
+    from stepsim.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    previous = os.getcwd()
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning):
+            warnings.simplefilter("ignore", category)  # hidden by Python's default filters
+        try:
+            if cwd is not None:
+                os.chdir(cwd)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                try:
+                    code = main(list(argv))
+                except SystemExit as exc:
+                    if exc.code is None or isinstance(exc.code, int):
+                        code = exc.code or 0
+                    else:  # sys.exit("message"): Python prints it, status 1
+                        code = 1
+                        print(exc.code, file=err)
+        finally:
+            os.chdir(previous)
+    for warning in shown:
+        err.write(
+            warnings.formatwarning(
+                warning.message, warning.category, warning.filename, warning.lineno
+            )
+        )
+    return code, out.getvalue(), err.getvalue()
+
+
+def benchmark_script(name: str):
+    """benchmarks/NAME.py as a module, to call its main(argv) in this process (what
+    running the script does, less ~0.6 s of a fresh interpreter's imports)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        f"bench_{name}", ROOT / "benchmarks" / f"{name}.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def scenario(**sections):

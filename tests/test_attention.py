@@ -238,25 +238,16 @@ def test_tp_comm_overlap_needs_sequence_parallelism():
 
 
 def test_measure_attention_synthetic_writes_the_model_beside_itself(tmp_path):
+    import contextlib
     import csv
-    import subprocess
-    import sys
-    from pathlib import Path
+    import io
 
-    root = Path(__file__).resolve().parent.parent
+    from tests.helpers import benchmark_script
+
     out = tmp_path / "attention.csv"
-    subprocess.run(
-        [
-            sys.executable,
-            str(root / "benchmarks" / "measure_attention.py"),
-            "--synthetic",
-            "h100-sxm5-80gb",
-            "--out",
-            str(out),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    script = benchmark_script("measure_attention")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert script.main(["--synthetic", "h100-sxm5-80gb", "--out", str(out)]) == 0
     rows = list(csv.DictReader(out.open()))
     # the H100 set's heads per GPU, without and with dropout; the model against itself
     assert [(int(r["heads"]), float(r["dropout"])) for r in rows] == [

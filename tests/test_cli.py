@@ -92,6 +92,13 @@ def test_bad_input_exits_2_with_one_line_naming_the_key(args, key):
     assert key in cli_error(TINY, *args)  # one line: no traceback
 
 
+def test_bad_input_in_a_real_process_exits_2_with_the_line_main_prints():
+    """The other tests call main in this process; the command a user types ends alike
+    (tests/test_fuzz.py runs more malformed inputs as real processes)."""
+    args = ("--set", "cluster.num_nodes=0")
+    assert cli_error(TINY, *args, process=True) == cli_error(TINY, *args)
+
+
 def test_missing_file_and_bad_flags_exit_2(capsys):
     assert main(["run", "no/such/file.toml"]) == 2
     with pytest.raises(SystemExit, match="^2$") as info:

@@ -1,10 +1,10 @@
 """The kernel-level compute model against closed forms, and calibration files."""
 
+import contextlib
 import dataclasses
+import io
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +14,7 @@ from stepsim.cli import main
 from stepsim.scenario import KernelConstants, ScenarioError, load_scenario, read_calibration
 from stepsim.scenario.presets import GPUS
 from stepsim.workload.compute import ComputeModel, gemm_efficiency, gemm_seconds
-from tests.helpers import load
+from tests.helpers import benchmark_script, load
 
 ROOT = Path(__file__).resolve().parent.parent
 C = KernelConstants(
@@ -124,18 +124,9 @@ def test_fit_recovers_the_constants_that_made_the_timings():
 def synthetic_file(tmp_path_factory):
     """The calibration file measure_kernels.py writes without a GPU."""
     path = tmp_path_factory.mktemp("calibration") / "a100.toml"
-    subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "measure_kernels.py"),
-            "--synthetic",
-            "a100-sxm4-80gb",
-            "--out",
-            str(path),
-        ],
-        check=True,
-        capture_output=True,
-    )
+    script = benchmark_script("measure_kernels")
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert script.main(["--synthetic", "a100-sxm4-80gb", "--out", str(path)]) == 0
     return path
 
 

@@ -4,8 +4,6 @@ data-parallel jobs whose rings share an oversubscribed uplink pair double its
 bandwidth term."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -15,7 +13,7 @@ from stepsim.scenario import ScenarioError, dumps_toml
 from stepsim.scenario.jobfile import jobs_from_dict, load_jobs
 from stepsim.scenario.jobs import markdown_table, parse_nodes, place
 from stepsim.vocabulary import DP_SYNC
-from tests.helpers import ROOT, load, scenario
+from tests.helpers import ROOT, load, main_in_process, scenario
 
 # a pure data-parallel job: one GPU (and one NIC) per node, DP over two nodes
 DP2 = {
@@ -238,14 +236,10 @@ def test_command_prints_the_slowdown_and_writes_json_and_a_trace(tmp_path):
     path = tmp_path / "two.toml"
     path.write_text(dumps_toml(doc))
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "stepsim", "jobs", str(path), "--out", str(out), "--quiet"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=ROOT,
-    )
-    assert "slowdown" in proc.stdout and "busiest shared links" in proc.stdout
+    # main in this process: python -m stepsim is sys.exit(main()) (tests/test_cli.py runs it)
+    code, stdout, _ = main_in_process("jobs", str(path), "--out", str(out), "--quiet", cwd=ROOT)
+    assert code == 0
+    assert "slowdown" in stdout and "busiest shared links" in stdout
     document = json.loads((out / "jobs.json").read_text())
     assert [j["name"] for j in document["jobs"]] == ["a", "b"]
     assert document["jobs"][0]["slowdown"] > 1
@@ -258,15 +252,9 @@ def test_command_prints_the_slowdown_and_writes_json_and_a_trace(tmp_path):
     assert "job a · GPU 0 (stage 0)" in names and "job b · GPU 3 (stage 0)" in names
     bad = tmp_path / "bad.toml"
     bad.write_text(dumps_toml({**doc, "job": [{**doc["job"][0], "nodes": "9"}]}))
-    proc = subprocess.run(
-        [sys.executable, "-m", "stepsim", "jobs", str(bad)],
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=ROOT,
-    )
-    assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [
+    code, stdout, stderr = main_in_process("jobs", str(bad), cwd=ROOT)
+    assert code == 2 and stdout == ""
+    assert stderr.strip().splitlines() == [
         "stepsim: error: job 'a': give either nodes or placement (packed, spread, random), not both"
     ]
 

@@ -48,6 +48,17 @@ def small_base(**training):
     return load(cluster=CLUSTER, training={"global_batch_size": 32, **training})
 
 
+# the small base's searches several tests read (a search result is not changed by them)
+@pytest.fixture(scope="module")
+def top_3():
+    return search(small_base(), SMALL_SPACE, top=3)
+
+
+@pytest.fixture(scope="module")
+def unpruned():
+    return search(small_base(), SMALL_SPACE, prune=False)
+
+
 def test_layouts_fill_the_cluster_and_pass_the_loader():
     base = small_base()
     found, invalid, enumerated = candidates(base, SMALL_SPACE)
@@ -96,8 +107,8 @@ def test_lower_bound_is_the_iteration_when_nothing_but_compute_runs(recompute):
     assert iteration_lower_bound_s(scenario) == pytest.approx(simulated, rel=1e-12)
 
 
-def test_lower_bound_never_exceeds_the_simulation():
-    result = search(small_base(), SMALL_SPACE, prune=False)
+def test_lower_bound_never_exceeds_the_simulation(unpruned):
+    result = unpruned
     assert result.count(PRUNED) == 0
     simulated = [c for c in result.candidates if c.status == SIMULATED]
     assert len(simulated) > 50
@@ -105,10 +116,9 @@ def test_lower_bound_never_exceeds_the_simulation():
         assert c.bound_s <= c.metrics.iteration_time_s * (1 + 1e-12), c.layout.key
 
 
-def test_pruning_keeps_the_exact_top_k():
-    base = small_base()
-    full = search(base, SMALL_SPACE, prune=False)
-    pruned = search(base, SMALL_SPACE, top=5)
+def test_pruning_keeps_the_exact_top_k(unpruned):
+    full = unpruned
+    pruned = search(small_base(), SMALL_SPACE, top=5)
     assert pruned.count(PRUNED) > 0
     assert pruned.count(SIMULATED) < full.count(SIMULATED)
     assert [c.layout.key for c in pruned.ranked[:5]] == [c.layout.key for c in full.ranked[:5]]
@@ -116,12 +126,11 @@ def test_pruning_keeps_the_exact_top_k():
     assert all(c.bound_s > threshold for c in pruned.candidates if c.status == PRUNED)
 
 
-def test_local_processes_give_the_same_rows_as_one_process():
-    base = small_base()
-    one = search(base, SMALL_SPACE, top=3)
+def test_local_processes_give_the_same_rows_as_one_process(top_3):
+    one = top_3
     pool = LocalPool(2)
     try:
-        two = search(base, SMALL_SPACE, top=3, executor=pool)
+        two = search(small_base(), SMALL_SPACE, top=3, executor=pool)
     finally:
         pool.close()
     assert [(c.layout.key, c.status, c.metrics) for c in one.candidates] == [
@@ -129,15 +138,14 @@ def test_local_processes_give_the_same_rows_as_one_process():
     ]
 
 
-def test_ray_gives_the_same_ranking_as_local_processes():
+def test_ray_gives_the_same_ranking_as_local_processes(top_3):
     pytest.importorskip("ray")
     from stepsim.plan.executors import RayPool
 
-    base = small_base()
-    local = search(base, SMALL_SPACE, top=3)
+    local = top_3
     ray_pool = RayPool(None, 2)
     try:
-        on_ray = search(base, SMALL_SPACE, top=3, executor=ray_pool)
+        on_ray = search(small_base(), SMALL_SPACE, top=3, executor=ray_pool)
     finally:
         ray_pool.close()
     assert [(c.layout.key, c.metrics) for c in on_ray.ranked] == [
@@ -145,9 +153,9 @@ def test_ray_gives_the_same_ranking_as_local_processes():
     ]
 
 
-def test_known_results_are_used_not_simulated_again():
+def test_known_results_are_used_not_simulated_again(top_3):
     base = small_base()
-    first = search(base, SMALL_SPACE, top=3)
+    first = top_3
     rows = {c.layout.key: c.metrics for c in first.ranked}
     half = dict(list(rows.items())[::2])
     told = []
@@ -296,17 +304,27 @@ def test_plan_fit_finds_the_largest_family_member_that_fits(capsys):
     assert "gpt3-175b  174.6B    no" in text
 
 
-def test_plan_fit_min_nodes_is_the_first_that_fits(capsys):
+def test_plan_fit_min_nodes_is_the_first_that_fits(capsys, monkeypatch):
     path = "scenarios/gpt3-175b-128nodes.toml"
+    asked = {}  # what search.fits answered the command, by node count
+
+    def fits(scenario, space):
+        asked[scenario.cluster.num_nodes] = (scenario, space, search_module.fits(scenario, space))
+        return asked[scenario.cluster.num_nodes][2]
+
+    monkeypatch.setattr(questions, "fits", fits)
     assert main(["plan", "fit", path, "--min-nodes", "--no-simulate"]) == 0
     text = capsys.readouterr().out
     # PP 5 holds the 96 layers unevenly (18, 20 x3, 18), which even splits could not
     assert "fewest nodes: 5 x dgx-a100 = 40 GPUs" in text
     assert "tp8-pp5-first18-last18" in text
+    # the whole default space on 4 nodes fits nothing, on 5 something
     base = load_scenario(path)
-    space = SearchSpace()
-    assert not search_module.fits(with_nodes(base, 4), space)
-    assert search_module.fits(with_nodes(base, 5), space)
+    assert list(asked) == [1, 2, 3, 4, 5]
+    for n, fitting in ((4, False), (5, True)):
+        scenario, space, found = asked[n]
+        assert scenario == with_nodes(base, n) and space == SearchSpace()
+        assert bool(found) == fitting
 
 
 def test_plan_fit_simulates_the_fastest_layout_of_the_answer(capsys):
