@@ -374,7 +374,7 @@ def scaling_figure(scaling: dict[str, list[dict]], path: Path) -> None:
     ax.set_ylim(bottom=0)
     ax.set_xlabel("data-parallel size (GPUs = 128 x DP)")
     ax.set_ylabel("wall time (s)")
-    ax.set_title("DP: flat (the cluster and copies built by pattern)")
+    ax.set_title("DP: near flat (pattern set-up; the rings' routes grow with DP)")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
