@@ -178,7 +178,8 @@ def test_full_simulator_runs_dualpipe_with_twice_the_parameters_and_p_plus_1_sta
     copies, with twice the parameters on the middle ranks (no embedding or output there);
     each token's FLOPs count once, so both give the same model FLOPs."""
     from stepsim.run import run
-    from stepsim.workload.memory import inflight_layers, stage_params_per_rank
+    from stepsim.workload.memory import inflight_layers
+    from stepsim.workload.params import stage_params_per_rank
 
     v_shape, dual = _full("dualpipev"), _full("dualpipe")
     assert dual.chunk_layers == ((2, 2),) * 4 and v_shape.chunk_layers == ((1, 1),) * 4
@@ -242,7 +243,7 @@ def test_dualpipe_splits_each_copy_over_p_stages():
     """61 layers over PP 16 with the last stage holding 1 (DeepSeek-V3's scenario): each
     copy splits as one chunk per rank would, rank r holding stage r and stage p - 1 - r."""
     from stepsim.scenario import load_scenario
-    from stepsim.workload.experts import rank_global_layers
+    from stepsim.workload.params import rank_global_layers
 
     scenario = load_scenario(ROOT / "scenarios" / "deepseek-v3-2048-h800.toml")
     assert scenario.training.schedule == "dualpipe"

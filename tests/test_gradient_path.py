@@ -12,7 +12,7 @@ from stepsim.scenario import ScenarioError
 from stepsim.vocabulary import COMPUTE_STREAM, DP_SYNC, OPTIMIZER
 from stepsim.workload.compute import ComputeModel
 from stepsim.workload.lowering import lower
-from stepsim.workload.memory import stage_params_per_rank
+from stepsim.workload.params import stage_params_per_rank
 from tests.helpers import load
 
 H, V, F = 1024, 32000, 4096  # the helper's model: hidden, vocabulary, 4h

@@ -8,7 +8,7 @@ from stepsim.scenario import ModelSpec, ScenarioError
 from stepsim.scenario.presets import MODELS
 from stepsim.workload.attention import causal_fraction, flash_work
 from stepsim.workload.compute import ComputeModel, gemm_efficiency
-from stepsim.workload.memory import active_params, layer_params, model_params
+from stepsim.workload.params import active_params, layer_params, model_params
 from tests.helpers import load
 
 H, A, QL, KVL, DN, DR, DV = 1024, 16, 256, 128, 64, 32, 64

@@ -9,13 +9,9 @@ from stepsim.scenario.presets import MODELS
 from stepsim.vocabulary import ALL_TO_ALL, BREAKDOWN_KEYS, EP_COMM
 from stepsim.workload.collectives import Fabric
 from stepsim.workload.compute import ComputeModel
-from stepsim.workload.memory import (
-    active_params,
-    fp8_linear_params_per_rank,
-    fp8_weight_bytes,
-    model_params,
-)
+from stepsim.workload.memory import fp8_linear_params_per_rank, fp8_weight_bytes
 from stepsim.workload.moe import dispatch_bytes, moe_block_work, tokens_per_expert
+from stepsim.workload.params import active_params, model_params
 from stepsim.workload.placement import StageComm, placement_of
 from tests.helpers import load
 

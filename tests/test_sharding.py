@@ -17,8 +17,8 @@ from stepsim.workload.dataparallel import (
 from stepsim.workload.fsdp import FullySharded
 from stepsim.workload.gpuops import GpuOps
 from stepsim.workload.lowering import lower
-from stepsim.workload.memory import stage_params_per_rank
 from stepsim.workload.ops import WorkloadBuilder
+from stepsim.workload.params import stage_params_per_rank
 from stepsim.workload.placement import StageComm, placement_of
 from tests.helpers import load
 

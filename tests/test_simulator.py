@@ -18,12 +18,9 @@ from stepsim.vocabulary import (
     TP_COMM,
 )
 from stepsim.workload.keys import LayerKey, PipelineKey
-from stepsim.workload.memory import (
-    activation_bytes_per_layer,
-    layer_params_per_rank,
-    stage_params_per_rank,
-)
+from stepsim.workload.memory import activation_bytes_per_layer
 from stepsim.workload.ops import WorkloadBuilder
+from stepsim.workload.params import layer_params_per_rank, stage_params_per_rank
 from tests.helpers import load
 
 TWO_NODES = {

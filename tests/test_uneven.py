@@ -10,7 +10,7 @@ from stepsim.plan.bound import iteration_lower_bound_s
 from stepsim.run import run
 from stepsim.scenario.errors import ScenarioError
 from stepsim.workload.compute import ComputeModel
-from stepsim.workload.memory import layer_params_per_rank
+from stepsim.workload.params import layer_params_per_rank
 from tests.helpers import load
 
 # no communication worth the name: NVLink at the schema's top bandwidth, no latency

@@ -9,14 +9,9 @@ from stepsim import schedules
 
 from ..scenario import Scenario
 from ..workload.compute import ComputeModel
-from ..workload.memory import (
-    StageMemory,
-    optimizer_sharded,
-    output_rank,
-    stage_memory,
-    stage_params_per_rank,
-)
+from ..workload.memory import StageMemory, optimizer_sharded, stage_memory
 from ..workload.moe import moe_block_work
+from ..workload.params import output_rank, stage_params_per_rank
 from ..workload.schedule_costs import schedule_times
 
 

@@ -266,7 +266,7 @@ def expert_parallel_lines(result: Result) -> list[str]:
     against its exposed part (docs/moe.md)."""
     s, m = result.scenario, result.metrics
     model, par, cl = s.model, s.parallel, s.cluster
-    from ..workload.memory import active_params, model_params
+    from ..workload.params import active_params, model_params
 
     tied = s.training.share_embeddings_and_output_weights
     total, active = model_params(model, tied), active_params(model, tied)

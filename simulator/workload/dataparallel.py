@@ -65,19 +65,17 @@ from ..vocabulary import (
     ZERO_ALL_REDUCE,
 )
 from .compute import ComputeModel
-from .experts import layer_params_of
 from .gpuops import GpuOps
 from .keys import BucketKey, CopiesKey, CopiesReadyKey, ShardKey, TiedKey, TiedReadyKey
-from .memory import (
-    WEIGHT_BYTES_PER_PARAM,
-    gathered_param_bytes,
+from .memory import WEIGHT_BYTES_PER_PARAM, gathered_param_bytes, optimizer_sharded
+from .moe import expert_collective
+from .params import (
+    layer_params_of,
     layer_params_per_rank,
-    optimizer_sharded,
     output_rank,
     stage_expert_params_per_rank,
     stage_params_per_rank,
 )
-from .moe import expert_collective
 
 
 class Pass:

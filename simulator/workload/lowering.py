@@ -64,7 +64,6 @@ from .compute import ComputeModel, OverlapGemms, Work
 from .congruent import NotCongruent, RankLinks, collapsible
 from .context import ContextAttention
 from .dataparallel import strategy_for
-from .experts import rank_moe_flags
 from .gpuops import GpuOps
 from .keys import AsyncTpKey, PipelineKey
 from .moe import MoeBlock
@@ -73,6 +72,7 @@ from .orders import inflight_per_stage as inflight_per_stage  # run, plan read i
 from .orders import p2p_items, stage_orders
 from .overlap import Pairing
 from .p2pcalls import blocking_call
+from .params import rank_moe_flags
 from .placement import StageComm, placement_of
 
 

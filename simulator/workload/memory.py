@@ -9,8 +9,7 @@ all; docs/frameworks.md §4).
 The distributed optimizer (ZeRO-1) divides the 12 by the data-parallel size;
 full sharding (ZeRO-3 / FSDP) divides all 16, plus a working set of gathered
 layers.
-Parameters follow the model's shape (GQA, SwiGLU, norms, biases, learned or
-rotary positions, tied or untied output layer: `layer_params`, `model_params`).
+Parameters are counted in params.py.
 Activations follow Korthikanti et al. 2022 (arXiv 2205.05198, Sec 4), generalised to
 those shapes, bytes per layer and micro-batch (the attention core's s x s terms as its kernel keeps
 them: fp32 softmax output on Megatron's unfused fallback, none under flash
@@ -33,9 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from stepsim.schedules import DUAL, holder_of
-
-from ..scenario import ModelSpec, Scenario
+from ..scenario import Scenario
 from ..scenario.precision import fp8_enabled, fp8_param_gather, recipe_of, second_copy
 from ..scenario.softmax import scenario_softmax_path
 from ..units import bytes_to_gib
@@ -49,10 +46,16 @@ from ..vocabulary import (
     SHARD_GRADIENTS,
     SHARD_OPTIMIZER,
 )
-from .experts import all_layers_params, layer_params_of, rank_moe_flags
 from .mla import activation_bytes_per_token as mla_activation_bytes_per_token
-from .mla import attention_params as mla_attention_params
 from .mla import linear_weights_per_rank as mla_linear_weights_per_rank
+from .orders import stage_orders
+from .params import (
+    end_ranks,
+    layer_params_per_rank,
+    rank_moe_flags,
+    stage_expert_params_per_rank,
+    stage_params_per_rank,
+)
 from .routing import rank_loads, skewed
 
 # What a training process holds besides the model state and activations: the CUDA
@@ -62,60 +65,6 @@ from .routing import rank_loads, skewed
 WORKSPACE_BYTES = 2.0 * 2**30
 WEIGHT_BYTES_PER_PARAM = 2.0
 OPTIMIZER_BYTES_PER_PARAM = 12.0
-
-
-def norm_params(model: ModelSpec) -> int:
-    """One norm's parameters: LayerNorm's weight and bias, RMSNorm's weight."""
-    return model.hidden_size if model.rms_norm else 2 * model.hidden_size
-
-
-def layer_params(model: ModelSpec) -> tuple[int, int]:
-    """One transformer layer's parameters: (sharded over TP, replicated on every TP rank).
-
-    Sharded: QKV h x (heads + 2 groups) d, projection heads d x h, fc1 h x ffn (2 ffn
-    with SwiGLU), fc2 ffn x h, and the column-parallel layers' biases (QKV's with
-    ``add_qkv_bias`` alone). Replicated: two norms, the row-parallel layers' biases."""
-    h, f = model.hidden_size, model.ffn_hidden_size
-    qkv, fc1 = model.qkv_width, model.fc1_width
-    bias = model.linear_bias
-    if model.mla:  # multi-head latent attention (mla.py): no biases
-        attention, down = mla_attention_params(model)
-        return attention + h * fc1 + f * h, 2 * norm_params(model) + down
-    sharded = (
-        h * qkv
-        + (qkv if model.qkv_bias else 0)
-        + model.attention_width * h
-        + h * fc1
-        + (fc1 if bias else 0)
-        + f * h
-    )
-    replicated = 2 * norm_params(model) + (2 * h if bias else 0)
-    return sharded, replicated
-
-
-def model_params(model: ModelSpec, tied: bool = True) -> int:
-    """The whole model's parameters: layers, word embedding, learned positions, final
-    norm and, untied, the output layer (the published counts count each once)."""
-    sharded, replicated = layer_params(model)
-    if model.moe:  # dense and MoE layers (experts.py)
-        params = all_layers_params(model) + model.vocab_size * model.hidden_size
-    else:
-        params = model.num_layers * (sharded + replicated) + model.vocab_size * model.hidden_size
-    if not model.rope:
-        params += model.seq_length * model.hidden_size
-    if not tied:
-        params += model.vocab_size * model.hidden_size
-    return params + norm_params(model)
-
-
-def active_params(model: ModelSpec, tied: bool = True) -> int:
-    """The parameters one token meets: `model_params` with each MoE layer's top-k routed
-    experts in place of all E (a dense model's are all of them). MFU's model FLOPs are
-    the FLOPs of these (docs/moe.md)."""
-    total = model_params(model, tied)
-    if not model.moe:
-        return total
-    return total - all_layers_params(model) + all_layers_params(model, active=True)
 
 
 def fp8_linear_params_per_rank(scenario: Scenario) -> float:
@@ -183,64 +132,6 @@ def fp8_weight_bytes(scenario: Scenario, layers: float, stage: int | None = None
         flags = rank_moe_flags(scenario, stage)
         return math.fsum(moe if flag else dense for flag in flags) * copies
     return layers * fp8_linear_params_per_rank(scenario) * copies
-
-
-def layer_params_per_rank(scenario: Scenario) -> float:
-    """Parameters of one transformer layer held by one tensor-parallel rank."""
-    sharded, replicated = layer_params(scenario.model)
-    return sharded / scenario.parallel.tensor_model_parallel_size + replicated
-
-
-def output_rank(scenario: Scenario) -> int:
-    """The pipeline rank that holds the last virtual stage (the output layer): the last
-    rank, or rank 0 under ZB-V's V-shaped placement."""
-    p = scenario.parallel.pipeline_model_parallel_size
-    v = scenario.parallel.virtual_pipeline_model_parallel_size
-    placement = scenario.training.placement
-    return holder_of(p * v - 1, p, placement)[0]
-
-
-def end_ranks(scenario: Scenario) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """(ranks holding an embedding, ranks holding an output layer and loss): rank 0 and
-    `output_rank`, or under DualPipe's two copies both end ranks each (rank 0 holds copy
-    0's first stage and copy 1's last, rank p - 1 the others)."""
-    if scenario.training.placement == DUAL:
-        ends = (0, scenario.parallel.pipeline_model_parallel_size - 1)
-        return ends, ends
-    return (0,), (output_rank(scenario),)
-
-
-def stage_params_per_rank(scenario: Scenario, stage: int) -> float:
-    """Parameters on one GPU of a pipeline stage (embedding on the first, output on the
-    one holding the last virtual stage).
-
-    The output layer shares the word embedding; when it sits on another stage that
-    stage keeps its own copy, as Megatron-LM does. Untied, it is its own weight wherever
-    it sits. Learned absolute positions add their table to the first stage; rope none.
-    """
-    m = scenario.model
-    t = scenario.parallel.tensor_model_parallel_size
-    tied = scenario.training.share_embeddings_and_output_weights
-    if scenario.model.moe:  # dense and MoE layers, the experts' E / EP (experts.py)
-        params = sum(dense + experts for dense, experts in layer_params_of(scenario, stage))
-    else:
-        params = layer_params_per_rank(scenario) * scenario.rank_layers(stage)
-    embedding, output = end_ranks(scenario)
-    if stage in embedding:
-        params += m.vocab_size * m.hidden_size / t + (0 if m.rope else m.seq_length * m.hidden_size)
-    if stage in output:
-        params += norm_params(m)  # final norm
-        if stage not in embedding or not tied:
-            params += m.vocab_size * m.hidden_size / t
-    return params
-
-
-def stage_expert_params_per_rank(scenario: Scenario, stage: int) -> float:
-    """The routed experts' parameters on one GPU of a pipeline stage (0 for a dense
-    model): reduced, and sharded by ZeRO, over the expert-data-parallel group."""
-    if not scenario.model.moe:
-        return 0.0
-    return sum(experts for _, experts in layer_params_of(scenario, stage))
 
 
 def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None) -> float:
@@ -450,8 +341,6 @@ def inflight_layers(scenario: Scenario, stage: int) -> int:
     gradient; a full backward's where the order holds no W) of the same chunk and
     micro-batch takes them off (schedules.peak_inflight,
     weighted by `Scenario.chunk_layers`)."""
-    from .lowering import stage_orders  # lowering imports this module
-
     order = stage_orders(scenario)[stage]
     counts = scenario.chunk_layers[stage]
     # released at the W, or at a full B (one whose W the order does not hold), as
