@@ -9,7 +9,8 @@ from stepsim.run import run as simulate
 from stepsim.scenario import ScenarioError
 from stepsim.scenario.softmax import fused_softmax_path
 from stepsim.workload.attention import causal_fraction
-from stepsim.workload.compute import ComputeModel, gemm_efficiency
+from stepsim.workload.compute import ComputeModel
+from stepsim.workload.kernels import gemm_efficiency
 from stepsim.workload.memory import activation_bytes_per_layer
 from tests.helpers import load
 

@@ -13,7 +13,8 @@ from stepsim.calibration.fit import GemmTiming, MemoryTiming, fit_constants
 from stepsim.cli import main
 from stepsim.scenario import KernelConstants, ScenarioError, load_scenario, read_calibration
 from stepsim.scenario.presets import GPUS
-from stepsim.workload.compute import ComputeModel, gemm_efficiency, gemm_seconds
+from stepsim.workload.compute import ComputeModel
+from stepsim.workload.kernels import gemm_efficiency, gemm_seconds
 from tests.helpers import benchmark_script, load
 
 ROOT = Path(__file__).resolve().parent.parent

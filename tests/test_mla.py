@@ -7,7 +7,8 @@ from stepsim.run import run
 from stepsim.scenario import ModelSpec, ScenarioError
 from stepsim.scenario.presets import MODELS
 from stepsim.workload.attention import causal_fraction, flash_work
-from stepsim.workload.compute import ComputeModel, gemm_efficiency
+from stepsim.workload.compute import ComputeModel
+from stepsim.workload.kernels import gemm_efficiency
 from stepsim.workload.params import active_params, layer_params, model_params
 from tests.helpers import load
 

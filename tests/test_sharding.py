@@ -12,7 +12,6 @@ from stepsim.workload.dataparallel import (
     DistributedOptimizer,
     OverlappedBuckets,
     ShardedGradients,
-    strategy_for,
 )
 from stepsim.workload.fsdp import FullySharded
 from stepsim.workload.gpuops import GpuOps
@@ -20,6 +19,7 @@ from stepsim.workload.lowering import lower
 from stepsim.workload.ops import WorkloadBuilder
 from stepsim.workload.params import stage_params_per_rank
 from stepsim.workload.placement import StageComm, placement_of
+from stepsim.workload.strategy import strategy_for
 from tests.helpers import load
 
 BASE = {

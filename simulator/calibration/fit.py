@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from ..scenario import GpuSpec, KernelConstants
 from ..units import gbytes_per_s_to_bytes_per_s
-from ..workload.compute import gemm_seconds
+from ..workload.kernels import gemm_seconds
 
 
 class GemmTiming(NamedTuple):

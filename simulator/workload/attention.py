@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING
 from ..scenario.softmax import scenario_softmax_path
 from ..units import tflops_to_flops_per_s
 from ..vocabulary import ATTENTION_FLASH
-from .compute import BYTES_PER_ELEMENT, MASK_BYTES, Kernel, Work, gemm_efficiency
+from .kernels import BYTES_PER_ELEMENT, MASK_BYTES, Kernel, Work, gemm_efficiency
 
 if TYPE_CHECKING:
     from .compute import ComputeModel
@@ -81,10 +81,6 @@ def causal_fraction(s: int, block: int = FLASH_BLOCK) -> float:
 def core_kernels(cm: ComputeModel) -> tuple[list[Kernel], list[Kernel]]:
     """The attention core's forward kernels and its backward kernels (in execution
     order) on one tensor-parallel rank, for the scenario's attention kernel."""
-    if cm.parallel.cp_size > 1:  # flash or fused by the rules: context.py's steps
-        from .context import core_kernels as context_core_kernels
-
-        return context_core_kernels(cm)
     if cm.training.mechanism("attention_kernel") == ATTENTION_FLASH:
         return _flash(cm)
     return _unfused(cm)

@@ -49,26 +49,33 @@ precision Adam) is memory bound.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..scenario import (
     GpuSpec,
-    KernelConstants,
     ModelSpec,
     ParallelConfig,
     Scenario,
     TrainingConfig,
 )
-from ..units import gbytes_per_s_to_bytes_per_s, tflops_to_flops_per_s
+from ..units import gbytes_per_s_to_bytes_per_s
 from ..vocabulary import RECOMPUTE_FULL, RECOMPUTE_SELECTIVE
+from . import mla
+from .attention import core_kernels as attention_core_kernels
+from .context import core_kernels as context_core_kernels
+from .kernels import (
+    BYTES_PER_ELEMENT,
+    MASK_BYTES,
+    ZERO,
+    Kernel,
+    Work,
+    gemm_seconds,
+)
+from .precision import Fp8Linear
 
-BYTES_PER_ELEMENT = 2  # fp16 / bf16 activations and weights
 # MLA's kernels the layer picks out by name (mla.py: its first GEMM's dW and the GEMM
 # the SP all-gather feeds)
-MLA_LAST_WEIGHT, MLA_GATHER_FED = "q down dW", "q up"
-MASK_BYTES = 1  # a dropout mask element (Megatron-LM keeps it as bytes)
 
 # Adam with fp32 master weights reads and writes params, m, v (3 x 8 bytes), reads
 # the fp32 gradient (4) and writes the fp16 weights (2): ~30 bytes, 32 with zeroing.
@@ -89,40 +96,6 @@ CROSS_ENTROPY_BYTES_PER_LOGIT = 38.0
 # reads and writes the fp32 softmax (4 + 4); the cast's backward turns it into the
 # 16-bit gradient of the logits (read 4, write 2). 14 in all.
 CROSS_ENTROPY_BACKWARD_BYTES_PER_LOGIT = 14.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Work:
-    """Time and FLOPs of one kernel sequence on one GPU."""
-
-    duration_s: float
-    flops: float
-
-    def __add__(self, other: Work) -> Work:
-        return Work(duration_s=self.duration_s + other.duration_s, flops=self.flops + other.flops)
-
-    def __sub__(self, other: Work) -> Work:
-        return Work(duration_s=self.duration_s - other.duration_s, flops=self.flops - other.flops)
-
-    def scaled(self, factor: float) -> Work:
-        return Work(duration_s=self.duration_s * factor, flops=self.flops * factor)
-
-
-ZERO = Work(duration_s=0.0, flops=0.0)
-
-
-class Kernel(NamedTuple):
-    """One kernel of a layer: which block and pass it belongs to, and its work.
-
-    ``part`` is "forward", "input" (backward, input gradient: B) or "weight"
-    (backward, weight gradient: W); ``core`` marks the attention core, which
-    selective recomputation repeats."""
-
-    block: str  # "attention" or "mlp"
-    part: str
-    name: str
-    work: Work
-    core: bool = False
 
 
 # SMs Transformer Engine's userbuffers reserve for a pipelined reduce-scatter's
@@ -183,55 +156,6 @@ class StageExtras:
     output_weight: Work
 
 
-def gemm_efficiency(c: KernelConstants, m: float, n: float, k: float, batch: int = 1) -> float:
-    """Fraction of the tensor peak a (batched) m x n x k GEMM reaches.
-
-    Tiles that overhang the matrix compute padding; the last wave of tiles may leave
-    SMs idle; each tile pays a fixed cost worth ``gemm_k_half`` of inner dimension.
-    When there are too few tiles to fill the GPU the inner dimension is split across
-    SMs (cuBLAS's split-K) as far as that helps: more tiles, each with a shorter k."""
-    tiles_m, tiles_n = math.ceil(m / c.tile_m), math.ceil(n / c.tile_n)
-    tile = (m * n) / (tiles_m * c.tile_m * tiles_n * c.tile_n)
-    tiles = batch * tiles_m * tiles_n
-    best = 0.0
-    # int(): a batch given as a float (attention's heads per rank) makes tiles a float
-    for splits in range(1, max(1, min(int(c.num_sms // tiles), int(k) // 16)) + 1):
-        total = tiles * splits
-        wave = total / (math.ceil(total / c.num_sms) * c.num_sms)
-        depth = k / splits
-        best = max(best, wave * depth / (depth + c.gemm_k_half))
-    return c.gemm_efficiency * tile * best
-
-
-def gemm_seconds(
-    gpu: GpuSpec,
-    c: KernelConstants,
-    m: float,
-    n: float,
-    k: float,
-    batch: int = 1,
-    extra_bytes: float = 0.0,
-    *,
-    peak_tflops: float | None = None,
-    input_bytes: float | None = None,
-) -> float:
-    """An m x k by k x n GEMM (``batch`` of them): the slower of its FLOPs at the
-    shape's efficiency and its operands' bytes (plus ``extra_bytes``, an epilogue's)
-    at the HBM streaming rate. ``peak_tflops`` and ``input_bytes`` (per element of the
-    two inputs; the output stays 16-bit) are an FP8 GEMM's (workload.precision); the
-    defaults are the GPU's 16-bit peak and 2 bytes."""
-    flops = 2.0 * batch * m * n * k
-    peak = gpu.peak_tflops if peak_tflops is None else peak_tflops
-    compute_s = flops / (tflops_to_flops_per_s(peak) * gemm_efficiency(c, m, n, k, batch))
-    stream_bytes_per_s = gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s) * c.memory_efficiency
-    if input_bytes is None:
-        memory_bytes = BYTES_PER_ELEMENT * batch * (m * k + k * n + m * n) + extra_bytes
-    else:
-        memory_bytes = batch * (input_bytes * (m * k + k * n) + BYTES_PER_ELEMENT * m * n)
-        memory_bytes += extra_bytes
-    return max(compute_s, memory_bytes / stream_bytes_per_s)
-
-
 class ComputeModel:
     """Kernel times for one scenario's shapes on its GPU."""
 
@@ -253,8 +177,6 @@ class ComputeModel:
             * scenario.model.seq_length
             // scenario.parallel.cp_size
         )
-        from .precision import Fp8Linear  # precision builds on this module
-
         # the linear layers' FP8 GEMMs and casts (None: 16-bit, `training.fp8_format` unset)
         self.fp8 = Fp8Linear.of(self)
 
@@ -304,9 +226,10 @@ class ComputeModel:
         hidden = tokens * h / (t if self.parallel.sequence_parallel else 1)
         ffn = tokens * f / t
         g, mem = self.gemm, self.memory_bound
-        from .attention import core_kernels  # attention.py builds on this module
-
-        core_forward, core_backward = core_kernels(self)
+        if self.parallel.cp_size > 1:  # flash or fused by the rules: context.py's steps
+            core_forward, core_backward = context_core_kernels(self)
+        else:
+            core_forward, core_backward = attention_core_kernels(self)
 
         def linear(block: str, name: str, k_in: int, n_out: int) -> tuple[list[Kernel], ...]:
             """Y[tokens, n_out] = X[tokens, k_in] W: the kernels of its forward, input
@@ -322,9 +245,7 @@ class ComputeModel:
             )
 
         if m.mla:  # multi-head latent attention: its down- and up-projections (mla.py)
-            from .mla import qkv_kernels
-
-            qkv = qkv_kernels(self)
+            qkv = mla.qkv_kernels(self)
         else:
             qkv = linear("attention", "QKV", h, m.qkv_width // t)
         proj = linear("attention", "projection", m.attention_width // t, h)
@@ -384,9 +305,7 @@ class ComputeModel:
         tokens = self.tokens
         elements = tokens * (m.num_attention_heads + m.query_groups) * m.head_size / t
         if m.mla:
-            from .mla import rope_elements
-
-            elements = rope_elements(self)
+            elements = mla.rope_elements(self)
         return [
             Kernel("attention", part, "rope", self.memory_bound(2 * BYTES_PER_ELEMENT * elements))
         ]
@@ -417,12 +336,12 @@ class ComputeModel:
             attention_weight=total("attention", ("weight",)),
             mlp_weight=total("mlp", ("weight",)),
             attention_last_weight=next(
-                k.work for k in kernels if k.name in ("QKV dW", MLA_LAST_WEIGHT)
+                k.work for k in kernels if k.name in ("QKV dW", mla.LAST_WEIGHT)
             ),
             mlp_last_weight=next(k.work for k in kernels if k.name == "fc1 dW"),
             attention_overlap=self._overlap(
                 kernels,
-                MLA_GATHER_FED if self.model.mla else "QKV",
+                mla.GATHER_FED if self.model.mla else "QKV",
                 "projection",
                 self.model.attention_width // t,
             ),

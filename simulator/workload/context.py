@@ -54,7 +54,7 @@ from ..vocabulary import (
     RING_SEND,
 )
 from .attention import FLASH_BACKWARD_MATMULS, FLASH_BLOCK
-from .compute import BYTES_PER_ELEMENT, ZERO, Kernel, Work, gemm_efficiency
+from .kernels import BYTES_PER_ELEMENT, ZERO, Kernel, Work, gemm_efficiency
 
 if TYPE_CHECKING:
     from .compute import ComputeModel

@@ -9,7 +9,7 @@ the stage lowering (lowering.py) calls at fixed points:
 - ``finish`` at the end of the stage: the gradient sync still outstanding, then the
   optimizer step.
 
-The modes (`strategy_for` picks one):
+The modes (strategy.py's `strategy_for` picks one):
 
 - `DataParallel` itself: one replica, nothing to synchronise;
 - `AllReduceAfterFlush`: one blocking gradient all-reduce after the last backward;
@@ -56,9 +56,6 @@ from ..vocabulary import (
     DP_SYNC,
     OPTIMIZER,
     REDUCE_SCATTER,
-    SHARD_FULL,
-    SHARD_GRADIENTS,
-    SHARD_OPTIMIZER,
     STREAM_OF_COMM,
     TIED_AFTER_DP,
     TIED_BEFORE_DP,
@@ -452,23 +449,3 @@ class _GatherAhead(Pass):
 
     def before_layer(self, index: int) -> list[object]:
         return [self.gathered[index]]
-
-
-def strategy_for(gpu: GpuOps, scenario: Scenario, compute: ComputeModel) -> DataParallel:
-    """The data-parallel mode of the scenario, for one simulated GPU."""
-    training = scenario.training
-    # DualPipe: the copies' sum comes first, after the flush, so no bucket starts earlier
-    overlap = training.overlap_grad_reduce and training.placement != DUAL
-    if scenario.parallel.gradient_group_size == 1:
-        return DataParallel(gpu, scenario, compute)
-    if training.data_parallel_sharding == SHARD_FULL:
-        from .fsdp import FullySharded  # fsdp builds on this module
-
-        return FullySharded(gpu, scenario, compute, stray_buckets=overlap)
-    if training.data_parallel_sharding == SHARD_GRADIENTS:
-        return ShardedGradients(gpu, scenario, compute)
-    if training.data_parallel_sharding == SHARD_OPTIMIZER:
-        return DistributedOptimizer(gpu, scenario, compute, overlap=overlap)
-    if overlap:
-        return OverlappedBuckets(gpu, scenario, compute)
-    return AllReduceAfterFlush(gpu, scenario, compute)

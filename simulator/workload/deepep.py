@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, NamedTuple
 
-from .compute import BYTES_PER_ELEMENT
+from .kernels import BYTES_PER_ELEMENT
 from .precision import FP8_BYTES
 
 if TYPE_CHECKING:

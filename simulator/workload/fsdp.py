@@ -1,6 +1,6 @@
 """ZeRO-3 / FSDP (``data_parallel_sharding = "full"``): one of the data-parallel
 strategies of `dataparallel`, kept in its own module to keep each small;
-`dataparallel.strategy_for` picks it."""
+`strategy.strategy_for` picks it."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..vocabulary import BARRIER, COMPUTE_STREAM, CP_COMM, DP_SYNC, TP_COMM
-from .compute import Work
+from .kernels import Work
 from .keys import OpKey, RendezvousKey, Who
 from .ops import WorkloadBuilder
 from .placement import StageComm

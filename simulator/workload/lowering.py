@@ -60,11 +60,11 @@ from ..vocabulary import (
     WEIGHT,
 )
 from .collectives import Fabric
-from .compute import ComputeModel, OverlapGemms, Work
+from .compute import ComputeModel, OverlapGemms
 from .congruent import NotCongruent, RankLinks, collapsible
 from .context import ContextAttention
-from .dataparallel import strategy_for
 from .gpuops import GpuOps
+from .kernels import Work
 from .keys import AsyncTpKey, PipelineKey
 from .moe import MoeBlock
 from .ops import Workload, WorkloadBuilder
@@ -74,6 +74,7 @@ from .overlap import Pairing
 from .p2pcalls import blocking_call
 from .params import rank_moe_flags
 from .placement import StageComm, placement_of
+from .strategy import strategy_for
 
 
 def lower(

@@ -40,13 +40,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .compute import BYTES_PER_ELEMENT, MLA_GATHER_FED, MLA_LAST_WEIGHT, Kernel
+from .kernels import BYTES_PER_ELEMENT, Kernel
 
 if TYPE_CHECKING:
     from ..scenario import ModelSpec
     from .compute import ComputeModel
 
-LAST_WEIGHT, GATHER_FED = MLA_LAST_WEIGHT, MLA_GATHER_FED
+LAST_WEIGHT, GATHER_FED = "q down dW", "q up"
 
 
 def attention_params(model: ModelSpec) -> tuple[int, int]:

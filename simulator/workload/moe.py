@@ -46,8 +46,9 @@ from ..vocabulary import (
     MOE_FLEX,
     REDUCE_SCATTER,
 )
-from .compute import BYTES_PER_ELEMENT, MASK_BYTES, ZERO, ComputeModel, Work
+from .compute import ComputeModel
 from .deepep import flex_traffic, received_rows, row_bytes
+from .kernels import BYTES_PER_ELEMENT, MASK_BYTES, ZERO, Work
 from .precision import FP8_BYTES
 from .routing import grouped_gemm, rank_loads, rank_rows, skewed
 

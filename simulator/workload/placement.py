@@ -22,7 +22,7 @@ from ..scenario import Scenario
 from ..vocabulary import ALL_REDUCE, ALL_TO_ALL, RING_SEND
 from . import collectives
 from .collectives import Fabric, LayoutError
-from .compute import BYTES_PER_ELEMENT
+from .kernels import BYTES_PER_ELEMENT
 
 if TYPE_CHECKING:
     from .congruent import RankLinks

@@ -42,6 +42,7 @@ tensors, once per micro-batch), TE's FP8 all-gather of the sequence-parallel inp
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
 from ..scenario.precision import (
     amax_pass,
@@ -52,7 +53,10 @@ from ..scenario.precision import (
     recipe_of,
     second_copy,
 )
-from .compute import BYTES_PER_ELEMENT, ComputeModel, Kernel, Work, gemm_seconds
+from .kernels import BYTES_PER_ELEMENT, Kernel, Work, gemm_seconds
+
+if TYPE_CHECKING:
+    from .compute import ComputeModel
 
 FP8_BYTES = 1.0  # an FP8 element (E4M3 or E5M2)
 NORM_FED = ("QKV", "fc1")  # the linear layers whose input a layernorm produces (TE LayerNormLinear)

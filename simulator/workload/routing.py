@@ -36,11 +36,15 @@ from __future__ import annotations
 
 import math
 from functools import cache
+from typing import TYPE_CHECKING
 
 from ..scenario import ModelSpec
 from ..scenario.model import BALANCED, ZIPF
 from ..units import gbytes_per_s_to_bytes_per_s, tflops_to_flops_per_s
-from .compute import BYTES_PER_ELEMENT, ComputeModel, Work, gemm_seconds
+from .kernels import BYTES_PER_ELEMENT, Work, gemm_seconds
+
+if TYPE_CHECKING:
+    from .compute import ComputeModel
 
 
 def skewed(model: ModelSpec) -> bool:

@@ -27,7 +27,8 @@ from stepsim.schedules import SCHEDULES, ZbvTimes, default_memory
 
 from ..scenario import Scenario
 from ..units import us_to_s
-from .compute import BYTES_PER_ELEMENT, ComputeModel
+from .compute import ComputeModel
+from .kernels import BYTES_PER_ELEMENT
 from .moe import moe_block_work
 from .params import rank_moe_flags
 
