@@ -31,7 +31,7 @@ from .engine.core import simulate
 from .results import SCHEMA_VERSION, Trace
 from .scenario import ScenarioError, check_limit
 from .vocabulary import COMPUTE_STREAM, MODEL_KINDS
-from .workload.ops import abstract_pipeline
+from .workload.abstract import abstract_pipeline
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

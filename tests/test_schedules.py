@@ -10,7 +10,7 @@ from stepsim.engine.core import simulate
 from stepsim.report.metrics import stage_breakdowns
 from stepsim.schedules import SCHEDULES, Step, build, check, peak_inflight, stage_of, step_label
 from stepsim.vocabulary import IDLE, PP_WAIT
-from stepsim.workload.ops import abstract_pipeline
+from stepsim.workload.abstract import abstract_pipeline
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "pipeline_vectors.json").read_text())
 CASES = [c for c in VECTORS["cases"] if c["schedule"] in SCHEDULES]

@@ -10,9 +10,9 @@ from stepsim.run import run
 from stepsim.scenario import ScenarioError, dumps_toml, load_scenario, scenario_to_dict
 from stepsim.schedules import SCHEDULES, build, parse_label, peak_inflight, step_label
 from stepsim.vocabulary import BACKWARD, DP_SYNC, FORWARD, PP_SEND, WEIGHT
+from stepsim.workload.abstract import abstract_pipeline
 from stepsim.workload.compute import ComputeModel
 from stepsim.workload.lowering import stage_orders
-from stepsim.workload.ops import abstract_pipeline
 from tests.helpers import load
 
 P, M, LAYERS = 4, 8, 8

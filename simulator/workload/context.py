@@ -39,17 +39,14 @@ two all_gather kernels, and the chunk reordering copies.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..units import tflops_to_flops_per_s
 from ..vocabulary import (
     ALL_GATHER,
     ALL_TO_ALL,
-    BACKWARD,
     CP_A2A,
     CP_ALL_GATHER,
-    CP_COMM,
     REDUCE_SCATTER,
     RING_SEND,
 )
@@ -58,7 +55,6 @@ from .kernels import BYTES_PER_ELEMENT, ZERO, Kernel, Work, gemm_efficiency
 
 if TYPE_CHECKING:
     from .compute import ComputeModel
-    from .gpuops import GpuOps
 
 CORE = "cp attention"  # the names of the core's kernels start with this
 
@@ -112,7 +108,7 @@ class ContextAttention:
     """The attention core of one layer on one CP rank (tensor rank) for one micro-batch:
     its steps forward and backward, and the bytes CP moves (module docstring)."""
 
-    def __init__(self, cm: ComputeModel, overlap_tp: bool = False, split: bool = False) -> None:
+    def __init__(self, cm: ComputeModel) -> None:
         m, par, b = cm.model, cm.parallel, cm.training.micro_batch_size
         t, cp = par.tensor_model_parallel_size, par.cp_size
         self.cp, self.comm_type = cp, par.cp_comm
@@ -127,11 +123,6 @@ class ContextAttention:
         self.model_flops = 4.0 * self.heads * s * s * d / cp
         self.forward = self._steps(cm, False)
         self.backward = self._steps(cm, True)
-        # what the attention block computes around the core (lower_block); the kernels
-        # are the layer's own only once compute.py asks this module for the core's
-        self._split = (overlap_tp, split)
-        self._cm = cm
-        self._core_split: CoreSplit | None = None
 
     def _steps(self, cm: ComputeModel, backward: bool) -> list[Step]:
         cp, heads, s = self.cp, self.heads, cm.model.seq_length
@@ -168,26 +159,6 @@ class ContextAttention:
             total = total + step.work
         return total
 
-    def lower_block(
-        self, gpu: GpuOps, kind: str, label: str, mb: int, w: Work, deps: Sequence[object]
-    ) -> None:
-        """The attention block's compute ``w`` between its TP collectives, with the core's
-        steps in place of the core: what comes before it, the steps, what follows."""
-        if self._core_split is None:
-            self._core_split = core_split(self._cm, *self._split)
-        split = self._core_split
-        backward = kind == BACKWARD
-        core = self.core(backward)
-        if backward:
-            before = split.backward_head
-            after = w - before - core
-        else:
-            after = split.forward_tail
-            before = w - core - after
-        gpu.work(kind, label, mb, before, deps)
-        self.lower(gpu, kind, label, mb, ())
-        gpu.work(kind, label, mb, after)
-
     def bytes_sent(self, backward: bool) -> float:
         """Bytes one rank sends per layer and micro-batch (forward or backward): a ring
         step its message, an all-to-all (CP-1)/CP of its tensor, a ring all-gather or
@@ -199,34 +170,6 @@ class ContextAttention:
             elif step.kind is not None:
                 sent += step.message_bytes * (self.cp - 1) / self.cp
         return sent
-
-    def lower(self, gpu: GpuOps, kind: str, label: str, mb: int, deps) -> None:
-        """The core's ops on ``gpu``'s compute lane (``kind``: forward, recompute or
-        backward), its first op waiting for ``deps``: a ring step is its send launched
-        alongside the step's compute and a barrier on both; a blocking collective holds
-        the lane. In exact mode each transfer is a rendezvous of the CP group."""
-        builder, lane = gpu.builder, gpu.lane
-        for step in self.backward if kind == BACKWARD else self.forward:
-            if step.kind is None:
-                gpu.work(kind, label, mb, step.work, deps)
-                deps = ()
-                continue
-            transfer = gpu.comm.cp(step.kind, step.message_bytes, gpu.j, gpu.d)
-            rendezvous = gpu.rendezvous(CP_COMM) if gpu.exact else None
-            sent = builder.add(
-                lane,
-                CP_COMM,
-                label,
-                microbatch=mb,
-                transfer=transfer,
-                blocking=not step.overlapped,
-                deps=deps,
-                rendezvous=rendezvous,
-            )
-            deps = ()
-            if step.overlapped:
-                gpu.work(kind, label, mb, step.work)
-                gpu.barrier(label, [sent], mb)
 
 
 def core_kernels(cm: ComputeModel) -> tuple[list[Kernel], list[Kernel]]:

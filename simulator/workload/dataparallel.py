@@ -65,7 +65,7 @@ from .compute import ComputeModel
 from .gpuops import GpuOps
 from .keys import BucketKey, CopiesKey, CopiesReadyKey, ShardKey, TiedKey, TiedReadyKey
 from .memory import WEIGHT_BYTES_PER_PARAM, gathered_param_bytes, optimizer_sharded
-from .moe import expert_collective
+from .moe_ops import expert_collective
 from .params import (
     layer_params_of,
     layer_params_per_rank,

@@ -62,11 +62,11 @@ from ..vocabulary import (
 from .collectives import Fabric
 from .compute import ComputeModel, OverlapGemms
 from .congruent import NotCongruent, RankLinks, collapsible
-from .context import ContextAttention
+from .cp_ops import ContextOps
 from .gpuops import GpuOps
 from .kernels import Work
 from .keys import AsyncTpKey, PipelineKey
-from .moe import MoeBlock
+from .moe_ops import MoeBlock
 from .ops import Workload, WorkloadBuilder
 from .orders import inflight_per_stage as inflight_per_stage  # run, plan read it here
 from .orders import p2p_items, stage_orders
@@ -199,7 +199,7 @@ class _Stage:
         # context parallelism: the attention core's steps and what surrounds them
         self.cp = None
         if scenario.parallel.cp_size > 1:
-            self.cp = ContextAttention(compute, self.overlap_tp, self.split)
+            self.cp = ContextOps(compute, self.overlap_tp, self.split)
         self.dp = strategy_for(gpu, scenario, compute)
         # mixture of experts: which rank-local layers are MoE layers, and their MLP block
         moe = scenario.model.moe

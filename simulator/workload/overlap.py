@@ -46,7 +46,7 @@ from ..vocabulary import (
     REDUCE_SCATTER,
 )
 from .compute import ComputeModel
-from .moe import MoeBlock
+from .moe_ops import MoeBlock
 
 if TYPE_CHECKING:
     from ..scenario import Scenario
