@@ -57,7 +57,8 @@ from .results import FastForward, Trace
 from .scenario import Scenario, ScenarioError
 from .vocabulary import CATEGORY_OF_KIND
 from .workload.ops import Workload
-from .workload.orders import p2p_items, stage_orders
+from .workload.orders import stage_orders
+from .workload.p2pcalls import p2p_items
 
 # fast-forward only when the full run has at least this many times the micro-batches
 # of the short one (below, simulating in full costs little more)

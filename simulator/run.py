@@ -31,8 +31,9 @@ from .units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
 from .vocabulary import ANALYTICAL, FAIR_SHARE
 from .workload.collectives import LayoutError
 from .workload.congruent import collapsible, exact_transfers
-from .workload.lowering import inflight_per_stage, lower
+from .workload.lowering import lower
 from .workload.memory import StageMemory, out_of_memory, stage_memory
+from .workload.orders import inflight_per_stage
 
 # the network model a scenario names (network.model), as the engine's network
 NETWORKS = {FAIR_SHARE: FairShareNetwork, ANALYTICAL: AnalyticalNetwork}

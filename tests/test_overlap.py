@@ -14,7 +14,7 @@ from stepsim.schedules import Step, overlapped
 from stepsim.schedules.dualpipe import combined_1f1b
 from stepsim.vocabulary import COMPUTE_STREAM, EP_COMM, EP_STREAM
 from stepsim.workload.compute import ComputeModel
-from stepsim.workload.lowering import stage_orders
+from stepsim.workload.orders import stage_orders
 from stepsim.workload.overlap import sharing_compute
 from tests import trace_check
 from tests.helpers import scenario

@@ -12,7 +12,7 @@ from stepsim.schedules import SCHEDULES, build, parse_label, peak_inflight, step
 from stepsim.vocabulary import BACKWARD, DP_SYNC, FORWARD, PP_SEND, WEIGHT
 from stepsim.workload.abstract import abstract_pipeline
 from stepsim.workload.compute import ComputeModel
-from stepsim.workload.lowering import stage_orders
+from stepsim.workload.orders import stage_orders
 from tests.helpers import load
 
 P, M, LAYERS = 4, 8, 8

@@ -14,7 +14,7 @@ from stepsim.schedules import (
     zbv_timed,
 )
 from stepsim.schedules.custom import check_orders
-from stepsim.workload.lowering import stage_orders
+from stepsim.workload.orders import stage_orders
 from stepsim.workload.schedule_costs import _avg_then_mid, hop_s, schedule_times
 from tests.helpers import load as make_scenario
 

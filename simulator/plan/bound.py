@@ -11,6 +11,7 @@ from ..scenario import Scenario
 from ..workload.compute import ComputeModel
 from ..workload.memory import StageMemory, optimizer_sharded, stage_memory
 from ..workload.moe import moe_block_work
+from ..workload.orders import inflight_per_stage
 from ..workload.params import output_rank, stage_params_per_rank
 from ..workload.schedule_costs import schedule_times
 
@@ -36,8 +37,6 @@ class Inflight:
         if schedules.SCHEDULES[tr.schedule].timed:  # the order follows the op times
             key = (key, schedule_times(scenario))
         if key not in self.cache:
-            from ..workload.lowering import inflight_per_stage
-
             self.cache[key] = inflight_per_stage(scenario)
         return self.cache[key]
 

@@ -68,10 +68,9 @@ from .kernels import Work
 from .keys import AsyncTpKey, PipelineKey
 from .moe_ops import MoeBlock
 from .ops import Workload, WorkloadBuilder
-from .orders import inflight_per_stage as inflight_per_stage  # run, plan read it here
-from .orders import p2p_items, stage_orders
+from .orders import stage_orders
 from .overlap import Pairing
-from .p2pcalls import blocking_call
+from .p2pcalls import blocking_call, p2p_items
 from .params import rank_moe_flags
 from .placement import StageComm, placement_of
 from .strategy import strategy_for

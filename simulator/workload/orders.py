@@ -1,21 +1,16 @@
 """Each pipeline rank's passes under a scenario's schedule: the named schedule's orders
-(with Megatron-Core's combined 1F1B pairs under the expert all-to-all overlap) or the
-custom file's, the framework's blocking p2p calls between them, and the activations
-they hold at most (the lowering and the memory model read them)."""
+(timed by schedule_costs.py for the schedules that place passes by their times; with
+Megatron-Core's combined 1F1B pairs under the expert all-to-all overlap) or the custom
+file's, and the activations they hold at most (the memory model and the lowering read
+them; p2pcalls.py places the framework's blocking p2p calls between them)."""
 
 from __future__ import annotations
 
 from stepsim.schedules import INTERLEAVED, ONE_F_ONE_B, Step, peak_inflight
 from stepsim.schedules import build as build_schedule
 from stepsim.schedules.dualpipe import combined_1f1b
-from stepsim.schedules.p2p import (
-    Call,
-    deepspeed_calls,
-    megatron_calls,
-    megatron_interleaved_calls,
-)
 
-from ..scenario import Scenario, frameworks
+from ..scenario import Scenario
 from .schedule_costs import schedule_times
 
 
@@ -35,21 +30,6 @@ def stage_orders(scenario: Scenario) -> list[list[Step]]:
     if tr.moe_overlap and tr.schedule in (ONE_F_ONE_B, INTERLEAVED):
         return combined_1f1b(orders)  # Megatron-Core's F&B pairs
     return orders
-
-
-def p2p_items(scenario: Scenario, orders: list[list[Step]]) -> list[list[Step | Call]]:
-    """Each rank's passes with its framework's blocking p2p calls between them
-    (schedules.p2p), or the passes alone under `overlapped`."""
-    mode, p = scenario.training.mechanism("pipeline_p2p"), len(orders)
-    if mode == frameworks.BATCHED_BLOCKING and scenario.training.schedule == INTERLEAVED:
-        v = scenario.parallel.virtual_pipeline_model_parallel_size
-        group = scenario.training.microbatch_group_size_per_vp_stage
-        return megatron_interleaved_calls(orders, v, group)
-    if mode == frameworks.BATCHED_BLOCKING:
-        return [megatron_calls(order, stage, p) for stage, order in enumerate(orders)]
-    if mode == frameworks.SEQUENTIAL_BLOCKING:
-        return [deepspeed_calls(stage, p, scenario.num_microbatches) for stage in range(p)]
-    return [list(order) for order in orders]
 
 
 def inflight_per_stage(scenario: Scenario) -> list[int]:

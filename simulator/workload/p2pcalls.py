@@ -6,11 +6,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from stepsim.schedules import stage_of
-from stepsim.schedules.p2p import Call
+from stepsim.schedules import INTERLEAVED, Step, stage_of
+from stepsim.schedules.p2p import (
+    Call,
+    deepspeed_calls,
+    megatron_calls,
+    megatron_interleaved_calls,
+)
 
 from ..engine.flows import Transfer
-from ..scenario import frameworks
+from ..scenario import Scenario, frameworks
 from ..vocabulary import ALL_GATHER, PP_SEND
 from .keys import P2P_KEY
 
@@ -82,3 +87,18 @@ def meta_bytes(gpu: GpuOps) -> float:
     shape, part count and part bounds: about (8 + T) int64 (pipe/engine.py `to_meta`;
     the exact length is not verified, and only its latency matters)."""
     return 8.0 * (8 + gpu.comm.placement.tensor)
+
+
+def p2p_items(scenario: Scenario, orders: list[list[Step]]) -> list[list[Step | Call]]:
+    """Each rank's passes with its framework's blocking p2p calls between them
+    (schedules.p2p), or the passes alone under `overlapped`."""
+    mode, p = scenario.training.mechanism("pipeline_p2p"), len(orders)
+    if mode == frameworks.BATCHED_BLOCKING and scenario.training.schedule == INTERLEAVED:
+        v = scenario.parallel.virtual_pipeline_model_parallel_size
+        group = scenario.training.microbatch_group_size_per_vp_stage
+        return megatron_interleaved_calls(orders, v, group)
+    if mode == frameworks.BATCHED_BLOCKING:
+        return [megatron_calls(order, stage, p) for stage, order in enumerate(orders)]
+    if mode == frameworks.SEQUENTIAL_BLOCKING:
+        return [deepspeed_calls(stage, p, scenario.num_microbatches) for stage in range(p)]
+    return [list(order) for order in orders]
