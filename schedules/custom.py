@@ -26,7 +26,7 @@ NO_ORDERS = "no op orders found: write one line per rank, e.g. 'F0 F1 B0 B1'"
 
 def parse_orders(text: str) -> list[list[Step]]:
     """Per-rank orders from text; ValueError naming the line and label if one is not an op."""
-    orders = []
+    orders: list[list[Step]] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0]
         prefix = _RANK_PREFIX.match(line)
@@ -144,12 +144,15 @@ def _check_no_deadlock(orders: Sequence[Sequence[Step]], p: int, v: int, placeme
         if position[rank] < len(order)
     ]
     if stuck:
-        shown = "; ".join(
-            f"rank {rank} at {step_label(step, v)} waits for "
-            f"{step_label(need[1], v)} on rank {need[0]}"
-            for rank, step in stuck[:4]
-            for need in [_needs(orders[rank], position[rank], rank, p, v, placement)]
-        )
+        waits = []
+        for rank, step in stuck[:4]:
+            need = _needs(orders[rank], position[rank], rank, p, v, placement)
+            assert need is not None  # the loop above left this rank only for a need
+            waits.append(
+                f"rank {rank} at {step_label(step, v)} waits for "
+                f"{step_label(need[1], v)} on rank {need[0]}"
+            )
+        shown = "; ".join(waits)
         more = f" (and {len(stuck) - 4} more ranks)" if len(stuck) > 4 else ""
         raise ValueError(f"the orders deadlock: {shown}{more}")
 

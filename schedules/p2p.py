@@ -63,7 +63,14 @@ def megatron_calls(order: list[Step], rank: int, p: int) -> list[Step | Call]:
     for step in [*order, None]:
         sends = _sends(previous, rank, p) if previous is not None else []
         receives = _receives(step, rank, p) if step is not None else []
-        if sends and receives and previous.kind != step.kind:
+        if (
+            sends
+            and receives
+            # always true when sends and receives are (each comes from a step)
+            and previous is not None
+            and step is not None
+            and previous.kind != step.kind
+        ):
             out.append(Call((*sends, *receives)))
         else:
             out.extend(Call((x,)) for x in (*sends, *receives))

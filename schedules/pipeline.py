@@ -302,7 +302,7 @@ def zbv_unit(p: int, m: int, v: int = 2, group_size: int | None = None) -> list[
         for r in range(p):
             if orders[r] and finished[(r, orders[r][-1])] > now:
                 continue  # still busy
-            candidates = {"F": [], "B": []}
+            candidates: dict[str, list[Step]] = {"F": [], "B": []}
             for kind in "FB":
                 for k in (1, 0):
                     step = Step(kind, next_mb[r][(kind, k)], k)
@@ -312,7 +312,7 @@ def zbv_unit(p: int, m: int, v: int = 2, group_size: int | None = None) -> list[
             weights = sorted((w for w in waiting_w[r] if ready(r, w, now)), key=by_microbatch)
             after_b = bool(orders[r]) and orders[r][-1].kind == "B"
             if inflight[r] >= 2 * p:
-                choice = (weights or backwards or [None])[0]
+                choice = next(iter(weights or backwards), None)
             elif after_b and forwards_left[r] and weights:
                 choice = weights[0]
             elif forwards or backwards:

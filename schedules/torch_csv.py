@@ -60,8 +60,8 @@ def _actions(cell: str, where: str) -> list[tuple[int, str, int, bool]]:
         kinds = [kind for _, kind, _, _ in parts]
         if len(parts) != 2 or kinds[0] != "F" or kinds[1] not in ("B", "I"):
             raise ValueError(f"{where}: {cell!r} overlaps other than one forward and one backward")
-        (stage, kind, mb, _), (stage_b, kind_b, mb_b, _) = parts
-        return [(stage, kind, mb, False), (stage_b, kind_b, mb_b, True)]
+        (stage_a, kind_a, mb_a, _), (stage_b, kind_b, mb_b, _) = parts
+        return [(stage_a, kind_a, mb_a, False), (stage_b, kind_b, mb_b, True)]
     match = _ACTION.match(cell)
     if not match:
         raise ValueError(
@@ -104,9 +104,9 @@ def parse_torch_csv(text: str) -> tuple[list[list[Step]], str]:
     v = num_stages // p
     placement = _placement_of(stages, p, v)
     orders = []
-    for row in rows:
+    for actions in rows:
         order = []
-        for stage, kind, mb, paired in row:
+        for stage, kind, mb, paired in actions:
             step = Step(
                 "F" if kind == "F" else "W" if kind == "W" else "B",
                 mb,

@@ -255,14 +255,14 @@ class _Attempt:
             for r in range(p):
                 if self.count[r][_F1] >= self.m:
                     continue
-                chunk = self.forward_chunk(r)
-                if chunk is None:
+                f_chunk = self.forward_chunk(r)
+                if f_chunk is None:
                     continue
                 while self.mem[r] + self.t.f_mem > self.max_mem:
                     self.put_w(r)
-                up = self.upstream(_F, chunk, r, self.count[r][_F0 + chunk])
+                up = self.upstream(_F, f_chunk, r, self.count[r][_F0 + f_chunk])
                 self.fill(r, up, extra=self.fill_f)
-                self.put(_F, chunk, r)
+                self.put(_F, f_chunk, r)
         for r in range(p):
             while self.pending[r]:
                 self.put_w(r)
@@ -295,12 +295,13 @@ def zbv_timed(p: int, m: int, times: ZbvTimes | None = None) -> list[list[Step]]
 
 @lru_cache(maxsize=16)  # a run asks twice (the lowering and the memory model)
 def _zbv_timed(p: int, m: int, t: ZbvTimes) -> tuple[tuple[Step, ...], ...]:
-    best = None
+    best: _Attempt | None = None
     for fill_b in (True, False):
         for fill_f in (True, False):
             attempt = _attempt(p, m, t, fill_b, fill_f)
             if best is None or attempt.budget() < best.budget():
                 best = attempt
+    assert best is not None  # the loops above always run, so an attempt was kept
     return tuple(
         tuple(Step(_KIND[kind], mb, chunk) for kind, mb, chunk in order) for order in best.orders
     )

@@ -31,7 +31,7 @@ _MAX_CYCLES = 5000
 
 
 class Link(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index; renaming changes the API
     src: tuple
     dst: tuple
     kind: str  # "nvlink", "pcie" or "ib"

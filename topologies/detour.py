@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 
 class Detour(NamedTuple):
@@ -33,6 +33,13 @@ class Detours:
     ``nvlink_domain_of``."""
 
     detours: Mapping[int, Detour] = MappingProxyType({})
+    _routes: dict[tuple[int, int], tuple[int, ...]]  # set by the class using it
+
+    if TYPE_CHECKING:  # what the class using it has (declared for the type checker only)
+
+        def _find_route(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]: ...
+
+        def nvlink_domain_of(self, gpu: int) -> int: ...
 
     def route(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]:
         """Link indices from one GPU to another (empty for a GPU to itself)."""

@@ -106,9 +106,9 @@ def add_fabric(graph: nx.DiGraph, num_nodes: int, node: NodeShape, fabric: Fabri
         if pods == 1:
             return
         agg_up_total = fabric.leaves_per_pod * (up_total / spines) / fabric.oversubscription
-        for agg in range(pods * spines):
+        for a in range(pods * spines):
             for c in range(spines):
-                cable(graph, (SWITCH, 2, agg), (SWITCH, 3, c), "ib", agg_up_total / spines, lat)
+                cable(graph, (SWITCH, 2, a), (SWITCH, 3, c), "ib", agg_up_total / spines, lat)
         return
     for leaf in range(leaves):
         # multi-plane: plane p's leaves reach its own spines only

@@ -23,11 +23,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from math import ceil
+from typing import TYPE_CHECKING
 
 from .cluster import Cluster, Link, build_graph
 from .detour import Detours
 from .fabric import FabricShape
 from .node import GPU, NIC, NVSWITCH, SWITCH, NodeShape
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 _UNIT_NODES = 2  # the repeating unit: two servers (a route between servers) on the switch
 
@@ -44,13 +48,13 @@ def one_switch(num_nodes: int, fabric: FabricShape) -> bool:
 class Links(Sequence):
     """The whole cluster's links, made on demand from the unit's."""
 
-    def __init__(self, cluster: PatternCluster) -> None:
+    def __init__(self, cluster: _CountedCluster) -> None:
         self._cluster = cluster
 
     def __len__(self) -> int:
         return self._cluster.num_links
 
-    def __getitem__(self, index):  # type: ignore[override]
+    def __getitem__(self, index):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         if index < 0:
@@ -68,6 +72,18 @@ class _CountedCluster(Detours):
     `tree_pattern.TreePatternCluster`) answers as the whole graph would, from the
     attributes both set: ``num_nodes``, ``node``, ``fabric``, ``gpus_per_node``,
     ``nvlink_domain_gpus`` and ``_graph`` (None until drawn)."""
+
+    num_nodes: int
+    node: NodeShape
+    fabric: FabricShape
+    gpus_per_node: int
+    nvlink_domain_gpus: int
+    _graph: nx.DiGraph | None
+    num_links: int  # and ``link``, for `Links`
+
+    if TYPE_CHECKING:  # what each subclass has (declared for the type checker only)
+
+        def link(self, index: int) -> Link: ...
 
     @property
     def graph(self):

@@ -6,7 +6,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import MISSING, field
-from typing import Any
+from typing import Any, TypedDict
+
+
+class KeyRange(TypedDict, total=False):
+    """Some of `key`'s keyword arguments, shared by several keys as ``**range``."""
+
+    low: float
+    high: float
+    may_be_zero: bool
+    preset: bool
+
+
+class KeyUnitRange(KeyRange, total=False):
+    """A `KeyRange` with the keys' unit too."""
+
+    unit: str
 
 
 def key(

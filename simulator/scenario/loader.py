@@ -137,6 +137,7 @@ def scenario_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
             raise ScenarioError(f"unknown key {key!r} at top level; known: {_known(allowed_top)}")
     name = raw.get("name")
     rules.check_name(name)  # first, as Scenario runs it only once the sections are built
+    assert isinstance(name, str)  # check_name refused anything else
     tables = {}
     for section in schema.SECTIONS:
         table = raw.get(section, {})

@@ -73,6 +73,8 @@ def check_groups(model: ModelSpec) -> None:
         )
     if groups is None:
         return
+    # both keys are set (checked above), and check_moe_model calls this for MoE models only
+    assert chosen is not None and model.num_experts is not None
     if model.num_experts % groups:
         raise ScenarioError(
             key="model.moe_router_num_groups",
@@ -163,6 +165,7 @@ def check_expert_parallel(scenario: Scenario) -> None:
                     key=name, value=value, rule="needs model.num_experts (an MoE model)"
                 )
         return
+    assert model.num_experts is not None  # model.moe says so
     if model.num_experts % ep:
         raise ScenarioError(
             key="parallel.expert_model_parallel_size",
@@ -242,6 +245,7 @@ def check_flex(scenario: Scenario) -> None:
         return
     gpn = scenario.cluster.gpus_per_node
     experts = model.num_experts
+    assert experts is not None  # check_expert_parallel calls this for MoE models only
     size = experts // groups
     for what, block in (
         ("a GPU's", experts // par.ep_size),

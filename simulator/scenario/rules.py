@@ -197,6 +197,7 @@ def _check_orders(training: TrainingConfig) -> None:
     """The custom orders run every op once, in an order that can run, without deadlock.
     A file's orders were checked when read (files.read_schedule_file), under the name
     the user wrote; this is for orders built in Python."""
+    assert training.custom_orders is not None  # check_training_alone calls it only with orders
     try:
         check_orders(training.custom_orders, training.placement)
         return
@@ -396,6 +397,7 @@ def _check_custom(parallel: ParallelConfig, training: TrainingConfig) -> None:
             rule="does not apply to training.schedule='custom' (the file fixes the order)",
         )
     file = training.schedule_file
+    assert training.custom_orders is not None  # check_schedule calls this only with orders
     ranks, microbatches, chunks, _ = sizes_of(training.custom_orders)
     for what, unit, wanted, found in (
         ("pipeline_model_parallel_size", "ranks", parallel.pipeline_model_parallel_size, ranks),

@@ -180,7 +180,7 @@ def _number(value: float) -> str:
 def _values_text(key: Key) -> str:
     if key.choices is not None:
         return ", ".join(f"`{c}`" for c in key.choices)
-    if key.low is None:
+    if key.low is None or key.high is None:  # both are, or neither (_keys_of)
         return ""
     if key.low == 0 and key.high == MAX_NUMBER:
         return ">= 0" if key.may_be_zero else "> 0"

@@ -31,7 +31,7 @@ from ..vocabulary import (
 )
 from . import precision, rules
 from .errors import ScenarioError
-from .fields import key, presets_of
+from .fields import KeyRange, KeyUnitRange, key, presets_of
 from .model import ModelSpec
 from .perturbation import PerturbationSpec
 from .stages import virtual_stage_layers
@@ -121,9 +121,15 @@ class GpuSpec:
         return self.kernels.source
 
 
-_LATENCY_RANGE = {"unit": "us", "low": 0.0, "high": 1e6, "may_be_zero": True, "preset": True}
-_BANDWIDTH_RANGE = {"low": 1e-3, "high": 1e7, "preset": True}
-_EFFICIENCY_RANGE = {"low": 0.01, "high": 1.0, "preset": True}
+_LATENCY_RANGE: KeyUnitRange = {
+    "unit": "us",
+    "low": 0.0,
+    "high": 1e6,
+    "may_be_zero": True,
+    "preset": True,
+}
+_BANDWIDTH_RANGE: KeyRange = {"low": 1e-3, "high": 1e7, "preset": True}
+_EFFICIENCY_RANGE: KeyRange = {"low": 0.01, "high": 1.0, "preset": True}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -258,7 +264,7 @@ class ClusterSpec:
             return 0.0
         from .hardware import NVLS_EFFICIENCY  # hardware imports this module
 
-        return NVLS_EFFICIENCY.get(self.node, 0.0)
+        return 0.0 if self.node is None else NVLS_EFFICIENCY.get(self.node, 0.0)
 
     def fabric_shape(self) -> FabricShape:
         """The fabric keys as topologies takes them (the latency converted to seconds)."""
