@@ -19,11 +19,11 @@ sys.path.insert(0, str(ROOT))
 
 from matplotlib.figure import Figure  # noqa: E402
 
+from stepsim.ir.results import Metrics, SweepPoint  # noqa: E402
+from stepsim.ir.vocabulary import BREAKDOWN_KEYS  # noqa: E402
 from stepsim.plan.sweep import run_sweep  # noqa: E402
-from stepsim.results import Metrics, SweepPoint  # noqa: E402
-from stepsim.run import run  # noqa: E402
+from stepsim.run.iteration import run  # noqa: E402
 from stepsim.scenario import load_scenario  # noqa: E402
-from stepsim.vocabulary import BREAKDOWN_KEYS  # noqa: E402
 
 SCENARIO = ROOT / "scenarios" / "bigscience-175b-v100.toml"
 NIC_KEY = "cluster.nic_gbps"

@@ -52,10 +52,10 @@ from stepsim.calibration.validation import (  # noqa: E402
     megatron_measured_s,
     megatron_scenario,
 )
-from stepsim.run import run  # noqa: E402
+from stepsim.cost.compute import ComputeModel  # noqa: E402
+from stepsim.run.iteration import run  # noqa: E402
 from stepsim.scenario import read_validation_set  # noqa: E402
 from stepsim.scenario.presets import CALIBRATED_GPUS, GPUS  # noqa: E402
-from stepsim.workload.compute import ComputeModel  # noqa: E402
 
 GRID = {
     "gemm_efficiency": [x / 100 for x in range(60, 96)],

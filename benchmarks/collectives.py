@@ -22,15 +22,15 @@ sys.path.insert(0, str(ROOT))
 
 from matplotlib.figure import Figure  # noqa: E402
 
+from stepsim.comm import collectives  # noqa: E402
+from stepsim.comm.collectives import Fabric  # noqa: E402
 from stepsim.engine.core import simulate  # noqa: E402
 from stepsim.engine.network import FairShareNetwork  # noqa: E402
-from stepsim.run import build_cluster  # noqa: E402
+from stepsim.ir.ops import WorkloadBuilder  # noqa: E402
+from stepsim.ir.units import us_to_s  # noqa: E402
+from stepsim.ir.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, TP_COMM  # noqa: E402
+from stepsim.run.iteration import build_cluster  # noqa: E402
 from stepsim.scenario import scenario_from_dict  # noqa: E402
-from stepsim.units import us_to_s  # noqa: E402
-from stepsim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, TP_COMM  # noqa: E402
-from stepsim.workload import collectives  # noqa: E402
-from stepsim.workload.collectives import Fabric  # noqa: E402
-from stepsim.workload.ops import WorkloadBuilder  # noqa: E402
 
 SIZES = [2**k for k in range(10, 33, 2)]  # 1 KiB .. 4 GiB
 PEAK_SIZE = 2**32

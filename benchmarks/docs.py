@@ -95,7 +95,7 @@ def showcase(images: Path | None) -> Generated:
     """README: the MT-NLG 530B summary and its pictures, and the tiny timeline."""
     from stepsim.report.summary import summary_text
     from stepsim.report.timeline import breakdown_figure, timeline_figure
-    from stepsim.run import run
+    from stepsim.run.iteration import run
     from stepsim.scenario import load_scenario
 
     result = run(load_scenario(ROOT / "scenarios" / "mt-nlg-530b-420nodes.toml"))
@@ -153,7 +153,7 @@ def schedules_abstract(images: Path | None) -> Generated:
     """docs/schedules.md: every schedule on abstract op times from the compute model."""
     import schedule_study
 
-    from stepsim.report.text import study_text
+    from stepsim.report.tables import study_text
 
     times, studies = schedule_study.abstract(images)
     names = ",".join(s.name for s in studies)
@@ -180,8 +180,8 @@ def schedules_abstract(images: Path | None) -> Generated:
 def schedules_dualpipe(images: Path | None) -> Generated:
     """docs/schedules.md: DualPipe and DualPipeV next to 1F1B, ZB-H1 and ZB-V on unit
     times, with and without an F&B pair that overlaps."""
-    from stepsim.bubble import op_times, studies_of_schedules
-    from stepsim.report.text import study_text
+    from stepsim.report.tables import study_text
+    from stepsim.run.bubble import op_times, studies_of_schedules
 
     blocks = []
     for overlapped in (None, 2.5):
@@ -220,7 +220,7 @@ MOE_VARIANTS = (
 def moe_schedules(images: Path | None) -> Generated:
     """docs/moe.md: 1F1B against DualPipeV (and Megatron's combined 1F1B) on Mixtral
     8x7B, from the breakdown."""
-    from stepsim.run import run
+    from stepsim.run.iteration import run
     from stepsim.scenario import load_scenario
 
     path = ROOT / "scenarios" / "mixtral-8x7b-16-h100.toml"
@@ -432,7 +432,7 @@ JOBS_FILES = ("scenarios/jobs/two-jobs-packed.toml", "scenarios/jobs/two-jobs-sp
 def what_if_jobs(images: Path | None) -> Generated:
     """docs/what-if.md: two jobs sharing an oversubscribed fat tree, packed vs spread
     (the shipped jobs files, and random placement as a third row)."""
-    from stepsim.jobs import run_jobs
+    from stepsim.run.multijob import run_jobs
     from stepsim.scenario.files import read_toml
     from stepsim.scenario.jobfile import jobs_from_dict
 
@@ -492,9 +492,9 @@ def moe_routing(images: Path | None) -> Generated:
     breakdown (routing skew, workload/routing.py)."""
     import dataclasses
 
-    from stepsim.run import run
+    from stepsim.cost.routing import rank_loads
+    from stepsim.run.iteration import run
     from stepsim.scenario import load_scenario
-    from stepsim.workload.routing import rank_loads
 
     base = load_scenario(ROOT / "scenarios" / "mixtral-8x7b-16-h100.toml")
     ep = base.parallel.ep_size
@@ -550,10 +550,10 @@ MOE_DEEPSEEK_SCHEDULES = (
 def moe_dispatch(images: Path | None) -> Generated:
     """docs/moe.md: EP inside a node vs across nodes, `alltoall` vs `flex`, on the
     DeepSeek-V3 scenario, from the breakdown and the rows each token puts on each link."""
-    from stepsim.run import run
+    from stepsim.cost.compute import ComputeModel
+    from stepsim.cost.deepep import flex_traffic
+    from stepsim.run.iteration import run
     from stepsim.scenario import load_scenario
-    from stepsim.workload.compute import ComputeModel
-    from stepsim.workload.deepep import flex_traffic
 
     path = ROOT / "scenarios" / "deepseek-v3-2048-h800.toml"
     lines = [

@@ -18,9 +18,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stepsim.run import run  # noqa: E402
+from stepsim.ir.vocabulary import PP_SEND, TP_COMM  # noqa: E402
+from stepsim.run.iteration import run  # noqa: E402
 from stepsim.scenario import load_scenario  # noqa: E402
-from stepsim.vocabulary import PP_SEND, TP_COMM  # noqa: E402
 
 # The gradient path pinned to Megatron-LM 2021's values, so that DeepSpeed's engine can
 # be walked in one mechanism at a time

@@ -34,10 +34,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from stepsim.cost.attention import flash_work  # noqa: E402
+from stepsim.cost.compute import ComputeModel  # noqa: E402
 from stepsim.scenario import scenario_from_dict  # noqa: E402
 from stepsim.scenario.presets import GPUS, NODES  # noqa: E402
-from stepsim.workload.attention import flash_work  # noqa: E402
-from stepsim.workload.compute import ComputeModel  # noqa: E402
 
 SEQ_LENGTH = 4096
 HEAD_DIM = 128

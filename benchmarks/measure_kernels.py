@@ -49,8 +49,8 @@ from stepsim.calibration.fit import (  # noqa: E402
     fit_constants,
     gemm_shapes,
 )
+from stepsim.cost.kernels import gemm_seconds  # noqa: E402
 from stepsim.scenario.presets import GPUS  # noqa: E402
-from stepsim.workload.kernels import gemm_seconds  # noqa: E402
 
 ELEMENTWISE_BYTES = [2**28, 2**29, 2**30, 2**31]  # one operand; an add reads two, writes one
 

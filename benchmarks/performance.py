@@ -164,15 +164,15 @@ def run_case(name: str) -> None:
 
 def _allreduce_1024() -> float:
     """Cluster of 128 DGX A100 on one switch, one ring all-reduce over its 1,024 GPUs."""
+    from stepsim.comm import collectives
+    from stepsim.comm.collectives import Fabric
     from stepsim.engine.core import simulate
     from stepsim.engine.network import FairShareNetwork
-    from stepsim.run import build_cluster
+    from stepsim.ir.ops import WorkloadBuilder
+    from stepsim.ir.units import us_to_s
+    from stepsim.ir.vocabulary import TP_COMM
+    from stepsim.run.iteration import build_cluster
     from stepsim.scenario import scenario_from_dict
-    from stepsim.units import us_to_s
-    from stepsim.vocabulary import TP_COMM
-    from stepsim.workload import collectives
-    from stepsim.workload.collectives import Fabric
-    from stepsim.workload.ops import WorkloadBuilder
 
     spec = scenario_from_dict(
         {

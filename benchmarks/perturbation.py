@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from stepsim.run import run  # noqa: E402
+from stepsim.ir.vocabulary import CATEGORIES  # noqa: E402
+from stepsim.run.iteration import run  # noqa: E402
 from stepsim.scenario import ScenarioError, load_scenario  # noqa: E402
 from stepsim.scenario.perturbation import PerturbationSpec  # noqa: E402
-from stepsim.vocabulary import CATEGORIES  # noqa: E402
 
 # GPU 43: tensor rank 3 of data-parallel replica 5 on pipeline stage 0 (TP 8: node 5)
 STRAGGLER_GPU, NODE, NIC = 43, 5, 3
@@ -57,7 +57,7 @@ def perturbed(scenario, perturbations):
 
 def first_uplink(scenario) -> int | None:
     """The first link between two switches of the scenario's cluster, if any."""
-    from stepsim.run import build_cluster
+    from stepsim.run.iteration import build_cluster
 
     cluster = build_cluster(scenario.cluster, pattern=scenario.network.symmetry)
     for link in cluster.links:

@@ -19,12 +19,12 @@ from typing import NamedTuple
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stepsim.bubble import OpTimes, run_schedule  # noqa: E402
+from stepsim.cost.compute import ComputeModel  # noqa: E402
 from stepsim.report.timeline import pipeline_figure, timeline_figure  # noqa: E402
-from stepsim.run import run  # noqa: E402
+from stepsim.run.bubble import OpTimes, run_schedule  # noqa: E402
+from stepsim.run.iteration import run  # noqa: E402
 from stepsim.scenario import load_scenario  # noqa: E402
 from stepsim.schedules import SCHEDULES as ALL_SCHEDULES  # noqa: E402
-from stepsim.workload.compute import ComputeModel  # noqa: E402
 
 SCENARIO = ROOT / "scenarios" / "gpt3-175b-128nodes.toml"
 IMAGES = ROOT / "docs" / "images"

@@ -8,13 +8,13 @@ import sys
 import warnings
 from pathlib import Path
 
+from stepsim.emit.lowering import lower
 from stepsim.engine.core import simulate
 from stepsim.engine.network import FairShareNetwork
-from stepsim.run import build_cluster
+from stepsim.ir.ops import WorkloadBuilder
+from stepsim.ir.vocabulary import TP_COMM
+from stepsim.run.iteration import build_cluster
 from stepsim.scenario import scenario_from_dict
-from stepsim.vocabulary import TP_COMM
-from stepsim.workload.lowering import lower
-from stepsim.workload.ops import WorkloadBuilder
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -4,14 +4,14 @@ import dataclasses
 
 import pytest
 
+from stepsim.cost.attention import causal_fraction
+from stepsim.cost.compute import ComputeModel
+from stepsim.cost.kernels import gemm_efficiency
+from stepsim.cost.memory import activation_bytes_per_layer
 from stepsim.report.summary import summary_text
-from stepsim.run import run as simulate
+from stepsim.run.iteration import run as simulate
 from stepsim.scenario import ScenarioError
 from stepsim.scenario.softmax import fused_softmax_path
-from stepsim.workload.attention import causal_fraction
-from stepsim.workload.compute import ComputeModel
-from stepsim.workload.kernels import gemm_efficiency
-from stepsim.workload.memory import activation_bytes_per_layer
 from tests.helpers import load
 
 

@@ -154,7 +154,7 @@ def test_large_runs_draw_the_timeline_as_an_image(tmp_path, monkeypatch):
     from matplotlib.colors import to_rgb
 
     from stepsim.report import timeline as figures
-    from stepsim.run import run
+    from stepsim.run.iteration import run
 
     monkeypatch.setattr(figures, "RASTER_ABOVE_SPANS", 10)
     result = run(load_scenario(TINY))
@@ -175,7 +175,7 @@ def test_large_runs_draw_the_timeline_as_an_image(tmp_path, monkeypatch):
 
 
 def test_progress_reaches_the_whole_run_in_order():
-    from stepsim.run import run
+    from stepsim.run.iteration import run
 
     seen = []
     run(load_scenario(TINY), seen.append)
@@ -206,7 +206,7 @@ def test_progress_line_only_on_a_terminal_and_cleared_after(capsys):
 
 
 def test_ctrl_c_of_run_is_one_line_and_status_130(monkeypatch, capsys):
-    from stepsim import run as run_module
+    from stepsim.run import iteration as run_module
 
     def interrupted(scenario, progress=None, *, spans=True):
         raise KeyboardInterrupt

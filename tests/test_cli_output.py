@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from stepsim.cli import main
+from stepsim.ir.results import SCHEMA_VERSION
+from stepsim.ir.units import count_text
 from stepsim.report.summary import decimal_places
-from stepsim.results import SCHEMA_VERSION
-from stepsim.units import count_text
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "scenarios" / "tiny-2gpu.toml")

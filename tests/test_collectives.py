@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 
 from stepsim.cli import main
-from stepsim.run import build_cluster, run
+from stepsim.comm import collectives
+from stepsim.comm.collectives import Fabric, LayoutError
+from stepsim.emit.lowering import lower
+from stepsim.run.iteration import build_cluster, run
 from stepsim.scenario import ScenarioError
-from stepsim.workload import collectives
-from stepsim.workload.collectives import Fabric, LayoutError
-from stepsim.workload.lowering import lower
 from tests.helpers import load, time_transfers
 
 TINY = str(Path(__file__).resolve().parent.parent / "scenarios" / "tiny-2gpu.toml")

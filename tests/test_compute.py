@@ -11,10 +11,10 @@ import pytest
 
 from stepsim.calibration.fit import GemmTiming, MemoryTiming, fit_constants
 from stepsim.cli import main
+from stepsim.cost.compute import ComputeModel
+from stepsim.cost.kernels import gemm_efficiency, gemm_seconds
 from stepsim.scenario import KernelConstants, ScenarioError, load_scenario, read_calibration
 from stepsim.scenario.presets import GPUS
-from stepsim.workload.compute import ComputeModel
-from stepsim.workload.kernels import gemm_efficiency, gemm_seconds
 from tests.helpers import benchmark_script, load
 
 ROOT = Path(__file__).resolve().parent.parent

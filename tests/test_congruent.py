@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 
-import stepsim.run as run_module
+import stepsim.run.iteration as run_module
 from stepsim.report.metrics import compute_lanes, spans_per_gpu
-from stepsim.run import run
+from stepsim.run.iteration import run
 from stepsim.scenario.perturbation import PerturbationSpec
 from tests.helpers import load
 

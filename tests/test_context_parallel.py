@@ -4,13 +4,13 @@ from dataclasses import replace
 
 import pytest
 
-from stepsim.run import memory_per_stage, run
+from stepsim.comm.placement import placement_of
+from stepsim.cost.compute import ComputeModel
+from stepsim.cost.context import ContextAttention
+from stepsim.cost.memory import activation_bytes_per_layer
+from stepsim.ir.vocabulary import BREAKDOWN_KEYS, CP_COMM
+from stepsim.run.iteration import memory_per_stage, run
 from stepsim.scenario import ScenarioError, dumps_toml, scenario_to_dict
-from stepsim.vocabulary import BREAKDOWN_KEYS, CP_COMM
-from stepsim.workload.compute import ComputeModel
-from stepsim.workload.context import ContextAttention
-from stepsim.workload.memory import activation_bytes_per_layer
-from stepsim.workload.placement import placement_of
 from tests.helpers import load, lowered_with_and_without_replay
 
 E = 2  # bytes per bf16 element

@@ -6,13 +6,13 @@ import math
 
 import pytest
 
-from stepsim.run import build_cluster, run
+from stepsim.comm.collectives import Fabric
+from stepsim.comm.placement import StageComm, placement_of
+from stepsim.cost.compute import ComputeModel
+from stepsim.cost.deepep import flex_traffic, hit_probability, row_bytes
+from stepsim.ir.vocabulary import ALL_TO_ALL, EP_COMM
+from stepsim.run.iteration import build_cluster, run
 from stepsim.scenario import ScenarioError
-from stepsim.vocabulary import ALL_TO_ALL, EP_COMM
-from stepsim.workload.collectives import Fabric
-from stepsim.workload.compute import ComputeModel
-from stepsim.workload.deepep import flex_traffic, hit_probability, row_bytes
-from stepsim.workload.placement import StageComm, placement_of
 from tests.test_moe import H, S, moe_scenario
 
 FLEX = {"moe_token_dispatcher_type": "flex"}

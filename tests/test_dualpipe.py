@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from stepsim.bubble import OpTimes, run_schedule
+from stepsim.run.bubble import OpTimes, run_schedule
 from stepsim.schedules import (
     DUAL,
     V_SHAPE,
@@ -177,9 +177,9 @@ def test_full_simulator_runs_dualpipe_with_twice_the_parameters_and_p_plus_1_sta
     chunks (1 layer) of one model, DualPipe p + 1 = 5 whole stages (2 layers) of two
     copies, with twice the parameters on the middle ranks (no embedding or output there);
     each token's FLOPs count once, so both give the same model FLOPs."""
-    from stepsim.run import run
-    from stepsim.workload.memory import inflight_layers
-    from stepsim.workload.params import stage_params_per_rank
+    from stepsim.cost.memory import inflight_layers
+    from stepsim.cost.params import stage_params_per_rank
+    from stepsim.run.iteration import run
 
     v_shape, dual = _full("dualpipev"), _full("dualpipe")
     assert dual.chunk_layers == ((2, 2),) * 4 and v_shape.chunk_layers == ((1, 1),) * 4
@@ -200,8 +200,8 @@ def test_full_simulator_runs_dualpipe_with_twice_the_parameters_and_p_plus_1_sta
 def test_dualpipe_sums_its_copies_gradients_between_mirrored_ranks():
     """With one replica there is no data-parallel sync: what DualPipe's dp_sync shows is
     the all-reduce of rank r's gradients with rank p - 1 - r's, once per iteration."""
-    from stepsim.run import run
-    from stepsim.vocabulary import DP_SYNC
+    from stepsim.ir.vocabulary import DP_SYNC
+    from stepsim.run.iteration import run
 
     a, b = run(_full("dualpipev")), run(_full("dualpipe"))
     assert a.metrics.breakdown_s[DP_SYNC] == 0
@@ -211,7 +211,7 @@ def test_dualpipe_sums_its_copies_gradients_between_mirrored_ranks():
 
 
 def test_dualpipe_exact_mode_agrees_with_symmetric_mode():
-    from stepsim.run import run
+    from stepsim.run.iteration import run
 
     kwargs = {"data_parallel_size": 2, "tensor_model_parallel_size": 2}
     from tests.helpers import load
@@ -242,8 +242,8 @@ def test_dualpipe_exact_mode_agrees_with_symmetric_mode():
 def test_dualpipe_splits_each_copy_over_p_stages():
     """61 layers over PP 16 with the last stage holding 1 (DeepSeek-V3's scenario): each
     copy splits as one chunk per rank would, rank r holding stage r and stage p - 1 - r."""
+    from stepsim.cost.params import rank_global_layers
     from stepsim.scenario import load_scenario
-    from stepsim.workload.params import rank_global_layers
 
     scenario = load_scenario(ROOT / "scenarios" / "deepseek-v3-2048-h800.toml")
     assert scenario.training.schedule == "dualpipe"
@@ -296,7 +296,7 @@ def test_the_schedule_command_draws_and_reads_dualpipe(tmp_path, capsys):
 
 def test_the_summary_says_dualpipes_grad_reduce_waits_for_the_copies_sum():
     from stepsim.report.summary import summary_text
-    from stepsim.run import run
+    from stepsim.run.iteration import run
 
     text = summary_text(run(_full("dualpipe", overlap_grad_reduce=True)))
     assert "grad reduce after the copies' sum" in text and "overlapped grad reduce" not in text

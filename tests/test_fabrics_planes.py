@@ -3,16 +3,16 @@ or planes), rules, the whole-graph set-up in symmetric mode, the topology comman
 
 import pytest
 
+from stepsim.comm import collectives
+from stepsim.comm.collectives import Fabric
 from stepsim.engine.core import simulate
 from stepsim.engine.network import FairShareNetwork
-from stepsim.run import build_cluster, run
+from stepsim.ir.ops import WorkloadBuilder
+from stepsim.ir.vocabulary import TP_COMM
+from stepsim.run.iteration import build_cluster, run
 from stepsim.scenario import ScenarioError
 from stepsim.topologies import Cluster
 from stepsim.topologies.describe import summarize
-from stepsim.vocabulary import TP_COMM
-from stepsim.workload import collectives
-from stepsim.workload.collectives import Fabric
-from stepsim.workload.ops import WorkloadBuilder
 from tests.helpers import load
 
 

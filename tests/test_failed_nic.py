@@ -3,12 +3,11 @@
 
 import pytest
 
-from stepsim import perturb
-from stepsim.run import build_cluster, run
+from stepsim.comm.collectives import Fabric, collective
+from stepsim.ir.vocabulary import ALL_REDUCE
+from stepsim.run.iteration import build_cluster, perturb, run
 from stepsim.scenario import ScenarioError
 from stepsim.scenario.perturbation import PerturbationSpec
-from stepsim.vocabulary import ALL_REDUCE
-from stepsim.workload.collectives import Fabric, collective
 from tests.helpers import load
 from tests.test_perturbation import MIXED, _ring_time_s, with_perturbations
 

@@ -8,16 +8,15 @@ import json
 
 import pytest
 
-from stepsim import fastforward
+from stepsim.emit.lowering import lower
 from stepsim.engine.network import FairShareNetwork
 from stepsim.engine.steady import same
+from stepsim.ir.ops import WorkloadBuilder
+from stepsim.ir.vocabulary import COMPUTE_STREAM, FORWARD
 from stepsim.report.summary import summary_text
 from stepsim.report.trace import chrome_trace
-from stepsim.run import PEAK_BINS, build_cluster, run
+from stepsim.run.iteration import PEAK_BINS, build_cluster, fastforward, run
 from stepsim.scenario import scenario_from_dict
-from stepsim.vocabulary import COMPUTE_STREAM, FORWARD
-from stepsim.workload.lowering import lower
-from stepsim.workload.ops import WorkloadBuilder
 from tests import trace_check
 from tests.helpers import scenario
 

@@ -6,17 +6,17 @@ import math
 
 import pytest
 
-from stepsim.report.summary import summary_text
-from stepsim.run import run
-from stepsim.scenario import ScenarioError, scenario_from_dict, scenario_to_dict
-from stepsim.scenario.presets import GPUS
-from stepsim.workload.compute import ComputeModel
-from stepsim.workload.memory import (
+from stepsim.cost.compute import ComputeModel
+from stepsim.cost.memory import (
     activation_bytes_per_layer,
     fp8_linear_params_per_rank,
     gathered_param_bytes,
     stage_memory,
 )
+from stepsim.report.summary import summary_text
+from stepsim.run.iteration import run
+from stepsim.scenario import ScenarioError, scenario_from_dict, scenario_to_dict
+from stepsim.scenario.presets import GPUS
 from tests.helpers import cli_error, load
 
 H100 = {"node": "dgx-h100", "num_nodes": 1}

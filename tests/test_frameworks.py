@@ -5,11 +5,11 @@ import dataclasses
 
 import pytest
 
-from stepsim.run import run
+from stepsim.ir.vocabulary import BACKWARD, FORWARD, OPTIMIZER, PP_SEND, RECOMPUTE, TP_COMM
+from stepsim.run.iteration import run
 from stepsim.scenario import ScenarioError, TrainingConfig, frameworks, scenario_to_dict
 from stepsim.schedules import build
 from stepsim.schedules.p2p import Call, Step, Xfer, deepspeed_calls, megatron_calls
-from stepsim.vocabulary import BACKWARD, FORWARD, OPTIMIZER, PP_SEND, RECOMPUTE, TP_COMM
 from tests.helpers import load
 
 NO_LATENCY = {

@@ -7,12 +7,12 @@ import math
 
 import pytest
 
-from stepsim.run import build_cluster, run
+from stepsim.cost.compute import ComputeModel
+from stepsim.cost.params import stage_params_per_rank
+from stepsim.emit.lowering import lower
+from stepsim.ir.vocabulary import COMPUTE_STREAM, DP_SYNC, OPTIMIZER
+from stepsim.run.iteration import build_cluster, run
 from stepsim.scenario import ScenarioError
-from stepsim.vocabulary import COMPUTE_STREAM, DP_SYNC, OPTIMIZER
-from stepsim.workload.compute import ComputeModel
-from stepsim.workload.lowering import lower
-from stepsim.workload.params import stage_params_per_rank
 from tests.helpers import load
 
 H, V, F = 1024, 32000, 4096  # the helper's model: hidden, vocabulary, 4h

@@ -4,10 +4,10 @@ schedule accepts, and never faster than the overlapped sends."""
 
 import pytest
 
-from stepsim.run import run
+from stepsim.ir.vocabulary import BACKWARD, FORWARD, PP_SEND, RECOMPUTE
+from stepsim.run.iteration import run
 from stepsim.schedules import build, check
 from stepsim.schedules.p2p import Call, Step, megatron_interleaved_calls
-from stepsim.vocabulary import BACKWARD, FORWARD, PP_SEND, RECOMPUTE
 from tests.helpers import load
 
 NO_LATENCY = {

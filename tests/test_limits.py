@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from stepsim.run import build_cluster
+from stepsim.run.iteration import build_cluster
 from stepsim.scenario import ScenarioError, load_scenario
 from stepsim.scenario.files import parse_toml, parse_value, read_text, toml_depth
 from stepsim.scenario.limits import LIMITS, limit

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import simpy
 
-from stepsim.engine.flows import Interval, Transfer
 from stepsim.engine.network import AnalyticalNetwork, FairShareNetwork
+from stepsim.ir.flows import Interval, Transfer
 from stepsim.report.linkstats import mean_utilization, utilization_over_time
-from stepsim.run import run
+from stepsim.run.iteration import run
 from tests.helpers import load
 
 
@@ -66,8 +66,8 @@ def test_busiest_links_reach_the_summary_and_the_trace():
 def test_busiest_links_give_each_kind_its_mean_and_its_peak():
     from types import SimpleNamespace
 
-    from stepsim.results import Trace
-    from stepsim.run import PEAK_BINS, busiest_links
+    from stepsim.ir.results import Trace
+    from stepsim.run.iteration import PEAK_BINS, busiest_links
     from stepsim.topologies.describe import link_role
 
     gpu, nic, sw = ("gpu", 0), ("nic", 0, 0), ("switch", 1, 0)

@@ -16,9 +16,9 @@ import random
 import pytest
 import simpy
 
-from stepsim.engine.flows import Transfer
 from stepsim.engine.maxmin import SHARE_RTOL, max_min
 from stepsim.engine.network import FairShareNetwork, _Flow
+from stepsim.ir.flows import Transfer
 
 
 def _reference_max_min(flows: list[_Flow], capacities: list[float]) -> list[float]:

@@ -3,8 +3,8 @@
 import pytest
 
 from stepsim.cli import main
-from stepsim.run import memory_per_stage
-from stepsim.workload.memory import WORKSPACE_BYTES, activation_bytes_per_layer, out_of_memory
+from stepsim.cost.memory import WORKSPACE_BYTES, activation_bytes_per_layer, out_of_memory
+from stepsim.run.iteration import memory_per_stage
 from tests.helpers import load
 
 BIG = [
@@ -103,7 +103,7 @@ def test_the_allow_oom_hint_is_a_field_of_its_own(capsys):
 def test_sharding_takes_effect_with_more_than_one_replica_only():
     """One decision for the memory model and the search's bound: ZeRO-1 and FSDP shard
     the optimizer over D replicas; with D = 1 there is nothing to shard over."""
-    from stepsim.workload.memory import optimizer_sharded, sharding_of
+    from stepsim.cost.memory import optimizer_sharded, sharding_of
 
     two = {"cluster": {"num_nodes": 1, "gpus_per_node": 2, "nics_per_node": 1}}
     for sharding, sharded in (("none", False), ("optimizer", True), ("full", True)):

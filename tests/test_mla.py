@@ -3,13 +3,13 @@ layers (`first_k_dense_replace`): parameters and FLOPs by closed form, and the r
 
 import pytest
 
-from stepsim.run import run
+from stepsim.cost.attention import causal_fraction, flash_work
+from stepsim.cost.compute import ComputeModel
+from stepsim.cost.kernels import gemm_efficiency
+from stepsim.cost.params import active_params, layer_params, model_params
+from stepsim.run.iteration import run
 from stepsim.scenario import ModelSpec, ScenarioError
 from stepsim.scenario.presets import MODELS
-from stepsim.workload.attention import causal_fraction, flash_work
-from stepsim.workload.compute import ComputeModel
-from stepsim.workload.kernels import gemm_efficiency
-from stepsim.workload.params import active_params, layer_params, model_params
 from tests.helpers import load
 
 H, A, QL, KVL, DN, DR, DV = 1024, 16, 256, 128, 64, 32, 64

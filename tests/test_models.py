@@ -5,13 +5,13 @@ import dataclasses
 
 import pytest
 
-from stepsim.run import run as simulate
+from stepsim.cost.attention import flash_hbm_bytes
+from stepsim.cost.compute import ComputeModel
+from stepsim.cost.memory import activation_bytes_per_layer
+from stepsim.cost.params import model_params, stage_params_per_rank
+from stepsim.run.iteration import run as simulate
 from stepsim.scenario import ModelSpec, ScenarioError
 from stepsim.scenario.presets import MODELS
-from stepsim.workload.attention import flash_hbm_bytes
-from stepsim.workload.compute import ComputeModel
-from stepsim.workload.memory import activation_bytes_per_layer
-from stepsim.workload.params import model_params, stage_params_per_rank
 from tests.helpers import load
 
 # Published parameter counts, and how far the count of the preset's shape may lie from

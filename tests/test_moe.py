@@ -3,16 +3,16 @@ of the EP groups on the links, and the rules (docs/moe.md)."""
 
 import pytest
 
-from stepsim.run import build_cluster, run
+from stepsim.comm.collectives import Fabric
+from stepsim.comm.placement import StageComm, placement_of
+from stepsim.cost.compute import ComputeModel
+from stepsim.cost.memory import fp8_linear_params_per_rank, fp8_weight_bytes
+from stepsim.cost.moe import dispatch_bytes, moe_block_work, tokens_per_expert
+from stepsim.cost.params import active_params, model_params
+from stepsim.ir.vocabulary import ALL_TO_ALL, BREAKDOWN_KEYS, EP_COMM
+from stepsim.run.iteration import build_cluster, run
 from stepsim.scenario import ModelSpec, ScenarioError
 from stepsim.scenario.presets import MODELS
-from stepsim.vocabulary import ALL_TO_ALL, BREAKDOWN_KEYS, EP_COMM
-from stepsim.workload.collectives import Fabric
-from stepsim.workload.compute import ComputeModel
-from stepsim.workload.memory import fp8_linear_params_per_rank, fp8_weight_bytes
-from stepsim.workload.moe import dispatch_bytes, moe_block_work, tokens_per_expert
-from stepsim.workload.params import active_params, model_params
-from stepsim.workload.placement import StageComm, placement_of
 from tests.helpers import load
 
 E = 2  # bytes per bf16 element
@@ -263,7 +263,7 @@ def test_mixtral_weights_and_optimizer_per_gpu_by_hand():
     """EP 8 on one node, DP 8, ZeRO-1: a GPU holds one expert per layer and every dense
     weight; the dense optimizer states are sharded over DP 8, the expert ones over the
     expert-data-parallel group of TP x DP / EP = 1 GPU (not sharded)."""
-    from stepsim.run import memory_per_stage
+    from stepsim.run.iteration import memory_per_stage
     from stepsim.scenario import scenario_from_dict
     from tests.helpers import scenario
 

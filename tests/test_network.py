@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import simpy
 
-from stepsim.engine.flows import Transfer
 from stepsim.engine.network import AnalyticalNetwork, FairShareNetwork
+from stepsim.ir.flows import Transfer
 
 
 def _finish_times(network_cls, capacities, transfers):

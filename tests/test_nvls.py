@@ -3,11 +3,11 @@ the GPU <-> NVSwitch links, against closed forms; how a scenario asks for it."""
 
 import pytest
 
-from stepsim.run import build_cluster, run
+from stepsim.comm import collectives
+from stepsim.comm.collectives import Fabric
+from stepsim.ir.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from stepsim.run.iteration import build_cluster, run
 from stepsim.scenario import ScenarioError
-from stepsim.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
-from stepsim.workload import collectives
-from stepsim.workload.collectives import Fabric
 from tests.helpers import load, time_transfers
 
 GB = 1e9

@@ -7,15 +7,15 @@ import json
 
 import pytest
 
+from stepsim.cost.compute import ComputeModel
+from stepsim.cost.orders import stage_orders
+from stepsim.emit.overlap import sharing_compute
+from stepsim.ir.vocabulary import COMPUTE_STREAM, EP_COMM, EP_STREAM
 from stepsim.report.trace import chrome_trace
-from stepsim.run import run
+from stepsim.run.iteration import run
 from stepsim.scenario import ScenarioError, scenario_from_dict
 from stepsim.schedules import Step, overlapped
 from stepsim.schedules.dualpipe import combined_1f1b
-from stepsim.vocabulary import COMPUTE_STREAM, EP_COMM, EP_STREAM
-from stepsim.workload.compute import ComputeModel
-from stepsim.workload.orders import stage_orders
-from stepsim.workload.overlap import sharing_compute
 from tests import trace_check
 from tests.helpers import scenario
 

@@ -10,8 +10,10 @@ layout the alike check refuses (the same message either way).
 
 import pytest
 
-from stepsim.engine.flows import Transfer
-from stepsim.run import build_cluster, run
+from stepsim.comm.collectives import LayoutError
+from stepsim.emit.lowering import lower
+from stepsim.ir.flows import Transfer
+from stepsim.run.iteration import build_cluster, run
 from stepsim.scenario import ScenarioError
 from stepsim.topologies import (
     Cluster,
@@ -21,8 +23,6 @@ from stepsim.topologies import (
     TreePatternCluster,
     build_graph,
 )
-from stepsim.workload.collectives import LayoutError
-from stepsim.workload.lowering import lower
 from tests.helpers import load
 
 NODES = {  # (nvlink topology, GPUs, NICs): one GPU per NIC, shared NICs, meshes

@@ -5,16 +5,15 @@ import dataclasses
 
 import pytest
 
-from stepsim import perturb
+from stepsim.comm.collectives import Fabric, collective
 from stepsim.engine.core import simulate
 from stepsim.engine.network import FairShareNetwork
-from stepsim.run import build_cluster, run
+from stepsim.ir.ops import WorkloadBuilder
+from stepsim.ir.vocabulary import ALL_REDUCE, TP_COMM
+from stepsim.run.iteration import build_cluster, perturb, run
 from stepsim.scenario import ScenarioError, dumps_toml, scenario_from_dict, scenario_to_dict
 from stepsim.scenario.loader import apply_override
 from stepsim.scenario.perturbation import PerturbationSpec
-from stepsim.vocabulary import ALL_REDUCE, TP_COMM
-from stepsim.workload.collectives import Fabric, collective
-from stepsim.workload.ops import WorkloadBuilder
 from tests.helpers import load, scenario
 
 P = PerturbationSpec

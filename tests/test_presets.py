@@ -5,9 +5,9 @@ import dataclasses
 import pytest
 
 from stepsim.calibration.fit import calibration_toml
+from stepsim.cost.compute import ComputeModel
 from stepsim.scenario import GpuSpec, KernelConstants, read_calibration
 from stepsim.scenario.presets import CALIBRATED_GPU, CALIBRATED_GPUS, GPUS, NODES
-from stepsim.workload.compute import ComputeModel
 from tests.helpers import load
 
 
@@ -154,7 +154,7 @@ def test_every_run_says_how_its_gpus_constants_were_obtained(tmp_path):
     """metrics.json's "calibration" and the run summary: fitted, scaled from a fitted
     GPU, or the --calibration file."""
     from stepsim.report.summary import summary_text
-    from stepsim.run import run
+    from stepsim.run.iteration import run
     from stepsim.scenario import dumps_toml, load_scenario
     from tests.helpers import scenario
 

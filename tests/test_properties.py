@@ -31,11 +31,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from stepsim.report.metrics import compute_lanes, stage_breakdowns
-from stepsim.run import run
-from stepsim.scenario import ScenarioError, frameworks, scenario_from_dict
-from stepsim.schedules import SCHEDULES, V_SHAPE
-from stepsim.vocabulary import (
+from stepsim.ir.vocabulary import (
     ALL_REDUCE_ALGORITHMS,
     ATTENTION_BACKENDS,
     ATTENTION_KERNELS,
@@ -51,6 +47,10 @@ from stepsim.vocabulary import (
     WEIGHT,
     ZERO_GRAD_COLLECTIVES,
 )
+from stepsim.report.metrics import compute_lanes, stage_breakdowns
+from stepsim.run.iteration import run
+from stepsim.scenario import ScenarioError, frameworks, scenario_from_dict
+from stepsim.schedules import SCHEDULES, V_SHAPE
 
 # STEPSIM_PROPERTY_EXAMPLES=500 (and STEPSIM_PROPERTY_RANDOM=1 for fresh draws) hunts
 # further than CI does
@@ -270,7 +270,7 @@ def _peak_loads(intervals) -> dict[int, float]:
 
 def test_peak_load_sweep_sees_overlap_only():
     """The sweep itself: two flows on a link at once add up; back to back they do not."""
-    from stepsim.engine.flows import Interval
+    from stepsim.ir.flows import Interval
 
     touching = [Interval((0,), (1,), 5.0, 0.0, 1.0), Interval((0,), (2,), 3.0, 1.0, 2.0)]
     assert _peak_loads(touching) == {0: 6.0}

@@ -6,10 +6,10 @@ import json
 import pytest
 from helpers import load
 
+from stepsim.ir.results import LinkLoad, MetricsRow, SweepPoint
+from stepsim.ir.vocabulary import BREAKDOWN_KEYS, DP_SYNC, EXPOSED_COMM_KEYS, IDLE_TIME
 from stepsim.plan.questions import scale_points, training_time
-from stepsim.results import LinkLoad, MetricsRow, SweepPoint
-from stepsim.run import run
-from stepsim.vocabulary import BREAKDOWN_KEYS, DP_SYNC, EXPOSED_COMM_KEYS, IDLE_TIME
+from stepsim.run.iteration import run
 
 TWO_GPUS = {
     "cluster": {"num_nodes": 1, "gpus_per_node": 2, "nics_per_node": 1},
@@ -199,8 +199,8 @@ def test_the_stage_table_elides_the_middle_of_a_long_pipeline(result):
 
 
 def test_metrics_json_and_schedule_json_carry_the_schema_version(result):
-    from stepsim.bubble import op_times, run_schedule
-    from stepsim.results import SCHEMA_VERSION
+    from stepsim.ir.results import SCHEMA_VERSION
+    from stepsim.run.bubble import op_times, run_schedule
 
     assert result.metrics.to_json()["schema_version"] == SCHEMA_VERSION >= 2
     studied = run_schedule("1f1b", 2, 2, op_times(1.0, 2.0, None, 0.0)).as_dict()

@@ -6,16 +6,16 @@ import math
 
 import pytest
 
+from stepsim.comm.collectives import Fabric
+from stepsim.comm.placement import StageComm, placement_of
+from stepsim.cost.compute import ComputeModel
+from stepsim.cost.moe import busiest_rank, moe_block_work
+from stepsim.cost.routing import expert_shares, grouped_gemm, rank_loads, rank_rows
+from stepsim.ir.vocabulary import ALL_TO_ALL
 from stepsim.report.summary import summary_text
-from stepsim.run import build_cluster, run
+from stepsim.run.iteration import build_cluster, run
 from stepsim.scenario import ScenarioError
 from stepsim.scenario.loader import scenario_to_dict
-from stepsim.vocabulary import ALL_TO_ALL
-from stepsim.workload.collectives import Fabric
-from stepsim.workload.compute import ComputeModel
-from stepsim.workload.moe import busiest_rank, moe_block_work
-from stepsim.workload.placement import StageComm, placement_of
-from stepsim.workload.routing import expert_shares, grouped_gemm, rank_loads, rank_rows
 from tests.helpers import load, time_transfers
 from tests.test_moe import H, S, moe_scenario
 

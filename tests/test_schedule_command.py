@@ -143,7 +143,7 @@ def test_a_v_placement_needs_two_chunks(tmp_path, capsys):
 
 
 def test_op_times_are_checked_before_anything_runs():
-    from stepsim.bubble import OpTimes, op_times
+    from stepsim.run.bubble import OpTimes, op_times
     from stepsim.scenario import ScenarioError
 
     assert op_times(1.0, 2.0, None, 0.5) == OpTimes(
@@ -158,7 +158,7 @@ def test_op_times_are_checked_before_anything_runs():
 
 
 def test_sizes_and_the_op_limit():
-    from stepsim.bubble import OpTimes, check_sizes, studies_of_schedules
+    from stepsim.run.bubble import OpTimes, check_sizes, studies_of_schedules
     from stepsim.scenario import ScenarioError
 
     check_sizes({"--stages": 100_000, "--chunks": None})
@@ -176,7 +176,7 @@ def test_sizes_and_the_op_limit():
 
 
 def test_named_schedules_resolve_their_chunks_and_check_the_weight():
-    from stepsim.bubble import OpTimes, studies_of_schedules
+    from stepsim.run.bubble import OpTimes, studies_of_schedules
     from stepsim.scenario import ScenarioError
 
     times = OpTimes(forward=1.0, backward=2.0, weight=1.0)

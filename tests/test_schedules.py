@@ -6,11 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stepsim.emit.abstract import abstract_pipeline
 from stepsim.engine.core import simulate
+from stepsim.ir.vocabulary import IDLE, PP_WAIT
 from stepsim.report.metrics import stage_breakdowns
 from stepsim.schedules import SCHEDULES, Step, build, check, peak_inflight, stage_of, step_label
-from stepsim.vocabulary import IDLE, PP_WAIT
-from stepsim.workload.abstract import abstract_pipeline
 
 VECTORS = json.loads((Path(__file__).parent / "data" / "pipeline_vectors.json").read_text())
 CASES = [c for c in VECTORS["cases"] if c["schedule"] in SCHEDULES]

@@ -5,14 +5,14 @@ import re
 
 import pytest
 
+from stepsim.cost.compute import ComputeModel
+from stepsim.cost.orders import stage_orders
+from stepsim.emit.abstract import abstract_pipeline
 from stepsim.engine.core import simulate
-from stepsim.run import run
+from stepsim.ir.vocabulary import BACKWARD, DP_SYNC, FORWARD, PP_SEND, WEIGHT
+from stepsim.run.iteration import run
 from stepsim.scenario import ScenarioError, dumps_toml, load_scenario, scenario_to_dict
 from stepsim.schedules import SCHEDULES, build, parse_label, peak_inflight, step_label
-from stepsim.vocabulary import BACKWARD, DP_SYNC, FORWARD, PP_SEND, WEIGHT
-from stepsim.workload.abstract import abstract_pipeline
-from stepsim.workload.compute import ComputeModel
-from stepsim.workload.orders import stage_orders
 from tests.helpers import load
 
 P, M, LAYERS = 4, 8, 8

@@ -2,24 +2,24 @@
 
 import pytest
 
-from stepsim.run import build_cluster, run
-from stepsim.scenario import ScenarioError
-from stepsim.vocabulary import BARRIER, COMPUTE_STREAM, DP_SYNC, OPTIMIZER
-from stepsim.workload.compute import ComputeModel
-from stepsim.workload.dataparallel import (
+from stepsim.comm.placement import StageComm, placement_of
+from stepsim.cost.compute import ComputeModel
+from stepsim.cost.params import stage_params_per_rank
+from stepsim.emit.dataparallel import (
     AllReduceAfterFlush,
     DataParallel,
     DistributedOptimizer,
     OverlappedBuckets,
     ShardedGradients,
 )
-from stepsim.workload.fsdp import FullySharded
-from stepsim.workload.gpuops import GpuOps
-from stepsim.workload.lowering import lower
-from stepsim.workload.ops import WorkloadBuilder
-from stepsim.workload.params import stage_params_per_rank
-from stepsim.workload.placement import StageComm, placement_of
-from stepsim.workload.strategy import strategy_for
+from stepsim.emit.fsdp import FullySharded
+from stepsim.emit.gpuops import GpuOps
+from stepsim.emit.lowering import lower
+from stepsim.emit.strategy import strategy_for
+from stepsim.ir.ops import WorkloadBuilder
+from stepsim.ir.vocabulary import BARRIER, COMPUTE_STREAM, DP_SYNC, OPTIMIZER
+from stepsim.run.iteration import build_cluster, run
+from stepsim.scenario import ScenarioError
 from tests.helpers import load
 
 BASE = {

@@ -2,13 +2,15 @@
 
 import pytest
 
+from stepsim.cost.memory import activation_bytes_per_layer
+from stepsim.cost.params import layer_params_per_rank, stage_params_per_rank
 from stepsim.engine.core import DeadlockError, simulate, simulate_totals
-from stepsim.engine.flows import Transfer, delay
 from stepsim.engine.lookover import alone
 from stepsim.engine.network import AnalyticalNetwork, FairShareNetwork, Network
-from stepsim.run import run
-from stepsim.scenario.loader import load_scenario
-from stepsim.vocabulary import (
+from stepsim.ir.flows import Transfer, delay
+from stepsim.ir.keys import LayerKey, PipelineKey
+from stepsim.ir.ops import WorkloadBuilder
+from stepsim.ir.vocabulary import (
     BARRIER,
     COMPUTE_TIME,
     DP_SYNC,
@@ -17,10 +19,8 @@ from stepsim.vocabulary import (
     PP_SEND,
     TP_COMM,
 )
-from stepsim.workload.keys import LayerKey, PipelineKey
-from stepsim.workload.memory import activation_bytes_per_layer
-from stepsim.workload.ops import WorkloadBuilder
-from stepsim.workload.params import layer_params_per_rank, stage_params_per_rank
+from stepsim.run.iteration import run
+from stepsim.scenario.loader import load_scenario
 from tests.helpers import load
 
 TWO_NODES = {
@@ -195,7 +195,7 @@ def test_gpus_sharing_a_nic_are_charged_together_in_the_lowering():
         training={"global_batch_size": 2},
     )
     result = run(s)
-    from stepsim.run import build_cluster
+    from stepsim.run.iteration import build_cluster
 
     links = build_cluster(s.cluster).links
     send = next(op for op in result.workload.ops if op.kind == PP_SEND)

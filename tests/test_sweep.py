@@ -93,7 +93,7 @@ def test_a_bad_point_is_kept_with_its_reason_and_the_others_run(tmp_path, capsys
 
 
 def _metrics(scenario):
-    from stepsim.run import run
+    from stepsim.run.iteration import run
 
     return run(scenario).metrics
 
@@ -102,7 +102,7 @@ def test_ctrl_c_keeps_the_finished_points(tmp_path, capsys):
     """The second of three points is interrupted: exit 130, the first is written."""
     import unittest.mock
 
-    from stepsim import run as run_module
+    from stepsim.run import iteration as run_module
 
     real_run = run_module.run
     calls = []

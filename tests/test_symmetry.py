@@ -11,9 +11,9 @@ DeepSpeed's blocking p2p (Megatron's is the default of the 1F1B cases).
 
 import pytest
 
+from stepsim.ir.vocabulary import BREAKDOWN_KEYS
 from stepsim.report.metrics import compute_lanes, stage_breakdowns
-from stepsim.run import run
-from stepsim.vocabulary import BREAKDOWN_KEYS
+from stepsim.run.iteration import run
 from tests.helpers import load
 
 MODEL = {"num_layers": 8, "hidden_size": 4096, "num_attention_heads": 32, "seq_length": 2048}
@@ -160,10 +160,10 @@ def test_exact_mode_simulates_every_gpu_and_every_flow():
 def test_exact_mode_waits_for_the_slowest_member_of_a_collective():
     # Stretch one GPU's compute: its tensor-parallel partner waits at every all-reduce,
     # which only exact mode can show.
+    from stepsim.emit import lowering
     from stepsim.engine.core import simulate
     from stepsim.engine.network import FairShareNetwork
-    from stepsim.run import build_cluster
-    from stepsim.workload import lowering
+    from stepsim.run.iteration import build_cluster
 
     doc = {**CASES["one-nic-per-node"], "network": {"symmetry": False}}
     scenario = load(**doc)

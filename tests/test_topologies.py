@@ -4,7 +4,7 @@ import networkx as nx
 import pytest
 
 from stepsim.cli import main
-from stepsim.run import build_cluster
+from stepsim.run.iteration import build_cluster
 from stepsim.scenario.presets import NODES
 from stepsim.topologies import Cluster, FabricShape, NodeShape, build_graph
 from stepsim.topologies.describe import summarize

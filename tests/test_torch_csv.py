@@ -6,7 +6,7 @@ import re
 import pytest
 
 from stepsim.cli import main
-from stepsim.run import run
+from stepsim.run.iteration import run
 from stepsim.scenario import ScenarioError
 from stepsim.schedules import SCHEDULES, build, order_labels
 from stepsim.schedules.torch_csv import looks_like_torch, parse_torch_csv, to_torch_csv

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from stepsim.cli import main
+from stepsim.ir.results import Span
 from stepsim.report.trace import chrome_trace, slots, to_ns, us
-from stepsim.results import Span
-from stepsim.run import run
+from stepsim.run.iteration import run
 from stepsim.scenario import load_scenario
 from stepsim.schedules import SCHEDULES
 from tests import trace_check

@@ -6,11 +6,11 @@ import re
 
 import pytest
 
+from stepsim.cost.compute import ComputeModel
+from stepsim.cost.params import layer_params_per_rank
 from stepsim.plan.bound import iteration_lower_bound_s
-from stepsim.run import run
+from stepsim.run.iteration import run
 from stepsim.scenario.errors import ScenarioError
-from stepsim.workload.compute import ComputeModel
-from stepsim.workload.params import layer_params_per_rank
 from tests.helpers import load
 
 # no communication worth the name: NVLink at the schema's top bandwidth, no latency
@@ -277,7 +277,7 @@ def test_exact_mode_agrees_with_the_symmetric_one_on_an_uneven_split():
 
 
 def test_unequal_chunks_hold_their_own_layers_in_flight():
-    from stepsim.workload.memory import activation_bytes_per_layer, inflight_layers
+    from stepsim.cost.memory import activation_bytes_per_layer, inflight_layers
 
     # looped BFS holds every forward of both chunks at its peak: m (1 + 2) layers on rank 0,
     # whose first chunk gave a layer's place to the embedding

@@ -14,7 +14,7 @@ from stepsim.calibration.validation import (
     megatron_scenario,
 )
 from stepsim.cli import main
-from stepsim.run import run
+from stepsim.run.iteration import run
 from stepsim.scenario import read_validation_set
 from tests.helpers import load
 

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from stepsim.cost.orders import stage_orders
+from stepsim.cost.schedule_costs import _avg_then_mid, hop_s, schedule_times
 from stepsim.schedules import (
     ZbvTimes,
     build,
@@ -14,8 +16,6 @@ from stepsim.schedules import (
     zbv_timed,
 )
 from stepsim.schedules.custom import check_orders
-from stepsim.workload.orders import stage_orders
-from stepsim.workload.schedule_costs import _avg_then_mid, hop_s, schedule_times
 from tests.helpers import load as make_scenario
 
 AUTHORS = json.loads((Path(__file__).parent / "data" / "zbv_authors.json").read_text())

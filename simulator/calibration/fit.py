@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
+from ..cost.kernels import gemm_seconds
+from ..ir.units import gbytes_per_s_to_bytes_per_s
 from ..scenario import GpuSpec, KernelConstants
-from ..units import gbytes_per_s_to_bytes_per_s
-from ..workload.kernels import gemm_seconds
 
 
 class GemmTiming(NamedTuple):

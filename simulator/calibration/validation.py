@@ -35,9 +35,8 @@ from typing import Any, NamedTuple
 
 from stepsim.schedules import INTERLEAVED, ONE_F_ONE_B
 
-from ..results import Trace
-from ..scenario import KernelConstants, Scenario, scenario_from_dict
-from ..vocabulary import (
+from ..ir.results import Trace
+from ..ir.vocabulary import (
     BACKWARD,
     FAIR_SHARE,
     FORWARD,
@@ -45,6 +44,7 @@ from ..vocabulary import (
     RECOMPUTE_NONE,
     SHARD_OPTIMIZER,
 )
+from ..scenario import KernelConstants, Scenario, scenario_from_dict
 
 Row = Mapping[str, str]
 

@@ -1,6 +1,6 @@
 """The ``stepsim`` command. With the loader, the only code that touches files.
 
-One module per command (run, sweep, jobs, topology, schedule, validate, search, plan), each
+One module per command (cmd_run.py for `stepsim run`, and so on), each
 adding its parser and holding its handler: argument parsing and printing only, the
 work done by the layers below. common.py has what they share. Errors a user can
 cause print one line and exit with status 2; no traceback.
@@ -16,7 +16,17 @@ import sys
 from .. import __version__
 from ..engine.core import DeadlockError
 from ..scenario import ScenarioError
-from . import jobs, listing, plan, run, schedule, search, sweep, topology, validate
+from . import (
+    cmd_jobs,
+    cmd_listing,
+    cmd_plan,
+    cmd_run,
+    cmd_schedule,
+    cmd_search,
+    cmd_sweep,
+    cmd_topology,
+    cmd_validate,
+)
 from .common import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
@@ -29,7 +39,17 @@ from .common import (
 __all__ = ["EXIT_USAGE", "Progress", "build_parser", "main", "program"]
 
 # in the order `stepsim --help` lists them
-COMMANDS = (run, sweep, jobs, validate, search, plan, topology, schedule, listing)
+COMMANDS = (
+    cmd_run,
+    cmd_sweep,
+    cmd_jobs,
+    cmd_validate,
+    cmd_search,
+    cmd_plan,
+    cmd_topology,
+    cmd_schedule,
+    cmd_listing,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

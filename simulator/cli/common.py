@@ -14,6 +14,12 @@ import time
 from pathlib import Path
 from typing import Any, TextIO
 
+from ..ir.vocabulary import (
+    DATA_PARALLEL_SHARDING,
+    NO_SHARDING,
+    RECOMPUTE_GRANULARITIES,
+    SHARDING_NAMES,
+)
 from ..plan.space import (
     DEFAULT_CHUNKS,
     DEFAULT_MICRO_BATCHES,
@@ -21,12 +27,6 @@ from ..plan.space import (
     DEFAULT_SHARDING,
 )
 from ..scenario import Scenario, ScenarioError, load_scenario
-from ..vocabulary import (
-    DATA_PARALLEL_SHARDING,
-    NO_SHARDING,
-    RECOMPUTE_GRANULARITIES,
-    SHARDING_NAMES,
-)
 
 EXIT_USAGE = 2  # bad input: one line naming the key, the value and the rule
 EXIT_FAILED = 1  # a deadlock or a file that cannot be read or written

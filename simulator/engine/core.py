@@ -21,8 +21,9 @@ from collections.abc import Callable
 import simpy
 from simpy.events import NORMAL
 
-from ..results import Span, Trace, Wait
-from ..vocabulary import (
+from ..ir.ops import Workload
+from ..ir.results import Span, Trace, Wait
+from ..ir.vocabulary import (
     BARRIER,
     CATEGORY_OF_KIND,
     COMPUTE_KINDS,
@@ -32,7 +33,6 @@ from ..vocabulary import (
     STREAM_OF_COMM,
     WAIT_OF_COMM,
 )
-from ..workload.ops import Workload
 from .events import Call
 from .lookover import scan
 from .network import FairShareNetwork, NetworkFactory

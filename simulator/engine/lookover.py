@@ -3,7 +3,7 @@ each rendezvous, and which transfers are always alone on their links."""
 
 from __future__ import annotations
 
-from ..workload.ops import Workload
+from ..ir.ops import Workload
 
 
 def alone(workload: Workload) -> set[int]:

@@ -28,8 +28,8 @@ from functools import partial
 import simpy
 from simpy.events import NORMAL
 
+from ..ir.flows import Collective, Interval, Transfer
 from .events import Callback, after
-from .flows import Collective, Interval, Transfer
 from .maxmin import max_min
 
 # builds a named tuple from a tuple of its fields, skipping the Python-level __new__

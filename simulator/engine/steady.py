@@ -35,8 +35,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from ..results import Trace
-from ..workload.ops import Workload
+from ..ir.ops import Workload
+from ..ir.results import Trace
 from .core import _Engine
 from .events import Call
 from .network import NetworkFactory, _Alone, _Flow

@@ -7,13 +7,14 @@ from collections.abc import Callable
 
 from stepsim import schedules
 
+from ..cost.compute import ComputeModel
+from ..cost.memory import optimizer_sharded, stage_memory
+from ..cost.moe import moe_block_work
+from ..cost.orders import inflight_per_stage
+from ..cost.params import output_rank, stage_params_per_rank
+from ..cost.schedule_costs import schedule_times
+from ..ir.results import StageMemory
 from ..scenario import Scenario
-from ..workload.compute import ComputeModel
-from ..workload.memory import StageMemory, optimizer_sharded, stage_memory
-from ..workload.moe import moe_block_work
-from ..workload.orders import inflight_per_stage
-from ..workload.params import output_rank, stage_params_per_rank
-from ..workload.schedule_costs import schedule_times
 
 
 class Inflight:

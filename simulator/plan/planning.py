@@ -11,9 +11,9 @@ from typing import Any
 
 from stepsim.schedules import ONE_F_ONE_B
 
+from ..cost.params import stage_params_per_rank
+from ..ir.vocabulary import NO_SHARDING, RECOMPUTE_NONE
 from ..scenario import ModelSpec, ParallelConfig, Scenario, TrainingConfig
-from ..vocabulary import NO_SHARDING, RECOMPUTE_NONE
-from ..workload.params import stage_params_per_rank
 from .space import SCHEDULE_BOUND_KEYS, Layout
 
 # what `plan scale` keeps as the nodes change: the global batch (strong scaling) or the

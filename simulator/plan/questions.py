@@ -8,11 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
-from ..results import MetricsRow
+from ..cost.memory import out_of_memory
+from ..ir.results import MetricsRow
+from ..ir.vocabulary import RECOMPUTE_FULL
 from ..scenario import Scenario, ScenarioError
 from ..scenario.presets import MODEL_FAMILIES
-from ..vocabulary import RECOMPUTE_FULL
-from ..workload.memory import out_of_memory
 from .planning import (
     KEEP_MICROBATCHES,
     SCALE_KEEPS,
@@ -207,7 +207,7 @@ def scale_points(
 def check_fits(scenario: Scenario) -> None:
     """A one-line ScenarioError when the scenario does not fit in GPU memory: the
     memory model's problem without the --allow-oom hint, which plan does not take."""
-    from ..run import memory_per_stage
+    from ..run.iteration import memory_per_stage
 
     problem = out_of_memory(scenario, memory_per_stage(scenario))
     if problem:

@@ -7,7 +7,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..results import SCHEMA_VERSION, MetricsRow
+from ..ir.results import SCHEMA_VERSION, MetricsRow
 from ..scenario import Scenario
 from .goodput import Costs, Interval, Reliability, run_goodput
 from .questions import FitRow, ScalePoint, TrainingTime, leanest_of

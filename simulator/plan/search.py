@@ -38,10 +38,10 @@ from typing import Any, NamedTuple
 from stepsim.schedules import ONE_F_ONE_B
 
 from .. import __version__
-from ..results import MetricsRow
+from ..ir.results import MetricsRow
+from ..ir.units import bytes_to_gib
+from ..ir.vocabulary import NO_SHARDING, RECOMPUTE_FULL
 from ..scenario import Scenario, ScenarioError, scenario_to_dict
-from ..units import bytes_to_gib
-from ..vocabulary import NO_SHARDING, RECOMPUTE_FULL
 from .bound import Inflight, iteration_lower_bound_s, memory_of
 from .planning import apply_layout
 from .space import (
@@ -170,7 +170,7 @@ Executor = Callable[[Sequence[Scenario], Done], None]
 
 def simulate_row(scenario: Scenario) -> MetricsRow:
     """Simulate one layout; its row of scalar metrics and breakdown."""
-    from ..run import run
+    from ..run.iteration import run
 
     return run(scenario).metrics.summary_row()
 

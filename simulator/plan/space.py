@@ -10,13 +10,13 @@ from typing import Any
 
 from stepsim import schedules
 
-from ..scenario import Scenario, ScenarioError
-from ..vocabulary import (
+from ..ir.vocabulary import (
     DATA_PARALLEL_SHARDING,
     NO_SHARDING,
     RECOMPUTE_GRANULARITIES,
     SHARD_OPTIMIZER,
 )
+from ..scenario import Scenario, ScenarioError
 
 DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 

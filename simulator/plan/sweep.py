@@ -12,7 +12,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-from ..results import Metrics, SweepPoint
+from ..ir.results import Metrics, SweepPoint
 from ..scenario import Scenario, ScenarioError, parse_override
 
 

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from ..results import MetricsRow, SweepPoint
-from ..vocabulary import BACKWARD, FORWARD, PP_SEND, TP_COMM
+from ..ir.results import MetricsRow, SweepPoint
+from ..ir.vocabulary import BACKWARD, FORWARD, PP_SEND, TP_COMM
 from .timeline import COLORS
 
 if TYPE_CHECKING:

@@ -3,8 +3,8 @@ where its time went both ways and the links it shared (simulator/jobresults.py).
 
 from __future__ import annotations
 
-from ..jobresults import JobsResult
-from ..vocabulary import categories_of
+from ..ir.results import JobsResult
+from ..ir.vocabulary import categories_of
 from .summary import decimal_places
 
 

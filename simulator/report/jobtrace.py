@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from ..jobresults import ITERATION_STREAM
+from ..ir.vocabulary import ITERATION_STREAM
 from .trace import chrome_trace
 
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..engine.flows import Interval
+from ..ir.flows import Interval
 
 
 def _rows(

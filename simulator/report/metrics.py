@@ -21,10 +21,11 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ..results import LinkLoad, Metrics, StageMetrics, Trace
-from ..scenario import Scenario
-from ..units import bytes_to_gib
-from ..vocabulary import (
+from ..comm.congruent import copies_of, per_gpu
+from ..ir.ops import Lane, Workload
+from ..ir.results import LinkLoad, Metrics, StageMemory, StageMetrics, Trace
+from ..ir.units import bytes_to_gib
+from ..ir.vocabulary import (
     BREAKDOWN_KEYS,
     CATEGORY_OF_KIND,
     COMPUTE_STREAM,
@@ -32,9 +33,7 @@ from ..vocabulary import (
     MODEL_KINDS,
     breakdown_keys,
 )
-from ..workload.congruent import copies_of, per_gpu
-from ..workload.memory import StageMemory
-from ..workload.ops import Lane, Workload
+from ..scenario import Scenario
 
 
 def compute_lanes(lanes: Sequence[Lane]) -> list[Lane]:

@@ -9,14 +9,9 @@ from collections.abc import Sequence
 from stepsim.schedules import DUAL
 from stepsim.topologies import PLANAR
 
-from ..results import Result, StageMetrics
-from ..scenario import Scenario
-from ..scenario.precision import fast_accumulation, fp8_enabled, fp8_param_gather, recipe_of
-from ..scenario.softmax import SOURCE as SOFTMAX_SOURCE
-from ..scenario.softmax import scenario_softmax_path
-from ..scenario.stages import is_uneven
-from ..units import bytes_to_gib
-from ..vocabulary import (
+from ..ir.results import Result, StageMetrics
+from ..ir.units import bytes_to_gib
+from ..ir.vocabulary import (
     ATTENTION_FLASH,
     CP_COMM,
     EP_COMM,
@@ -26,6 +21,11 @@ from ..vocabulary import (
     NVLS,
     categories_of,
 )
+from ..scenario import Scenario
+from ..scenario.precision import fast_accumulation, fp8_enabled, fp8_param_gather, recipe_of
+from ..scenario.softmax import SOURCE as SOFTMAX_SOURCE
+from ..scenario.softmax import scenario_softmax_path
+from ..scenario.stages import is_uneven
 from .metrics import compute_lanes, spans_per_gpu
 
 
@@ -266,7 +266,7 @@ def expert_parallel_lines(result: Result) -> list[str]:
     against its exposed part (docs/moe.md)."""
     s, m = result.scenario, result.metrics
     model, par, cl = s.model, s.parallel, s.cluster
-    from ..workload.params import active_params, model_params
+    from ..cost.params import active_params, model_params
 
     tied = s.training.share_embeddings_and_output_weights
     total, active = model_params(model, tied), active_params(model, tied)
@@ -287,7 +287,7 @@ def expert_parallel_lines(result: Result) -> list[str]:
         f"expert grads over {par.expert_data_parallel_size} "
         f"GPU{'s' if par.expert_data_parallel_size > 1 else ''}",
     ]
-    from ..workload.routing import rank_loads, skewed
+    from ..cost.routing import rank_loads, skewed
 
     if skewed(model):  # which routing, and how far the busiest EP rank is above the mean
         how = model.moe_routing

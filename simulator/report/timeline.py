@@ -10,8 +10,8 @@ from itertools import groupby
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from ..results import Result, Trace
-from ..vocabulary import (
+from ..ir.results import Result, Trace
+from ..ir.vocabulary import (
     BACKWARD,
     COMM_WAITS,
     COMPUTE_STREAM,

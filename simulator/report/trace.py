@@ -22,8 +22,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..results import Result, Span
-from ..vocabulary import (
+from ..comm.congruent import copies_of
+from ..ir.results import Result, Span
+from ..ir.vocabulary import (
     BACKWARD,
     COMPUTE_STREAM,
     CP_STREAM,
@@ -38,7 +39,6 @@ from ..vocabulary import (
     TP_STREAM,
     WEIGHT,
 )
-from ..workload.congruent import copies_of
 from .metrics import compute_lanes, spans_per_gpu
 
 # the name of a stream's track in the trace (its first slot; the next are "#2", "#3"...)

@@ -1,0 +1,109 @@
+"""`stepsim run`: simulate one iteration of a scenario, print its summary, and with
+--out write metrics.json, the pictures, the trace and the resolved scenario."""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+from ..scenario import ScenarioError, dumps_toml, scenario_to_dict
+from .common import load, progress_for, quiet_argument, scenario_arguments
+
+TRACE_FILES = {"json": "trace.json", "gz": "trace.json.gz", None: None}  # --trace, --no-trace
+
+
+def add_command(sub) -> None:
+    run = sub.add_parser(
+        "run",
+        help="simulate a scenario (a file or a shipped name) and print a summary",
+        description="Simulate one iteration of SCENARIO (a TOML file; see scenarios/README.md).",
+    )
+    scenario_arguments(
+        run, "SECTION.KEY=VALUE", "override a scenario key, e.g. --set cluster.nic_gbps=400"
+    )
+    run.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write metrics.json, timeline.png, breakdown.png, trace.json (see --trace) and "
+        "scenario.resolved.toml to DIR",
+    )
+    trace = run.add_mutually_exclusive_group()
+    trace.add_argument(
+        "--trace",
+        choices=("json", "gz"),
+        default="json",
+        help="with --out, write the Perfetto trace as trace.json (default) or gzipped as "
+        "trace.json.gz (Perfetto opens both)",
+    )
+    trace.add_argument(
+        "--no-trace",
+        dest="trace",
+        action="store_const",
+        const=None,
+        help="with --out, write no trace",
+    )
+    run.add_argument("--json", action="store_true", help="print only the metrics JSON")
+    run.add_argument(
+        "--allow-oom",
+        action="store_true",
+        help="simulate a layout that does not fit in GPU memory (a warning, not an error)",
+    )
+    quiet_argument(run, "no progress line on the terminal while it runs")
+    run.set_defaults(handler=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    from ..cost.memory import out_of_memory
+    from ..run.iteration import (  # imported here so `stepsim --help` stays instant
+        memory_per_stage,
+        run,
+    )
+
+    scenario = load(args)
+    problem = out_of_memory(scenario, memory_per_stage(scenario))
+    if problem and not args.allow_oom:
+        raise ScenarioError(str(problem))
+    if problem:
+        print(f"warning: {problem}", file=sys.stderr)
+    progress = progress_for(args)
+    progress.begin("simulating")
+    try:
+        # only the metrics printed: the engine may add spans up rather than keep them
+        result = run(scenario, progress.update, spans=bool(args.out) or not args.json)
+    finally:
+        progress.clear()
+    if args.out:
+        written = write_outputs(result, Path(args.out), TRACE_FILES[args.trace])
+    if args.json:
+        print(json.dumps(result.metrics.to_json(), indent=2))
+    else:
+        from ..report.summary import summary_text
+
+        print(summary_text(result))
+        if args.out:
+            print(f"\n  wrote {args.out}/: {' '.join(written)}")
+    return 0
+
+
+def write_outputs(result, out: Path, trace_file: str | None = "trace.json") -> list[str]:
+    """Write the run's files to ``out`` (the trace as ``trace_file``: trace.json,
+    trace.json.gz or None for none); return their names in the order printed."""
+    from ..report.timeline import breakdown_figure, timeline_figure
+    from ..report.trace import chrome_trace
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.json").write_text(json.dumps(result.metrics.to_json(), indent=2) + "\n")
+    (out / "scenario.resolved.toml").write_text(dumps_toml(scenario_to_dict(result.scenario)))
+    if trace_file is not None:
+        # dumps, not dump: dump to a file streams through the slow pure-Python encoder
+        text = json.dumps(chrome_trace(result), separators=(",", ":")).encode()
+        if trace_file.endswith(".gz"):
+            text = gzip.compress(text, mtime=0)  # no time stamp: the same bytes every run
+        (out / trace_file).write_bytes(text)
+    timeline_figure(result).savefig(out / "timeline.png", dpi=110)
+    breakdown_figure(result).savefig(out / "breakdown.png", dpi=110)
+    names = ["metrics.json", "timeline.png", "breakdown.png", trace_file, "scenario.resolved.toml"]
+    return [name for name in names if name is not None]

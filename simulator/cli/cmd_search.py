@@ -1,0 +1,182 @@
+"""`stepsim search`: find the fastest layout of a scenario's model by simulation; with
+--out, keep finished results in a journal that an interrupted search resumes from."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from ..scenario import ScenarioError
+from .common import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    Workers,
+    json_argument,
+    load,
+    print_json,
+    progress_for,
+    scenario_arguments,
+    space_arguments,
+    space_of,
+    worker_arguments,
+    write_rows,
+)
+
+
+def add_command(sub) -> None:
+    search = sub.add_parser(
+        "search",
+        help="find the fastest layout (TP/PP/DP, micro-batch, schedule, ...) by simulation",
+        description="Enumerate layouts of SCENARIO's model on its cluster (its global batch "
+        "and network kept), drop those that do not fit in memory, and rank the rest by "
+        "simulated throughput. Layouts whose compute alone is slower than the k-th best "
+        "simulated are pruned unsimulated (--no-prune simulates all). With --out, results "
+        "are kept as they finish and an interrupted search resumes where it stopped.",
+    )
+    scenario_arguments(search, "SECTION.KEY=VALUE", "override a key of the base scenario")
+    space_arguments(search)
+    search.add_argument("--top", type=int, default=10, metavar="K", help="show K (default 10)")
+    search.add_argument("--no-prune", action="store_true", help="simulate every layout that fits")
+    search.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write search.csv (and search.parquet with pyarrow) of every layout to DIR, and "
+        "keep finished results in DIR/search.jsonl to resume from",
+    )
+    json_argument(search)
+    worker_arguments(search)
+    search.set_defaults(handler=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    from ..plan.answers import search_text
+    from ..plan.planning import model_params
+    from ..plan.search import (
+        journal_entry,
+        journal_header,
+        journal_known,
+        result_rows,
+        rule_of_thumb_entry,
+        search,
+    )
+    from ..scenario import read_search_journal
+
+    base = load(args)
+    space = space_of(args)
+    if args.top < 1:
+        raise ScenarioError(f"--top={args.top} must be >= 1")
+    known = {}
+    journal = None
+    header = journal_header(base)
+    if args.out:
+        out = Path(args.out)
+        path = out / "search.jsonl"
+        found, entries = read_search_journal(path)
+        if found is not None and found != header:
+            raise ScenarioError(
+                f"{path} holds another search's results (different scenario, calibration or "
+                "stepsim version); use another --out or delete the file"
+            )
+        known = journal_known(entries)
+        out.mkdir(parents=True, exist_ok=True)
+        journal = path.open("a", encoding="utf-8")
+        if found is None:
+            journal.write(json.dumps({"search": header}) + "\n")
+            journal.flush()
+    progress = progress_for(args)
+    progress.begin("searching")
+    todo = [0]
+
+    def on_start(enumerated: int, fitting: int, resumed: int) -> None:
+        todo[0] = fitting - resumed
+        if args.quiet:
+            return
+        progress.clear()
+        journal_path = f"{args.out}/search.jsonl"
+        again = (
+            f"; resuming: {resumed:,} done by the earlier run ({journal_path})" if resumed else ""
+        )
+        print(
+            f"stepsim search: {enumerated:,} layouts, {fitting:,} fit in memory; simulating at "
+            f"most {fitting - resumed:,}, fewest bound first, the rest pruned when they cannot "
+            f"win{again}",
+            file=sys.stderr,
+        )
+        progress.begin("searching")
+
+    def on_result(candidate, i: int, n: int) -> None:
+        if journal is not None:
+            journal.write(json.dumps(journal_entry(candidate)) + "\n")
+            journal.flush()
+        progress.task = f"simulated {i} (of at most {todo[0]}){eta(progress, i, todo[0])}"
+        progress.update(i / max(todo[0], 1))
+
+    try:
+        with Workers(args) as workers:
+            result = search(
+                base,
+                space,
+                top=args.top,
+                executor=workers.executor,
+                prune=not args.no_prune,
+                known=known,
+                on_result=on_result,
+                on_start=on_start,
+            )
+            rule_entry = rule_of_thumb_entry(base, result, known)
+    except KeyboardInterrupt:
+        progress.clear()
+        kept = f"; finished results are in {args.out}/search.jsonl: run the same command to "
+        print(
+            "stepsim: interrupted"
+            + (kept + "resume" if journal is not None else " (use --out DIR to keep results)"),
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    finally:
+        progress.clear()
+        if journal is not None:
+            journal.close()
+    if args.json:
+        from ..plan.records import search_record
+
+        print_json(search_record(base, result, rule_entry, run_command(args)))
+    else:
+        print(
+            search_text(
+                base,
+                model_params(base),
+                result,
+                args.top,
+                rule_entry,
+                workers.where,
+                run_command(args),
+            )
+        )
+    if args.out:
+        written = write_rows(Path(args.out), "search", result_rows(result))
+        if not args.json:
+            print(f"\n  wrote {args.out}/: {' '.join(written)} search.jsonl")
+    return 0 if result.ranked else EXIT_FAILED
+
+
+def eta(progress, done: int, total: int) -> str:
+    """`, ~N s left at most` at the pace so far (pruning usually stops it sooner)."""
+    if done < 1 or total <= done:
+        return ""
+    left_s = (time.monotonic() - progress.started) / done * (total - done)
+    return f", ~{left_s:.0f} s left at most"
+
+
+def run_command(args: argparse.Namespace) -> str:
+    """`stepsim run` of the same base scenario, as the user gave it."""
+    parts = ["stepsim", "run", args.scenario]
+    if args.calibration:
+        parts += ["--calibration", args.calibration]
+    for item in args.overrides:
+        parts += ["--set", item]
+    return shlex.join(parts)

@@ -1,0 +1,75 @@
+"""`stepsim topology`: what a scenario's cluster graph holds, and a drawing of it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..ir.results import SCHEMA_VERSION
+from ..scenario import ScenarioError
+from .common import json_argument, load, print_json, scenario_arguments
+
+
+def add_command(sub) -> None:
+    topo = sub.add_parser(
+        "topology",
+        help="describe a scenario's cluster: GPUs, links, switches, bisection bandwidth",
+        description="Print what the cluster graph of SCENARIO holds; optionally draw it.",
+    )
+    scenario_arguments(topo, "SECTION.KEY=VALUE", "override a scenario key")
+    topo.add_argument(
+        "--png",
+        metavar="FILE",
+        help="draw the graph (clusters of up to 288 GPUs: four NVL72 racks)",
+    )
+    topo.add_argument(
+        "--links",
+        action="store_true",
+        help="list every directed link: its index (what a [[perturbation]] of kind "
+        "slow_link names), its ends, role and GB/s",
+    )
+    json_argument(topo)
+    topo.set_defaults(handler=command)
+
+
+def command(args: argparse.Namespace) -> int:
+    from stepsim.topologies import PLANAR
+    from stepsim.topologies.describe import summarize
+    from stepsim.topologies.fabric import planes_of
+
+    from ..report.figures import MAX_DRAWN_GPUS, topology_figure
+    from ..report.tables import topology_text
+    from ..run.iteration import build_cluster
+
+    if args.png is not None and Path(args.png).suffix.lower() not in ("", ".png"):
+        raise ScenarioError(f"--png {args.png!r} must name a .png file")
+    scenario = load(args)
+    cluster = build_cluster(scenario.cluster)
+    if args.png and cluster.num_gpus > MAX_DRAWN_GPUS:
+        raise ScenarioError(
+            f"--png draws clusters of up to {MAX_DRAWN_GPUS} GPUs; this one has "
+            f"{cluster.num_gpus} (try --set cluster.num_nodes=4)"
+        )
+    summary = summarize(cluster.graph, scenario.cluster.gpus_per_node)
+    if args.json:
+        head = {"schema_version": SCHEMA_VERSION, "command": "topology", "scenario": scenario.name}
+        print_json({**head, **summary})
+    else:
+        print(topology_text(scenario, summary))
+    if args.links and not args.json:
+        from stepsim.topologies.describe import link_name
+
+        print("\n  link  role     GB/s  from -> to")
+        for link in cluster.links:
+            print(
+                f"  {link.index:>5} {cluster.link_role(link.index):<7}"
+                f"{link.bandwidth_bytes_per_s / 1e9:>7.4g}  {link_name(link.src, link.dst)}"
+            )
+    if args.png:
+        spec = scenario.cluster
+        planes = planes_of(spec.fabric_shape(), spec.nics_per_node) if spec.fabric in PLANAR else 1
+        figure = topology_figure(cluster.graph, scenario.name, planes)
+        figure.savefig(args.png, dpi=110, format="png")
+        if not args.json:
+            print(f"\n  wrote {args.png}")
+    return 0

@@ -1,0 +1,463 @@
+"""Communication as data: point-to-point transfers and NCCL-like collectives.
+
+What this module builds are the network's input types (engine/flows.py): a
+`Transfer` is what the network moves in one go, a *coupled flow* of several real
+flows (one per ring or tree edge, or one per GPU sending) that progress together,
+each carrying ``bytes_per_flow``; ``links`` are the directed links they cross and
+``mults`` how many of those real flows cross each link. A `Collective` is a tuple
+of transfers run one after the other (phases).
+
+Symmetric replicas: a scenario's tensor-parallel ranks and data-parallel
+replicas all do the same thing at the same time, so only a representative
+group is simulated. Its flows are charged, link by link, for every congruent
+flow of the groups it stands for that crosses the same link (``groups[1:]``).
+Links of those other groups that the representative does not touch carry by
+symmetry the same load as the representative's own, so leaving them out does
+not change any rate (docs/design.md).
+
+Algorithms, as NCCL runs them (message S bytes, n ranks):
+
+- ``ring``: 2(n-1)/n S bytes on every ring edge in 2(n-1) steps (all-reduce;
+  reduce-scatter and all-gather are half of it). Like NCCL, a group spread
+  over several nodes with k GPUs in each runs k rings (channels), each
+  leaving a node through a different GPU, and so a different NIC, and
+  arriving at the next node on the same rail; each carries S/k. Inside a node
+  with a NVLink mesh, the rings are the edge-disjoint Hamiltonian cycles of the
+  NVLink lanes, both directions.
+- ``tree``: reduce-scatter inside each node, then per local rank a double
+  binary tree over the nodes (each tree carries half of the shard up and down;
+  2 x depth steps), then all-gather inside each node. Needs two nodes or more.
+- ``hierarchical``: as ``tree`` with a ring over the nodes in the middle.
+- ``auto``: whichever of those is fastest for this message when alone on the
+  network (latency + bytes / bottleneck per phase), the way NCCL's tuner
+  picks an algorithm from its cost model.
+- ``nvls``: as ``auto`` with NVLink SHARP among the candidates (NCCL's NVLS and
+  NVLS_TREE), where the NVSwitch reduces (``Fabric.nvls_efficiency`` > 0). Inside
+  a node of k GPUs the switch reduces: every GPU's data goes up its NVLink once
+  (multimem.ld_reduce reads chunk j of every GPU for the GPU owning chunk j), each
+  owner takes its reduced chunk down and stores it back up (multimem.st), and the
+  switch multicasts it down to every GPU: (k+1)/k S up and down each GPU's link
+  for an all-reduce (the ring: 2(k-1)/k S), S up and S/k down for a
+  reduce-scatter, the reverse for an all-gather. Multimem traffic reaches
+  ``nvls_efficiency`` of the link rate (NCCL's nvlsEfficiency), so each byte
+  occupies 1/efficiency of a byte of the link: a flow on the real links that
+  still shares them. Across nodes (NVLS_TREE): NVLS reduce-scatter in the nodes,
+  double binary trees across, NVLS all-gather. IB SHARP (CollNet) is not modelled.
+
+Every phase pays a fixed base latency plus, per step, the slowest hop's latency.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from ..ir.flows import Collective, Transfer
+from ..ir.vocabulary import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    AUTO,
+    HIERARCHICAL,
+    NVLS,
+    REDUCE_SCATTER,
+    RING,
+    TREE,
+)
+
+Edge = tuple[int, int]
+
+
+class LayoutError(ValueError):
+    """The congruent groups of a layout do not cross the cluster alike, so one group
+    cannot stand for the others. Whoever lowers a scenario for a user turns it into
+    the user's one-line error (run.run: a ScenarioError)."""
+
+
+class Pattern(NamedTuple):
+    """A cluster known by its pattern (topologies.PatternCluster, TreePatternCluster):
+    a copy in other regions (``region_gpus`` GPUs: a server on one switch, a leaf group
+    or pod on a tree) shares no link with the representative, and moving every GPU by
+    whole servers where ``moves(last_server, servers)`` says so (a multiple of
+    ``shift_nodes``, clear of a partly filled group) moves every route alike,
+    so a collective of groups moved so is the same collective with its links moved
+    (``translate(links, servers)``); placement.StageComm uses both. ``memo`` holds what
+    was built once, by where it was built (one lowering's). ``detoured``: the GPUs
+    whose traffic leaves through another NIC of their server (a failed NIC,
+    topologies.detour), whose servers are unlike the others'."""
+
+    gpus_per_node: int
+    region_gpus: int
+    shift_nodes: int
+    moves: Callable[[int, int], bool]
+    translate: Callable[[Sequence[int], int], tuple[int, ...]]
+    memo: dict
+    detoured: frozenset[int] = frozenset()
+
+
+class Fabric(NamedTuple):
+    """What collectives need to know about the cluster (see topologies.Cluster)."""
+
+    route: Callable[[int, int], tuple[int, ...]]
+    route_latency_s: Callable[[tuple[int, ...]], float]
+    node_of: Callable[[int], int]
+    intra_node_rings: Callable[[Sequence[int]], list[list[int]]]
+    capacities: Sequence[float]
+    base_latency_s: float
+    pattern: Pattern | None = None  # None: the whole graph, every copy enumerated
+    nvls_efficiency: float = 0.0  # > 0: the NVSwitch reduces (NVLS), at this fraction
+    links: Sequence | None = None  # the cluster's links (topologies.Link), for their ends
+
+    @classmethod
+    def of(cls, cluster, base_latency_s: float, nvls_efficiency: float = 0.0) -> Fabric:
+        """From a topologies.Cluster or PatternCluster."""
+        translate = getattr(cluster, "translate", None)
+        return cls(
+            route=cluster.route,
+            route_latency_s=cluster.route_latency_s,
+            node_of=cluster.node_of,
+            intra_node_rings=cluster.intra_node_rings,
+            capacities=cluster.capacities,
+            base_latency_s=base_latency_s,
+            pattern=None
+            if translate is None
+            else Pattern(
+                cluster.gpus_per_node,
+                cluster.region_nodes * cluster.gpus_per_node,
+                cluster.shift_nodes,
+                cluster.moves,
+                translate,
+                {},
+                frozenset(cluster.detours),
+            ),
+            nvls_efficiency=nvls_efficiency,
+            links=cluster.links,
+        )
+
+
+def _coupled(
+    edge_sets: Sequence[Sequence[Edge]],
+    fabric: Fabric,
+    bytes_per_flow: float,
+    latency_s: float,
+    weights: Sequence[float] | None = None,
+) -> Transfer:
+    """``edge_sets[0]`` are the representative's edges, the rest congruent copies.
+    ``weights``: each edge's (by its index in a set) bytes in units of
+    ``bytes_per_flow``, its flow progressing at that multiple of the rate, so that all
+    end together (an all-to-all-v); a link's multiplicity is then the sum of the weights
+    of the flows crossing it."""
+    _check_alike(edge_sets, fabric)
+    own = Counter()
+    for src, dst in edge_sets[0]:
+        own.update(fabric.route(src, dst))
+    mults = Counter()
+    for edges in edge_sets:
+        for index, (src, dst) in enumerate(edges):
+            route = [link for link in fabric.route(src, dst) if link in own]
+            if weights is None:
+                mults.update(route)
+            else:
+                for link in route:
+                    mults[link] += weights[index]
+    links = tuple(sorted(own))
+    return Transfer(links, tuple(mults[i] for i in links), bytes_per_flow, latency_s)
+
+
+def _check_alike(edge_sets: Sequence[Sequence[Edge]], fabric: Fabric) -> None:
+    """The copies must cross links like the representative's, or it cannot stand for them."""
+
+    def signature(edges: Sequence[Edge]) -> list:
+        capacities = fabric.capacities
+        return sorted(tuple(capacities[i] for i in fabric.route(a, b)) for a, b in edges)
+
+    mine = signature(edge_sets[0])
+    for edges in edge_sets[1:]:
+        if signature(edges) != mine:
+            (a, b), (c, d) = edge_sets[0][0], edges[0]
+            raise LayoutError(
+                f"GPUs {c}->{d} are connected unlike GPUs {a}->{b}, which stepsim simulates "
+                "on their behalf; choose tensor x data parallel sizes that split the nodes "
+                "into alike groups (on a hybrid cube-mesh: 1, 4 or 8 GPUs, not pairs across "
+                "quads)"
+            )
+
+
+def _hop_latency_s(edges: Sequence[Edge], fabric: Fabric) -> float:
+    return max(fabric.route_latency_s(fabric.route(a, b)) for a, b in edges)
+
+
+def _cycle(order: Sequence[int]) -> list[Edge]:
+    n = len(order)
+    return [(order[i], order[(i + 1) % n]) for i in range(n)] if n > 1 else []
+
+
+def _by_node(group: Sequence[int], fabric: Fabric) -> list[list[int]]:
+    nodes: dict[int, list[int]] = {}
+    for gpu in group:
+        nodes.setdefault(fabric.node_of(gpu), []).append(gpu)
+    return list(nodes.values())
+
+
+def ring_channels(group: Sequence[int], fabric: Fabric) -> list[list[int]]:
+    """The rings NCCL would build over a group: inside one node the NVLink rings;
+    across nodes one ring per GPU of a node, each leaving every node through a
+    different GPU (and so a different NIC). Every other node is walked backwards, so
+    that each hop between nodes joins GPUs of the same local index: on a
+    rail-optimized fabric it stays on one rail (with an odd number of nodes the hop
+    that closes the ring cannot)."""
+    nodes = _by_node(group, fabric)
+    if len(nodes) == 1:
+        return fabric.intra_node_rings(group)
+    k = min(len(members) for members in nodes)
+    channels = []
+    for c in range(k):
+        order: list[int] = []
+        for i, members in enumerate(nodes):
+            rotated = members[c:] + members[:c]  # in at member c, out at member c-1
+            order += rotated if i % 2 == 0 else rotated[::-1]
+        channels.append(order)
+    return channels
+
+
+def ring(
+    kind: str, groups: Sequence[Sequence[int]], message_bytes: float, fabric: Fabric
+) -> Collective | None:
+    """A ring ``all_reduce``, ``reduce_scatter`` or ``all_gather`` of ``message_bytes``.
+
+    ``groups[0]`` is the representative group (GPU indices in rank order), the
+    others the congruent groups it stands for. None for a group of one GPU.
+    """
+    n = len(groups[0])
+    if n == 1:
+        return None
+    steps = {ALL_REDUCE: 2 * (n - 1), REDUCE_SCATTER: n - 1, ALL_GATHER: n - 1}[kind]
+    edge_sets = [
+        [edge for channel in ring_channels(g, fabric) for edge in _cycle(channel)] for g in groups
+    ]
+    channels = len(ring_channels(groups[0], fabric))
+    latency = fabric.base_latency_s + steps * _hop_latency_s(edge_sets[0], fabric)
+    return (_coupled(edge_sets, fabric, steps * message_bytes / (n * channels), latency),)
+
+
+def _intra_phase(kind: str, groups, message_bytes: float, fabric: Fabric) -> Transfer | None:
+    """Reduce-scatter or all-gather inside every node of the group, all nodes at once."""
+    per_node = [_by_node(g, fabric) for g in groups]
+    k = len(per_node[0][0])
+    if k == 1:
+        return None
+    edge_sets = [
+        [e for members in nodes for ch in fabric.intra_node_rings(members) for e in _cycle(ch)]
+        for nodes in per_node
+    ]
+    channels = len(fabric.intra_node_rings(per_node[0][0]))
+    latency = fabric.base_latency_s + (k - 1) * _hop_latency_s(edge_sets[0], fabric)
+    bytes_per_flow = (k - 1) * message_bytes / (k * channels)
+    return _coupled(edge_sets, fabric, bytes_per_flow, latency)
+
+
+def _binary_tree_edges(order: Sequence[int]) -> tuple[list[Edge], int]:
+    """Heap-shaped binary tree over ``order``: (child -> parent edges, depth)."""
+    edges = [(order[i], order[(i - 1) // 2]) for i in range(1, len(order))]
+    return edges, max(len(order).bit_length() - 1, 1)
+
+
+def _inter_phase(algorithm: str, groups, message_bytes: float, fabric: Fabric) -> Transfer:
+    """All-reduce across nodes of each local rank's shard: rings or double binary trees."""
+    shards = [list(zip(*_by_node(g, fabric), strict=True)) for g in groups]  # per local rank
+    k = len(shards[0])
+    shard_bytes = message_bytes / k
+    num_nodes = len(shards[0][0])
+    edge_sets = []
+    for lines in shards:
+        edges: list[Edge] = []
+        for line in lines:
+            if algorithm == RING:
+                edges += _cycle(line)
+            else:  # two trees, the second over the reversed order so leaves become inner nodes
+                for order in (line, line[::-1]):
+                    up, _ = _binary_tree_edges(order)
+                    edges += up + [(b, a) for a, b in up]
+        edge_sets.append(edges)
+    hop = _hop_latency_s(edge_sets[0], fabric)
+    if algorithm == RING:
+        steps = 2 * (num_nodes - 1)
+        bytes_per_flow = steps * shard_bytes / num_nodes
+    else:
+        _, depth = _binary_tree_edges(shards[0][0])
+        steps = 2 * depth
+        bytes_per_flow = shard_bytes / 2  # each tree carries half, up and then down
+    return _coupled(edge_sets, fabric, bytes_per_flow, fabric.base_latency_s + steps * hop)
+
+
+def two_level_all_reduce(
+    algorithm: str, groups: Sequence[Sequence[int]], message_bytes: float, fabric: Fabric
+) -> Collective | None:
+    """``tree`` or ``hierarchical``: reduce-scatter in nodes, across nodes, all-gather in
+    nodes. None when the group is inside one node or nodes hold unequal shares."""
+    nodes = _by_node(groups[0], fabric)
+    if len(nodes) == 1 or len({len(m) for m in nodes}) != 1:
+        return None
+    inter = RING if algorithm == HIERARCHICAL else TREE
+    phases = (
+        _intra_phase(REDUCE_SCATTER, groups, message_bytes, fabric),
+        _inter_phase(inter, groups, message_bytes, fabric),
+        _intra_phase(ALL_GATHER, groups, message_bytes, fabric),
+    )
+    return tuple(p for p in phases if p is not None)
+
+
+def estimate_s(collective: Collective, capacities: Sequence[float]) -> float:
+    """Time of a collective alone on the network: per phase, latency + bytes / bottleneck."""
+    total = 0.0
+    for phase in collective:
+        total += phase.latency_s
+        if phase.bytes_per_flow > 0 and phase.links:
+            rate = min(capacities[i] / m for i, m in zip(phase.links, phase.mults, strict=True))
+            total += phase.bytes_per_flow / rate
+    return total
+
+
+def all_reduce(
+    algorithm: str, groups: Sequence[Sequence[int]], message_bytes: float, fabric: Fabric
+) -> Collective | None:
+    """An all-reduce by ``algorithm``; ``tree`` and ``hierarchical`` fall back to the ring
+    where they do not apply (a group inside one node), as NCCL does."""
+    flat = ring(ALL_REDUCE, groups, message_bytes, fabric)
+    if flat is None or algorithm == RING:
+        return flat
+    if algorithm not in (AUTO, NVLS):
+        return two_level_all_reduce(algorithm, groups, message_bytes, fabric) or flat
+    candidates = [flat]
+    for name in (TREE, HIERARCHICAL):
+        other = two_level_all_reduce(name, groups, message_bytes, fabric)
+        if other is not None:
+            candidates.append(other)
+    if algorithm == NVLS:
+        other = nvls(ALL_REDUCE, groups, message_bytes, fabric)
+        if other is not None:
+            candidates.append(other)
+    return min(candidates, key=lambda c: estimate_s(c, fabric.capacities))  # first on a tie
+
+
+def collective(
+    algorithm: str,
+    kind: str,
+    groups: Sequence[Sequence[int]],
+    message_bytes: float,
+    fabric: Fabric,
+) -> Collective | None:
+    """A collective of ``kind`` by the scenario's ``algorithm``: all-reduces by
+    `all_reduce`; reduce-scatters and all-gathers are rings, or under ``nvls`` the
+    faster of the ring and NVLS for a group inside one node (NCCL 2.19+ runs them on
+    NVLS; across nodes only with IB SHARP, not modelled)."""
+    if kind == ALL_REDUCE:
+        return all_reduce(algorithm, groups, message_bytes, fabric)
+    flat = ring(kind, groups, message_bytes, fabric)
+    if algorithm != NVLS or flat is None or len(_by_node(groups[0], fabric)) > 1:
+        return flat
+    other = nvls(kind, groups, message_bytes, fabric)
+    if other is None:
+        return flat
+    return min((flat, other), key=lambda c: estimate_s(c, fabric.capacities))
+
+
+# chunks of S/k each GPU's NVLink carries (up to the switch, down from it) per NVLS kind
+_NVLS_CHUNKS = {
+    ALL_REDUCE: lambda k: (k + 1, k + 1),
+    REDUCE_SCATTER: lambda k: (k, 1),
+    ALL_GATHER: lambda k: (1, k),
+}
+_NVLS_STEPS = {ALL_REDUCE: 2, REDUCE_SCATTER: 1, ALL_GATHER: 1}
+
+
+def _nvls_phase(
+    kind: str, groups: Sequence[Sequence[int]], message_bytes: float, fabric: Fabric
+) -> Transfer | None:
+    """One NVLS ``kind`` inside every node of the group at once (all nodes hold k GPUs).
+
+    The real flows are chunks of S/k: each GPU's up link carries ``up`` of them and
+    its down link ``down`` (`_NVLS_CHUNKS`), each chunk's bytes divided by the NVLS
+    efficiency. Latency: the base plus one GPU -> NVSwitch -> GPU route per step
+    (an all-reduce's load-reduce and its multicast store: 2; the others 1). None for
+    one GPU per node or where a GPU's peers are not one NVSwitch away."""
+    per_node = [_by_node(g, fabric) for g in groups]
+    k = len(per_node[0][0])
+    if k == 1 or fabric.nvls_efficiency <= 0:
+        return None
+    up, down = _NVLS_CHUNKS[kind](k)
+    routes = [
+        [(m, fabric.route(m, ms[(i + 1) % k])) for ms in nodes for i, m in enumerate(ms)]
+        for nodes in per_node
+    ]
+    if any(len(route) != 2 for _, route in routes[0]):
+        return None  # not behind one NVSwitch (a mesh): no NVLS
+    _check_alike(
+        [[(m, ms[(i + 1) % k]) for ms in nodes for i, m in enumerate(ms)] for nodes in per_node],
+        fabric,
+    )
+    own = Counter()
+    for _, (first, last) in routes[0]:
+        own[first] += up  # this GPU's link up to the switch
+        own[last] += down  # the next GPU's link down from it (each GPU's once)
+    mults = Counter()
+    for copy in routes:
+        for _, (first, last) in copy:
+            mults.update({first: up} if first in own else {})
+            mults.update({last: down} if last in own else {})
+    links = tuple(sorted(own))
+    hop = max(fabric.route_latency_s(route) for _, route in routes[0])
+    latency = fabric.base_latency_s + _NVLS_STEPS[kind] * hop
+    bytes_per_flow = message_bytes / (k * fabric.nvls_efficiency)
+    return Transfer(links, tuple(mults[i] for i in links), bytes_per_flow, latency)
+
+
+def nvls(
+    kind: str, groups: Sequence[Sequence[int]], message_bytes: float, fabric: Fabric
+) -> Collective | None:
+    """NVLS (NVLink SHARP) for a group inside one node, or NVLS_TREE for an all-reduce
+    over nodes holding equal shares of it (NVLS reduce-scatter in the nodes, double
+    binary trees of each local rank's shard across, NVLS all-gather). None where it
+    does not apply (no NVLS, one GPU per node, unequal shares, a reduce-scatter or
+    all-gather across nodes)."""
+    nodes = _by_node(groups[0], fabric)
+    if len({len(m) for m in nodes}) != 1:
+        return None
+    if len(nodes) == 1:
+        phase = _nvls_phase(kind, groups, message_bytes, fabric)
+        return None if phase is None else (phase,)
+    if kind != ALL_REDUCE:
+        return None
+    scatter = _nvls_phase(REDUCE_SCATTER, groups, message_bytes, fabric)
+    if scatter is None:
+        return None
+    return (
+        scatter,
+        _inter_phase(TREE, groups, message_bytes, fabric),
+        _nvls_phase(ALL_GATHER, groups, message_bytes, fabric),
+    )
+
+
+def point_to_point(pairs: Sequence[Edge], message_bytes: float, fabric: Fabric) -> Transfer:
+    """``pairs[0]`` sends ``message_bytes`` while the congruent ``pairs`` do the same."""
+    src, dst = pairs[0]
+    latency = fabric.route_latency_s(fabric.route(src, dst))
+    return _coupled([[pair] for pair in pairs], fabric, message_bytes, latency)
+
+
+def exchange(
+    edge_sets: Sequence[Sequence[Edge]],
+    message_bytes: float,
+    fabric: Fabric,
+    collective: bool,
+    weights: Sequence[float] | None = None,
+) -> Transfer:
+    """Every edge of ``edge_sets[0]`` (the representative group's) carries
+    ``message_bytes`` at one rate while the congruent sets do the same: one step of a
+    ring of sends (context parallelism's K/V ring) or an all-to-all. A ``collective``
+    (the all-to-all) pays the fixed launch latency before its slowest route's; a ring
+    step, as a pipeline send, only the route's. ``weights``: an all-to-all-v's (_coupled)."""
+    latency = _hop_latency_s(edge_sets[0], fabric)
+    if collective:
+        latency += fabric.base_latency_s
+    return _coupled(edge_sets, fabric, message_bytes, latency, weights)

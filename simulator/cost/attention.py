@@ -1,0 +1,168 @@
+"""The attention core's kernels: Megatron-LM's unfused path or one flash kernel.
+
+``unfused`` (Megatron-LM 2020-2022): the scores Q K^T as a batched GEMM, scale + mask
++ softmax, dropout, probabilities x V; the b x (a/T) x s x s scores go through HBM
+in every one of them. The softmax is Megatron's fused kernel when its shape rule
+allows (``simulator.scenario.softmax``, docs/frameworks.md §9): it reads the fp16
+scores and writes the fp16 probabilities (2 + 2 bytes per score element), and its
+backward reads the probabilities and their gradient and writes the scores' gradient
+(2 + 2 + 2). Otherwise PyTorch's ``forward_torch_softmax`` runs with the scores in
+fp32 (``attention_softmax_in_fp32``, set by ``apply_query_key_layer_scaling``):
+``.float()`` 2 + 4, ``* scale`` 4 + 4, ``masked_fill_`` 4 + 4, softmax 4 + 4 and the
+cast back 4 + 2 bytes, 36 in all; its backward through autograd 6 + 12 + 8 + 8 + 6 =
+40 (Megatron-LM megatron/model/fused_softmax.py, transformer.py; §9(b)). 36 is a
+lower bound: PyTorch's softmax may read a long row more than once.
+
+``flash`` (Megatron-Core r0.8.0 with ``--transformer-impl transformer_engine``, its
+default: TransformerEngine's ``DotProductAttention`` through
+megatron/core/transformer/custom_layers/transformer_engine.py ``TEDotProductAttention``,
+which runs cuDNN's fused attention or FlashAttention-2): one kernel that keeps each
+block of scores on chip (Dao 2023, FlashAttention-2, arXiv 2307.08691). Nothing s x s
+reaches HBM; the forward keeps only Q, K, V, the output and one fp32 log-sum-exp per
+row; the backward recomputes the scores from them (Dao 2023 Algorithm 2: five
+matmuls, S = Q K^T, dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q, against the
+forward's two: 2.5 times its matmul work). With GPT's causal mask the kernels skip the
+blocks above the diagonal (Dao 2023 Sec 3.1.1, "causal masking"): with blocks of
+``FLASH_BLOCK`` query rows the fraction of blocks computed is (n + 1) / 2n, n =
+s / ``FLASH_BLOCK``.
+
+Its time: the matmuls run at the efficiency the score GEMM's shape gets
+(``compute.gemm_efficiency``: m = n = s, k = the head dimension, one per head), and
+FlashAttention-2 does not overlap the softmax with them (FlashAttention-3, Shah et
+al. 2024, arXiv 2407.08608, Sec 3.1, overlaps them on Hopper; cuDNN's kernels are
+not documented), so each exponential adds the SM time of ``tensor_flops_per_exp``
+tensor FLOPs (one per score element forward, one backward to recompute P). The
+rest of the softmax (max, scale, sum: FP32 FMA-pipe work) is not counted. Nothing
+in this is fitted.
+
+Grouped-query attention (``model.num_query_groups``) changes the K and V tensors only:
+scores and context stay per query head, so the matmuls and the unfused s x s kernels
+are the same; the flash kernels read and write K, V (and their gradients) per group
+(``flash_hbm_bytes``). ``training.attention_backend = "fused"`` (cuDNN) runs as flash.
+
+The FLOPs a flash kernel reports are the model's (4 b s^2 h / T forward, twice that
+backward, what Megatron's formula counts), so MFU compares across the two kernels;
+the causal skip and the backward's recomputed scores show in the time alone.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+from ..ir.units import tflops_to_flops_per_s
+from ..ir.vocabulary import ATTENTION_FLASH
+from ..scenario.softmax import scenario_softmax_path
+from .kernels import BYTES_PER_ELEMENT, MASK_BYTES, Kernel, Work, gemm_efficiency
+
+if TYPE_CHECKING:
+    from .compute import ComputeModel
+
+# Bytes per score element of the softmax kernels (module docstring, §9(b)).
+FUSED_SOFTMAX_BYTES = 4.0
+FUSED_SOFTMAX_BACKWARD_BYTES = 6.0
+UNFUSED_SOFTMAX_BYTES = 36.0
+UNFUSED_SOFTMAX_BACKWARD_BYTES = 40.0
+# Query rows per block of FlashAttention-2's kernels for head dimensions 64-128
+# (csrc/flash_attn/src/flash_fwd_launch_template.h, kBlockM = 128; key blocks of 32,
+# 64 or 128 divide it, and then skip the same fraction of a causal matrix).
+FLASH_BLOCK = 128
+FLASH_BACKWARD_MATMULS = 2.5  # five matmuls against the forward's two
+
+
+def causal_fraction(s: int, block: int = FLASH_BLOCK) -> float:
+    """Fraction of the s x s score blocks a causal flash kernel computes: row block i
+    needs the key blocks up to its diagonal."""
+    rows = math.ceil(s / block)
+    computed = sum(math.ceil(min(s, (i + 1) * block) / block) for i in range(rows))
+    return computed / (rows * rows)
+
+
+def core_kernels(cm: ComputeModel) -> tuple[list[Kernel], list[Kernel]]:
+    """The attention core's forward kernels and its backward kernels (in execution
+    order) on one tensor-parallel rank, for the scenario's attention kernel."""
+    if cm.training.mechanism("attention_kernel") == ATTENTION_FLASH:
+        return _flash(cm)
+    return _unfused(cm)
+
+
+def _shape(cm: ComputeModel) -> tuple[int, int, int]:
+    """(micro-batch x query heads per rank, sequence, head size): every query head has
+    its own s x s scores, whatever K/V head it shares (GQA)."""
+    m, t, b = cm.model, cm.parallel.tensor_model_parallel_size, cm.training.micro_batch_size
+    return b * m.num_attention_heads // t, m.seq_length, m.head_size
+
+
+def kv_heads_per_rank(cm: ComputeModel) -> float:
+    """Micro-batch x K/V heads per rank (num_query_groups / TP of them; Megatron-Core
+    shards the groups over TP)."""
+    m, t, b = cm.model, cm.parallel.tensor_model_parallel_size, cm.training.micro_batch_size
+    return b * m.query_groups // t
+
+
+def _unfused(cm: ComputeModel) -> tuple[list[Kernel], list[Kernel]]:
+    heads, s, _ = _shape(cm)
+    qk, v = cm.model.qk_dim, cm.model.v_dim  # the head size both, but under MLA (mla.py)
+    scores = heads * s * s  # score elements per rank
+    e, g, mem = BYTES_PER_ELEMENT, cm.gemm, cm.memory_bound
+    fused = scenario_softmax_path(cm.scenario).fused
+    forward_bytes = FUSED_SOFTMAX_BYTES if fused else UNFUSED_SOFTMAX_BYTES
+    backward_bytes = FUSED_SOFTMAX_BACKWARD_BYTES if fused else UNFUSED_SOFTMAX_BACKWARD_BYTES
+    forward = [
+        Kernel("attention", "forward", "scores", g(s, s, qk, heads), core=True),
+        Kernel("attention", "forward", "softmax", mem(forward_bytes * scores), core=True),
+        Kernel("attention", "forward", "dropout", mem((2 * e + MASK_BYTES) * scores), core=True),
+        Kernel("attention", "forward", "context", g(s, v, s, heads), core=True),
+    ]
+    backward = [
+        Kernel("attention", "input", "context dP", g(s, s, v, heads)),
+        Kernel("attention", "input", "context dV", g(s, v, s, heads)),
+        Kernel("attention", "input", "dropout", mem((2 * e + MASK_BYTES) * scores)),
+        Kernel("attention", "input", "softmax", mem(backward_bytes * scores)),
+        Kernel("attention", "input", "scores dQ", g(s, qk, s, heads)),
+        Kernel("attention", "input", "scores dK", g(s, qk, s, heads)),
+    ]
+    return forward, backward
+
+
+def flash_hbm_bytes(cm: ComputeModel, backward: bool) -> float:
+    """What a flash kernel moves through HBM on one rank: Q, K, V in and O out
+    (forward); Q, K, V, O, dO in and dQ, dK, dV out (backward). Q, O, dO, dQ have a
+    head per query head, K, V, dK, dV one per group (GQA), so the forward moves
+    e b s d (2 a + 2 g) / T bytes and the backward e b s d (4 a + 4 g) / T."""
+    heads, s, head = _shape(cm)
+    if cm.model.mla:  # Q, O (dO, dQ) per head of qk, v widths; K, V (dK, dV) likewise
+        m = cm.model
+        per_head = (m.qk_dim + m.v_dim) * (2 if backward else 1)
+        return BYTES_PER_ELEMENT * s * per_head * (heads + kv_heads_per_rank(cm))
+    q_tensors, kv_tensors = (4, 4) if backward else (2, 2)
+    return BYTES_PER_ELEMENT * s * head * (q_tensors * heads + kv_tensors * kv_heads_per_rank(cm))
+
+
+def flash_work(cm: ComputeModel, backward: bool) -> Work:
+    """One flash-attention kernel (forward, or its backward) on one rank."""
+    heads, s, head = _shape(cm)
+    done = causal_fraction(s)
+    matmul_flops = 4.0 * heads * s * s * head  # Q K^T and P V, whole
+    if cm.model.mla:  # Q K^T over qk_dim, P V over v_dim (mla.py)
+        head = cm.model.qk_dim
+        matmul_flops = 2.0 * heads * s * s * (cm.model.qk_dim + cm.model.v_dim)
+    exponentials = heads * s * s * done
+    executed = matmul_flops * done * (FLASH_BACKWARD_MATMULS if backward else 1.0)
+    if cm.model.mla and backward:  # S again, dQ, dK over qk_dim; dP, dV over v_dim
+        m = cm.model
+        executed = 2.0 * heads * s * s * (3 * m.qk_dim + 2 * m.v_dim) * done
+    rate = tflops_to_flops_per_s(cm.gpu.peak_tflops) * gemm_efficiency(
+        cm.constants, s, s, head, heads
+    )
+    compute_s = (executed + cm.gpu.tensor_flops_per_exp * exponentials) / rate
+    memory_s = cm.memory_bound(flash_hbm_bytes(cm, backward)).duration_s
+    model_flops = matmul_flops * (2.0 if backward else 1.0)
+    return Work(duration_s=max(compute_s, memory_s), flops=model_flops)
+
+
+def _flash(cm: ComputeModel) -> tuple[list[Kernel], list[Kernel]]:
+    return (
+        [Kernel("attention", "forward", "flash attention", flash_work(cm, False), core=True)],
+        [Kernel("attention", "input", "flash attention backward", flash_work(cm, True))],
+    )

@@ -1,0 +1,360 @@
+"""Parameters and memory per GPU, stage by stage.
+
+Weights, gradients and optimizer states follow mixed-precision Adam as counted
+by Rajbhandari et al. 2020 (ZeRO, Sec 3.1): 2 bytes of 16-bit weights, g of
+gradients and 12 of fp32 master weights, momentum and variance per parameter.
+g is the gradient buffer's dtype (`TrainingConfig.gradient_bytes`): 2 for fp16,
+4 when gradients accumulate in fp32 (Megatron-LM's bf16, 18 bytes per parameter in
+all; docs/frameworks.md §4).
+The distributed optimizer (ZeRO-1) divides the 12 by the data-parallel size;
+full sharding (ZeRO-3 / FSDP) divides all 16, plus a working set of gathered
+layers.
+Parameters are counted in params.py.
+Activations follow Korthikanti et al. 2022 (arXiv 2205.05198, Sec 4), generalised to
+those shapes, bytes per layer and micro-batch (the attention core's s x s terms as its kernel keeps
+them: fp32 softmax output on Megatron's unfused fallback, none under flash
+attention), times the activations the schedule keeps in flight:
+a chunk's worth of layers (all the rank's layers when it runs one chunk) for
+each forward whose backward (or, when split, weight gradient) has not yet run; with
+chunks of unequal size (an uneven split), each forward counts its own chunk's layers.
+
+FP8 (`training.fp8_format`, docs/design.md "FP8 training"): the linear layers' saved
+inputs take 1 byte, their weights gain TE's FP8 copies (`fp8_weight_bytes`), and with
+``fp8_param_gather`` the FP8 weights replace the 16-bit ones and are gathered in FP8
+(`gathered_param_bytes`).
+
+"Stage" below is a pipeline rank: with v chunks per rank it holds v of the
+p x v virtual stages (schedules.stage_of).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..ir.results import StageMemory
+from ..ir.vocabulary import (
+    ATTENTION_FLASH,
+    NO_SHARDING,
+    RECOMPUTE_FULL,
+    RECOMPUTE_NONE,
+    RECOMPUTE_SELECTIVE,
+    SHARD_FULL,
+    SHARD_GRADIENTS,
+    SHARD_OPTIMIZER,
+)
+from ..scenario import Scenario
+from ..scenario.precision import fp8_enabled, fp8_param_gather, recipe_of, second_copy
+from ..scenario.softmax import scenario_softmax_path
+from .mla import activation_bytes_per_token as mla_activation_bytes_per_token
+from .mla import linear_weights_per_rank as mla_linear_weights_per_rank
+from .orders import stage_orders
+from .params import (
+    end_ranks,
+    layer_params_per_rank,
+    rank_moe_flags,
+    stage_expert_params_per_rank,
+    stage_params_per_rank,
+)
+from .routing import rank_loads, skewed
+
+# What a training process holds besides the model state and activations: the CUDA
+# context and kernels (~0.5 GiB on A100/H100), cuBLAS's workspace, NCCL's channel
+# buffers (a few MiB per peer and channel) and the caching allocator's
+# fragmentation. One round figure for every GPU; it is a budget, not a measurement.
+WORKSPACE_BYTES = 2.0 * 2**30
+WEIGHT_BYTES_PER_PARAM = 2.0
+OPTIMIZER_BYTES_PER_PARAM = 12.0
+
+
+def fp8_linear_params_per_rank(scenario: Scenario) -> float:
+    """One layer's linear weights on one tensor-parallel rank (QKV, projection, fc1, fc2;
+    no biases): what FP8 casts, caches and, with ``fp8_param_gather``, keeps and gathers
+    in FP8 (TE quantizes the GEMMs' weights; biases and norms stay 16-bit)."""
+    m = scenario.model
+    h = m.hidden_size
+    t = scenario.parallel.tensor_model_parallel_size
+    if not m.mla and not m.moe:
+        weights = h * m.qkv_width + m.attention_width * h + h * m.fc1_width + m.ffn_hidden_size * h
+        return weights / t
+    dense, moe = _fp8_layer_weights(scenario)
+    if not m.moe:
+        return dense
+    # an MoE model: the mean layer's (fp8_weight_bytes counts a stage's own mix)
+    return (m.num_moe_layers * moe + (m.num_layers - m.num_moe_layers) * dense) / m.num_layers
+
+
+def _fp8_layer_weights(scenario: Scenario) -> tuple[float, float]:
+    """(a dense layer's, an MoE layer's) linear weights on one GPU: an MoE layer's
+    shared experts over TP and its E / EP local routed experts over ETP."""
+    m = scenario.model
+    h = m.hidden_size
+    t = scenario.parallel.tensor_model_parallel_size
+    mlp = (h * m.fc1_width + m.ffn_hidden_size * h) / t
+    if m.mla:  # its down-projections are on every tensor rank whole
+        attention = mla_linear_weights_per_rank(m, t)
+    else:
+        attention = (h * m.qkv_width + m.attention_width * h) / t
+    if not m.moe:
+        return attention + mlp, 0.0
+    par = scenario.parallel
+    shared = 3 * h * m.shared_expert_ffn if m.gated else 2 * h * m.shared_expert_ffn
+    routed = m.num_experts // par.ep_size * (h * m.expert_fc1_width + m.expert_ffn * h)
+    return attention + mlp, attention + shared / t + routed / par.etp_size
+
+
+def gathered_param_bytes(scenario: Scenario, params: float, layers: float) -> float:
+    """Bytes of a parameter all-gather of ``params`` parameters holding ``layers``
+    transformer layers: 2 per parameter, 1 per FP8 linear weight with
+    ``fp8_param_gather`` (Megatron-LM's --fp8-param-gather gathers the FP8 parameters)."""
+    gathered = params * WEIGHT_BYTES_PER_PARAM
+    if fp8_param_gather(scenario.training):
+        gathered -= layers * fp8_linear_params_per_rank(scenario) * (WEIGHT_BYTES_PER_PARAM - 1)
+    return gathered
+
+
+def fp8_weight_bytes(scenario: Scenario, layers: float, stage: int | None = None) -> float:
+    """What FP8 adds to the weights of ``layers`` layers on one rank (0 without FP8): TE's
+    cached FP8 copy of each linear weight and its second copy (transpose or column-wise,
+    scenario.precision.second_copy), 1 byte each, kept from the first micro-batch on;
+    with ``fp8_param_gather`` the FP8 weight replaces the 16-bit one (1 byte less).
+    ``stage``: that pipeline rank's own layers, dense and MoE (DeepSeek's dense first
+    layers are wider than its MoE layers' share on a GPU), else the mean layer's."""
+    training = scenario.training
+    if not fp8_enabled(training):
+        return 0.0
+    copies = 1 + second_copy(scenario.cluster.gpu, recipe_of(training))
+    if fp8_param_gather(training):
+        copies -= WEIGHT_BYTES_PER_PARAM
+    m = scenario.model
+    if stage is not None and m.moe and m.num_moe_layers < m.num_layers:
+        dense, moe = _fp8_layer_weights(scenario)
+        flags = rank_moe_flags(scenario, stage)
+        return math.fsum(moe if flag else dense for flag in flags) * copies
+    return layers * fp8_linear_params_per_rank(scenario) * copies
+
+
+def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None) -> float:
+    """Korthikanti et al. 2022, Sec 4.2 and Table 2: one layer, one micro-batch, one rank.
+
+    ``recompute`` defaults to the scenario's granularity. With context parallelism s is
+    a rank's share of the sequence, s / CP (workload.context)."""
+    m = scenario.model
+    s, b, h, a = (
+        m.seq_length // scenario.parallel.cp_size,
+        scenario.training.micro_batch_size,
+        m.hidden_size,
+        (m.num_attention_heads),
+    )
+    t = scenario.parallel.tensor_model_parallel_size
+    sp = scenario.parallel.sequence_parallel
+    if recompute is None:
+        recompute = scenario.training.recompute_granularity
+    sbh = s * b * h
+    # Korthikanti's 24 sbh / t of TP-sharded activations, per element of each tensor:
+    # Q and the projection's input (2 bytes each, heads x d wide), K and V (groups x d),
+    # the activation's input (fc1's output: 2 ffn with SwiGLU) and fc2's input (ffn);
+    # 24 h for GPT's shape. The 10 sbh not sharded without SP: the two norms' inputs,
+    # QKV's and fc1's inputs, the two dropout masks (RMSNorm keeps the same input).
+    sharded = (
+        4 * m.attention_width
+        + 4 * m.query_groups * m.head_size
+        + 2 * m.fc1_width
+        + 2 * m.ffn_hidden_size
+    ) / h
+    latents = 0.0  # MLA's latents, on every tensor rank for all its tokens (mla.py)
+    if m.mla:
+        mla_sharded, latents = mla_activation_bytes_per_token(m, 1)
+        sharded += (mla_sharded - 4 * m.attention_width - 4 * m.query_groups * m.head_size) / h
+        latents /= h
+    if recompute == RECOMPUTE_FULL:
+        return 2 * sbh / (t if sp else 1)  # only the layer's input is kept
+    replicated = 10
+    if fp8_enabled(scenario.training):
+        # TE saves each linear layer's input for wgrad as FP8 (1 byte, its one copy the
+        # backward reads): the projection's and fc2's inputs in the sharded part, QKV's
+        # and fc1's of the 10 (Q, K, V, the activation's input and the norms' stay 16-bit)
+        sharded -= (m.attention_width + m.ffn_hidden_size) / h
+        replicated = 8
+    # softmax output, dropout mask and dropout output: 2 + 1 + 2 bytes per score element
+    attention_core = 5 * a * s / (h * t)
+    if scenario.training.mechanism("attention_kernel") == ATTENTION_FLASH:
+        # one fp32 log-sum-exp per query row and head; nothing s x s (workload.attention)
+        attention_core = 4 * a / (h * t)
+    elif not scenario_softmax_path(scenario).fused:
+        # PyTorch's softmax in fp32 keeps its fp32 output: 4 bytes per score, not 2
+        attention_core = 7 * a * s / (h * t)
+    if recompute == RECOMPUTE_SELECTIVE:
+        attention_core = 0.0
+    if sp:
+        return sbh * ((replicated + sharded) / t + attention_core + latents)
+    return sbh * (replicated + sharded / t + attention_core + latents)
+
+
+def moe_activation_bytes(
+    scenario: Scenario, dense_bytes: float, recompute: str | None = None
+) -> float:
+    """An MoE layer's activations from a dense layer's (``dense_bytes``, same
+    recomputation): the MLP's fc1 and fc2 inputs (2 ffn_1 + 2 ffn bytes per token on the
+    GPU) give way to the routed rows the GPU's experts keep: k (capped by the capacity
+    factor) x ETP rows per local token, each keeping fc1's input (h), the activation's
+    (ffn_1 / ETP) and fc2's (ffn / ETP) in 2 bytes."""
+    m, par = scenario.model, scenario.parallel
+    if (recompute or scenario.training.recompute_granularity) == RECOMPUTE_FULL:
+        return dense_bytes
+    local = m.seq_length // par.cp_size * scenario.training.micro_batch_size
+    local /= par.tensor_model_parallel_size
+    factor = m.moe_expert_capacity_factor
+    rows = local * m.router_topk * (1.0 if factor is None else min(1.0, factor)) * par.etp_size
+    if skewed(m):  # the busiest EP rank's experts keep the most (routing.py)
+        rows = local * m.router_topk * max(rank_loads(m, par.ep_size)) * par.etp_size
+    experts = rows * 2 * (m.hidden_size + (m.expert_fc1_width + m.expert_ffn) / par.etp_size)
+    shared = local * 2 * ((2 if m.gated else 1) + 1) * m.shared_expert_ffn
+    return dense_bytes - local * 2 * (m.fc1_width + m.ffn_hidden_size) + experts + shared
+
+
+def stage_activation_bytes_per_layer(scenario: Scenario, stage: int) -> float:
+    """`activation_bytes_per_layer`, for an MoE model the mean over the rank's dense and
+    MoE layers (exact when they are all of one kind)."""
+    dense = activation_bytes_per_layer(scenario)
+    if not scenario.model.moe:
+        return dense
+    flags = rank_moe_flags(scenario, stage)
+    moe = moe_activation_bytes(scenario, dense)
+    return sum(moe if flag else dense for flag in flags) / max(1, len(flags))
+
+
+def sharding_of(scenario: Scenario) -> str:
+    """The data-parallel sharding in effect: the scenario's, or none with one replica
+    (there is nothing to shard over). Replicas are data x context parallel: Megatron-Core
+    reduces gradients and shards the distributed optimizer over the data-parallel group
+    with context parallelism."""
+    if scenario.parallel.gradient_group_size > 1:
+        return scenario.training.data_parallel_sharding
+    return NO_SHARDING
+
+
+def optimizer_sharded(scenario: Scenario) -> bool:
+    """Whether each replica holds 1/D of the optimizer state and steps on 1/D of the
+    parameters (ZeRO-1 and FSDP): the memory here and the bound (plan.bound) read it."""
+    return sharding_of(scenario) in (SHARD_OPTIMIZER, SHARD_GRADIENTS, SHARD_FULL)
+
+
+def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> StageMemory:
+    m = scenario.model
+    t = scenario.parallel.tensor_model_parallel_size
+    params = stage_params_per_rank(scenario, stage)
+    d = scenario.parallel.gradient_group_size  # data x context parallel
+    weights = params * WEIGHT_BYTES_PER_PARAM
+    gradient_bytes = scenario.training.gradient_bytes
+    gradients = params * gradient_bytes
+    optimizer = params * OPTIMIZER_BYTES_PER_PARAM
+    experts = stage_expert_params_per_rank(scenario, stage)
+    if optimizer_sharded(scenario) and experts:
+        # the routed experts' states over the expert-data-parallel group, the rest over D x C
+        edp = scenario.parallel.expert_data_parallel_size
+        optimizer = ((params - experts) / d + experts / edp) * OPTIMIZER_BYTES_PER_PARAM
+    elif optimizer_sharded(scenario):
+        optimizer /= d
+    if sharding_of(scenario) == SHARD_FULL:
+        # sharded weights and gradients, plus FSDP's working set: the layer in use and
+        # the one being gathered ahead, and one layer's full gradients
+        # (the embedding/output weights are gathered with the first layer of each pass)
+        layer = layer_params_per_rank(scenario)
+        rest = params - layer * scenario.rank_layers(stage)
+        weights = weights / d + (2 * layer + rest) * WEIGHT_BYTES_PER_PARAM
+        gradients = gradients / d + (layer + rest) * gradient_bytes
+        if fp8_enabled(scenario.training):
+            weights += fp8_weight_bytes(scenario, 2)  # the FP8 copies of the working set
+    else:
+        if sharding_of(scenario) == SHARD_GRADIENTS:
+            # ZeRO-2: 1/D of the gradients, plus one layer's full gradients before their
+            # reduce-scatter and the embedding/output weights' (reduced once, at the end)
+            layer = layer_params_per_rank(scenario)
+            rest = params - layer * scenario.rank_layers(stage)
+            gradients = (params - rest) * gradient_bytes / d + (layer + rest) * gradient_bytes
+        if fp8_enabled(scenario.training):
+            weights += fp8_weight_bytes(scenario, scenario.rank_layers(stage), stage)
+    chunks = scenario.chunk_layers[stage]
+    if len(set(chunks)) == 1:  # every chunk alike: the peak in flight times a chunk's layers
+        activations = stage_activation_bytes_per_layer(scenario, stage) * chunks[0]
+        activations *= inflight_activations
+    else:  # chunks of unequal size (an uneven split with chunks): walk the rank's order
+        activations = stage_activation_bytes_per_layer(scenario, stage)
+        activations *= inflight_layers(scenario, stage)
+    if scenario.training.recompute_granularity == RECOMPUTE_FULL:
+        # the layer being recomputed holds all its activations during its backward
+        whole = activation_bytes_per_layer(scenario, RECOMPUTE_NONE)
+        if scenario.model.moe:  # its largest layer, an MoE one
+            whole = max(whole, moe_activation_bytes(scenario, whole, RECOMPUTE_NONE))
+        activations += whole
+    if stage in end_ranks(scenario)[1]:
+        # fp32 logits of the micro-batch whose loss is being computed (Korthikanti Sec 4.3).
+        tokens = m.seq_length // scenario.parallel.cp_size * scenario.training.micro_batch_size
+        activations += 4 * tokens * m.vocab_size / t
+    return StageMemory(
+        stage=stage,
+        params=params,
+        weights_bytes=weights,
+        gradients_bytes=gradients,
+        optimizer_bytes=optimizer,
+        activations_bytes=activations,
+        inflight_activations=inflight_activations,
+        workspace_bytes=WORKSPACE_BYTES,
+    )
+
+
+def inflight_layers(scenario: Scenario, stage: int) -> int:
+    """Most transformer layers whose activations a rank holds at once under its schedule:
+    each forward adds its chunk's layers, the backward (or, when split, the weight
+    gradient; a full backward's where the order holds no W) of the same chunk and
+    micro-batch takes them off (schedules.peak_inflight,
+    weighted by `Scenario.chunk_layers`)."""
+    order = stage_orders(scenario)[stage]
+    counts = scenario.chunk_layers[stage]
+    # released at the W, or at a full B (one whose W the order does not hold), as
+    # schedules.peak_inflight counts them
+    weights = {(s.microbatch, s.chunk) for s in order if s.kind == "W"}
+    alive = peak = 0
+    for step in order:
+        if step.kind == "F":
+            alive += counts[step.chunk]
+            peak = max(peak, alive)
+        elif step.kind == "W" or (
+            step.kind == "B" and (step.microbatch, step.chunk) not in weights
+        ):
+            alive -= counts[step.chunk]
+    return peak
+
+
+@dataclass(frozen=True, slots=True)
+class OutOfMemory:
+    """Why a layout does not fit: ``problem`` says which stage, by how much, what fills
+    it and what to change; ``override`` how `stepsim run --allow-oom` simulates it
+    anyway, a hint `plan` (which simulates nothing that does not fit) leaves out.
+    ``str()`` is the whole line, as run's error, warning and metrics.json carry it."""
+
+    problem: str
+    override: str = "--allow-oom simulates it anyway"
+
+    def __str__(self) -> str:
+        return f"{self.problem}; {self.override}"
+
+
+def out_of_memory(scenario: Scenario, memory: list[StageMemory]) -> OutOfMemory | None:
+    """None when every stage fits its GPU, else what is wrong (`OutOfMemory`)."""
+    capacity_gib = scenario.cluster.gpu.memory_gib
+    worst = max(memory, key=lambda m: (m.total_bytes, -m.stage))
+    parts = worst.as_gib()
+    if parts["total"] <= capacity_gib:
+        return None
+    over = [stage.stage for stage in memory if stage.as_gib()["total"] > capacity_gib]
+    return OutOfMemory(
+        f"out of memory: pipeline stage {worst.stage} needs {parts['total']:.1f} GiB of the "
+        f"{scenario.cluster.gpu.name}'s {capacity_gib:g} GiB ({parts['total'] - capacity_gib:.1f} "
+        f"GiB over; "
+        + ", ".join(f"{k} {parts[k]:.1f}" for k in parts if k != "total")
+        + f"); {len(over)} of {len(memory)} stages do not fit. More pipeline or tensor "
+        "parallelism, recomputation, a smaller micro-batch or a sharded optimizer would "
+        "help"
+    )

@@ -1,0 +1,181 @@
+"""F&B pairs run overlapped: the forward of one micro-batch and the backward of another
+interleaved on the compute stream, their expert all-to-alls on a communication stream
+(`training.overlap_moe_expert_parallel_comm`; docs/moe.md).
+
+DeepSeek-V3 (technical report 3.2.2, DualPipe's `overlapped_forward_backward`) and
+Megatron-Core's combined 1F1B split a layer into attention, dispatch, MLP (the experts)
+and combine, and run one micro-batch's compute while the other's all-to-all is on the
+wire. Here a pair's two passes are generators (lowering._Stage.forward_steps,
+backward_steps) advanced in turn: each runs its compute up to an all-to-all, launches
+it on the GPU's communication lane (stream ``ep``: it starts once the compute that
+produced its tokens has ended, and its collectives run one after another), and pauses;
+the other pass then computes; on resuming, the pass waits for its all-to-all (a
+barrier: what is left of it is exposed `ep_comm`) and goes on. Per MoE layer:
+
+    forward:  attention, router + permute | dispatch | experts | combine | unpermute, ...
+    backward: ..., unpermute's dual | combine's dual | experts | dispatch's dual | router,
+              attention
+
+A dense layer is one part (it pauses after it). Pipeline sends stay non-blocking ops.
+
+SMs. The communication kernels hold a share f of the SMs (`training.moe_comm_sm_fraction`,
+by default DeepSeek's 20 of 132 when the overlap is on) for as long as pairs run, as
+DeepSeek partitions them: every kernel of a pair's layers runs on the other
+round(SMs x (1 - f)) SMs. GEMMs take that through the wave model (the kernel constants'
+`num_sms`, as --tp-comm-overlap's GEMMs do on the SMs userbuffers leave); memory-bound
+kernels keep their time (HBM, not SMs, bounds them). The all-to-all's own time does not
+change (links bound it). Passes outside pairs run on every SM.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Generator, Iterator
+from typing import TYPE_CHECKING
+
+from ..cost.compute import ComputeModel
+from ..ir.vocabulary import (
+    ALL_GATHER,
+    ALL_TO_ALL,
+    BACKWARD,
+    EP_COMM,
+    EP_STREAM,
+    FORWARD,
+    RECOMPUTE,
+    RECOMPUTE_SELECTIVE,
+    REDUCE_SCATTER,
+)
+from .moe_ops import MoeBlock
+
+if TYPE_CHECKING:
+    from ..scenario import Scenario
+    from .gpuops import GpuOps
+    from .lowering import _Stage
+
+
+def sharing_compute(compute: ComputeModel, fraction: float) -> ComputeModel:
+    """The compute model on the SMs that communication holding ``fraction`` leaves."""
+    if fraction <= 0:
+        return compute
+    c = compute.constants
+    shared = copy.copy(compute)
+    left = max(1, round(c.num_sms * (1.0 - fraction)))
+    shared.constants = dataclasses.replace(c, num_sms=left)
+    return shared
+
+
+class Pairing:
+    """One simulated GPU's overlapped pairs: its communication lane and the kernels on
+    the SMs the communication leaves."""
+
+    def __init__(self, gpu: GpuOps, scenario: Scenario, compute: ComputeModel) -> None:
+        shared = sharing_compute(compute, scenario.training.comm_sm_fraction)
+        self.works = shared.layer()
+        self.moe = MoeBlock(shared) if scenario.model.moe else None
+        self.gpu = gpu
+        self.lane = gpu.new_lane(EP_STREAM)
+
+    @staticmethod
+    def interleave(first: Iterator, second: Iterator) -> object:
+        """Advance two passes in turn, a part each, until both end; the first's value."""
+        value, running = None, [first, second]
+        while running:
+            for steps in list(running):
+                try:
+                    next(steps)
+                except StopIteration as stop:
+                    running.remove(steps)
+                    if steps is first:
+                        value = stop.value
+        return value
+
+    # -- a layer as parts -----------------------------------------------------------------
+
+    def layer(
+        self, stage: _Stage, kind: str, label: str, mb: int, deps: list[object], index: int
+    ) -> Generator[None]:
+        moe = self.moe is not None and stage.moe_flags is not None and stage.moe_flags[index]
+        layer = self.works
+        if kind == "F":
+            stage.block(FORWARD, label, mb, layer.attention_forward, layer.attention_overlap, deps)
+            if moe:
+                yield from self.moe_forward(stage, label, mb)
+            else:
+                stage.block(FORWARD, label, mb, layer.mlp_forward, layer.mlp_overlap)
+                yield
+            return
+        mlp, attention = layer.mlp_backward, layer.attention_backward
+        if stage.split:
+            mlp, attention = mlp - layer.mlp_weight, attention - layer.attention_weight
+        if stage.recompute == RECOMPUTE_SELECTIVE:  # full is refused with the overlap
+            stage.gpu.work(RECOMPUTE, label, mb, layer.attention_core_forward, deps)
+            deps = []
+        if moe:
+            yield from self.moe_backward(stage, label, mb, deps)
+        else:
+            stage.backward_block(label, mb, mlp, layer.mlp_last_weight, layer.mlp_overlap, deps)
+            yield
+        stage.backward_block(
+            label, mb, attention, layer.attention_last_weight, layer.attention_overlap, ()
+        )
+
+    def moe_forward(self, stage: _Stage, label: str, mb: int) -> Generator[None]:
+        w, gpu = self.moe.work, stage.gpu
+        gpu.work(FORWARD, label, mb, w.pre)
+        yield from self.exchange(stage, label, mb, True, forward=True)
+        gpu.work(FORWARD, label, mb, w.experts)
+        yield from self.exchange(stage, label, mb, False)
+        gpu.work(FORWARD, label, mb, w.post)
+        self.moe.shared(stage, FORWARD, label, mb, w.shared)
+        gpu.work(FORWARD, label, mb, w.tail)
+
+    def moe_backward(self, stage: _Stage, label: str, mb: int, deps) -> Generator[None]:
+        w, gpu, split = self.moe.work, stage.gpu, stage.split
+        gpu.work(BACKWARD, label, mb, w.tail_b, deps)
+        shared = w.shared_b - w.shared_w if split else w.shared_b
+        self.moe.shared(stage, BACKWARD, label, mb, shared)
+        gpu.work(BACKWARD, label, mb, w.post_b)
+        yield from self.exchange(stage, label, mb, True)  # the combine's dual
+        gpu.work(BACKWARD, label, mb, w.experts_b - w.experts_w if split else w.experts_b)
+        yield from self.exchange(stage, label, mb, False)  # the dispatch's dual
+        gpu.work(BACKWARD, label, mb, w.pre_b - w.pre_w if split else w.pre_b)
+
+    def exchange(
+        self, stage: _Stage, label: str, mb: int, into: bool, forward: bool = False
+    ) -> Generator[None]:
+        """Tokens to their experts (``into``) or back, on the communication lane once the
+        compute before has ended (the all-to-all, with ETP > 1 its all-gather after or
+        reduce-scatter before); pauses for the other pass, then waits for it."""
+        gpu, b = stage.gpu, self.moe.bytes
+        steps = [("ep", ALL_TO_ALL, b.alltoall_bytes), ("etp", ALL_GATHER, b.etp_bytes)]
+        if not into:
+            steps = [("etp", REDUCE_SCATTER, b.etp_bytes), ("ep", ALL_TO_ALL, b.alltoall_bytes)]
+        if self.moe.flex is not None:  # DeepEP's one transfer (deepep.py)
+            steps = [("ep", ALL_TO_ALL, None)]
+        ready = [gpu.last_key(gpu.lane)]
+        sent = None
+        for group, kind, nbytes in steps:
+            if nbytes is None:
+                transfer = self.moe.flex_transfer(gpu, into, forward)
+            else:
+                transfer = gpu.comm.expert(group, kind, nbytes, gpu.j, gpu.d)
+            if transfer is None:
+                continue
+            rendezvous = None
+            if gpu.exact:
+                offset = gpu.comm.expert_offset(group, gpu.j, gpu.d)
+                rendezvous = gpu.rendezvous(EP_COMM, (group, offset))
+            sent = gpu.builder.add(
+                self.lane,
+                EP_COMM,
+                label,
+                transfer=transfer,
+                rendezvous=rendezvous,
+                microbatch=mb,
+                deps=ready,
+            )
+            ready = []
+        yield
+        if sent is not None:
+            gpu.barrier(label, [sent], mb)

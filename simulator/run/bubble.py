@@ -1,0 +1,356 @@
+"""The bubble study: a schedule on abstract op times, no cluster (``stepsim schedule``).
+
+Times follow the reference vectors' conventions: F, B and W are per micro-batch
+and rank; with v chunks each op lasts F/v, B/v or W/v; a schedule that does not
+split the backward runs one fused backward of (B + W)/v; c is added to every
+hop between ranks. The engine runs the orders exactly as the full simulator
+runs a pipeline's compute lanes. With ``stage_layers`` (an uneven split, as
+Megatron-Core's ``decoder_first/last_pipeline_num_layers`` give), F, B and W are per
+layer and rank r's ops last its layers times as long.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from stepsim.schedules import (
+    DUAL,
+    LOOPED,
+    SCHEDULES,
+    V_SHAPE,
+    Step,
+    ZbvTimes,
+    order_labels,
+    peak_inflight,
+)
+from stepsim.schedules import build as build_schedule
+from stepsim.schedules.custom import sizes_of
+
+from ..emit.abstract import abstract_pipeline
+from ..engine.core import simulate
+from ..ir.results import SCHEMA_VERSION, Trace
+from ..ir.vocabulary import COMPUTE_STREAM, MODEL_KINDS
+from ..scenario import ScenarioError, check_limit
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class OpTimes:
+    forward: float
+    backward: float
+    weight: float = 0.0
+    p2p_latency: float = 0.0
+    overlapped: float | None = None  # an F&B pair (forward + full backward); None: F + B + W
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Study:
+    name: str
+    num_ranks: int
+    num_microbatches: int
+    num_chunks: int
+    split_backward: bool
+    placement: str
+    times: OpTimes
+    orders: tuple[tuple[Step, ...], ...]
+    trace: Trace
+    stage_layers: tuple[int, ...] | None = None  # layers per rank; F, B, W are then per layer
+
+    @property
+    def makespan(self) -> float:
+        return self.trace.end_s
+
+    @property
+    def chunks_per_stage(self) -> int:
+        """Chunks that make one stage's worth of layers (1 under the dual placement,
+        whose chunks are whole stages of two model copies)."""
+        return 1 if self.placement == DUAL else self.num_chunks
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether the orders run overlapped F&B pairs at a time of their own."""
+        return self.times.overlapped is not None and any(
+            s.overlapped for order in self.orders for s in order
+        )
+
+    @property
+    def ideal(self) -> float:
+        """m(F + B + W) per rank; with overlapped pairs timed apart, the ranks' mean busy
+        time (the work itself shrinks where pairs overlap)."""
+        if self.overlaps:
+            return sum(self.per_rank_busy) / self.num_ranks
+        t = self.times
+        ideal = self.num_microbatches * (t.forward + t.backward + t.weight)
+        if self.stage_layers is not None:  # the busiest rank's work
+            ideal *= max(self.stage_layers)
+        return ideal
+
+    @property
+    def per_rank_busy(self) -> list[float]:
+        busy = [0.0] * self.num_ranks
+        for span in self.trace.spans:
+            if span.stream == COMPUTE_STREAM and span.kind in MODEL_KINDS:
+                busy[span.gpu] += span.end_s - span.start_s
+        return busy
+
+    @property
+    def per_rank_bubble(self) -> list[float]:
+        return [self.makespan - busy for busy in self.per_rank_busy]
+
+    def peak_inflight(self, release_at: str = "W") -> list[int]:
+        """Chunk activations alive per rank: +1 at F, -1 at W (or the fused B)."""
+        return [peak_inflight(order, release_at) for order in self.orders]
+
+    def rank_order(self) -> list[str]:
+        return [" ".join(order_labels(o, self.num_chunks)) for o in self.orders]
+
+    def as_dict(self) -> dict:
+        ideal, makespan = self.ideal, self.makespan
+        t = self.times
+        layers = {} if self.stage_layers is None else {"stage_layers": list(self.stage_layers)}
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "schedule": self.name,
+            "p": self.num_ranks,
+            "m": self.num_microbatches,
+            "v": self.num_chunks,
+            "F": t.forward,
+            "B": t.backward,
+            "W": t.weight,
+            "c": t.p2p_latency,
+            **({} if t.overlapped is None else {"F&B": t.overlapped}),
+            "split_backward": self.split_backward,
+            "placement": self.placement,
+            **layers,
+            "makespan": makespan,
+            "ideal": ideal,
+            # the two meanings of "bubble", named apart: the idle share of the makespan
+            # (what `stepsim run` reports as bubble_fraction) and Narayanan et al.'s
+            # (makespan - ideal) / ideal (the reference vectors' bubble_ratio)
+            "bubble_fraction": (makespan - ideal) / makespan,
+            "bubble_over_ideal": (makespan - ideal) / ideal,
+            "per_rank_busy": self.per_rank_busy,
+            "per_rank_bubble": self.per_rank_bubble,
+            "per_rank_peak_inflight_b": self.peak_inflight("B"),
+            "per_rank_peak_inflight_w": self.peak_inflight("W"),
+            "rank_order": self.rank_order(),
+        }
+
+
+def run_orders(
+    name: str,
+    orders: Sequence[Sequence[Step]],
+    times: OpTimes,
+    *,
+    num_chunks: int,
+    split_backward: bool,
+    placement: str = LOOPED,
+    stage_layers: Sequence[int] | None = None,
+) -> Study:
+    """Simulate given per-rank orders (already checked) on abstract op times. A chunk's
+    op lasts its share of the rank's time (F / v), except under the dual placement,
+    whose micro-batches pass one chunk per rank (F)."""
+    v = num_chunks
+    share = 1 if placement == DUAL else v
+    backward = times.backward if split_backward else times.backward + times.weight
+    workload = abstract_pipeline(
+        orders,
+        forward_s=times.forward / share,
+        backward_s=backward / share,
+        weight_s=times.weight / share if split_backward else 0.0,
+        p2p_latency_s=times.p2p_latency,
+        num_chunks=v,
+        placement=placement,
+        rank_scale=stage_layers,
+        overlapped_s=None if times.overlapped is None else times.overlapped / share,
+    )
+    m = 1 + max(s.microbatch for order in orders for s in order)
+    return Study(
+        name=name,
+        num_ranks=len(orders),
+        num_microbatches=m,
+        num_chunks=v,
+        split_backward=split_backward,
+        placement=placement,
+        times=times,
+        orders=tuple(tuple(o) for o in orders),
+        trace=simulate(workload),
+        stage_layers=None if stage_layers is None else tuple(stage_layers),
+    )
+
+
+def run_schedule(
+    name: str,
+    p: int,
+    m: int,
+    times: OpTimes,
+    v: int = 1,
+    group_size: int | None = None,
+    stage_layers: Sequence[int] | None = None,
+) -> Study:
+    """Build a named schedule and simulate it; ValueError if the sizes do not suit it."""
+    info = SCHEDULES[name]
+    timed = None
+    if info.timed:  # one chunk op lasts F/v, B/v, W/v; memory per op as ZbvTimes' defaults
+        timed = ZbvTimes(times.forward / v, times.backward / v, times.weight / v, times.p2p_latency)
+    orders = build_schedule(name, p, m, v, group_size, timed)
+    return run_orders(
+        name,
+        orders,
+        times,
+        num_chunks=v,
+        split_backward=info.split_backward,
+        placement=info.placement,
+        stage_layers=stage_layers,
+    )
+
+
+# -- what `stepsim schedule` accepts: op times, sizes, and which schedules run how --------
+
+MAX_SIZE = 100_000  # stages, micro-batches, chunks or group size
+
+
+def op_times(
+    forward: float,
+    backward: float,
+    weight: float | None,
+    p2p_latency: float,
+    overlapped: float | None = None,
+) -> OpTimes:
+    """Checked op times (``weight`` None: the backward is not split; ``overlapped`` None:
+    an F&B pair takes F + B + W). Errors name the command's flags."""
+    values = {
+        "--forward": forward,
+        "--backward": backward,
+        "--weight": weight or 0.0,
+        "--p2p-latency": p2p_latency,
+        "--overlapped": overlapped or 0.0,
+    }
+    for flag, value in values.items():
+        if not 0 <= value < float("inf"):
+            raise ScenarioError(f"{flag}={value} must be a finite number >= 0")
+    total = forward + backward + (weight or 0.0)
+    if total <= 0:
+        raise ScenarioError("--forward, --backward and --weight cannot all be 0")
+    if total > 1e12 or p2p_latency > 1e12 or (overlapped or 0.0) > 1e12:
+        raise ScenarioError(
+            "--forward, --backward, --weight, --p2p-latency and --overlapped must be <= 1e12"
+        )
+    return OpTimes(
+        forward=forward,
+        backward=backward,
+        weight=weight or 0.0,
+        p2p_latency=p2p_latency,
+        overlapped=overlapped,
+    )
+
+
+def check_sizes(sizes: dict[str, int | None]) -> None:
+    """Each given size (by flag) between 1 and MAX_SIZE."""
+    for flag, value in sizes.items():
+        if value is not None and not 1 <= value <= MAX_SIZE:
+            raise ScenarioError(f"{flag}={value} must be between 1 and {MAX_SIZE}")
+
+
+def study_of_orders(
+    name: str,
+    orders: Sequence[Sequence[Step]],
+    times: OpTimes,
+    *,
+    weight_given: bool,
+    placement: str,
+    sizes: dict[str, int | None],
+    where: str,
+    stage_layers: Sequence[int] | None = None,
+) -> Study:
+    """Per-rank orders read from a file (``where`` names it in errors): within the op
+    limit, agreeing with the sizes given (by flag: --stages, --microbatches, --chunks),
+    with a weight time when they hold W ops; then simulated."""
+    p, m, v, split = sizes_of(orders)
+    check_limit(
+        "schedule_ops", p * m * v * 3, f"{where}: {p} ranks x {m} micro-batches x {v} chunks is"
+    )
+    for (flag, given), found in zip(sizes.items(), (p, m, v), strict=True):
+        if given is not None and given != found:
+            raise ScenarioError(f"{flag}={given} but the schedule file has {found}")
+    if split and not weight_given:
+        raise ScenarioError("--weight is required: the schedule file has W ops")
+    check_stage_layers(stage_layers, p)
+    return run_orders(
+        name,
+        orders,
+        times,
+        num_chunks=v,
+        split_backward=split,
+        placement=placement,
+        stage_layers=stage_layers,
+    )
+
+
+def check_stage_layers(stage_layers: Sequence[int] | None, stages: int) -> None:
+    """One count per rank, each at least 1 (``--stage-layers``)."""
+    if stage_layers is None:
+        return
+    text = ",".join(str(n) for n in stage_layers)
+    if len(stage_layers) != stages:
+        raise ScenarioError(
+            f"--stage-layers={text} gives {len(stage_layers)} counts for {stages} stages"
+        )
+    if min(stage_layers) < 1:
+        raise ScenarioError(f"--stage-layers={text}: every stage needs at least 1 layer")
+
+
+def studies_of_schedules(
+    names: Sequence[str],
+    stages: int | None,
+    microbatches: int | None,
+    times: OpTimes,
+    *,
+    weight_given: bool,
+    chunks: int | None = None,
+    group_size: int | None = None,
+    stage_layers: Sequence[int] | None = None,
+) -> list[Study]:
+    """Named schedules on the same sizes and op times, each checked and simulated. With
+    one schedule a --chunks or --group-size it cannot take is an error; with several
+    they apply where they can."""
+    if stages is None:
+        raise ScenarioError("--stages is required with --schedule or --compare")
+    if microbatches is None:
+        raise ScenarioError("--microbatches is required with --schedule or --compare")
+    # every schedule runs (and is drawn) at most 3 max(v, 2) ops per micro-batch and stage
+    ops = stages * microbatches * 3 * max(chunks or 2, 2) * len(names)
+    check_limit(
+        "schedule_ops",
+        ops,
+        f"--stages={stages} x --microbatches={microbatches} x {len(names)} schedule(s) means",
+    )
+    check_stage_layers(stage_layers, stages)
+    studies = []
+    single = len(names) == 1
+    for name in names:
+        if name not in SCHEDULES:
+            raise ScenarioError(f"schedule {name!r} is not one of: {', '.join(SCHEDULES)}")
+        info = SCHEDULES[name]
+        if info.split_backward and not weight_given:
+            raise ScenarioError(
+                f"--weight is required for {name!r}, which splits the backward: --backward "
+                "is then the input-gradient time and --weight the weight-gradient time"
+            )
+        v = 1
+        if info.chunked:
+            v = 2 if info.placement in (V_SHAPE, DUAL) or chunks is None else chunks
+        if single and chunks not in (None, v):
+            raise ScenarioError(f"--chunks={chunks}: schedule {name!r} runs {v} chunks")
+        if single and group_size is not None and not info.grouped:
+            raise ScenarioError(
+                f"--group-size={group_size}: schedule {name!r} takes no micro-batch group"
+            )
+        group = group_size if info.grouped else None
+        try:
+            studies.append(run_schedule(name, stages, microbatches, times, v, group, stage_layers))
+        except ValueError as exc:
+            raise ScenarioError(
+                f"--schedule {name} --stages {stages} --microbatches {microbatches}: {exc}"
+            ) from None
+    return studies

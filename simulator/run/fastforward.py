@@ -1,0 +1,377 @@
+"""The steady-state fast-forward: a long pipeline from a short one, with a proof.
+
+A pipeline schedule's steady state repeats: under 1F1B each stage runs one forward and
+one backward per micro-batch, under Megatron's interleaving a group of micro-batches per
+round. `fast_forward` simulates the scenario with a few micro-batches, ``m'`` (warm-up,
+some steady periods, cool-down), proves that the simulation repeats, and adds the
+``k = (m - m') / q`` periods of ``q`` micro-batches it left out. The proof, in three
+checks (docs/design.md, "The steady-state fast-forward"):
+
+1. **The schedule inserts periods.** Each rank's passes (and framework p2p calls) for
+   ``m`` are those for ``m'`` with ``k`` copies of one period inserted, micro-batches
+   renumbered, and the lowering of ``m' + q`` micro-batches is that of ``m'`` with one
+   period of ops inserted on every lane (kinds, durations, FLOPs, transfers, blocking,
+   micro-batches, dependencies and collectives' members, moved by one period): from
+   position ``b`` of a lane on, ``m' + q``'s ops are ``m'``'s one period later, and
+   before position ``a`` they are the same.
+2. **The state repeats.** In the simulation of ``m'``, two instants ``T`` and
+   ``T + Δ`` a period apart (the starts of consecutive periods on the first lane) have
+   equal states (engine/steady.py: every lane's position moved by its period, the ops in
+   flight, every pending event and every flow's bytes left and rate, relative to the
+   instant; times within 1e-9 of the period, other numbers within 1e-9 relative).
+3. **Inside the steady part.** By ``T`` every op before ``b`` has finished, and by
+   ``T + Δ`` no op from ``a`` on has started.
+
+Then a run of ``m' + q`` micro-batches is the run of ``m'`` up to ``T + Δ`` (the same ops
+have started), from there its state is the one at ``T`` moved by a period and what is
+left to run is too, so it goes on as ``m'`` did from ``T``, ``Δ`` later; by induction
+``m = m' + k q`` is ``m'`` with ``k`` copies of ``[T, T + Δ)`` inserted at ``T + Δ``.
+Everything the metrics read is additive over time: the iteration is ``m'``'s plus
+``k Δ``; each lane's seconds per category, FLOPs, transfers and spans are ``m'``'s plus
+``k`` times one period's (spans counted by start); each link's bytes likewise, and its
+utilization over time is read off the inserted copies. The result's workload and trace
+(trace.json, the timeline) are the ``m'`` run's; the summary says so.
+
+Not used (the run is simulated in full, as before): exact mode, perturbations, a custom
+schedule, ``network.fast_forward = false``, or when ``m`` is under `MIN_SAVING` x ``m'``;
+and whenever a check fails (GPipe and looped BFS insert no period; a schedule whose
+state never repeats in ``m'``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from stepsim.schedules import INTERLEAVED
+
+from ..cost.orders import stage_orders
+from ..emit.p2pcalls import p2p_items
+from ..engine.network import NetworkFactory
+from ..engine.steady import NotSteady, Snapshot, same, simulate_observed
+from ..ir.ops import Workload
+from ..ir.results import FastForward, Trace
+from ..ir.vocabulary import CATEGORY_OF_KIND
+from ..report.linkstats import bytes_by, cumulative_load, mean_utilization
+from ..report.metrics import Tally, lane_flops, lane_seconds
+from ..scenario import Scenario, ScenarioError
+
+# fast-forward only when the full run has at least this many times the micro-batches
+# of the short one (below, simulating in full costs little more)
+MIN_SAVING = 10
+# the short run: warm-up and cool-down (WARM_PERIODS pipeline depths of micro-batches,
+# times the chunks) and STEADY_PERIODS periods between them
+WARM_PERIODS = 2
+STEADY_PERIODS = 4
+TIME_TOL = 1e-9  # of the period, for times in the states compared
+REL_TOL = 1e-9  # for every other number
+
+
+class Plan(NamedTuple):
+    """A fast-forward that passed the checks: the short scenario's run and the proof."""
+
+    short: Scenario
+    workload: Workload
+    trace: Trace
+    first: Snapshot  # at T
+    second: Snapshot  # at T + period
+    periods: int  # k
+    period_microbatches: int  # q
+    lane_period: list[int]  # ops per period on each lane
+    lane_end: list[int]  # where the period is inserted on each lane (a)
+
+
+def with_microbatches(scenario: Scenario, m: int) -> Scenario:
+    """The scenario with ``m`` micro-batches per pipeline (the global batch changed)."""
+    tr, par = scenario.training, scenario.parallel
+    batch = m * tr.micro_batch_size * par.data_parallel_size
+    return replace(scenario, training=replace(tr, global_batch_size=batch))
+
+
+def periods(scenario: Scenario) -> list[int]:
+    """The periods to try, in micro-batches: 1, or the interleaved schedule's
+    micro-batch group (its rounds)."""
+    tr, p = scenario.training, scenario.parallel.pipeline_model_parallel_size
+    if tr.schedule == INTERLEAVED:
+        return [tr.microbatch_group_size_per_vp_stage or p]
+    return [1]
+
+
+def short_microbatches(scenario: Scenario, q: int) -> int:
+    """m': enough for warm-up, cool-down and a few periods, a multiple of q when q > 1
+    (the interleaved schedule's rule), and m - m' a multiple of q."""
+    par = scenario.parallel
+    depth = par.pipeline_model_parallel_size * par.virtual_pipeline_model_parallel_size
+    base = WARM_PERIODS * depth + STEADY_PERIODS * q
+    return base + (scenario.num_microbatches - base) % q
+
+
+def applies(scenario: Scenario) -> bool:
+    """Whether the scenario may be fast-forwarded at all (the checks come after)."""
+    return (
+        scenario.network.fast_forward is not False
+        and scenario.network.symmetry
+        and not scenario.perturbations
+        and scenario.training.custom_orders is None
+        and scenario.parallel.pipeline_model_parallel_size > 1
+    )
+
+
+def fast_forward(scenario: Scenario, lower, network: NetworkFactory) -> Plan | None:
+    """The proved fast-forward of the scenario, or None (simulate it in full).
+    ``lower(scenario)`` lowers a scenario on the run's cluster."""
+    if not applies(scenario):
+        return None
+    m = scenario.num_microbatches
+    for q in periods(scenario):
+        m_short = short_microbatches(scenario, q)
+        if m < MIN_SAVING * m_short:
+            continue
+        try:  # the short scenarios keep every rule (a schedule may refuse their m)
+            short = with_microbatches(scenario, m_short)
+            longer = with_microbatches(scenario, m_short + q)
+        except ScenarioError:
+            continue
+        k = (m - m_short) // q
+        workload = lower(short)
+        shape = _insertion(workload, lower(longer), q)
+        if shape is None:
+            continue
+        plan = _prove(short, workload, network, shape, k, q)
+        # the full schedule's orders last: some schedules take long to build them
+        if plan is not None and _orders_insert(short, scenario, k, q):
+            return plan
+    return None
+
+
+# -- 1. the schedule and the lowering insert periods --------------------------------------
+
+
+def _shift(item: Any, by: int) -> Any:
+    """A schedule item (a Step, a p2p Call and its transfers) with micro-batches + by."""
+    fields = getattr(item, "_fields", None)
+    if fields is None:
+        return item
+    values = {}
+    for name in fields:
+        value = getattr(item, name)
+        if name == "microbatch" and value >= 0:
+            values[name] = value + by
+        elif type(value) is tuple:
+            values[name] = tuple(_shift(v, by) for v in value)
+    return item._replace(**values) if values else item
+
+
+def _orders_insert(short: Scenario, full: Scenario, k: int, q: int) -> bool:
+    """Whether each rank's items for ``full`` are ``short``'s with k periods inserted."""
+    for a_items, b_items in zip(
+        p2p_items(short, stage_orders(short)), p2p_items(full, stage_orders(full)), strict=True
+    ):
+        extra = len(b_items) - len(a_items)
+        if extra <= 0 or extra % k:
+            return False
+        n = extra // k
+        a = 0
+        while a < len(a_items) and _same_item(a_items[a], b_items[a]):
+            a += 1
+        if a < n:
+            return False
+        period = a_items[a - n : a]
+        for i in range(1, k + 1):
+            block = b_items[a + (i - 1) * n : a + i * n]
+            if not all(_same_item(_shift(x, i * q), y) for x, y in zip(period, block, strict=True)):
+                return False
+        rest = b_items[a + k * n :]
+        if not all(_same_item(_shift(x, k * q), y) for x, y in zip(a_items[a:], rest, strict=True)):
+            return False
+    return True
+
+
+def _same_item(x: Any, y: Any) -> bool:
+    return type(x) is type(y) and x == y
+
+
+def _signatures(workload: Workload, shift: int, moved: Sequence[int]) -> list[list[tuple]]:
+    """Each lane's ops as what the engine reads of them; micro-batches + ``shift`` and
+    ops named by (lane, position + moved[lane])."""
+    where = [(0, 0)] * len(workload.ops)
+    for lane in workload.lanes:
+        add = moved[lane.index]
+        for position, index in enumerate(lane.ops):
+            where[index] = (lane.index, position + add)
+    out = []
+    for lane in workload.lanes:
+        rows = []
+        for index in lane.ops:
+            op = workload.ops[index]
+            rows.append(
+                (
+                    op.kind,
+                    op.microbatch + shift if op.microbatch >= 0 else -1,
+                    op.duration_s,
+                    op.transfer,
+                    op.blocking,
+                    op.flops,
+                    tuple(where[d] for d in op.deps),
+                    where[op.rendezvous] if op.rendezvous >= 0 else None,
+                )
+            )
+        out.append(rows)
+    return out
+
+
+def _insertion(short: Workload, longer: Workload, q: int) -> tuple[list, list, list] | None:
+    """Per lane (ops per period n, where the period is inserted a, where the shifted
+    part begins b) if ``longer`` is ``short`` with one period inserted, else None."""
+    if [lane[1:5] for lane in short.lanes] != [lane[1:5] for lane in longer.lanes]:
+        return None
+    num_lanes = len(short.lanes)
+    n = [len(b.ops) - len(a.ops) for a, b in zip(short.lanes, longer.lanes, strict=True)]
+    if min(n) < 0 or n[0] == 0:
+        return None
+    plain = _signatures(short, 0, [0] * num_lanes)
+    moved = _signatures(short, q, n)
+    target = _signatures(longer, 0, [0] * num_lanes)
+    ends, starts = [], []
+    for lane in range(num_lanes):
+        here, there, later = plain[lane], target[lane], moved[lane]
+        a = 0
+        while a < len(here) and here[a] == there[a]:
+            a += 1
+        b = len(here)
+        while b > 0 and later[b - 1] == there[b - 1 + n[lane]]:
+            b -= 1
+        if b > a - n[lane]:  # the two descriptions must cover the longer lane
+            return None
+        ends.append(a)
+        starts.append(b)
+    return n, ends, starts
+
+
+# -- 2. and 3. the state repeats, inside the steady part ----------------------------------
+
+
+def _prove(
+    short: Scenario, workload: Workload, network: NetworkFactory, shape, k: int, q: int
+) -> Plan | None:
+    n, ends, starts = shape
+    lane0 = workload.lanes[0]
+    first = ends[0] - n[0] * ((ends[0] - starts[0]) // n[0])
+    triggers = [lane0.ops[pos] for pos in range(first, ends[0], n[0])]
+    try:
+        trace, snapshots, start_s, end_s = simulate_observed(workload, network, triggers)
+    except NotSteady:
+        return None
+    # per lane, when its ops before b have all finished, and when its op a starts
+    settled = []
+    for lane, b in zip(workload.lanes, starts, strict=True):
+        settled.append(max((end_s[i] for i in lane.ops[:b]), default=0.0))
+    leaves = [
+        start_s[lane.ops[a]] if a < len(lane.ops) else math.inf
+        for lane, a in zip(workload.lanes, ends, strict=True)
+    ]
+    for one, two in zip(snapshots, snapshots[1:], strict=False):
+        period_s = two.time_s - one.time_s
+        if any(x + d != y for x, d, y in zip(one.positions, n, two.positions, strict=True)):
+            continue
+        if max(settled) > one.time_s or min(leaves) <= two.time_s:
+            continue
+        if same(one.state, two.state, TIME_TOL * period_s, REL_TOL):
+            return Plan(short, workload, trace, one, two, k, q, n, ends)
+    return None
+
+
+# -- the metrics of the full run ---------------------------------------------------------
+
+
+def tally(plan: Plan) -> Tally:
+    """The full run's `Tally`: the short run's plus k periods of [T, T + period)."""
+    trace, k = plan.trace, plan.periods
+    t0, t1 = plan.first.time_s, plan.second.time_s
+    seconds = lane_seconds(trace)
+    window: dict[tuple[int, str], dict[str, float]] = {key: {} for key in seconds}
+    spans_in = 0
+    for span in trace.spans:
+        start, end = span.start_s, span.end_s
+        if t0 < start <= t1:
+            spans_in += 1
+        if end <= t0 or start >= t1:
+            continue
+        totals = window.get((span.gpu, span.stream))
+        if totals is not None:
+            category = CATEGORY_OF_KIND[span.kind]
+            totals[category] = totals.get(category, 0.0) + min(end, t1) - max(start, t0)
+    for key, totals in window.items():
+        for category, s in totals.items():
+            seconds[key][category] += k * s
+    hardware = model = 0.0
+    workload = plan.workload
+    for lane in workload.lanes:
+        a, n = plan.lane_end[lane.index], plan.lane_period[lane.index]
+        lane_hw, lane_model = lane_flops(workload, lane)
+        period_hw, period_model = lane_flops(workload, lane, range(a - n, a))
+        hardware += (lane_hw + k * period_hw) * lane.stands_for
+        model += (lane_model + k * period_model) * lane.stands_for
+    return Tally(
+        iteration_s(plan),
+        seconds,
+        hardware,
+        model,
+        trace.num_transfers + k * (plan.second.num_transfers - plan.first.num_transfers),
+        len(trace.spans) + k * spans_in,
+    )
+
+
+def iteration_s(plan: Plan) -> float:
+    return plan.trace.end_s + plan.periods * (plan.second.time_s - plan.first.time_s)
+
+
+def summary(plan: Plan) -> FastForward:
+    return FastForward(
+        simulated_microbatches=plan.short.num_microbatches,
+        period_microbatches=plan.period_microbatches,
+        periods_skipped=plan.periods,
+        period_s=plan.second.time_s - plan.first.time_s,
+        proved_at_s=plan.first.time_s,
+    )
+
+
+def link_loads(plan: Plan, capacities: Sequence[float], bins: int):
+    """The full run's utilization per link, and a function giving the chosen links'
+    utilization in each of ``bins`` time bins of the full iteration."""
+    trace, k = plan.trace, plan.periods
+    t0, t1 = plan.first.time_s, plan.second.time_s
+    period_s, end_s = t1 - t0, iteration_s(plan)
+    clipped = [
+        iv._replace(start_s=max(iv.start_s, t0), end_s=min(iv.end_s, t1))
+        for iv in trace.link_intervals
+        if iv.end_s > t0 and iv.start_s < t1
+    ]
+    short = mean_utilization(trace.link_intervals, capacities, trace.end_s) * trace.end_s
+    utilization = (short + k * mean_utilization(clipped, capacities, 1.0)) / end_s
+
+    def series_of(chosen: list[int]) -> dict[int, np.ndarray]:
+        edges = np.linspace(0.0, end_s, bins + 1)
+        out = {}
+        for link, (times, integral) in cumulative_load(trace.link_intervals, chosen).items():
+            at_t0, at_t1 = bytes_by(times, integral, np.array([t0, t1]))
+            per_period = at_t1 - at_t0
+            before = np.minimum(edges, t1)
+            inside = np.clip(edges - t1, 0.0, k * period_s)
+            whole = np.minimum(np.floor(inside / period_s), k)
+            part = inside - whole * period_s
+            after = np.maximum(edges - t1 - k * period_s, 0.0)
+            carried = (
+                bytes_by(times, integral, before)
+                + whole * per_period
+                + (bytes_by(times, integral, t0 + part) - at_t0)
+                + (bytes_by(times, integral, t1 + after) - at_t1)
+            )
+            out[link] = np.diff(carried) / (np.diff(edges) * capacities[link])
+        return out
+
+    return end_s, utilization, series_of

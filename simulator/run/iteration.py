@@ -1,0 +1,251 @@
+"""One call from a Scenario to its simulated iteration: cluster, workload, engine, metrics."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+
+import numpy as np
+
+from stepsim.topologies import (
+    PLANAR,
+    Cluster,
+    NodeShape,
+    PatternCluster,
+    TreePatternCluster,
+    build_graph,
+    one_switch,
+)
+from stepsim.topologies.describe import LINK_ROLES, link_name
+
+from ..comm.collectives import LayoutError
+from ..comm.congruent import collapsible, exact_transfers
+from ..cost.memory import out_of_memory, stage_memory
+from ..cost.orders import inflight_per_stage
+from ..emit.lowering import lower
+from ..engine.core import simulate, simulate_totals
+from ..engine.network import AnalyticalNetwork, FairShareNetwork
+from ..ir.results import LinkLoad, Result, StageMemory, Trace
+from ..ir.units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
+from ..ir.vocabulary import ANALYTICAL, FAIR_SHARE
+from ..report.linkstats import mean_utilization, utilization_over_time
+from ..report.metrics import summarize, tally
+from ..scenario import ClusterSpec, Scenario, ScenarioError, limits
+from . import fastforward, perturb
+
+# the network model a scenario names (network.model), as the engine's network
+NETWORKS = {FAIR_SHARE: FairShareNetwork, ANALYTICAL: AnalyticalNetwork}
+
+
+def build_cluster(
+    spec: ClusterSpec, *, pattern: bool = False
+) -> Cluster | PatternCluster | TreePatternCluster:
+    """The cluster of ``spec``: the whole graph, or with ``pattern`` its repeating unit
+    and switches counted (topologies.pattern on one switch, topologies.tree_pattern on
+    fat trees and rails: the same links and routes, and a server more costs nothing).
+    Drawing the whole graph is refused over the GPU and link limits
+    (scenario/limits.py)."""
+    node = NodeShape(
+        gpus=spec.gpus_per_node,
+        nics=spec.nics_per_node,
+        nvlink_topology=spec.nvlink_topology,
+        nvlink_bytes_per_s=gbytes_per_s_to_bytes_per_s(spec.nvlink_gbytes_per_s)
+        * spec.nvlink_efficiency,
+        nvlink_latency_s=us_to_s(spec.nvlink_latency_us),
+        pcie_bytes_per_s=gbytes_per_s_to_bytes_per_s(spec.pcie_gbytes_per_s),
+        pcie_latency_s=us_to_s(spec.pcie_latency_us),
+        nic_bytes_per_s=gbps_to_bytes_per_s(spec.nic_gbps) * spec.nic_efficiency,
+    )
+    fabric = spec.fabric_shape()
+    domain = spec.nvlink_domain_gpus
+    if pattern and fabric.kind not in PLANAR:  # rail-only, multi-plane: drawn whole
+        kind = PatternCluster if one_switch(spec.num_nodes, fabric) else TreePatternCluster
+        return kind(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain)
+    limits.check_cluster(spec)
+    return Cluster(
+        build_graph(spec.num_nodes, node, fabric, nvlink_domain_gpus=domain),
+        gpus_per_node=spec.gpus_per_node,
+        nvlink_domain_gpus=domain,
+    )
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector. Lowering, simulating and summarizing allocate
+    millions of ops, spans and events that either live to the end or die by reference
+    counting; the collector's repeated passes over them cost a fifth of a large run
+    and find nothing to free."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        # What was allocated meanwhile sits in the youngest generation, and the first
+        # collection after this would walk all of it (a second per few million ops) and
+        # then again as it is promoted. Freezing and unfreezing moves it to the oldest
+        # generation unwalked; it stays collectable.
+        gc.freeze()
+        gc.unfreeze()
+        if was_enabled:
+            gc.enable()
+
+
+def memory_per_stage(scenario: Scenario) -> list[StageMemory]:
+    """Memory on one GPU of each pipeline stage (no simulation needed)."""
+    return [
+        stage_memory(scenario, stage, inflight)
+        for stage, inflight in enumerate(inflight_per_stage(scenario))
+    ]
+
+
+def run(
+    scenario: Scenario,
+    progress: Callable[[float], None] | None = None,
+    *,
+    spans: bool = True,
+) -> Result:
+    """Simulate one training iteration of the scenario. A layout that does not fit in
+    GPU memory is simulated all the same; ``metrics.out_of_memory`` says so.
+    ``progress`` is called with the fraction of ops simulated (see engine.simulate).
+    ``spans`` False: the caller reads only the metrics (`stepsim run --json` without
+    --out), and the engine may add the spans up as they end rather than record them
+    (`engine.core.simulate_totals`; the result's trace then has no spans); the
+    metrics are the same, bit for bit."""
+    # symmetric mode simulates the representative GPUs: the pattern is enough
+    cluster = build_cluster(scenario.cluster, pattern=scenario.network.symmetry)
+    capacities = cluster.capacities
+    if scenario.perturbations:  # simulator/perturb.py
+        touched, split = perturb.fast_path(scenario, cluster)  # symmetric mode
+        perturb.fail_links(scenario, cluster)
+        capacities = perturb.capacities(scenario, cluster, capacities)
+    network = NETWORKS[scenario.network.model].factory(capacities)
+    with gc_paused():
+        try:
+            # a long pipeline's steady state, proved to repeat (simulator/fastforward.py)
+            plan = fastforward.fast_forward(scenario, lambda s: lower(s, cluster), network)
+            if plan is not None:
+                if progress is not None:
+                    progress(1.0)
+                return _fast_forwarded(scenario, cluster, plan)
+            # exact mode: a congruent TP group as one lane (workload/congruent.py), decided
+            # once for both lowerings of a gpu_type perturbation
+            collapse = collapsible(scenario)
+            if not scenario.perturbations:
+                workload = lower(scenario, cluster, collapse=collapse)
+            else:
+                workload = lower(scenario, cluster, touched, split, collapse)
+                workload = perturb.perturb_compute(
+                    scenario,
+                    workload,
+                    lambda other: lower(other, cluster, touched, split, collapse),
+                )
+        except LayoutError as exc:  # the layout the user chose: their one-line error
+            raise ScenarioError(str(exc)) from None
+        blame = bool(scenario.perturbations)
+        totals = None
+        if spans or any(lane.copies != 1 for lane in workload.lanes):
+            trace = simulate(workload, network=network, progress=progress, blame=blame)
+        else:
+            trace, *totals = simulate_totals(
+                workload, network=network, progress=progress, blame=blame
+            )
+        trace = trace._replace(num_transfers=exact_transfers(workload, trace.num_transfers))
+        counted = None if totals is None else tally(workload, trace, *totals)
+        memory = memory_per_stage(scenario)
+        problem = out_of_memory(scenario, memory)
+        if problem is None and scenario.perturbations:
+            problem = perturb.memory_problem(scenario, memory)
+        metrics = summarize(
+            scenario,
+            workload,
+            trace,
+            memory,
+            out_of_memory=str(problem) if problem is not None else None,
+            busiest_links=busiest_links(cluster, trace),
+            counted=counted,
+        )
+        if blame:
+            metrics = replace(
+                metrics,
+                waits=perturb.wait_causes(scenario, cluster, workload, trace.waits),
+                perturbations=perturb.described(scenario, cluster),
+            )
+    return Result(scenario, cluster, workload, trace, memory, metrics)
+
+
+def _fast_forwarded(scenario: Scenario, cluster, plan: fastforward.Plan) -> Result:
+    """The full run's result from a proved fast-forward: its metrics, and the short
+    run's workload and trace (what trace.json and the timeline show)."""
+    memory = memory_per_stage(scenario)
+    problem = out_of_memory(scenario, memory)
+    end_s, utilization, series_of = fastforward.link_loads(plan, cluster.capacities, PEAK_BINS)
+    links = busiest_links(
+        cluster, plan.trace, end_s=end_s, utilization=utilization, series_of=series_of
+    )
+    metrics = summarize(
+        scenario,
+        plan.workload,
+        plan.trace,
+        memory,
+        out_of_memory=str(problem) if problem is not None else None,
+        busiest_links=links,
+        counted=fastforward.tally(plan),
+    )
+    metrics = replace(metrics, fast_forward=fastforward.summary(plan))
+    return Result(scenario, cluster, plan.workload, plan.trace, memory, metrics)
+
+
+# the busiest links shown per role, and the time bins their peak is the busiest of
+BUSIEST_PER_ROLE = 1
+PEAK_BINS = 100
+
+
+def busiest_links(
+    cluster: Cluster,
+    trace: Trace,
+    per_role: int = BUSIEST_PER_ROLE,
+    *,
+    end_s: float | None = None,
+    utilization: np.ndarray | None = None,
+    series_of: Callable[[list[int]], dict[int, np.ndarray]] | None = None,
+) -> list[LinkLoad]:
+    """The links of each role (NVLink, PCIe, NIC, switch uplink) that carried the most
+    bytes relative to what they could carry, in LINK_ROLES order, with their peak.
+
+    In symmetric mode these are the representative GPUs' links, each charged for
+    every flow it carries (multiplicities included); in exact mode any link. A
+    fast-forward (simulator/fastforward.py) gives the iteration's ``end_s``, each link's
+    ``utilization`` and the chosen links' utilization over time (``series_of``).
+    """
+    links, capacities = cluster.links, cluster.capacities
+    if end_s is None:
+        end_s = trace.end_s
+    if utilization is None:
+        utilization = mean_utilization(trace.link_intervals, capacities, end_s)
+    # only links that carried something can be chosen: the others are never looked at
+    used = np.flatnonzero(utilization > 0)
+    # ties: lower first (a fast-forward's sums differ from a full run's in the last bits:
+    # its utilization is ranked to 12 decimals, so that links equal in one are in both)
+    ranked = utilization if series_of is None else np.round(utilization, 12)
+    order = used[np.argsort(-ranked[used], kind="stable")].tolist()
+    roles = {i: cluster.link_role(i) for i in order}
+    chosen = [i for role in LINK_ROLES for i in [i for i in order if roles[i] == role][:per_role]]
+    if series_of is None:
+        _, series = utilization_over_time(
+            trace.link_intervals, capacities, chosen, end_s, PEAK_BINS
+        )
+    else:
+        series = series_of(chosen)
+    return [
+        LinkLoad(
+            link=link_name(links[i].src, links[i].dst),
+            kind=roles[i],
+            index=i,
+            utilization=float(utilization[i]),
+            gbytes=float(utilization[i] * capacities[i] * end_s / 1e9),
+            peak_utilization=float(series[i].max()),
+        )
+        for i in chosen
+    ]

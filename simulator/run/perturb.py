@@ -1,0 +1,484 @@
+"""A scenario's perturbations (scenario/perturbation.py) applied to its run.
+
+- **Compute** (``slow_gpu``, ``gpu_type``, ``jitter``): the lowered workload's compute
+  ops on the touched GPUs' lanes get new durations (`perturb_compute`): a
+  ``gpu_type`` node's from a second lowering with that GPU as ``cluster.gpu`` (the same
+  ops in the same order: its kernel model, nothing else), then times each ``slow_gpu``
+  factor, then times each ``jitter`` draw.
+- **Network** (``slow_link``, ``slow_nic``): the cable's two directed links at
+  ``bandwidth_factor`` x their capacity (`capacities`); ``down`` takes switch-to-switch
+  cables out of routing (`fail_links`, exact mode) and detours a failed NIC's GPUs
+  through another NIC of their node (`detours`: the job after its restart).
+- **Symmetric mode** (the fast path): the replicas a perturbation touches
+  (`touched_replicas`) are lowered as in exact mode, every GPU of them, beside the
+  representative lanes, which stand for the untouched replicas (lowering.lower).
+
+Everything here is deterministic: jitter draws from numpy's generator seeded by
+(seed, GPU), in the GPU's op order, the same in both modes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from stepsim.topologies import PLANAR
+from stepsim.topologies.detour import Detour
+
+from ..comm.placement import placement_of
+from ..ir.ops import Workload
+from ..ir.results import WaitCause
+from ..ir.vocabulary import COMPUTE_KINDS
+from ..scenario import Scenario, ScenarioError
+from ..scenario.hardware import GPUS
+from ..scenario.perturbation import (
+    GPU_TYPE,
+    JITTER,
+    SLOW_GPU,
+    SLOW_LINK,
+    SLOW_NIC,
+    PerturbationSpec,
+    where,
+)
+
+NODE_ROLES = ("nvlink", "pcie", "nic")  # links of one node: a fast-path perturbation's
+
+
+def gpus_of(p: PerturbationSpec, scenario: Scenario) -> list[int]:
+    """The GPUs a compute perturbation touches."""
+    gpn = scenario.cluster.gpus_per_node
+    if p.gpu is not None:
+        return [p.gpu]
+    if p.node is not None:
+        return list(range(p.node * gpn, (p.node + 1) * gpn))
+    return list(range(scenario.cluster.num_gpus))
+
+
+def named(scenario: Scenario, p: PerturbationSpec) -> str:
+    """How an error names a perturbation: its number in the file and what it says."""
+    return f"{where(scenario.perturbations.index(p))} ({p.describe()})"
+
+
+def cable(cluster, index: int, p: PerturbationSpec, scenario: Scenario) -> tuple[int, ...]:
+    """The perturbation's cable as link numbers: ``index`` and the link back."""
+    links = cluster.links
+    if index >= len(links):
+        raise ScenarioError(
+            f"{named(scenario, p)}: link={index} is not a link of the cluster "
+            f"(0 to {len(links) - 1}; stepsim topology --links lists them)",
+            key="perturbation.link",
+            value=index,
+        )
+    link = links[index]
+    back = _index_of(cluster, link.dst, link.src)
+    return (index,) if back is None else (index, back)
+
+
+def _index_of(cluster, src: tuple, dst: tuple) -> int | None:
+    index_of = getattr(cluster, "index_of", None)
+    if index_of is not None:
+        try:
+            return index_of(src, dst)
+        except KeyError:
+            return None
+    return next((link.index for link in cluster.links if (link.src, link.dst) == (src, dst)), None)
+
+
+def nic_cable(cluster, scenario: Scenario, p: PerturbationSpec) -> tuple[int, ...]:
+    """The links between NIC ``p.nic`` of node ``p.node`` and its leaf switch, found on a
+    route from one of the node's GPUs to another node's (a NIC carries nothing else)."""
+    gpn, nodes = scenario.cluster.gpus_per_node, scenario.cluster.num_nodes
+    nic = ("nic", p.node, p.nic)
+    if nodes > 1:
+        other = ((p.node + 1) % nodes) * gpn
+        links = cluster.links
+        for g in range(p.node * gpn, (p.node + 1) * gpn):
+            out = [i for i in cluster.own_route(g, other + g % gpn) if links[i].src == nic]
+            back = [i for i in cluster.own_route(other + g % gpn, g) if links[i].dst == nic]
+            if out and back and links[out[0]].dst[0] == "switch":
+                return (out[0], back[0])
+    raise ScenarioError(
+        f"{named(scenario, p)}: no GPU's traffic leaves node {p.node} through NIC {p.nic}",
+        key="perturbation.nic",
+        value=p.nic,
+    )
+
+
+def cables(scenario: Scenario, cluster) -> list[tuple[PerturbationSpec, tuple[int, ...]]]:
+    """Each network perturbation with its links."""
+    out = []
+    for p in scenario.perturbations:
+        if p.kind == SLOW_LINK:
+            out.append((p, cable(cluster, p.link, p, scenario)))
+        elif p.kind == SLOW_NIC:
+            out.append((p, nic_cable(cluster, scenario, p)))
+    return out
+
+
+def capacities(scenario: Scenario, cluster, base: list[float]) -> list[float]:
+    """Link capacities with the slowed cables' scaled (a failed one keeps its own: no
+    route takes it)."""
+    slowed = [(p, links) for p, links in cables(scenario, cluster) if p.bandwidth_factor]
+    if not slowed:
+        return base
+    out = list(base)
+    for p, links in slowed:
+        for i in links:
+            out[i] *= p.bandwidth_factor
+    return out
+
+
+def fail_links(scenario: Scenario, cluster) -> None:
+    """Take failed cables out of routing. A NIC's cable: the job as it runs after its
+    restart without that NIC, the NIC's GPUs detoured through another NIC of their
+    node (`detours`). A cable between switches: routes avoid it, where every leaf
+    still reaches the leaves it reached. A GPU's NVLink or PCIe link: an error (NCCL
+    has no path around a GPU's own link; the GPU, so its node, leaves the job)."""
+    nics = []
+    for p, links in cables(scenario, cluster):
+        if not p.down:
+            continue
+        role = cluster.link_role(links[0])
+        if role == "nic":
+            nics.append((p, links))
+            continue
+        if role != "uplink":
+            raise ScenarioError(
+                f"{named(scenario, p)}: a failed {role} link takes its GPU out of the job "
+                f"(NCCL has no path around a GPU's own NVLink or PCIe link; a restart "
+                f"leaves the node out: run with one node fewer); use bandwidth_factor for "
+                f"a degraded one",
+                key="perturbation.down",
+                value=True,
+            )
+        ends = [(cluster.links[i].src, cluster.links[i].dst) for i in links]
+        cut = cluster.fail_switch_links(ends)
+        if cut:
+            raise ScenarioError(
+                f"{named(scenario, p)}: with it down, leaf {cut[0][2]} cannot reach every leaf it "
+                f"reached (no other path in this fabric)",
+                key="perturbation.down",
+                value=True,
+            )
+    if nics:
+        cluster.detour(detours(scenario, cluster, nics))
+
+
+def failed_nic(cluster, links: tuple[int, ...]) -> tuple:
+    """The NIC vertex ``("nic", node, k)`` of a NIC's cable."""
+    link = cluster.links[links[0]]
+    return link.src if link.src[0] == "nic" else link.dst
+
+
+def detours(scenario: Scenario, cluster, failed) -> dict[int, Detour]:
+    """Where the GPUs of each failed NIC send and receive after the restart: through
+    the node's NIC ``k ^ 1`` (on a DGX A100 the NIC under the same PCIe switch, which
+    NCCL's search picks), else the lowest-numbered NIC up (docs/what-if.md)."""
+    spec = scenario.cluster
+    gpn, nodes, count = spec.gpus_per_node, spec.num_nodes, spec.nics_per_node
+    down = {failed_nic(cluster, links): p for p, links in failed}
+    out: dict[int, Detour] = {}
+    for (_, node, k), p in down.items():
+        if spec.fabric in PLANAR:
+            raise ScenarioError(
+                f"{named(scenario, p)}: on a {spec.fabric} fabric NIC {k} is node {node}'s "
+                f"only way onto its {'rail' if spec.fabric == 'rail-only' else 'plane'}",
+                key="perturbation.down",
+                value=True,
+            )
+        order = [k ^ 1] + [j for j in range(count) if j != k ^ 1]
+        spare = next(
+            (j for j in order if j < count and j != k and ("nic", node, j) not in down), None
+        )
+        if spare is None:
+            raise ScenarioError(
+                f"{named(scenario, p)}: node {node} has no other NIC up, so its GPUs cannot "
+                f"reach other nodes (the job restarts without the node: run with one node "
+                f"fewer)",
+                key="perturbation.down",
+                value=True,
+            )
+        other = ((node + 1) % nodes) * gpn  # nodes > 1: nic_cable found the cable
+        gpus = range(node * gpn, (node + 1) * gpn)
+        leaves = {g: cluster.own_route(g, other) for g in gpus}
+        nic_of = {g: cluster.links[route[0]].dst for g, route in leaves.items()}
+        via = next(g for g in gpus if nic_of[g] == ("nic", node, spare))
+        for g in gpus:
+            if nic_of[g] == ("nic", node, k):
+                up, back = leaves[g][0], cluster.own_route(other, g)[-1]
+                out[g] = Detour(via, up, back, ("nic", node, spare))
+    return out
+
+
+def described(scenario: Scenario, cluster) -> tuple[str, ...]:
+    """Each perturbation as the summary and metrics.json list it; a failed NIC cable's
+    says that the run is the job's after its restart without that NIC."""
+    links_of = {id(p): links for p, links in cables(scenario, cluster)}
+    out = []
+    for p in scenario.perturbations:
+        text, links = p.describe(), links_of.get(id(p))
+        if p.down and links and cluster.link_role(links[0]) == "nic":
+            _, node, k = nic = failed_nic(cluster, links)
+            gpus = sorted(g for g, d in cluster.detours.items() if cluster.links[d.up].dst == nic)
+            spare = cluster.detours[gpus[0]].nic[2]
+            text += (
+                f": the run after the job's restart without NIC {k} of node {node} "
+                f"({'GPUs' if len(gpus) > 1 else 'GPU'} {', '.join(map(str, gpus))} "
+                f"{'use' if len(gpus) > 1 else 'uses'} NIC {spare}; "
+                f"the restart itself: stepsim plan goodput)"
+            )
+        out.append(text)
+    return tuple(out)
+
+
+# -- symmetric mode: which replicas leave the representative ---------------------------
+
+
+def fast_path(scenario: Scenario, cluster) -> tuple[frozenset[int], frozenset[tuple[int, int]]]:
+    """Symmetric mode's fast path: the data-parallel replicas a perturbation touches
+    (lowered besides the representative), and their (replica, stage) TP groups that hold
+    a touched GPU (a lane per GPU; the replica's other groups a lane each); a one-line
+    error for what it cannot simulate."""
+    if not scenario.perturbations or not scenario.network.symmetry:
+        return frozenset(), frozenset()
+    par, placement = scenario.parallel, placement_of(scenario)
+    off = "; set network.symmetry = false (exact mode) for it"
+    if par.cp_size > 1 or scenario.model.moe:
+        raise ScenarioError(
+            "perturbations in symmetric mode need a layout without context or expert "
+            f"parallelism{off}",
+            key="network.symmetry",
+            value=True,
+        )
+    if scenario.training.data_parallel_sharding == "full":
+        raise ScenarioError(
+            f"perturbations in symmetric mode do not support data_parallel_sharding='full'{off}",
+            key="network.symmetry",
+            value=True,
+        )
+    gpn = scenario.cluster.gpus_per_node
+    touched: set[int] = set()
+    split: set[tuple[int, int]] = set()
+    per_stage = placement.tensor * placement.data
+    for i, p in enumerate(scenario.perturbations):
+        if p.kind in (SLOW_LINK, SLOW_NIC):
+            links = (
+                nic_cable(cluster, scenario, p)
+                if p.kind == SLOW_NIC
+                else cable(cluster, p.link, p, scenario)
+            )
+            node = _node_of(cluster.links[links[0]], gpn)
+            if node is None:
+                raise ScenarioError(
+                    f"{where(i)} ({p.describe()}): a switch-to-switch link carries (or, "
+                    f"failed, reroutes) traffic of many replicas, which symmetric mode "
+                    f"cannot split{off}",
+                    key="network.symmetry",
+                    value=True,
+                )
+            gpus = range(node * gpn, (node + 1) * gpn)
+        else:
+            if p.kind == JITTER and p.gpu is None and p.node is None:
+                raise ScenarioError(
+                    f"{where(i)} ({p.describe()}): jitter on every GPU touches every replica; "
+                    f"give it a gpu or node{off}",
+                    key="network.symmetry",
+                    value=True,
+                )
+            gpus = gpus_of(p, scenario)
+        for g in gpus:
+            d = (g // placement.tensor) % placement.data
+            if d == 0:
+                raise ScenarioError(
+                    f"{where(i)} ({p.describe()}) touches data-parallel replica 0, which "
+                    "stands for the untouched replicas in symmetric mode: target another "
+                    f"replica (GPUs {placement.tensor} to {per_stage - 1} of stage 0 are "
+                    f"replicas 1 and up; replicas are alike){off}",
+                    key="network.symmetry",
+                    value=True,
+                )
+            touched.add(d)
+            split.add((d, g // per_stage))
+    # the tied embedding's all-reduce pairs the first and last stage's groups: both
+    # whole or both split
+    last = placement.pipeline - 1
+    split |= {(d, s) for d, _ in list(split) for s in (0, last) if {(d, 0), (d, last)} & split}
+    return frozenset(touched), frozenset(split)
+
+
+def _node_of(link, gpus_per_node: int) -> int | None:
+    """The node a link of one node belongs to; None for a link between switches."""
+    for vertex in (link.src, link.dst):
+        if vertex[0] == "gpu":
+            return vertex[1] // gpus_per_node
+        if vertex[0] in ("nic", "nvswitch"):
+            return vertex[1]
+    return None
+
+
+# -- compute --------------------------------------------------------------------------
+
+
+def perturb_compute(
+    scenario: Scenario, workload: Workload, lower_with: Callable[[Scenario], Workload]
+) -> Workload:
+    """The workload with the touched GPUs' compute ops retimed (module docstring).
+    ``lower_with(other)`` lowers ``other`` (the scenario on another GPU) as the
+    workload was lowered."""
+    compute = [(i, p) for i, p in enumerate(scenario.perturbations) if p.kind in _COMPUTE]
+    if not compute:
+        return workload
+    lanes_of: dict[int, list[int]] = {}
+    for lane in workload.lanes:
+        lanes_of.setdefault(lane.gpu, []).append(lane.index)
+    ops = list(workload.ops)
+    simulated = set(lanes_of)
+    for i, p in compute:
+        gpus = [g for g in gpus_of(p, scenario) if g in simulated]
+        if p.kind == GPU_TYPE:
+            other = _lowered_on(scenario, p, i, lower_with, workload)
+            for g in gpus:
+                for index in _compute_ops(workload, lanes_of[g]):
+                    ops[index] = ops[index]._replace(duration_s=other.ops[index].duration_s)
+        elif p.kind == SLOW_GPU:
+            for g in gpus:
+                for index in _compute_ops(workload, lanes_of[g]):
+                    ops[index] = ops[index]._replace(duration_s=ops[index].duration_s * p.factor)
+        else:  # jitter: lognormal of mean 1, per op, one stream per GPU
+            for g in gpus:
+                indices = _compute_ops(workload, lanes_of[g])
+                rng = np.random.default_rng([p.seed, g])
+                z = rng.standard_normal(len(indices))
+                factors = np.exp(p.sigma * z - p.sigma**2 / 2).tolist()
+                for index, f in zip(indices, factors, strict=True):
+                    ops[index] = ops[index]._replace(duration_s=ops[index].duration_s * f)
+    return workload._replace(ops=tuple(ops))
+
+
+_COMPUTE = (SLOW_GPU, GPU_TYPE, JITTER)
+
+
+def _compute_ops(workload: Workload, lanes: list[int]) -> list[int]:
+    """The GPU's compute ops with a duration, lane by lane in op order."""
+    ops = workload.ops
+    return [
+        index
+        for lane in lanes
+        for index in workload.lanes[lane].ops
+        if ops[index].kind in COMPUTE_KINDS and ops[index].duration_s > 0
+    ]
+
+
+def _lowered_on(
+    scenario: Scenario,
+    p: PerturbationSpec,
+    i: int,
+    lower_with: Callable[[Scenario], Workload],
+    workload: Workload,
+) -> Workload:
+    """The workload lowered with the node's GPU model as the cluster's: its own kernel
+    constants (not a calibration file's, which is for cluster.gpu)."""
+    try:
+        other = replace(
+            scenario,
+            cluster=replace(scenario.cluster, gpu=GPUS[p.gpu_model]),
+            calibration=None,
+            perturbations=(),
+        )
+    except ScenarioError as exc:
+        raise ScenarioError(
+            f"{where(i)} ({p.describe()}): this scenario cannot run on {p.gpu_model}: {exc}",
+            key="perturbation.gpu_model",
+            value=p.gpu_model,
+        ) from None
+    lowered = lower_with(other)
+    pairs = zip(lowered.ops, workload.ops, strict=False)
+    same = len(lowered.ops) == len(workload.ops) and all(
+        a.kind == b.kind and a.lane == b.lane for a, b in pairs
+    )
+    if not same:
+        raise ScenarioError(
+            f"{where(i)} ({p.describe()}): on {p.gpu_model} this scenario runs other kernels "
+            f"(a mechanism depends on the GPU), which a node of it cannot mix in",
+            key="perturbation.gpu_model",
+            value=p.gpu_model,
+        )
+    return lowered
+
+
+def memory_problem(scenario: Scenario, memory) -> str | None:
+    """A ``gpu_type`` node whose GPUs hold less memory than a stage on them needs."""
+    gpn = scenario.cluster.gpus_per_node
+    placement = placement_of(scenario)
+    per_stage = placement.tensor * placement.data
+    for p in scenario.perturbations:
+        if p.kind != GPU_TYPE:
+            continue
+        capacity = GPUS[p.gpu_model].memory_gib
+        stages = sorted({g // per_stage for g in range(p.node * gpn, (p.node + 1) * gpn)})
+        for s in stages:
+            need = memory[s].total_bytes / 2**30
+            if need > capacity:
+                return (
+                    f"{p.describe()}: stage {s} needs {need:.1f} GiB per GPU but "
+                    f"{p.gpu_model} has {capacity:g} GiB"
+                )
+    return None
+
+
+# -- who waited for whom ----------------------------------------------------------------
+
+
+def touching(scenario: Scenario, cluster) -> dict[int, list[str]]:
+    """Each GPU a perturbation touches, with the perturbations' descriptions (a link's:
+    the GPUs of its node)."""
+    gpn = scenario.cluster.gpus_per_node
+    out: dict[int, list[str]] = {}
+    links = dict((id(p), links) for p, links in cables(scenario, cluster))
+    for p in scenario.perturbations:
+        if p.kind in _COMPUTE:
+            gpus = gpus_of(p, scenario)
+        else:
+            node = _node_of(cluster.links[links[id(p)][0]], gpn)
+            gpus = [] if node is None else list(range(node * gpn, (node + 1) * gpn))
+        for g in gpus:
+            out.setdefault(g, []).append(p.describe())
+    return out
+
+
+def wait_causes(scenario: Scenario, cluster, workload: Workload, waits) -> tuple[WaitCause, ...]:
+    """GPU-seconds lost waiting at collectives (engine Trace.waits), summed by the
+    data-parallel replica of the last arriver, named with the perturbations touching a
+    GPU of that replica (replicas meet only at data-parallel collectives, so a late
+    replica is late by what touches it); most first."""
+    lanes = workload.lanes
+    placement = placement_of(scenario)
+    touched = touching(scenario, cluster)
+    by_replica: dict[int, set[str]] = {}
+    for g, what in touched.items():
+        by_replica.setdefault((g // placement.tensor) % placement.data, set()).update(what)
+    totals: dict[int, dict[int, float]] = {}  # replica -> last arriver GPU -> GPU-seconds
+    for w in waits:
+        gpu = lanes[w.cause].gpu
+        replica = (gpu // placement.tensor) % placement.data
+        if replica == 0 and scenario.network.symmetry:  # replica 0's lanes stand for the rest
+            replica = gpu = -1
+        per_gpu = totals.setdefault(replica, {})
+        seconds = w.seconds * lanes[w.lane].stands_for
+        # exact mode's congruent TP groups (workload/congruent.py): rank k of the waiting
+        # group waited for rank k of the late one, as exact mode's rings of each rank do
+        for k in range(lanes[w.lane].copies):
+            g = gpu + k if lanes[w.cause].copies > 1 else gpu
+            per_gpu[g] = per_gpu.get(g, 0.0) + seconds
+    out = []
+    for replica, per_gpu in totals.items():
+        if replica == -1:
+            label = "the replicas no perturbation touches (their representative lanes)"
+        else:
+            what = sorted(by_replica.get(replica, ()))
+            label = f"replica {replica}: " + ("; ".join(what) if what else "no perturbation")
+        top = min(per_gpu, key=lambda g: (-per_gpu[g], g))
+        out.append(WaitCause(label, replica, top, sum(per_gpu.values())))
+    return tuple(sorted(out, key=lambda w: (-w.gpu_seconds, w.replica)))
