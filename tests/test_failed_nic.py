@@ -5,7 +5,8 @@ import pytest
 
 from stepsim.comm.collectives import Fabric, collective
 from stepsim.ir.vocabulary import ALL_REDUCE
-from stepsim.run.iteration import build_cluster, perturb, run
+from stepsim.run import perturb
+from stepsim.run.iteration import build_cluster, run
 from stepsim.scenario import ScenarioError
 from stepsim.scenario.perturbation import PerturbationSpec
 from tests.helpers import load

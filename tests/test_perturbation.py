@@ -10,7 +10,8 @@ from stepsim.engine.core import simulate
 from stepsim.engine.network import FairShareNetwork
 from stepsim.ir.ops import WorkloadBuilder
 from stepsim.ir.vocabulary import ALL_REDUCE, TP_COMM
-from stepsim.run.iteration import build_cluster, perturb, run
+from stepsim.run import perturb
+from stepsim.run.iteration import build_cluster, run
 from stepsim.scenario import ScenarioError, dumps_toml, scenario_from_dict, scenario_to_dict
 from stepsim.scenario.loader import apply_override
 from stepsim.scenario.perturbation import PerturbationSpec

@@ -6,7 +6,11 @@ from .node import GPU, NIC, NVLINK_TOPOLOGIES, NVSWITCH, SWITCH, NodeShape
 from .pattern import PatternCluster, one_switch
 from .tree_pattern import TreePatternCluster
 
+# a cluster in any of its frozen forms: the whole graph, or its repeating unit counted
+AnyCluster = Cluster | PatternCluster | TreePatternCluster
+
 __all__ = [
+    "AnyCluster",
     "FABRICS",
     "PLANAR",
     "GPU",

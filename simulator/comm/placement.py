@@ -38,6 +38,10 @@ class Placement:
     def gpu(self, tp: int, dp: int, pp: int) -> int:
         return tp + self.tensor * (dp + self.data * pp)
 
+    def replica_of(self, gpu: int) -> int:
+        """The replica (data x context parallel rank) GPU ``gpu`` belongs to."""
+        return (gpu // self.tensor) % self.data
+
     def tp_group(self, dp: int, pp: int) -> list[int]:
         return [self.gpu(j, dp, pp) for j in range(self.tensor)]
 

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from stepsim.schedules import DUAL
 from stepsim.topologies import PLANAR
 
+from ..comm.placement import placement_of
 from ..ir.results import Result, StageMetrics
 from ..ir.units import bytes_to_gib
 from ..ir.vocabulary import (
@@ -65,6 +66,7 @@ def fp8_text(scenario: Scenario) -> str:
     measured on the GPU's own kernels)."""
     gpu, training = scenario.cluster.gpu, scenario.training
     fp8 = gpu.fp8_kernels
+    assert fp8 is not None  # a GPU FP8 is allowed on has FP8 tensor cores and constants
     rates = f"{fp8.gemm_efficiency:g}"
     if fast_accumulation(recipe_of(training)):
         rates += f" (fprop, fast accumulation: {fp8.fast_accum_gemm_efficiency:g})"
@@ -197,9 +199,9 @@ def perturbation_lines(result: Result) -> list[str]:
     lines = ["", "  perturbations"]
     lines += [f"    {i + 1}. {text}" for i, text in enumerate(m.perturbations)]
     if s.network.symmetry:
-        tp, dp = s.parallel.tensor_model_parallel_size, s.parallel.data_parallel_size
+        placement = placement_of(s)
         lanes = compute_lanes(result.workload.lanes)
-        replicas = sorted({(lane.gpu // tp) % dp for lane in lanes} - {0})
+        replicas = sorted({placement.replica_of(lane.gpu) for lane in lanes} - {0})
         per_gpu = sum(1 for lane in lanes if lane.stands_for == 1)
         shown = ", ".join(map(str, replicas[:8])) + (", ..." if len(replicas) > 8 else "")
         lines.append(
@@ -290,13 +292,14 @@ def expert_parallel_lines(result: Result) -> list[str]:
     from ..cost.routing import rank_loads, skewed
 
     if skewed(model):  # which routing, and how far the busiest EP rank is above the mean
-        how = model.moe_routing
-        if how == "zipf":
+        routing = model.moe_routing
+        assert routing is not None  # skewed: a routing other than balanced is named
+        if routing == "zipf":
             x = model.moe_routing_zipf_exponent
-            how += f" (exponent {1.0 if x is None else x:g})"  # routing.expert_shares
+            routing += f" (exponent {1.0 if x is None else x:g})"  # routing.expert_shares
         loads = rank_loads(model, par.ep_size)
         lines.append(
-            f"  routing                   {how}: the busiest EP rank (rank "
+            f"  routing                   {routing}: the busiest EP rank (rank "
             f"{loads.index(max(loads))}) gets {max(loads):.3g} x the balanced load"
         )
     if span > 1:

@@ -33,7 +33,8 @@ from ..ir.vocabulary import ANALYTICAL, FAIR_SHARE
 from ..report.linkstats import mean_utilization, utilization_over_time
 from ..report.metrics import summarize, tally
 from ..scenario import ClusterSpec, Scenario, ScenarioError, limits
-from . import fastforward, perturb
+from . import fastforward
+from .perturb import Perturbation
 
 # the network model a scenario names (network.model), as the engine's network
 NETWORKS = {FAIR_SHARE: FairShareNetwork, ANALYTICAL: AnalyticalNetwork}
@@ -115,35 +116,30 @@ def run(
     metrics are the same, bit for bit."""
     # symmetric mode simulates the representative GPUs: the pattern is enough
     cluster = build_cluster(scenario.cluster, pattern=scenario.network.symmetry)
+    # the scenario's what-ifs, applied at each step below (run/perturb.py)
+    perturbation = Perturbation.of(scenario, cluster)
     capacities = cluster.capacities
-    if scenario.perturbations:  # simulator/perturb.py
-        touched, split = perturb.fast_path(scenario, cluster)  # symmetric mode
-        perturb.fail_links(scenario, cluster)
-        capacities = perturb.capacities(scenario, cluster, capacities)
+    if perturbation is not None:
+        capacities = perturbation.capacities(capacities)
     network = NETWORKS[scenario.network.model].factory(capacities)
     with gc_paused():
         try:
-            # a long pipeline's steady state, proved to repeat (simulator/fastforward.py)
+            # a long pipeline's steady state, proved to repeat (run/fastforward.py)
             plan = fastforward.fast_forward(scenario, lambda s: lower(s, cluster), network)
             if plan is not None:
                 if progress is not None:
                     progress(1.0)
                 return _fast_forwarded(scenario, cluster, plan)
-            # exact mode: a congruent TP group as one lane (workload/congruent.py), decided
+            # exact mode: a congruent TP group as one lane (comm/congruent.py), decided
             # once for both lowerings of a gpu_type perturbation
             collapse = collapsible(scenario)
-            if not scenario.perturbations:
+            if perturbation is None:
                 workload = lower(scenario, cluster, collapse=collapse)
             else:
-                workload = lower(scenario, cluster, touched, split, collapse)
-                workload = perturb.perturb_compute(
-                    scenario,
-                    workload,
-                    lambda other: lower(other, cluster, touched, split, collapse),
-                )
+                workload = perturbation.lower(collapse)
         except LayoutError as exc:  # the layout the user chose: their one-line error
             raise ScenarioError(str(exc)) from None
-        blame = bool(scenario.perturbations)
+        blame = perturbation is not None
         totals = None
         if spans or any(lane.copies != 1 for lane in workload.lanes):
             trace = simulate(workload, network=network, progress=progress, blame=blame)
@@ -154,9 +150,9 @@ def run(
         trace = trace._replace(num_transfers=exact_transfers(workload, trace.num_transfers))
         counted = None if totals is None else tally(workload, trace, *totals)
         memory = memory_per_stage(scenario)
-        problem = out_of_memory(scenario, memory)
-        if problem is None and scenario.perturbations:
-            problem = perturb.memory_problem(scenario, memory)
+        problem: object = out_of_memory(scenario, memory)
+        if problem is None and perturbation is not None:
+            problem = perturbation.memory_problem(memory)
         metrics = summarize(
             scenario,
             workload,
@@ -166,12 +162,8 @@ def run(
             busiest_links=busiest_links(cluster, trace),
             counted=counted,
         )
-        if blame:
-            metrics = replace(
-                metrics,
-                waits=perturb.wait_causes(scenario, cluster, workload, trace.waits),
-                perturbations=perturb.described(scenario, cluster),
-            )
+        if perturbation is not None:
+            metrics = perturbation.explained(metrics, workload, trace.waits)
     return Result(scenario, cluster, workload, trace, memory, metrics)
 
 

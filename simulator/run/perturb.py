@@ -1,4 +1,6 @@
-"""A scenario's perturbations (scenario/perturbation.py) applied to its run.
+"""A scenario's perturbations (scenario/perturbation.py) applied to its run, as one
+`Perturbation` that iteration.run asks at each step: the network's capacities, the
+lowering, the memory check and who waited for whom.
 
 - **Compute** (``slow_gpu``, ``gpu_type``, ``jitter``): the lowered workload's compute
   ops on the touched GPUs' lanes get new durations (`perturb_compute`): a
@@ -19,17 +21,19 @@ Everything here is deterministic: jitter draws from numpy's generator seeded by
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
 
-from stepsim.topologies import PLANAR
+from stepsim.topologies import PLANAR, AnyCluster
 from stepsim.topologies.detour import Detour
 
 from ..comm.placement import placement_of
+from ..emit.lowering import lower
 from ..ir.ops import Workload
-from ..ir.results import WaitCause
+from ..ir.results import Metrics, StageMemory, Wait, WaitCause
+from ..ir.units import bytes_to_gib
 from ..ir.vocabulary import COMPUTE_KINDS
 from ..scenario import Scenario, ScenarioError
 from ..scenario.hardware import GPUS
@@ -43,7 +47,49 @@ from ..scenario.perturbation import (
     where,
 )
 
-NODE_ROLES = ("nvlink", "pcie", "nic")  # links of one node: a fast-path perturbation's
+
+class Perturbation:
+    """A scenario's perturbations as one run applies them. Built once its cluster is
+    (failed cables leave the cluster's routing then, `fail_links`; in symmetric mode the
+    touched replicas are found, `fast_path`), it gives the network's link capacities,
+    the workload lowered with the touched GPUs retimed, the memory problem of a slower
+    node's GPUs and the metrics with who waited for whom."""
+
+    def __init__(self, scenario: Scenario, cluster: AnyCluster) -> None:
+        self.scenario, self.cluster = scenario, cluster
+        self.touched, self.split = fast_path(scenario, cluster)
+        fail_links(scenario, cluster)
+
+    @classmethod
+    def of(cls, scenario: Scenario, cluster: AnyCluster) -> Perturbation | None:
+        """The scenario's perturbations on ``cluster``; None when it has none."""
+        return cls(scenario, cluster) if scenario.perturbations else None
+
+    def capacities(self, base: list[float]) -> list[float]:
+        return capacities(self.scenario, self.cluster, base)
+
+    def lower(self, collapse: bool) -> Workload:
+        """The workload as lowering.lower gives it with the touched replicas split out,
+        its touched GPUs' compute retimed (`perturb_compute`)."""
+        cluster, touched, split = self.cluster, self.touched, self.split
+        workload = lower(self.scenario, cluster, touched, split, collapse)
+        return perturb_compute(
+            self.scenario,
+            workload,
+            lambda other: lower(other, cluster, touched, split, collapse),
+        )
+
+    def memory_problem(self, memory: list[StageMemory]) -> str | None:
+        return memory_problem(self.scenario, memory)
+
+    def explained(self, metrics: Metrics, workload: Workload, waits: Sequence[Wait]) -> Metrics:
+        """``metrics`` with the waits by cause and the perturbations as the summary
+        lists them."""
+        return replace(
+            metrics,
+            waits=wait_causes(self.scenario, self.cluster, workload, waits),
+            perturbations=described(self.scenario, self.cluster),
+        )
 
 
 def gpus_of(p: PerturbationSpec, scenario: Scenario) -> list[int]:
@@ -289,7 +335,7 @@ def fast_path(scenario: Scenario, cluster) -> tuple[frozenset[int], frozenset[tu
                 )
             gpus = gpus_of(p, scenario)
         for g in gpus:
-            d = (g // placement.tensor) % placement.data
+            d = placement.replica_of(g)
             if d == 0:
                 raise ScenarioError(
                     f"{where(i)} ({p.describe()}) touches data-parallel replica 0, which "
@@ -419,7 +465,7 @@ def memory_problem(scenario: Scenario, memory) -> str | None:
         capacity = GPUS[p.gpu_model].memory_gib
         stages = sorted({g // per_stage for g in range(p.node * gpn, (p.node + 1) * gpn)})
         for s in stages:
-            need = memory[s].total_bytes / 2**30
+            need = bytes_to_gib(memory[s].total_bytes)
             if need > capacity:
                 return (
                     f"{p.describe()}: stage {s} needs {need:.1f} GiB per GPU but "
@@ -458,11 +504,11 @@ def wait_causes(scenario: Scenario, cluster, workload: Workload, waits) -> tuple
     touched = touching(scenario, cluster)
     by_replica: dict[int, set[str]] = {}
     for g, what in touched.items():
-        by_replica.setdefault((g // placement.tensor) % placement.data, set()).update(what)
+        by_replica.setdefault(placement.replica_of(g), set()).update(what)
     totals: dict[int, dict[int, float]] = {}  # replica -> last arriver GPU -> GPU-seconds
     for w in waits:
         gpu = lanes[w.cause].gpu
-        replica = (gpu // placement.tensor) % placement.data
+        replica = placement.replica_of(gpu)
         if replica == 0 and scenario.network.symmetry:  # replica 0's lanes stand for the rest
             replica = gpu = -1
         per_gpu = totals.setdefault(replica, {})

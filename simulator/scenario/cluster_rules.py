@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..vocabulary import NVLS
+from ..ir.vocabulary import NVLS
 from .errors import ScenarioError
 
 if TYPE_CHECKING:

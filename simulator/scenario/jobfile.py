@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..vocabulary import FAIR_SHARE
+from ..ir.vocabulary import FAIR_SHARE
 from . import schema
 from .errors import ScenarioError
 from .files import read_toml, shipped_dir, shipped_scenarios

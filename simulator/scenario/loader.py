@@ -23,7 +23,7 @@ from stepsim.schedules import LOOPED
 from stepsim.schedules import SCHEDULES as SCHEDULE_INFO
 from stepsim.schedules.custom import sizes_of
 
-from ..vocabulary import SHARD_OPTIMIZER
+from ..ir.vocabulary import SHARD_OPTIMIZER
 from . import presets, rules, schema
 from .errors import ScenarioError
 from .files import (

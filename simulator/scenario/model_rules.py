@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..vocabulary import ATTENTION_FLASH, ATTENTION_UNFUSED, CP_A2A, NO_SHARDING
+from ..ir.vocabulary import ATTENTION_FLASH, ATTENTION_UNFUSED, CP_A2A, NO_SHARDING
 from .errors import ScenarioError
 from .moe_rules import check_moe_model
 

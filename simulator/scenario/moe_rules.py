@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ..vocabulary import MOE_FLEX, SHARD_FULL
+from ..ir.vocabulary import MOE_FLEX, SHARD_FULL
 from .errors import ScenarioError
 
 if TYPE_CHECKING:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..vocabulary import MOE_ALLTOALL, MOE_FLEX, RECOMPUTE_FULL
+from ..ir.vocabulary import MOE_ALLTOALL, MOE_FLEX, RECOMPUTE_FULL
 from .errors import ScenarioError
 from .frameworks import OVERLAPPED
 

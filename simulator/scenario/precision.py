@@ -18,13 +18,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..vocabulary import (
-    FP8_BLOCKWISE,
-    FP8_DELAYED,
-    FP8_MXFP8,
-    FP8_TENSORWISE,
-    SHARD_OPTIMIZER,
-)
+from ..ir.vocabulary import FP8_BLOCKWISE, FP8_DELAYED, FP8_MXFP8, FP8_TENSORWISE, SHARD_OPTIMIZER
 from .errors import ScenarioError
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ from stepsim.schedules import check as schedule_problem
 from stepsim.schedules.custom import check_orders, sizes_of
 from stepsim.topologies import PLANAR  # drawn whole in symmetric mode too (run.build_cluster)
 
-from ..vocabulary import SHARD_GRADIENTS, SHARD_OPTIMIZER
+from ..ir.vocabulary import SHARD_GRADIENTS, SHARD_OPTIMIZER
 from . import limits
 from .cluster_rules import check_cluster as check_cluster  # ClusterSpec calls it here
 from .cluster_rules import check_nvls

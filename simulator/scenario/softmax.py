@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..vocabulary import ATTENTION_FLASH
+from ..ir.vocabulary import ATTENTION_FLASH
 from .frameworks import SOFTMAX_RULE
 
 if TYPE_CHECKING:

@@ -20,8 +20,8 @@ from typing import Literal
 
 from stepsim.topologies import FABRICS, NVLINK_TOPOLOGIES, FabricShape
 
-from ..units import us_to_s
-from ..vocabulary import (
+from ..ir.units import us_to_s
+from ..ir.vocabulary import (
     AUTO,
     COLLECTIVE_ALGORITHMS,
     CP_COMM_TYPES,

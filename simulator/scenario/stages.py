@@ -195,7 +195,7 @@ def check_dual(training: TrainingConfig) -> None:
     embeddings (each end rank holds an embedding and an output layer of different
     copies), and whole gradients until the copies' sum after the flush (not ZeRO-2's or
     FSDP's per-micro-batch reduce-scatters)."""
-    from ..vocabulary import SHARD_FULL, SHARD_GRADIENTS
+    from ..ir.vocabulary import SHARD_FULL, SHARD_GRADIENTS
 
     if training.share_embeddings_and_output_weights:
         raise ScenarioError(

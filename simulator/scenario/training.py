@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from stepsim import schedules
 
-from ..vocabulary import (
+from ..ir.vocabulary import (
     ATTENTION_BACKENDS,
     ATTENTION_KERNELS,
     COMMUNICATION_DTYPES,
