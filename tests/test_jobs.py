@@ -11,8 +11,7 @@ from stepsim.ir.vocabulary import DP_SYNC
 from stepsim.run.iteration import build_cluster
 from stepsim.run.multijob import JobCluster, link_bytes, lower_job, run_jobs
 from stepsim.scenario import ScenarioError, dumps_toml
-from stepsim.scenario.jobfile import jobs_from_dict, load_jobs
-from stepsim.scenario.jobs import markdown_table, parse_nodes, place
+from stepsim.scenario.jobfile import jobs_from_dict, load_jobs, markdown_table, parse_nodes, place
 from tests.helpers import ROOT, load, main_in_process, scenario
 
 # a pure data-parallel job: one GPU (and one NIC) per node, DP over two nodes

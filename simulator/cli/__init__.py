@@ -1,8 +1,8 @@
 """The ``stepsim`` command. With the loader, the only code that touches files.
 
-One module per command (cmd_run.py for `stepsim run`, and so on), each
-adding its parser and holding its handler: argument parsing and printing only, the
-work done by the layers below. common.py has what they share. Errors a user can
+One module per command (cmd_run.py for `stepsim run`, and so on; cmd_run.py also holds
+`stepsim jobs`, which runs several), each adding its parser and holding its handler:
+argument parsing and printing only, the work done by the layers below. common.py has what they share. Errors a user can
 cause print one line and exit with status 2; no traceback.
 """
 
@@ -17,7 +17,6 @@ from .. import __version__
 from ..engine.core import DeadlockError
 from ..scenario import ScenarioError
 from . import (
-    cmd_jobs,
     cmd_listing,
     cmd_plan,
     cmd_run,
@@ -40,15 +39,15 @@ __all__ = ["EXIT_USAGE", "Progress", "build_parser", "main", "program"]
 
 # in the order `stepsim --help` lists them
 COMMANDS = (
-    cmd_run,
-    cmd_sweep,
-    cmd_jobs,
-    cmd_validate,
-    cmd_search,
-    cmd_plan,
-    cmd_topology,
-    cmd_schedule,
-    cmd_listing,
+    cmd_run.add_command,
+    cmd_sweep.add_command,
+    cmd_run.add_jobs_command,
+    cmd_validate.add_command,
+    cmd_search.add_command,
+    cmd_plan.add_command,
+    cmd_topology.add_command,
+    cmd_schedule.add_command,
+    cmd_listing.add_command,
 )
 
 
@@ -60,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"stepsim {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for command in COMMANDS:
-        command.add_command(sub)
+    for add_command in COMMANDS:
+        add_command(sub)
     return parser
 
 

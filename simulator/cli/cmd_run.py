@@ -1,5 +1,10 @@
 """`stepsim run`: simulate one iteration of a scenario, print its summary, and with
---out write metrics.json, the pictures, the trace and the resolved scenario."""
+--out write metrics.json, the pictures, the trace and the resolved scenario.
+
+`stepsim jobs`: several jobs on one fabric (a jobs file: a [cluster] and [[job]] tables;
+scenarios/README.md). Each job's iteration alone and together, its slowdown, where its
+time went and the links it shared; --json, and with --out jobs.json and the together
+run's trace (every job's GPUs, processes named by job)."""
 
 from __future__ import annotations
 
@@ -10,7 +15,14 @@ import sys
 from pathlib import Path
 
 from ..scenario import ScenarioError, dumps_toml, scenario_to_dict
-from .common import load, progress_for, quiet_argument, scenario_arguments
+from .common import (
+    json_argument,
+    load,
+    print_json,
+    progress_for,
+    quiet_argument,
+    scenario_arguments,
+)
 
 TRACE_FILES = {"json": "trace.json", "gz": "trace.json.gz", None: None}  # --trace, --no-trace
 
@@ -107,3 +119,83 @@ def write_outputs(result, out: Path, trace_file: str | None = "trace.json") -> l
     breakdown_figure(result).savefig(out / "breakdown.png", dpi=110)
     names = ["metrics.json", "timeline.png", "breakdown.png", trace_file, "scenario.resolved.toml"]
     return [name for name in names if name is not None]
+
+
+# -- stepsim jobs ---------------------------------------------------------------------
+
+
+def add_jobs_command(sub) -> None:
+    jobs = sub.add_parser(
+        "jobs",
+        help="several jobs sharing one cluster's network: each one's slowdown",
+        description="Simulate the jobs of JOBS (a jobs file, or the name of a shipped one in "
+        "scenarios/jobs/) on one cluster, sharing its links: each alone on its nodes, then "
+        "all together; print each job's iteration time both ways and its slowdown.",
+    )
+    jobs.add_argument("jobs", metavar="JOBS", help="a jobs file ([cluster] and [[job]] tables)")
+    jobs.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write jobs.json and the together run's trace (trace.json; see --trace) to DIR",
+    )
+    trace = jobs.add_mutually_exclusive_group()
+    trace.add_argument("--trace", choices=("json", "gz"), default="json", help="as `run`'s")
+    trace.add_argument("--no-trace", dest="trace", action="store_const", const=None)
+    json_argument(jobs)
+    quiet_argument(jobs, "no progress line on the terminal while it runs")
+    jobs.set_defaults(handler=jobs_command)
+
+
+def cluster_header(spec) -> str:
+    c = spec.cluster
+    fabric = c.fabric
+    if fabric == "fat-tree":
+        fabric = (
+            f"{c.fabric_levels}-level fat tree, {c.nodes_per_leaf} nodes a leaf, "
+            f"{c.spine_switches} spines, {c.oversubscription:g}:1 oversubscribed"
+        )
+    name = c.node or "custom"
+    return (
+        f"{c.num_nodes} {name} nodes ({c.num_nodes * c.gpus_per_node} GPUs, {c.gpu.name}), "
+        f"{fabric} · fair-share network"
+    )
+
+
+def jobs_command(args: argparse.Namespace) -> int:
+    from ..report.jobreport import jobs_text
+    from ..run.multijob import run_jobs
+    from ..scenario.jobfile import load_jobs
+
+    spec = load_jobs(args.jobs)
+    progress = progress_for(args)
+    progress.begin("simulating the jobs together")
+    try:
+        result = run_jobs(spec, progress.update, keep_trace=bool(args.out and args.trace))
+    finally:
+        progress.clear()
+    written = []
+    if args.out:
+        written = write_jobs_outputs(result, spec, Path(args.out), args.trace)
+    if args.json:
+        print_json(result.to_json())
+    else:
+        print(jobs_text(result, spec.cluster, cluster_header(spec)))
+        if written:
+            print(f"\n  wrote {args.out}/: {' '.join(written)}")
+    return 0
+
+
+def write_jobs_outputs(result, spec, out: Path, trace: str | None) -> list[str]:
+    from ..report.jobreport import jobs_trace
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "jobs.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
+    names = ["jobs.json"]
+    if trace is not None:
+        text = json.dumps(jobs_trace(result, spec), separators=(",", ":")).encode()
+        name = "trace.json"
+        if trace == "gz":
+            text, name = gzip.compress(text, mtime=0), "trace.json.gz"
+        (out / name).write_bytes(text)
+        names.append(name)
+    return names

@@ -35,7 +35,7 @@ from ..ir.results import JobResult, JobsResult, SharedLink, Trace
 from ..ir.vocabulary import BARRIER, ITERATION_STREAM
 from ..report.metrics import summarize
 from ..scenario import ScenarioError, limits
-from ..scenario.jobs import JobSpec, JobsSpec
+from ..scenario.jobfile import JobSpec, JobsSpec
 from .iteration import build_cluster, busiest_links, gc_paused, memory_per_stage
 
 SHARED_LINKS_SHOWN = 3

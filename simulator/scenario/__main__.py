@@ -6,14 +6,14 @@ file's, and the framework defaults table)."""
 import sys
 from pathlib import Path
 
-from . import frameworks, jobs
+from . import frameworks, jobfile
 from .schema import keys, markdown_table, markdown_tables
 
 if len(sys.argv) == 3 and sys.argv[1] == "--write":
     readme = Path(sys.argv[2])
     lines = readme.read_text(encoding="utf-8").splitlines()
     # the scenario sections' tables in order, then the jobs file's [[job]] table
-    tables = iter([*(markdown_table(section) for section in keys()), jobs.markdown_table()])
+    tables = iter([*(markdown_table(section) for section in keys()), jobfile.markdown_table()])
     out, i = [], 0
     while i < len(lines):
         table = None

@@ -1,11 +1,16 @@
-"""The text of `stepsim jobs`: per job its iteration alone and together, slowdown,
-where its time went both ways and the links it shared (simulator/jobresults.py)."""
+"""What `stepsim jobs` shows: per job its iteration alone and together, slowdown, where
+its time went both ways and the links it shared (ir/results.py's JobsResult), and the
+together run as one Perfetto trace (trace.py's, every job's GPUs a process named by its
+job, the busiest shared links as counter tracks)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from ..ir.results import JobsResult
-from ..ir.vocabulary import categories_of
+from ..ir.vocabulary import ITERATION_STREAM, categories_of
 from .summary import decimal_places
+from .trace import chrome_trace
 
 
 def _nodes_text(nodes: tuple[int, ...], most: int = 24) -> str:
@@ -68,3 +73,36 @@ def jobs_text(result: JobsResult, cluster, header: str) -> str:
                 f"{link.gbytes_others:>11.3g}  {link.link}"
             )
     return "\n".join(lines)
+
+
+def jobs_trace(result, spec) -> dict:
+    trace = result.trace
+    spans = [sp for sp in trace.spans if sp.stream != ITERATION_STREAM]
+    shared = {link.index: link for links in result.shared_links.values() for link in links}
+    view = SimpleNamespace(
+        scenario=spec.jobs[0].scenario,
+        cluster=result.cluster,
+        workload=result.workload,
+        trace=trace._replace(spans=spans),
+        metrics=SimpleNamespace(
+            busiest_links=[shared[i] for i in sorted(shared)], fast_forward=None
+        ),  # jobs run in exact mode: never fast-forwarded
+    )
+    document = chrome_trace(view)
+    gpn = spec.cluster.gpus_per_node
+    job_of = {
+        n * gpn + g: (i, job.name)
+        for i, job in enumerate(spec.jobs)
+        for n in job.nodes
+        for g in range(gpn)
+    }
+    for event in document["traceEvents"]:
+        if event.get("ph") != "M" or event["pid"] not in job_of:
+            continue
+        number, name = job_of[event["pid"]]
+        if event["name"] == "process_name":
+            event["args"]["name"] = f"job {name} · {event['args']['name']}"
+        elif event["name"] == "process_sort_index":  # by job, then by stage
+            event["args"]["sort_index"] += number * 1_000_000
+    document["otherData"] = {"jobs": result.name}
+    return document
