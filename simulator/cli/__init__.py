@@ -2,8 +2,9 @@
 
 One module per command (cmd_run.py for `stepsim run`, and so on; cmd_run.py also holds
 `stepsim jobs`, which runs several), each adding its parser and holding its handler:
-argument parsing and printing only, the work done by the layers below. common.py has what they share. Errors a user can
-cause print one line and exit with status 2; no traceback.
+argument parsing and printing only, the work done by the layers below. common.py has
+what they share. Errors a user can cause print one line and exit with status 2; no
+traceback.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ in symmetric mode, every GPU in exact mode).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from ..comm.congruent import copies_of, per_gpu
@@ -120,12 +120,7 @@ def tally(
 ) -> Tally:
     """``seconds`` and ``spans``: what `engine.core.simulate_totals` added up while the
     spans ended (the trace then has none); else read off the trace's spans."""
-    hardware_flops = model_flops = 0.0
-    for lane in workload.lanes:
-        lane_hw, lane_model = lane_flops(workload, lane)
-        for _ in range(lane.copies):  # each GPU of a congruent group, as its own lane
-            hardware_flops += lane_hw * lane.stands_for
-            model_flops += lane_model * lane.stands_for
+    hardware_flops, model_flops = gpu_flops(workload, lambda lane: lane_flops(workload, lane))
     return Tally(
         trace.end_s,
         lane_seconds(trace) if seconds is None else seconds,
@@ -134,6 +129,20 @@ def tally(
         trace.num_transfers,
         num_spans(trace) if spans is None else spans,
     )
+
+
+def gpu_flops(
+    workload: Workload, flops_of: Callable[[Lane], tuple[float, float]]
+) -> tuple[float, float]:
+    """(hardware, model) FLOPs of every GPU: ``flops_of(lane)`` for each lane, times the
+    GPUs it stands for and, a congruent group's lane, once per GPU of the group."""
+    hardware_flops = model_flops = 0.0
+    for lane in workload.lanes:
+        lane_hw, lane_model = flops_of(lane)
+        for _ in range(lane.copies):  # each GPU of a congruent group, as its own lane
+            hardware_flops += lane_hw * lane.stands_for
+            model_flops += lane_model * lane.stands_for
+    return hardware_flops, model_flops
 
 
 def spans_per_gpu(trace: Trace) -> list:

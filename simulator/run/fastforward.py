@@ -53,11 +53,11 @@ from ..cost.orders import stage_orders
 from ..emit.p2pcalls import p2p_items
 from ..engine.network import NetworkFactory
 from ..engine.steady import NotSteady, Snapshot, same, simulate_observed
-from ..ir.ops import Workload
+from ..ir.ops import Lane, Workload
 from ..ir.results import FastForward, Trace
 from ..ir.vocabulary import CATEGORY_OF_KIND
 from ..report.linkstats import bytes_by, cumulative_load, mean_utilization
-from ..report.metrics import Tally, lane_flops, lane_seconds
+from ..report.metrics import Tally, gpu_flops, lane_flops, lane_seconds
 from ..scenario import Scenario, ScenarioError
 
 # fast-forward only when the full run has at least this many times the micro-batches
@@ -296,26 +296,29 @@ def tally(plan: Plan) -> Tally:
     window: dict[tuple[int, str], dict[str, float]] = {key: {} for key in seconds}
     spans_in = 0
     for span in trace.spans:
-        start, end = span.start_s, span.end_s
+        start = span.start_s
         if t0 < start <= t1:
             spans_in += 1
-        if end <= t0 or start >= t1:
+        inside = _clipped(start, span.end_s, t0, t1)
+        if inside is None:
             continue
         totals = window.get((span.gpu, span.stream))
         if totals is not None:
             category = CATEGORY_OF_KIND[span.kind]
-            totals[category] = totals.get(category, 0.0) + min(end, t1) - max(start, t0)
+            totals[category] = totals.get(category, 0.0) + inside[1] - inside[0]
     for key, totals in window.items():
         for category, s in totals.items():
             seconds[key][category] += k * s
-    hardware = model = 0.0
     workload = plan.workload
-    for lane in workload.lanes:
+
+    def flops_of(lane: Lane) -> tuple[float, float]:
+        """The lane's FLOPs in the short run plus k periods of its own."""
         a, n = plan.lane_end[lane.index], plan.lane_period[lane.index]
         lane_hw, lane_model = lane_flops(workload, lane)
         period_hw, period_model = lane_flops(workload, lane, range(a - n, a))
-        hardware += (lane_hw + k * period_hw) * lane.stands_for
-        model += (lane_model + k * period_model) * lane.stands_for
+        return lane_hw + k * period_hw, lane_model + k * period_model
+
+    hardware, model = gpu_flops(workload, flops_of)
     return Tally(
         iteration_s(plan),
         seconds,
@@ -324,6 +327,13 @@ def tally(plan: Plan) -> Tally:
         trace.num_transfers + k * (plan.second.num_transfers - plan.first.num_transfers),
         len(trace.spans) + k * spans_in,
     )
+
+
+def _clipped(start_s: float, end_s: float, t0: float, t1: float) -> tuple[float, float] | None:
+    """The part of [start_s, end_s) inside the period [t0, t1); None if none is."""
+    if end_s <= t0 or start_s >= t1:
+        return None
+    return max(start_s, t0), min(end_s, t1)
 
 
 def iteration_s(plan: Plan) -> float:
@@ -346,11 +356,11 @@ def link_loads(plan: Plan, capacities: Sequence[float], bins: int):
     trace, k = plan.trace, plan.periods
     t0, t1 = plan.first.time_s, plan.second.time_s
     period_s, end_s = t1 - t0, iteration_s(plan)
-    clipped = [
-        iv._replace(start_s=max(iv.start_s, t0), end_s=min(iv.end_s, t1))
-        for iv in trace.link_intervals
-        if iv.end_s > t0 and iv.start_s < t1
-    ]
+    clipped = []
+    for iv in trace.link_intervals:
+        inside = _clipped(iv.start_s, iv.end_s, t0, t1)
+        if inside is not None:
+            clipped.append(iv._replace(start_s=inside[0], end_s=inside[1]))
     short = mean_utilization(trace.link_intervals, capacities, trace.end_s) * trace.end_s
     utilization = (short + k * mean_utilization(clipped, capacities, 1.0)) / end_s
 
