@@ -1,8 +1,8 @@
-"""Malformed inputs of every class benchmarks/fuzz.py generates, one case each: exit 2,
+"""Malformed inputs of every class tools/fuzz.py generates, one case each: exit 2,
 one line naming the key or file, no traceback. Those that read endless, blocking or huge
 input or build large clusters run as the command a user types, under the fuzz's time and
 memory bound; the others call main in this process (one of them as a command as well).
-`python benchmarks/fuzz.py --many` runs many more, each as a command."""
+`python tools/fuzz.py --many` runs many more, each as a command."""
 
 import sys
 import time
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
 import fuzz  # noqa: E402
 
 from tests.helpers import main_in_process  # noqa: E402

@@ -9,6 +9,9 @@ DeepSpeed's gradient path (the tied embedding's all-reduce first, bucketed ZeRO-
 DeepSpeed's blocking p2p (Megatron's is the default of the 1F1B cases).
 """
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from stepsim.ir.vocabulary import BREAKDOWN_KEYS
@@ -16,101 +19,22 @@ from stepsim.report.metrics import compute_lanes, stage_breakdowns
 from stepsim.run.iteration import run
 from tests.helpers import load
 
-MODEL = {"num_layers": 8, "hidden_size": 4096, "num_attention_heads": 32, "seq_length": 2048}
-# a node is one tensor-parallel group, so data-parallel rings and pipeline sends both
-# leave the node through its NICs
-LAYOUT = {
-    "tensor_model_parallel_size": 8,
-    "pipeline_model_parallel_size": 4,
-    "data_parallel_size": 2,
-}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+from exact_cases import CONTENTION  # noqa: E402
 
-
-def _case(cluster=None, parallel=None, training=None, network=None):
-    return {
-        "model": MODEL,
-        "cluster": {"num_nodes": 8, "nic_gbps": 50.0, **(cluster or {})},
-        "parallel": {**LAYOUT, **(parallel or {})},
-        "training": {"global_batch_size": 16, **(training or {})},
-        "network": {"model": "fair-share", **(network or {})},
-    }
-
-
+# the contention cases: one catalogue, tools/exact_cases.py's (golden.py --exact
+# records them too), each run here in both modes
 CASES = {
-    # one 25 Gb/s NIC per node: gradient buckets and both directions' pipeline sends
-    # of eight GPUs queue on it (fair sharing doubles the iteration over "analytical")
-    "one-nic-per-node": _case(
-        cluster={"nics_per_node": 1, "nic_gbps": 25.0}, training={"overlap_grad_reduce": True}
-    ),
-    # one node per leaf, uplinks at 1/8: every flow between nodes crosses the spines
-    "oversubscribed-fat-tree": _case(
-        cluster={"fabric": "fat-tree", "nodes_per_leaf": 1, "oversubscription": 8.0}
-        | {"nic_gbps": 100.0},
-        training={"overlap_grad_reduce": True},
-        network={"collective_algorithm": "ring"},
-    ),
-    # FSDP's gathers and reduce-scatters on a side stream, beside the pipeline sends
-    # (overlapped: sends that run beside compute, where sharing the NIC shows most)
-    "interleaved-fsdp": _case(
-        parallel={"virtual_pipeline_model_parallel_size": 2},
-        training={
-            "schedule": "interleaved",
-            "data_parallel_sharding": "full",
-            "pipeline_p2p": "overlapped",
-        },
-    ),
-    # the same under Megatron's blocking batched calls (rendezvous across chunks and the
-    # ring from the last rank to the first)
-    "interleaved-fsdp-blocking-p2p": _case(
-        parallel={"virtual_pipeline_model_parallel_size": 2},
-        training={
-            "schedule": "interleaved",
-            "data_parallel_sharding": "full",
-            "pipeline_p2p": "batched-blocking",
-        },
-    ),
-    "zbv-zero1-sequence-parallel": _case(
-        cluster={"nic_gbps": 25.0},
-        parallel={"sequence_parallel": True},
-        training={
-            "schedule": "zbv",
-            "data_parallel_sharding": "optimizer",
-            "recompute_granularity": "selective",
-        },
-    ),
-    # DeepSpeed's sequential blocking p2p (rendezvous of two stage lanes), meta messages,
-    # whole gradients from every tensor rank and the re-gather, on one NIC per node
-    "deepspeed-0.5.0-sequential-p2p": _case(
-        cluster={"nics_per_node": 1, "nic_gbps": 25.0},
-        training={"framework": "deepspeed", "framework_version": "0.5.0"},
-    ),
-    "async-allreduce-tree-buckets": _case(
-        training={"async_tensor_model_parallel_allreduce": True, "overlap_grad_reduce": True},
-        network={"collective_algorithm": "tree"},
-    ),
-    # DeepSpeed's gradient path: the tied embedding's all-reduce (a rendezvous of the
-    # first and last stage) before ZeRO-1's bucketed all-reduce of bf16 gradients
-    "deepspeed-tied-zero1-buckets": _case(
-        cluster={"nic_gbps": 25.0},
-        training={
-            "params_dtype": "bf16",
-            "communication_data_type": "bf16",
-            "data_parallel_sharding": "optimizer",
-            "zero_grad_collective": "all-reduce",
-            "reduce_bucket_size": 20_000_000,
-            "allgather_bucket_size": 20_000_000,
-            "tied_grad_reduce_order": "before-dp",
-            "gradient_accumulation_fusion": False,
-        },
-    ),
+    name: {key: doc[key] for key in ("model", "cluster", "parallel", "training", "network")}
+    for name, doc in CONTENTION.items()
 }
 # where sharing links must matter: fair-share slower than "analytical" by this much
 CONTENDED = {"one-nic-per-node": 1.5, "oversubscribed-fat-tree": 1.3, "interleaved-fsdp": 1.03}
 
 
 def _both(doc):
-    symmetric = run(load(**doc))
-    exact = run(load(**{**doc, "network": {**doc["network"], "symmetry": False}}))
+    symmetric = run(load(**{**doc, "network": {**doc["network"], "symmetry": True}}))
+    exact = run(load(**doc))
     return symmetric, exact
 
 
@@ -135,7 +59,9 @@ def test_exact_mode_agrees_with_symmetric_mode(name):
     assert e.hardware_tflops_per_gpu == pytest.approx(s.hardware_tflops_per_gpu, rel=1e-3)
     if name in CONTENDED:
         doc = CASES[name]
-        alone = run(load(**{**doc, "network": {**doc["network"], "model": "analytical"}}))
+        alone = run(
+            load(**{**doc, "network": {**doc["network"], "model": "analytical", "symmetry": True}})
+        )
         assert iteration_s > CONTENDED[name] * alone.metrics.iteration_time_s
 
 

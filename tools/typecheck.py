@@ -22,7 +22,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # where each folder of the checkout sits under the package name
-LAYOUT = {"simulator": "stepsim", "schedules": "stepsim/schedules", "topologies": "stepsim/topologies"}
+LAYOUT = {
+    "simulator": "stepsim",
+    "schedules": "stepsim/schedules",
+    "topologies": "stepsim/topologies",
+}
 
 
 def lay_out(into: Path) -> None:

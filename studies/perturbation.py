@@ -1,8 +1,8 @@
 """Perturbations on large scenarios: what they do to the iteration (docs/what-if.md) and
 what the fast path costs (docs/performance.md).
 
-    python benchmarks/perturbation.py --what-if SCENARIO   # the what-if table (docs.py)
-    python benchmarks/perturbation.py --speed [--repeat 3] [--write]  # wall times
+    python studies/perturbation.py --what-if SCENARIO   # the what-if table (docs.py)
+    python studies/perturbation.py --speed [--repeat 3] [--write]  # wall times
 
 The perturbations (`CASES`): a 5 % straggler (one GPU of data-parallel replica 5, stage 0,
 its compute ops 1.05 x as long), the NIC of that GPU at half rate, the cable from that
@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "studies"))
 
 from stepsim.ir.vocabulary import CATEGORIES  # noqa: E402
 from stepsim.run.iteration import run  # noqa: E402

@@ -1,8 +1,8 @@
 """What each framework's pipeline mechanisms cost on a scenario, per micro-batch and
 per iteration (docs/frameworks.md, "MT-NLG and BigScience: deepspeed vs megatron").
 
-    python benchmarks/framework_breakdown.py scenarios/mt-nlg-530b-420nodes.toml
-    python benchmarks/framework_breakdown.py scenarios/bigscience-175b-v100.toml
+    python studies/framework_breakdown.py scenarios/mt-nlg-530b-420nodes.toml
+    python studies/framework_breakdown.py scenarios/bigscience-175b-v100.toml
 
 Per micro-batch, from a middle stage's trace: one pipeline transfer each way (data and,
 DeepSpeed, its meta message) and the pipeline all-gathers (the receiver's, DeepSpeed's

@@ -1,7 +1,7 @@
 """The BigScience question: what 135 vs 400 Gb/s between nodes does to a 175B model
 on 4 x V100 nodes, under three parallel layouts.
 
-    python benchmarks/bandwidth_study.py        # table to stdout, plot to docs/images/
+    python studies/bandwidth_study.py        # table to stdout, plot to docs/images/
 
 Each layout is the shipped scenario with a few keys changed, run at both
 bandwidths exactly as `stepsim sweep scenarios/bigscience-175b-v100.toml

@@ -2,9 +2,9 @@
 in a subprocess under a time and memory bound; every case must exit 2 (bad input) with
 one line on stderr naming the key or file at fault, and no traceback.
 
-    python benchmarks/fuzz.py                 # 3 seeds per class, small sizes (as in CI)
-    python benchmarks/fuzz.py --many          # 30 seeds per class, up to the sizes
-    python benchmarks/fuzz.py --class fifo    # one class
+    python tools/fuzz.py                 # 3 seeds per class, small sizes (as in CI)
+    python tools/fuzz.py --many          # 30 seeds per class, up to the sizes
+    python tools/fuzz.py --class fifo    # one class
 
 tests/test_fuzz.py runs the small mode. A case is a command line, the files it needs
 (written into a fresh folder, named in the command as {dir}) and the text its error

@@ -1,6 +1,6 @@
 """Every pipeline schedule on GPT-3 175B (128 DGX A100 nodes), in the full simulator.
 
-    python benchmarks/schedule_study.py        # markdown table to stdout, pictures to docs/images/
+    python studies/schedule_study.py        # markdown table to stdout, pictures to docs/images/
 
 The shipped scenario scenarios/gpt3-175b-128nodes.toml with selective recomputation
 and sequence parallelism, at pipeline size 8 (DP 16) and 16 (DP 8), and several

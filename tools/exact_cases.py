@@ -1,10 +1,11 @@
-"""Exact-mode cases for benchmarks/golden.py --exact: shipped scenarios cut down and
+"""Exact-mode cases for tools/golden.py --exact: shipped scenarios cut down and
 small scenarios with perturbations, every GPU simulated (``network.symmetry = false``).
 
 Exact mode's outputs must stay byte-identical when its mechanism changes (lanes
 collapsed, ops shared), as symmetric mode's must; the plain recording has no exact
-run. The small scenarios are tests/test_symmetry.py's contention cases and
-tests/test_perturbation.py's perturbed layouts, written out as scenario files.
+run. The small scenarios are the contention cases (`CONTENTION`, which
+tests/test_symmetry.py also runs both ways) and tests/test_perturbation.py's perturbed
+layouts, written out as scenario files.
 """
 
 from __future__ import annotations
@@ -94,16 +95,24 @@ def _mixed(perturbation, training=None, cluster=None) -> dict:
 _SLOW_GPU = {"kind": "slow_gpu", "gpu": 36, "factor": 1.3}
 _TREE = {"num_nodes": 8, "fabric": "fat-tree", "nodes_per_leaf": 2, "spine_switches": 2}
 
-GENERATED = {
+# symmetric mode against exact mode where sharing links matters (tests/test_symmetry.py
+# runs each both ways; a node is one tensor-parallel group, so data-parallel rings and
+# pipeline sends both leave the node through its NICs)
+CONTENTION = {
+    # one 25 Gb/s NIC per node: gradient buckets and both directions' pipeline sends
+    # of eight GPUs queue on it (fair sharing doubles the iteration over "analytical")
     "one-nic-per-node": _contended(
         cluster={"nics_per_node": 1, "nic_gbps": 25.0}, training={"overlap_grad_reduce": True}
     ),
+    # one node per leaf, uplinks at 1/8: every flow between nodes crosses the spines
     "oversubscribed-fat-tree": _contended(
         cluster={"fabric": "fat-tree", "nodes_per_leaf": 1, "oversubscription": 8.0}
         | {"nic_gbps": 100.0},
         training={"overlap_grad_reduce": True},
         network={"collective_algorithm": "ring"},
     ),
+    # FSDP's gathers and reduce-scatters on a side stream, beside the pipeline sends
+    # (overlapped: sends that run beside compute, where sharing the NIC shows most)
     "interleaved-fsdp": _contended(
         parallel={"virtual_pipeline_model_parallel_size": 2},
         training={
@@ -112,6 +121,8 @@ GENERATED = {
             "pipeline_p2p": "overlapped",
         },
     ),
+    # the same under Megatron's blocking batched calls (rendezvous across chunks and the
+    # ring from the last rank to the first)
     "interleaved-fsdp-blocking-p2p": _contended(
         parallel={"virtual_pipeline_model_parallel_size": 2},
         training={
@@ -129,6 +140,8 @@ GENERATED = {
             "recompute_granularity": "selective",
         },
     ),
+    # DeepSpeed's sequential blocking p2p (rendezvous of two stage lanes), meta messages,
+    # whole gradients from every tensor rank and the re-gather, on one NIC per node
     "deepspeed-0.5.0-sequential-p2p": _contended(
         cluster={"nics_per_node": 1, "nic_gbps": 25.0},
         training={"framework": "deepspeed", "framework_version": "0.5.0"},
@@ -141,6 +154,25 @@ GENERATED = {
         parallel={"sequence_parallel": True},
         training={"tp_comm_overlap": True, "overlap_grad_reduce": True},
     ),
+    # DeepSpeed's gradient path: the tied embedding's all-reduce (a rendezvous of the
+    # first and last stage) before ZeRO-1's bucketed all-reduce of bf16 gradients
+    "deepspeed-tied-zero1-buckets": _contended(
+        cluster={"nic_gbps": 25.0},
+        training={
+            "params_dtype": "bf16",
+            "communication_data_type": "bf16",
+            "data_parallel_sharding": "optimizer",
+            "zero_grad_collective": "all-reduce",
+            "reduce_bucket_size": 20_000_000,
+            "allgather_bucket_size": 20_000_000,
+            "tied_grad_reduce_order": "before-dp",
+            "gradient_accumulation_fusion": False,
+        },
+    ),
+}
+
+GENERATED = {
+    **CONTENTION,
     "mixed-clean": _mixed(None),
     "mixed-slow-node": _mixed([{"kind": "slow_gpu", "node": 5, "factor": 1.3}]),
     "mixed-gpu-type": _mixed([{"kind": "gpu_type", "node": 5, "gpu_model": "a100-sxm4-40gb"}]),

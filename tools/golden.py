@@ -3,9 +3,9 @@
 A refactoring that must not change a number (the house issue: "every number stepsim
 prints today stays bit-identical") is checked by recording before and after:
 
-    python benchmarks/golden.py record /tmp/golden-before      # on the old commit
-    python benchmarks/golden.py record /tmp/golden-after       # on the new one
-    python benchmarks/golden.py compare /tmp/golden-before /tmp/golden-after
+    python tools/golden.py record /tmp/golden-before      # on the old commit
+    python tools/golden.py record /tmp/golden-after       # on the new one
+    python tools/golden.py compare /tmp/golden-before /tmp/golden-after
 
 The recording runs ``python -m stepsim`` in this checkout (the ``stepsim``
 command) on: every
@@ -16,7 +16,7 @@ two-key sweep (sweep.csv), a small search (search.csv), the ``plan`` commands an
 ``topology``. Pictures (PNG) are left out: their bytes depend on matplotlib's version,
 not on stepsim. About two minutes on a 2-core machine (five with ``--full``).
 ``--exact`` records exact mode instead (``network.symmetry = false``, every GPU
-simulated): benchmarks/exact_cases.py's shipped scenarios cut down and small
+simulated): tools/exact_cases.py's shipped scenarios cut down and small
 perturbed ones (a few minutes).
 """
 
@@ -93,8 +93,8 @@ def record(out: Path, full: bool) -> None:
 
 
 def record_exact(out: Path) -> None:
-    """Exact mode's outputs (benchmarks/exact_cases.py)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    """Exact mode's outputs (tools/exact_cases.py)."""
+    sys.path.insert(0, str(ROOT / "tools"))
     import exact_cases
 
     if out.exists():
