@@ -6,7 +6,7 @@
 
 What it is for: the H100 calibration set is not met, and what is left grows as the
 hidden size shrinks, as the attention core's share of a layer does (docs/calibration.md,
-"The latest refit"). stepsim's flash kernel (simulator/workload/attention.py) is a
+"The latest refit"). stepsim's flash kernel (simulator/cost/attention.py) is a
 mechanism estimate that was never timed on an H100. This script times PyTorch's
 scaled_dot_product_attention, forward and forward + backward, causal, bf16, at the H100
 set's own shapes (batch 1, sequence 4096, head dimension 128, 7 to 18 heads per GPU:

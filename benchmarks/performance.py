@@ -155,7 +155,7 @@ def run_case(name: str) -> None:
             raise SystemExit(code)
         metrics = json.loads(out.getvalue())
         result = {"simulated_s": metrics["iteration_time_s"]}
-        if "fast_forward" in metrics:  # simulator/fastforward.py: m' simulated, k periods added
+        if "fast_forward" in metrics:  # simulator/run/fastforward.py: m' simulated, k periods added
             result["fast_forward"] = metrics["fast_forward"]
     # ru_maxrss is KiB on Linux
     result["peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20

@@ -1,19 +1,14 @@
 """Pipeline schedules as plain functions: (ranks, micro-batches, chunks) -> per-rank op order."""
 
+from .dualpipe import dualpipe, dualpipev
 from .pipeline import (
     DUAL,
     INTERLEAVED,
     LOOPED,
     ONE_F_ONE_B,
     PLACEMENTS,
-    SCHEDULES,
     V_SHAPE,
-    ScheduleInfo,
     Step,
-    build,
-    check,
-    dualpipe,
-    dualpipev,
     gpipe,
     holder_of,
     interleaved,
@@ -33,6 +28,7 @@ from .pipeline import (
     zbh2,
     zbv_unit,
 )
+from .registry import SCHEDULES, ScheduleInfo, build, check
 from .zbv_timed import ZbvTimes, ZbvUnschedulable, default_memory, zbv_timed
 
 __all__ = [

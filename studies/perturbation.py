@@ -8,7 +8,7 @@ The perturbations (`CASES`): a 5 % straggler (one GPU of data-parallel replica 5
 its compute ops 1.05 x as long), the NIC of that GPU at half rate, the cable from that
 NIC to its leaf switch failed (the job after its restart without the NIC: GPU 43 uses
 NIC 2), and a switch uplink failed. The first three touch replica 5 only, so symmetric
-mode simulates that replica besides the representatives (simulator/perturb.py); a
+mode simulates that replica besides the representatives (simulator/run/perturb.py); a
 failed uplink is refused there (it reroutes many replicas' traffic) and the table says
 so.
 """

@@ -1,4 +1,4 @@
-"""Exact mode's congruent TP groups (workload/congruent.py): a group whose ranks nothing
+"""Exact mode's congruent TP groups (comm/congruent.py): a group whose ranks nothing
 tells apart is one lane, and every number the run reports is exact mode's with a lane
 per GPU, to the bit."""
 

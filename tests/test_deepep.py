@@ -1,4 +1,4 @@
-"""The flex (DeepEP) dispatcher and group-limited routing (workload/deepep.py): closed
+"""The flex (DeepEP) dispatcher and group-limited routing (cost/deepep.py): closed
 forms of the per-GPU RDMA and NVLink bytes, the rules, and runs."""
 
 import itertools

@@ -1,5 +1,5 @@
 """A failed NIC cable, as the job runs after its restart without that NIC
-(topologies/detour.py, simulator/perturb.py: its GPUs use another NIC of their node)."""
+(topologies/detour.py, simulator/run/perturb.py: its GPUs use another NIC of their node)."""
 
 import pytest
 

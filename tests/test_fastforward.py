@@ -1,4 +1,4 @@
-"""The steady-state fast-forward (simulator/fastforward.py, engine/steady.py): where it
+"""The steady-state fast-forward (simulator/run/fastforward.py, engine/steady.py): where it
 is proved, its metrics equal the full simulation's to rounding; where not, the run is
 the full simulation, bit for bit."""
 

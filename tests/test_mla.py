@@ -1,4 +1,4 @@
-"""Multi-head latent attention (workload/mla.py), DeepSeek-V3's preset and its dense first
+"""Multi-head latent attention (cost/mla.py), DeepSeek-V3's preset and its dense first
 layers (`first_k_dense_replace`): parameters and FLOPs by closed form, and the rules."""
 
 import pytest

@@ -1,4 +1,4 @@
-"""Routing skew (`model.moe_routing`; workload/routing.py, docs/moe.md): the shares, the
+"""Routing skew (`model.moe_routing`; cost/routing.py, docs/moe.md): the shares, the
 busiest rank's experts, the all-to-all-v by closed form, and the rules."""
 
 import dataclasses

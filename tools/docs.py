@@ -489,7 +489,7 @@ def frameworks(images: Path | None) -> Generated:
 
 def moe_routing(images: Path | None) -> Generated:
     """docs/moe.md: the Mixtral scenario under balanced and zipf routing, from the
-    breakdown (routing skew, workload/routing.py)."""
+    breakdown (routing skew, cost/routing.py)."""
     import dataclasses
 
     from stepsim.cost.routing import rank_loads

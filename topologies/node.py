@@ -28,7 +28,7 @@ which would take:
   ``("nvswitch", domain)`` for the domain's GPUs; only its size check goes;
 - ``Cluster`` already routes and builds NVLink rings by domain
   (``nvlink_domain_of``), and leaves a domain through the GPU's own NIC;
-- the collectives (stepsim.workload.collectives) group a group's GPUs by
+- the collectives (stepsim.comm.collectives) group a group's GPUs by
   server (``node_of``) both for their NVLink rings and for the hops between
   servers: they would group by domain for the first and by server for NICs;
 - topologies.describe splits the bisection by server and names an NVSwitch

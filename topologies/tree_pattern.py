@@ -7,7 +7,7 @@ switches are counted in the order topologies.fabric draws them, each with its li
 down then up, so any link's number is a base per switch plus its place among that
 switch's links (networkx numbers a vertex's links in the order they were drawn).
 
-Where copies may be left out and stages moved (workload/placement.py):
+Where copies may be left out and stages moved (comm/placement.py):
 
 - ``region_nodes``: the servers whose links no route from outside crosses. A route
   between servers climbs from its source's leaf and descends into its destination's

@@ -5,7 +5,11 @@ from __future__ import annotations
 import argparse
 import re
 
+from stepsim.schedules import SCHEDULES
+
 from ..ir.results import SCHEMA_VERSION
+from ..scenario import shipped_scenarios
+from ..scenario.presets import GPUS, MODELS, NODES
 from .common import json_argument, print_json
 
 
@@ -43,11 +47,6 @@ def _gpu_text(gpu) -> str:
 
 
 def command(args: argparse.Namespace) -> int:
-    from stepsim.schedules import SCHEDULES
-
-    from ..scenario import shipped_scenarios
-    from ..scenario.presets import GPUS, MODELS, NODES
-
     scenarios = {
         name: _first_comment(path.read_text(encoding="utf-8"))
         for name, path in shipped_scenarios().items()
@@ -83,7 +82,7 @@ def command(args: argparse.Namespace) -> int:
         "models": "model presets ([model] preset)",
         "schedules": "pipeline schedules ([training] schedule)",
     }
-    lines = []
+    lines: list[str | None] = []
     for key, entries in sections.items():
         lines += ["" if lines else None, f"{heads[key]}:"]
         width = max(map(len, entries), default=0)

@@ -11,8 +11,14 @@ from ..plan.goodput import (
     DEFAULT_RESTART_MINUTES,
     DEFAULT_STORAGE_GBYTES_PER_S,
     FLEET_FAILURES_PER_1000_NODE_DAYS,
+    Reliability,
+    costs_of,
+    intervals,
 )
-from ..plan.planning import SCALE_KEEPS  # not plan.questions: `stepsim run` loads this
+
+# from plan.planning, not plan.questions: `stepsim run` loads this module too
+from ..plan.planning import SCALE_KEEPS, model_params, with_nodes
+from ..plan.space import int_list
 from ..scenario import ScenarioError
 from .common import (
     Parser,
@@ -192,8 +198,6 @@ def reliability_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def reliability_of(args: argparse.Namespace):
-    from ..plan.goodput import Reliability
-
     given = {
         "mtbf_gpu_hours": args.mtbf_gpu_hours,
         "storage_write_gbytes_per_s": args.storage_gbytes_per_s,
@@ -227,7 +231,6 @@ def _fastest(scenario, space, args: argparse.Namespace):
 
 def fit_command(args: argparse.Namespace) -> int:
     from ..plan.answers import fit_text, min_nodes_text
-    from ..plan.planning import model_params, with_nodes
     from ..plan.questions import check_family, fit_family, largest_fitting, min_nodes
 
     base = load(args)
@@ -264,7 +267,6 @@ def fit_command(args: argparse.Namespace) -> int:
 
 def throughput_command(args: argparse.Namespace) -> int:
     from ..plan.answers import throughput_text
-    from ..plan.planning import model_params
     from ..plan.questions import (
         check_fits,
         check_tokens,
@@ -322,7 +324,6 @@ def throughput_command(args: argparse.Namespace) -> int:
 def scale_command(args: argparse.Namespace) -> int:
     from ..plan.answers import scale_text
     from ..plan.questions import check_fits, check_tokens, scale_points, scale_scenarios
-    from ..plan.space import int_list
 
     base = load(args)
     nodes = int_list("--nodes", args.nodes)
@@ -370,9 +371,6 @@ def scale_command(args: argparse.Namespace) -> int:
 
 def _goodput_of(args: argparse.Namespace, scenario, iteration_s: float):
     """The reliability inputs, their costs and the interval rows for a scenario."""
-    from ..plan.goodput import costs_of, intervals
-    from ..plan.planning import model_params
-
     rel = reliability_of(args)
     params = model_params(scenario)
     costs = costs_of(

@@ -6,16 +6,11 @@ import argparse
 import json
 from pathlib import Path
 
-from stepsim.schedules import DUAL, PLACEMENTS
+from stepsim.schedules import DUAL, PLACEMENTS, SCHEDULES
 from stepsim.schedules.torch_csv import to_torch_csv
 
+from ..plan.space import int_list
 from ..scenario import read_schedule_file
-
-
-def _schedule_names() -> list[str]:
-    from stepsim.schedules import SCHEDULES
-
-    return list(SCHEDULES)
 
 
 def add_command(sub) -> None:
@@ -27,7 +22,7 @@ def add_command(sub) -> None:
         "Schedules that do not split the backward run one fused backward of B + W.",
     )
     which = sched.add_mutually_exclusive_group(required=True)
-    which.add_argument("--schedule", metavar="NAME", help=f"one of: {', '.join(_schedule_names())}")
+    which.add_argument("--schedule", metavar="NAME", help=f"one of: {', '.join(SCHEDULES)}")
     which.add_argument(
         "--compare", metavar="A,B,...", help="several schedules, stacked in one picture"
     )
@@ -112,7 +107,6 @@ def add_command(sub) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from ..plan.space import int_list
     from ..report.tables import study_text
     from ..report.trace import study_trace
     from ..run.bubble import check_sizes, op_times, studies_of_schedules, study_of_orders

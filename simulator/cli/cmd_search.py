@@ -10,7 +10,8 @@ import sys
 import time
 from pathlib import Path
 
-from ..scenario import ScenarioError
+from ..plan.planning import model_params
+from ..scenario import ScenarioError, read_search_journal
 from .common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
@@ -54,7 +55,6 @@ def add_command(sub) -> None:
 
 def command(args: argparse.Namespace) -> int:
     from ..plan.answers import search_text
-    from ..plan.planning import model_params
     from ..plan.search import (
         journal_entry,
         journal_header,
@@ -63,7 +63,6 @@ def command(args: argparse.Namespace) -> int:
         rule_of_thumb_entry,
         search,
     )
-    from ..scenario import read_search_journal
 
     base = load(args)
     space = space_of(args)

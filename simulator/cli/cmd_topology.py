@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from stepsim.topologies import PLANAR
+from stepsim.topologies.describe import link_name, summarize
+from stepsim.topologies.fabric import planes_of
+
 from ..ir.results import SCHEMA_VERSION
 from ..scenario import ScenarioError
 from .common import json_argument, load, print_json, scenario_arguments
@@ -33,10 +37,6 @@ def add_command(sub) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from stepsim.topologies import PLANAR
-    from stepsim.topologies.describe import summarize
-    from stepsim.topologies.fabric import planes_of
-
     from ..report.figures import MAX_DRAWN_GPUS, topology_figure
     from ..report.tables import topology_text
     from ..run.iteration import build_cluster
@@ -57,8 +57,6 @@ def command(args: argparse.Namespace) -> int:
     else:
         print(topology_text(scenario, summary))
     if args.links and not args.json:
-        from stepsim.topologies.describe import link_name
-
         print("\n  link  role     GB/s  from -> to")
         for link in cluster.links:
             print(

@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..scenario import ScenarioError
+from ..scenario import ScenarioError, read_calibration, read_validation_set, shipped_dir
+from ..scenario.presets import CALIBRATED_GPUS
 from .common import progress_for, quiet_argument
 
 QUICK_MAX_GPUS = 1_000  # --quick skips the Table 1 rows on more GPUs
@@ -53,8 +54,6 @@ def command(args: argparse.Namespace) -> int:
     from ..calibration.validation import compare, summary
     from ..report.tables import validation_markdown, validation_text
     from ..run.iteration import run
-    from ..scenario import read_calibration, read_validation_set, shipped_dir
-    from ..scenario.presets import CALIBRATED_GPUS
 
     rows = read_validation_set(args.data or shipped_dir() / "validation")
     if args.quick:

@@ -12,7 +12,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
+
+import stepsim
+import stepsim.schedules
+import stepsim.topologies
 
 from ..ir.vocabulary import (
     DATA_PARALLEL_SHARDING,
@@ -25,6 +29,7 @@ from ..plan.space import (
     DEFAULT_MICRO_BATCHES,
     DEFAULT_SCHEDULES,
     DEFAULT_SHARDING,
+    space_from_flags,
 )
 from ..scenario import Scenario, ScenarioError, load_scenario
 
@@ -35,7 +40,7 @@ EXIT_BROKEN_PIPE = 141  # stdout's reader went away (128 + SIGPIPE, as Unix tool
 
 
 class Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, exit 2, as for scenario errors
+    def error(self, message: str) -> NoReturn:  # one line, exit 2, as for scenario errors
         self.exit(EXIT_USAGE, f"stepsim: error: {message} (see stepsim {self._sub()}--help)\n")
 
     def _sub(self) -> str:
@@ -175,8 +180,6 @@ def space_arguments(parser: argparse.ArgumentParser) -> None:
 
 def space_of(args: argparse.Namespace):
     """The search space the flags of space_arguments give."""
-    from ..plan.space import space_from_flags
-
     return space_from_flags(
         tp=args.tp,
         pp=args.pp,
@@ -218,7 +221,7 @@ class Workers:
             if args.ray:  # a cluster elsewhere: the package travels with the tasks
                 self.staging = tempfile.TemporaryDirectory(prefix="stepsim-ray-")
                 package = ray_package_dir(Path(self.staging.name))
-            self.executor = RayPool(args.ray or None, jobs, package)
+            self.executor: LocalPool | RayPool = RayPool(args.ray or None, jobs, package)
             self.where = f"on Ray at {args.ray}" if args.ray else f"on Ray here, {jobs} CPUs"
         else:
             self.executor = LocalPool(jobs)
@@ -238,16 +241,14 @@ def ray_package_dir(tmp: Path) -> str:
     import: the installed package itself when installed from a wheel; from a checkout
     (an editable install maps simulator/, schedules/ and topologies/ into one namespace)
     a copy in ``tmp`` laid out as the wheel lays it out."""
-    import stepsim
-    from stepsim import schedules, topologies
-
     here = Path(stepsim.__file__).parent
     if here.name == "stepsim":
         return str(here)
     skip = shutil.ignore_patterns("__pycache__")
     staged = tmp / "stepsim"
     shutil.copytree(here, staged, ignore=skip)
-    for sub in (schedules, topologies):
+    for sub in (stepsim.schedules, stepsim.topologies):
+        assert sub.__file__ is not None  # a package with an __init__.py has one
         shutil.copytree(
             Path(sub.__file__).parent, staged / sub.__name__.split(".")[-1], ignore=skip
         )

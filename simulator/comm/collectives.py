@@ -1,6 +1,6 @@
 """Communication as data: point-to-point transfers and NCCL-like collectives.
 
-What this module builds are the network's input types (engine/flows.py): a
+What this module builds are the network's input types (ir/flows.py): a
 `Transfer` is what the network moves in one go, a *coupled flow* of several real
 flows (one per ring or tree edge, or one per GPU sending) that progress together,
 each carrying ``bytes_per_flow``; ``links`` are the directed links they cross and
@@ -148,18 +148,19 @@ def _coupled(
     end together (an all-to-all-v); a link's multiplicity is then the sum of the weights
     of the flows crossing it."""
     _check_alike(edge_sets, fabric)
-    own = Counter()
+    own: Counter[int] = Counter()
     for src, dst in edge_sets[0]:
         own.update(fabric.route(src, dst))
-    mults = Counter()
+    mults: Counter[int] = Counter()
     for edges in edge_sets:
         for index, (src, dst) in enumerate(edges):
             route = [link for link in fabric.route(src, dst) if link in own]
             if weights is None:
                 mults.update(route)
             else:
+                # typeshed's Counter holds ints; the weights make these counts fractional
                 for link in route:
-                    mults[link] += weights[index]
+                    mults[link] += weights[index]  # type: ignore[assignment]  # a float count
     links = tuple(sorted(own))
     return Transfer(links, tuple(mults[i] for i in links), bytes_per_flow, latency_s)
 
@@ -396,11 +397,11 @@ def _nvls_phase(
         [[(m, ms[(i + 1) % k]) for ms in nodes for i, m in enumerate(ms)] for nodes in per_node],
         fabric,
     )
-    own = Counter()
+    own: Counter[int] = Counter()
     for _, (first, last) in routes[0]:
         own[first] += up  # this GPU's link up to the switch
         own[last] += down  # the next GPU's link down from it (each GPU's once)
-    mults = Counter()
+    mults: Counter[int] = Counter()
     for copy in routes:
         for _, (first, last) in copy:
             mults.update({first: up} if first in own else {})
@@ -431,11 +432,10 @@ def nvls(
     scatter = _nvls_phase(REDUCE_SCATTER, groups, message_bytes, fabric)
     if scatter is None:
         return None
-    return (
-        scatter,
-        _inter_phase(TREE, groups, message_bytes, fabric),
-        _nvls_phase(ALL_GATHER, groups, message_bytes, fabric),
-    )
+    across = _inter_phase(TREE, groups, message_bytes, fabric)
+    gather = _nvls_phase(ALL_GATHER, groups, message_bytes, fabric)
+    assert gather is not None  # the scatter's GPUs and routes: NVLS applies as it did
+    return scatter, across, gather
 
 
 def point_to_point(pairs: Sequence[Edge], message_bytes: float, fabric: Fabric) -> Transfer:

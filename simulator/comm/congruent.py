@@ -75,9 +75,10 @@ class RankLinks:
 
     def check(self, parts: Sequence[Collective | Transfer | None]) -> None:
         """``parts``: rank j's transfer or collective at index j."""
-        phases = [(p,) if isinstance(p, Transfer) else p for p in parts]
-        if any(p is None for p in phases):
-            if all(p is None for p in phases):
+        given = [(p,) if isinstance(p, Transfer) else p for p in parts]
+        phases = [p for p in given if p is not None]
+        if len(phases) < len(given):
+            if not phases:
                 return
             raise NotCongruent("a rank has no transfer where another has one")
         first = phases[0]

@@ -22,10 +22,16 @@ from ..ir.flows import Collective, Transfer
 from ..ir.vocabulary import ALL_REDUCE, ALL_TO_ALL, RING_SEND
 from ..scenario import Scenario
 from . import collectives
-from .collectives import Fabric, LayoutError
+from .collectives import Edge, Fabric, LayoutError
 
 if TYPE_CHECKING:
     from .congruent import RankLinks
+
+# StageComm.expert's cache key: (group, kind, message bytes, offset), then the
+# all-to-all-v's loads and the flex dispatcher's ("flex", pairs) where given
+ExpertKey = tuple[
+    str | float | tuple[tuple[float, ...], bool] | tuple[str, tuple[float, float]], ...
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +105,7 @@ class StageComm:
     whose congruent groups cross the cluster unlike the representative's raises
     collectives.LayoutError.
 
-    Mixed mode (perturbations in symmetric mode, simulator/perturb.py): the
+    Mixed mode (perturbations in symmetric mode, simulator/run/perturb.py): the
     representative's transfers leave out the copies of the replicas in ``exclude``
     (simulated exactly, each by an exact StageComm whose ``joint`` is this one), and
     every data-parallel collective is the representative's, which all of them join."""
@@ -129,7 +135,7 @@ class StageComm:
         # lane and the lanes of the excluded replicas; ``split``: the (replica, stage)
         # TP groups of those that have a lane per GPU (the others one lane each)
         self.mixed = bool(exclude) or joint is not None
-        self.split = joint.split if joint is not None else split
+        self.split: frozenset[tuple[int, int]] = joint.split if joint is not None else split
         self.algorithm = scenario.network.collective_algorithm
         m, b = scenario.model, scenario.training.micro_batch_size
         # a micro-batch's activations on one GPU: its 1/CP share of each sequence
@@ -140,14 +146,14 @@ class StageComm:
         self._tp: dict[tuple[str, int], Collective | None] = {}
         self._dp: dict[tuple[str, float, int], Collective | None] = {}
         self._sends: dict[tuple[int, int, float, int, int], Transfer] = {}
-        self._cp: dict[tuple[str, float, tuple[int, int]], Transfer | Collective] = {}
+        self._cp: dict[tuple[str, float, tuple[int, int]], Transfer | Collective | None] = {}
         par = scenario.parallel
         self._experts = (
             expert_groups(placement.tensor * placement.data, par.ep_size, par.etp_size)
             if scenario.model.moe
             else {}
         )
-        self._expert: dict[tuple[str, str, float, int], Transfer | Collective | None] = {}
+        self._expert: dict[ExpertKey, Transfer | Collective | None] = {}
 
     def tp(self, kind: str, d: int) -> Collective | None:
         """A tensor-parallel collective (a vocabulary collective kind) of one
@@ -170,7 +176,7 @@ class StageComm:
                 self._tp[key] = self._shared(("tp", kind, *self.exclude), self.stage, build)
         return self._tp[key]
 
-    def cp(self, kind: str, message_bytes: float, j: int, d: int) -> Transfer | Collective:
+    def cp(self, kind: str, message_bytes: float, j: int, d: int) -> Transfer | Collective | None:
         """Context parallelism's exchange in the CP group of tensor rank ``j`` of replica
         ``d`` (symmetric: rank 0's and the congruent groups of every tensor rank and
         replica): one ring
@@ -186,7 +192,7 @@ class StageComm:
                 self._cp[key] = self._context(kind, groups, message_bytes)
             else:
 
-                def build(stage: int) -> Transfer | Collective:
+                def build(stage: int) -> Transfer | Collective | None:
                     rep = placement.cp_group(0, 0, stage)
                     span = placement.tensor * placement.context
                     offsets = [
@@ -215,14 +221,15 @@ class StageComm:
         stage; in exact mode the group of tensor rank ``j`` of replica ``d``. An
         all-to-all (each member sends ``message_bytes`` / size to every other) or a ring
         all-gather / reduce-scatter / all-reduce of ``message_bytes``; None for a group
-        of one GPU. ``loads``: an all-to-all-v (routing skew, workload/routing.py): each
+        of one GPU. ``loads``: an all-to-all-v (routing skew, cost/routing.py): each
         member's load factor, in group order, and whether it weighs the flows it sends
         (the combine) or those it receives (the dispatch). ``pairs``: the flex
-        dispatcher's two hops instead (workload/deepep.py): each member sends
+        dispatcher's two hops instead (cost/deepep.py): each member sends
         ``message_bytes`` x the first weight to the member of the same index in each other
         node, x the second to each other member of its node."""
         offset = self.expert_offset(group, j, d) if self.exact else 0
-        key = (group, kind, message_bytes, offset) + ((loads,) if loads is not None else ())
+        key: ExpertKey = (group, kind, message_bytes, offset)
+        key += (loads,) if loads is not None else ()
         key += (("flex", pairs),) if pairs is not None else ()
         if key not in self._expert:
             base, offsets = self._experts[group]
@@ -261,7 +268,8 @@ class StageComm:
         RDMA hop between same-index members of different nodes, the NVLink hop inside a
         node, one coupled flow; None when no pair carries bytes."""
         rdma, nvlink = pairs
-        edge_sets, weights = [], []
+        edge_sets: list[list[Edge]] = []
+        weights: list[float] = []
         for g in groups:
             nodes = [self.fabric.node_of(x) for x in g]
             seen: dict[int, int] = {}
@@ -282,7 +290,7 @@ class StageComm:
 
     def _context(
         self, kind: str, groups, message_bytes: float, loads=None
-    ) -> Transfer | Collective:
+    ) -> Transfer | Collective | None:
         if loads is not None and kind == ALL_TO_ALL:  # all-to-all-v: flows weighted
             factors, by_sender = loads
             n = len(groups[0])
@@ -335,7 +343,7 @@ class StageComm:
                 self._dp[key] = self._shared(("dp", kind, message_bytes), self.stage, build)
         return self._dp[key]
 
-    def tied(self, other: int, message_bytes: float, j: int, d: int) -> Collective:
+    def tied(self, other: int, message_bytes: float, j: int, d: int) -> Collective | None:
         """An all-reduce between this stage and pipeline rank ``other`` of each (tensor
         rank, replica) pair: the tied embedding's gradient (symmetric: every pair's)."""
         placement = self.placement
@@ -354,7 +362,7 @@ class StageComm:
             pair = [placement.gpu(j, d, low), placement.gpu(j, d, high)]
             return self._collective(ALL_REDUCE, [pair], message_bytes)
 
-        def build(stage: int) -> Collective:
+        def build(stage: int) -> Collective | None:
             rep = [placement.gpu(0, 0, stage), placement.gpu(0, 0, stage + high - low)]
             groups = [[g + o for g in rep] for o in self._kept(rep, self._every_rank())]
             return self._collective(ALL_REDUCE, groups, message_bytes)
@@ -419,7 +427,7 @@ class StageComm:
         own = {
             link
             for part, group in zip(parts, groups, strict=True)
-            if part is parts[0] or pattern.detoured.intersection(group)
+            if part is not None and (part is parts[0] or pattern.detoured.intersection(group))
             for phase in part
             for link in phase.links
         }
@@ -454,7 +462,9 @@ class StageComm:
             ]
             if self.ranks is not None:
                 self.ranks.check(pairs)
-            self._sends[key] = _merged(pairs)[0]
+            merged = _merged(pairs)
+            assert merged is not None  # each part is a transfer, never None
+            self._sends[key] = merged[0]
         return self._sends[key]
 
     # -- symmetric mode: the congruent copies, and the stages alike ----------------------

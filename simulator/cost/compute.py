@@ -3,7 +3,7 @@
 One transformer layer is two blocks, each ending in a tensor-parallel
 all-reduce (Megatron-LM's f/g operators), and each block is its kernels, as
 Megatron-LM runs them (fused bias-GeLU, fused bias-dropout-add; the attention
-core as ``workload.attention`` builds it: unfused, with Megatron's softmax rule, or
+core as ``cost.attention`` builds it: unfused, with Megatron's softmax rule, or
 one flash kernel):
 
 - attention: layernorm, QKV GEMM, scores Q K^T (batched GEMM), scale + mask +
@@ -59,7 +59,15 @@ from . import mla
 from .attention import core_kernels as attention_core_kernels
 from .context import core_kernels as context_core_kernels
 from .fp8 import Fp8Linear
-from .kernels import BYTES_PER_ELEMENT, MASK_BYTES, ZERO, Kernel, Work, gemm_seconds
+from .kernels import (
+    BYTES_PER_ELEMENT,
+    MASK_BYTES,
+    ZERO,
+    Kernel,
+    LinearKernels,
+    Work,
+    gemm_seconds,
+)
 
 # MLA's kernels the layer picks out by name (mla.py: its first GEMM's dW and the GEMM
 # the SP all-gather feeds)
@@ -158,7 +166,7 @@ class ComputeModel:
             gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s) * self.constants.memory_efficiency
         )
         # tokens of a micro-batch on this GPU: with context parallelism its 1/CP share of
-        # each sequence (workload.context), which every kernel but attention's scales with
+        # each sequence (cost.context), which every kernel but attention's scales with
         self.tokens = (
             scenario.training.micro_batch_size
             * scenario.model.seq_length
@@ -218,7 +226,7 @@ class ComputeModel:
         else:
             core_forward, core_backward = attention_core_kernels(self)
 
-        def linear(block: str, name: str, k_in: int, n_out: int) -> tuple[list[Kernel], ...]:
+        def linear(block: str, name: str, k_in: int, n_out: int) -> LinearKernels:
             """Y[tokens, n_out] = X[tokens, k_in] W: the kernels of its forward, input
             gradient and weight gradient (the last with its accumulation into the gradient
             buffer); in FP8 (``self.fp8``) the GEMMs at the FP8 rate, after their casts."""

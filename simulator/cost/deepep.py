@@ -103,6 +103,7 @@ def flex_traffic(cm: ComputeModel) -> FlexTraffic:
     model, par = cm.model, cm.parallel
     gpus_per_node = cm.scenario.cluster.gpus_per_node
     ep, experts, k = par.ep_size, model.num_experts, model.router_topk
+    assert experts is not None  # MoE models only (num_experts set)
     per_node = min(ep, gpus_per_node)
     nodes = ep // per_node
     groups, group_topk = model.moe_router_num_groups, model.moe_router_group_topk

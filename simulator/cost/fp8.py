@@ -53,7 +53,7 @@ from ..scenario.precision import (
     recipe_of,
     second_copy,
 )
-from .kernels import BYTES_PER_ELEMENT, Kernel, Work, gemm_seconds
+from .kernels import BYTES_PER_ELEMENT, Kernel, LinearKernels, Work, gemm_seconds
 
 if TYPE_CHECKING:
     from .compute import ComputeModel
@@ -73,6 +73,9 @@ class Fp8Linear:
         self.compute = compute
         gpu, training = compute.gpu, compute.training
         fp8 = gpu.fp8_kernels
+        # the rules (precision.check_fp8) allow FP8 only on a GPU with FP8 tensor cores,
+        # whose record (hardware.py) has both
+        assert fp8 is not None and gpu.peak_tflops_fp8 is not None
         self.recipe = recipe_of(training)
         self.peak_tflops = gpu.peak_tflops_fp8
         base = compute.constants
@@ -132,8 +135,8 @@ class Fp8Linear:
         return self.cast_bytes_per_element()
 
     def linear(
-        self, block: str, name: str, k_in: int, n_out: int, tokens: float
-    ) -> tuple[list[Kernel], ...]:
+        self, block: str, name: str, k_in: float, n_out: float, tokens: float
+    ) -> LinearKernels:
         """The forward, input-gradient and weight-gradient kernels of one FP8 linear layer,
         Y[tokens, n_out] = X[tokens, k_in] W (compute.ComputeModel.kernels' ``linear``)."""
         mem = self.compute.memory_bound

@@ -58,7 +58,11 @@ class Kernel(NamedTuple):
     core: bool = False
 
 
-def gemm_efficiency(c: KernelConstants, m: float, n: float, k: float, batch: int = 1) -> float:
+# a linear layer's kernels: (forward, input gradient, weight gradient)
+LinearKernels = tuple[list[Kernel], list[Kernel], list[Kernel]]
+
+
+def gemm_efficiency(c: KernelConstants, m: float, n: float, k: float, batch: float = 1) -> float:
     """Fraction of the tensor peak a (batched) m x n x k GEMM reaches.
 
     Tiles that overhang the matrix compute padding; the last wave of tiles may leave
@@ -93,7 +97,7 @@ def gemm_seconds(
     """An m x k by k x n GEMM (``batch`` of them): the slower of its FLOPs at the
     shape's efficiency and its operands' bytes (plus ``extra_bytes``, an epilogue's)
     at the HBM streaming rate. ``peak_tflops`` and ``input_bytes`` (per element of the
-    two inputs; the output stays 16-bit) are an FP8 GEMM's (workload.precision); the
+    two inputs; the output stays 16-bit) are an FP8 GEMM's (cost.fp8); the
     defaults are the GPU's 16-bit peak and 2 bytes."""
     flops = 2.0 * batch * m * n * k
     peak = gpu.peak_tflops if peak_tflops is None else peak_tflops

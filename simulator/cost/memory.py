@@ -33,6 +33,7 @@ import math
 from dataclasses import dataclass
 
 from ..ir.results import StageMemory
+from ..ir.units import BYTES_PER_GIB
 from ..ir.vocabulary import (
     ATTENTION_FLASH,
     NO_SHARDING,
@@ -62,7 +63,7 @@ from .routing import rank_loads, skewed
 # context and kernels (~0.5 GiB on A100/H100), cuBLAS's workspace, NCCL's channel
 # buffers (a few MiB per peer and channel) and the caching allocator's
 # fragmentation. One round figure for every GPU; it is a budget, not a measurement.
-WORKSPACE_BYTES = 2.0 * 2**30
+WORKSPACE_BYTES = 2.0 * BYTES_PER_GIB
 WEIGHT_BYTES_PER_PARAM = 2.0
 OPTIMIZER_BYTES_PER_PARAM = 12.0
 
@@ -97,6 +98,7 @@ def _fp8_layer_weights(scenario: Scenario) -> tuple[float, float]:
         attention = (h * m.qkv_width + m.attention_width * h) / t
     if not m.moe:
         return attention + mlp, 0.0
+    assert m.num_experts is not None  # m.moe says so
     par = scenario.parallel
     shared = 3 * h * m.shared_expert_ffn if m.gated else 2 * h * m.shared_expert_ffn
     routed = m.num_experts // par.ep_size * (h * m.expert_fc1_width + m.expert_ffn * h)
@@ -123,7 +125,7 @@ def fp8_weight_bytes(scenario: Scenario, layers: float, stage: int | None = None
     training = scenario.training
     if not fp8_enabled(training):
         return 0.0
-    copies = 1 + second_copy(scenario.cluster.gpu, recipe_of(training))
+    copies: float = 1 + second_copy(scenario.cluster.gpu, recipe_of(training))
     if fp8_param_gather(training):
         copies -= WEIGHT_BYTES_PER_PARAM
     m = scenario.model
@@ -138,7 +140,7 @@ def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None)
     """Korthikanti et al. 2022, Sec 4.2 and Table 2: one layer, one micro-batch, one rank.
 
     ``recompute`` defaults to the scenario's granularity. With context parallelism s is
-    a rank's share of the sequence, s / CP (workload.context)."""
+    a rank's share of the sequence, s / CP (cost.context)."""
     m = scenario.model
     s, b, h, a = (
         m.seq_length // scenario.parallel.cp_size,
@@ -179,7 +181,7 @@ def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None)
     # softmax output, dropout mask and dropout output: 2 + 1 + 2 bytes per score element
     attention_core = 5 * a * s / (h * t)
     if scenario.training.mechanism("attention_kernel") == ATTENTION_FLASH:
-        # one fp32 log-sum-exp per query row and head; nothing s x s (workload.attention)
+        # one fp32 log-sum-exp per query row and head; nothing s x s (cost.attention)
         attention_core = 4 * a / (h * t)
     elif not scenario_softmax_path(scenario).fused:
         # PyTorch's softmax in fp32 keeps its fp32 output: 4 bytes per score, not 2
@@ -202,7 +204,7 @@ def moe_activation_bytes(
     m, par = scenario.model, scenario.parallel
     if (recompute or scenario.training.recompute_granularity) == RECOMPUTE_FULL:
         return dense_bytes
-    local = m.seq_length // par.cp_size * scenario.training.micro_batch_size
+    local: float = m.seq_length // par.cp_size * scenario.training.micro_batch_size
     local /= par.tensor_model_parallel_size
     factor = m.moe_expert_capacity_factor
     rows = local * m.router_topk * (1.0 if factor is None else min(1.0, factor)) * par.etp_size

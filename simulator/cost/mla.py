@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .kernels import BYTES_PER_ELEMENT, Kernel
+from .kernels import BYTES_PER_ELEMENT, Kernel, LinearKernels
 
 if TYPE_CHECKING:
     from ..scenario import ModelSpec
@@ -67,7 +67,7 @@ def linear_weights_per_rank(model: ModelSpec, tp: int) -> float:
     return sharded / tp + replicated - model.q_lora - model.kv_lora
 
 
-def _linear(cm: ComputeModel, name: str, k_in: float, n_out: float, tokens: float):
+def _linear(cm: ComputeModel, name: str, k_in: float, n_out: float, tokens: float) -> LinearKernels:
     """(forward, input-gradient, weight-gradient) kernels of one linear layer on
     ``tokens`` rows, 16-bit or FP8 as the linear layers of compute.kernels."""
     if cm.fp8 is not None:

@@ -108,7 +108,7 @@ def _expert_linear(
 ) -> tuple[Work, Work, Work]:
     """One linear layer of every local expert, Y[m_e, n_out] = X[m_e, k_in] W_e, as
     grouped GEMMs: (forward, input gradient, weight gradient accumulated). Under FP8
-    (`training.fp8_format`) as workload.precision's linear layers: the grouped GEMMs at
+    (`training.fp8_format`) as cost.fp8's linear layers: the grouped GEMMs at
     the FP8 peak with the FP8 constants, the routed rows' input cast, the experts'
     weights cast once per iteration, the incoming gradient cast before dgrad."""
     fwd = grouped_gemm(cm, [(m, n_out, k_in) for m in ms])
@@ -146,13 +146,15 @@ def _shared_linear(
         g = cm.gemm
         return g(tokens, n_out, k_in), g(tokens, k_in, n_out), _wgrad(cm, k_in, n_out, (tokens,))
     parts = cm.fp8.linear("mlp", name, k_in, n_out, tokens)
-    return tuple(sum((kernel.work for kernel in part), ZERO) for part in parts)
+    forward, dgrad, wgrad = (sum((kernel.work for kernel in part), ZERO) for part in parts)
+    return forward, dgrad, wgrad
 
 
 def tokens_per_expert(cm: ComputeModel) -> float:
     """M: the rows one local expert computes per micro-batch under balanced routing,
     capped by the capacity factor when one is set (tokens beyond it are dropped)."""
     model, par = cm.model, cm.parallel
+    assert model.num_experts is not None  # MoE models only (num_experts set)
     local = cm.tokens / par.tensor_model_parallel_size  # SP: a GPU's share
     routed = local * model.router_topk * par.ep_size * par.etp_size / model.num_experts
     factor = model.moe_expert_capacity_factor
@@ -163,6 +165,7 @@ def expert_rows(cm: ComputeModel, rank: int) -> tuple[float, ...]:
     """The rows each local expert of EP rank ``rank`` computes per micro-batch: M each
     under balanced routing, the rank's shares of them under skew (routing.py)."""
     if not skewed(cm.model):
+        assert cm.model.num_experts is not None  # MoE models only (num_experts set)
         return (tokens_per_expert(cm),) * (cm.model.num_experts // cm.parallel.ep_size)
     return rank_rows(cm, rank)
 
@@ -226,6 +229,7 @@ def _moe_block_work(cm: ComputeModel, rank: int) -> MoeBlockWork:
     g, mem = cm.gemm, cm.memory_bound
     norm = mem(2 * e * local * h)
     num_experts = model.num_experts
+    assert num_experts is not None  # MoE models only (num_experts set)
     router = g(local, num_experts, h)
     topk = mem(local * (10 * num_experts + 12 * k))
     rows = math.fsum(ms) if skewed(model) else len(ms) * ms[0]

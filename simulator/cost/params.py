@@ -35,6 +35,7 @@ def expert_params(model: ModelSpec) -> tuple[int, int]:
 def moe_layer_params(model: ModelSpec) -> tuple[int, int, int]:
     """One MoE layer: (sharded over TP: attention and shared experts; replicated on every
     TP rank: norms, the row-parallel biases, the router; the E routed experts in all)."""
+    assert model.num_experts is not None  # MoE models only (num_experts set)
     h = model.hidden_size
     qkv, bias = model.qkv_width, model.linear_bias
     shared_f = model.shared_expert_ffn
@@ -57,6 +58,7 @@ def all_layers_params(model: ModelSpec, active: bool = False) -> int:
     dense_sharded, dense_replicated = layer_params(model)
     sharded, replicated, experts = moe_layer_params(model)
     if active:
+        assert model.num_experts is not None  # moe_layer_params checked it
         experts = experts // model.num_experts * model.router_topk
     moe = model.num_moe_layers
     return (model.num_layers - moe) * (dense_sharded + dense_replicated) + moe * (
@@ -93,6 +95,7 @@ def moe_layer_params_per_rank(scenario: Scenario) -> tuple[float, float]:
     model, par = scenario.model, scenario.parallel
     sharded, replicated, _ = moe_layer_params(model)
     one_sharded, one_replicated = expert_params(model)
+    assert model.num_experts is not None  # MoE models only (num_experts set)
     local = model.num_experts // par.ep_size
     dense = sharded / par.tensor_model_parallel_size + replicated
     return dense, local * (one_sharded / par.etp_size + one_replicated)

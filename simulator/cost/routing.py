@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from ..ir.units import gbytes_per_s_to_bytes_per_s, tflops_to_flops_per_s
 from ..scenario import ModelSpec
-from ..scenario.model import BALANCED, ZIPF
+from ..scenario.moe_rules import BALANCED, ZIPF
 from .kernels import BYTES_PER_ELEMENT, Work, gemm_seconds
 
 if TYPE_CHECKING:
@@ -108,12 +108,14 @@ def kept_shares(model: ModelSpec) -> tuple[float, ...]:
     factor = model.moe_expert_capacity_factor
     if factor is None:
         return shares
+    assert model.num_experts is not None  # MoE models only (num_experts set)
     cap = factor / model.num_experts
     return tuple(min(s, cap) for s in shares)
 
 
 def rank_loads(model: ModelSpec, ep: int) -> tuple[float, ...]:
     """Each EP rank's load factor l_r: EP x the kept shares of its E / EP experts."""
+    assert model.num_experts is not None  # MoE models only (num_experts set)
     kept, local = kept_shares(model), model.num_experts // ep
     return tuple(ep * math.fsum(kept[r * local : (r + 1) * local]) for r in range(ep))
 
@@ -122,6 +124,7 @@ def rank_rows(cm: ComputeModel, rank: int) -> tuple[float, ...]:
     """The rows each of EP rank ``rank``'s experts computes per micro-batch: the EP
     group's routed copies (n / TP x k x EP, x ETP gathered) times the expert's kept share."""
     model, par = cm.model, cm.parallel
+    assert model.num_experts is not None  # MoE models only (num_experts set)
     local = cm.tokens / par.tensor_model_parallel_size
     copies = local * model.router_topk * par.ep_size * par.etp_size
     per_rank = model.num_experts // par.ep_size
@@ -143,7 +146,7 @@ def grouped_gemm(
     expert's tiles overhang its own matrix, the last wave is the group's, split-K
     alike for all), and the memory roofline over every operand. Equal shapes: exactly
     `ComputeModel.gemm` with a batch. FP8 (moe.py): ``peak_tflops``, ``input_bytes`` and
-    the FP8 kernel ``constants`` of workload.precision."""
+    the FP8 kernel ``constants`` of cost.fp8."""
     shapes = [s for s in shapes if s[0] > 0 and s[1] > 0 and s[2] > 0]
     if not shapes:
         return Work(duration_s=0.0, flops=0.0)

@@ -10,8 +10,8 @@ the passes from the model's shape: forward 34h + 5as, weight gradient -32h, back
 the rest (runtime.py, `f_mem_approx`). stepsim has no profile to take, so it hands
 the same construction what its own models say those would measure, contention-free:
 
-- F, B, W of each chunk: the compute model's kernel times (workload.compute) for the
-  chunk's own layers (an MoE layer's from workload.moe), the embedding on the first
+- F, B, W of each chunk: the compute model's kernel times (cost.compute) for the
+  chunk's own layers (an MoE layer's from cost.moe), the embedding on the first
   stage and the output layer on the last; recomputation inside B, as in the
   simulation. Unlike the authors' wall-clock timers they leave out the
   communication the passes wait for (TP, CP, EP collectives).
@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from stepsim.schedules import SCHEDULES, ZbvTimes, default_memory
 
-from ..ir.units import us_to_s
+from ..ir.units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
 from ..scenario import Scenario
 from .compute import ComputeModel
 from .kernels import BYTES_PER_ELEMENT
@@ -113,15 +113,15 @@ def hop_s(scenario: Scenario) -> float:
     rank order, so stages pack the servers in order)."""
     par, cl, m = scenario.parallel, scenario.cluster, scenario.model
     tokens = scenario.training.micro_batch_size * m.seq_length // par.cp_size
-    nbytes = tokens * m.hidden_size * BYTES_PER_ELEMENT
+    nbytes: float = tokens * m.hidden_size * BYTES_PER_ELEMENT
     if par.sequence_parallel:
         nbytes /= par.tensor_model_parallel_size
     gpus_per_stage = par.tensor_model_parallel_size * par.cp_size * par.data_parallel_size
     stages = par.pipeline_model_parallel_size
     if gpus_per_stage * stages <= cl.gpus_per_node:  # every hand-over within one server
-        rate = cl.nvlink_gbytes_per_s * 1e9 * cl.nvlink_efficiency
+        rate = gbytes_per_s_to_bytes_per_s(cl.nvlink_gbytes_per_s) * cl.nvlink_efficiency
         return us_to_s(cl.nvlink_latency_us) + nbytes / rate
     nics_per_gpu = min(1.0, cl.nics_per_node / cl.gpus_per_node)
-    rate = cl.nic_gbps * 1e9 / 8 * nics_per_gpu * cl.nic_efficiency
+    rate = gbps_to_bytes_per_s(cl.nic_gbps) * nics_per_gpu * cl.nic_efficiency
     latency = us_to_s(2 * cl.pcie_latency_us + cl.ib_latency_us)
     return latency + nbytes / rate

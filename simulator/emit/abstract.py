@@ -90,16 +90,16 @@ def abstract_pipeline(
                 deps.append(output(stage - 1 if step.kind == "F" else stage + 1, step))
             after = order[position + 1] if position + 1 < len(order) else None
             seconds = own_time(step)
-            paired = after is not None and after.overlapped
-            if paired or step.overlapped:
-                partner = after if paired else order[position - 1]
+            pair = after if after is not None and after.overlapped else None
+            if pair is not None or step.overlapped:
+                partner = pair if pair is not None else order[position - 1]
                 together = own_time(step) + own_time(partner)
                 pair_s = together if overlapped_s is None else overlapped_s
                 seconds = pair_s * own_time(step) / together if together else 0.0
-            if paired:  # the pair starts once its backward's input is here too
-                at = stage_of(rank, after.chunk, num_ranks, placement)
+            if pair is not None:  # the pair starts once its backward's input is here too
+                at = stage_of(rank, pair.chunk, num_ranks, placement)
                 if not pipeline_ends(at, num_ranks, num_chunks, placement)[1]:
-                    deps.append(output(at + 1, after))
+                    deps.append(output(at + 1, pair))
             builder.add(
                 lane,
                 kind_of[step.kind],
@@ -111,7 +111,7 @@ def abstract_pipeline(
             if step.kind == "W" or (step.kind == "F" and last) or (step.kind == "B" and first):
                 continue
             pending.append((stage, step))
-            if paired:
+            if pair is not None:
                 continue
             for at, done in pending:
                 target = at + 1 if done.kind == "F" else at - 1

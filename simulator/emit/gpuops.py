@@ -100,7 +100,7 @@ class GpuOps:
     def rendezvous(self, kind: str, group: object = None) -> RendezvousKey:
         """Exact mode: the name of this GPU's next collective of ``kind`` (TP_COMM or
         DP_SYNC), which every member of its group gives the same; ``group`` names the
-        group where the kind does not say it (the expert groups: moe.py, dataparallel.py)."""
+        group where the kind does not say it (the expert groups: moe_ops.py, overlap.py)."""
         count = self._num_collectives[kind] = self._num_collectives.get(kind, 0) + 1
         if group is not None:
             return RendezvousKey(kind, self.stage, group, count)
@@ -108,7 +108,7 @@ class GpuOps:
             return RendezvousKey(kind, self.stage, "joint", count)
         # a TP group is the replica's tensor ranks, a DP group the tensor rank's replicas,
         # a CP group the tensor rank's replicas of one context-parallel group
-        group: object = self.d if kind == TP_COMM else self.j
+        group = self.d if kind == TP_COMM else self.j
         if kind == CP_COMM:
             group = (self.j, self.d // self.comm.placement.context)
         return RendezvousKey(kind, self.stage, group, count)

@@ -29,7 +29,8 @@ data-parallel strategy's (dataparallel.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
+from typing import TypeVar
 
 from stepsim.schedules import (
     Step,
@@ -75,6 +76,12 @@ from .overlap import Pairing
 from .p2pcalls import blocking_call, p2p_items
 from .strategy import strategy_for
 
+T = TypeVar("T")
+
+# a forward's output to hand over once its F&B pair has run: hand_over's arguments
+# (label, micro-batch, pass kind, virtual stage, the virtual stage it goes to)
+HandOver = tuple[str, int, str, int, int]
+
 
 def lower(
     scenario: Scenario,
@@ -86,7 +93,7 @@ def lower(
     """Build the ops of one training iteration: one compute lane per pipeline stage
     (symmetric mode) or per GPU (exact mode, ``network.symmetry = false``). Raises
     collectives.LayoutError when the layout's congruent groups are not alike.
-    ``touched`` (symmetric mode, simulator/perturb.py): replicas whose every GPU is
+    ``touched`` (symmetric mode, run/perturb.py): replicas whose every GPU is
     lowered besides the representative, which stands for the rest: the (replica, stage)
     TP groups in ``split`` (default: all of them) a lane per GPU as in exact mode, the
     others one lane each standing for the group. ``collapse`` (exact mode): one lane
@@ -146,10 +153,10 @@ def _lower(
             whole = StageComm(scenario, fabric, placement, stage, joint=comm, group=True)
             for d in sorted(touched):
                 lanes = range(placement.tensor) if (d, stage) in split else [None]
-                for j in lanes:
+                for t in lanes:
                     gpu = (
-                        GpuOps(builder, exact, j, d)
-                        if j is not None
+                        GpuOps(builder, exact, t, d)
+                        if t is not None
                         else GpuOps(builder, whole, 0, d)
                     )
                     _Stage(gpu, scenario, compute).lower(order, items[stage])
@@ -172,7 +179,7 @@ class _Stage:
         self.pipeline = gpu.comm.placement.pipeline
         training, p = scenario.training, self.pipeline
         v = scenario.parallel.virtual_pipeline_model_parallel_size
-        self.num_chunks, self.num_virtual = v, p * v
+        self.num_chunks = v
         self.placement = training.placement
         self.split = training.split_backward
         self.virtual = [stage_of(self.stage, k, p, self.placement) for k in range(v)]
@@ -219,9 +226,9 @@ class _Stage:
             for kind, partitioned in self.gather.items()
         }
         self.regather = scatter and training.mechanism("pipeline_regather_output")
-        # a layer's ops by pass kind and whether its first waits: rows to replay, or ()
-        # when they cannot be replayed (layer_body)
-        self.bodies: dict[tuple[str, bool], tuple[tuple, ...]] = {}
+        # a layer's ops by pass kind, whether its first waits and whether it is an MoE
+        # layer: rows to replay, or () when they cannot be replayed (layer_body)
+        self.bodies: dict[tuple[str, bool, bool], tuple[tuple, ...]] = {}
         self.p2p_sites: dict[tuple[str, str, int, str], tuple] = {}
 
     # -- small builders -----------------------------------------------------------------
@@ -259,7 +266,7 @@ class _Stage:
 
     def middle(self, kind: str, label: str, mb: int, w: Work, deps, gemms: OverlapGemms) -> None:
         """A block's compute between its TP collectives; with context parallelism the
-        attention block's core is its steps and exchanges (context.py)."""
+        attention block's core is its steps and exchanges (cp_ops.py)."""
         if self.cp is None or gemms is not self.layer.attention_overlap:
             self.gpu.work(kind, label, mb, w, deps)
         else:
@@ -368,7 +375,8 @@ class _Stage:
             return (False, last) if self.split and i in full else (last, None)
 
         self.grad_flags = grad_flags
-        position, deferred, lowered = -1, None, -1
+        position, lowered = -1, -1
+        deferred: HandOver | None = None
         for step in items:
             if isinstance(step, Call):
                 self.call(step)
@@ -393,10 +401,12 @@ class _Stage:
                 deferred = None
         self.dp.finish()
 
-    def forward(self, step: Step, pair: Step | None = None) -> tuple | None:
+    def forward(self, step: Step, pair: Step | None = None) -> HandOver | None:
         return _drain(self.forward_steps(step, pair))
 
-    def forward_steps(self, step: Step, pair: Step | None = None):
+    def forward_steps(
+        self, step: Step, pair: Step | None = None
+    ) -> Generator[None, None, HandOver | None]:
         """The forward pass, as a generator that pauses between layer parts when its
         pair's passes interleave (overlap.Pairing); ends with the deferred hand-over. With
         ``pair`` (the backward it runs with, an F&B) it starts once that backward's input
@@ -433,7 +443,9 @@ class _Stage:
             self.hand_over(label, mb, "F", virtual, virtual + 1)
         return None
 
-    def backward_steps(self, step: Step, last_microbatch: bool, then_weight: bool | None = None):
+    def backward_steps(
+        self, step: Step, last_microbatch: bool, then_weight: bool | None = None
+    ) -> Generator[None, None, None]:
         """The backward pass, or under a split schedule its input-gradient part (B); with
         ``then_weight`` (whether it is the chunk's last gradient) its W follows at once,
         before the send: a full backward in a split schedule. A generator, as
@@ -456,11 +468,11 @@ class _Stage:
                 output = output - self.extras.output_weight
             self.gpu.work(BACKWARD, label, mb, output, recv + dp.first())
             recv = []
-        paired = self.pairing is not None and step.overlapped
+        pairing = self.pairing if step.overlapped else None
         for n, index in enumerate(order):
             deps = recv + dp.before_layer(index)
-            if paired:
-                yield from self.pairing.layer(self, "B", label, mb, deps, index)
+            if pairing is not None:
+                yield from pairing.layer(self, "B", label, mb, deps, index)
             else:
                 self.layer_body("B", label, mb, deps, index)
             dp.after_layer(n, index)
@@ -511,7 +523,7 @@ class _Stage:
         self.mlp(FORWARD, label, mb, moe)
 
     def mlp(self, kind: str, label: str, mb: int, moe: bool) -> None:
-        """The MLP block, or an MoE layer's (moe.py) in its place."""
+        """The MLP block, or an MoE layer's (moe_ops.py) in its place."""
         if moe and self.moe is not None:
             self.moe.forward(self, kind, label, mb, ())
         else:
@@ -550,16 +562,19 @@ class _Stage:
             self.gpu.work(WEIGHT, label, mb, self.extras.output_weight)
         order = list(reversed(self.layers(step.chunk)))
         dp = self.dp.weight_pass(label, mb, step.chunk, order, last_microbatch)
+        flags = self.moe_flags  # set exactly when ``moe`` is
         for n, index in enumerate(order):
-            moe = self.moe is not None and self.moe_flags[index]
-            self.gpu.work(WEIGHT, label, mb, self.moe.work.weight if moe else self.layer.mlp_weight)
+            moe = self.moe if flags is not None and flags[index] else None
+            self.gpu.work(
+                WEIGHT, label, mb, moe.work.weight if moe is not None else self.layer.mlp_weight
+            )
             self.gpu.work(WEIGHT, label, mb, self.layer.attention_weight)
             if first and n == len(order) - 1:
                 self.gpu.work(WEIGHT, label, mb, self.extras.embedding_weight)
             dp.after_layer(n, index)
 
 
-def _drain(steps) -> object:
+def _drain(steps: Generator[None, None, T]) -> T:
     """Run a pass's generator to its end; its return value."""
     while True:
         try:

@@ -38,9 +38,9 @@ class MoeBlock:
         self.work = moe_block_work(cm, rank)
         self.bytes = dispatch_bytes(cm, busiest_rank(cm) if rank is None else rank)
         self.alltoall = cm.training.moe_dispatcher == MOE_ALLTOALL
-        self.etp = cm.parallel.etp_size
-        # flex (DeepEP, deepep.py): the pair weights and a row's bytes (FP8 forward dispatch)
-        self.flex = None
+        # flex (DeepEP, deepep.py): the pair weights, the tokens' bytes in 16-bit rows and
+        # in the forward dispatch's rows (FP8 under FP8)
+        self.flex: tuple[tuple[float, float], float, float] | None = None
         if cm.training.moe_dispatcher == MOE_FLEX:
             traffic = flex_traffic(cm)
             local = cm.tokens / cm.parallel.tensor_model_parallel_size
@@ -71,7 +71,8 @@ class MoeBlock:
     def flex_transfer(self, gpu, into: bool, forward: bool):
         """The flex dispatcher's one coupled transfer (RDMA and NVLink hops together) of
         the forward dispatch (``into`` and ``forward``: FP8 rows under FP8) or of the
-        other three exchanges (16-bit)."""
+        other three exchanges (16-bit). Only under the flex dispatcher (``flex`` set)."""
+        assert self.flex is not None  # the callers ask only when it is set
         pairs, unit, unit_fp8 = self.flex
         nbytes = unit_fp8 if into and forward else unit
         return gpu.comm.expert("ep", ALL_TO_ALL, nbytes, gpu.j, gpu.d, pairs=pairs)

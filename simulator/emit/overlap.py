@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Generator, Iterator
-from typing import TYPE_CHECKING
+from collections.abc import Generator
+from typing import TYPE_CHECKING, TypeVar
 
 from ..cost.compute import ComputeModel
 from ..ir.vocabulary import (
@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     from ..scenario import Scenario
     from .gpuops import GpuOps
     from .lowering import _Stage
+
+T = TypeVar("T")
 
 
 def sharing_compute(compute: ComputeModel, fraction: float) -> ComputeModel:
@@ -73,13 +75,15 @@ class Pairing:
         shared = sharing_compute(compute, scenario.training.comm_sm_fraction)
         self.works = shared.layer()
         self.moe = MoeBlock(shared) if scenario.model.moe else None
-        self.gpu = gpu
         self.lane = gpu.new_lane(EP_STREAM)
 
     @staticmethod
-    def interleave(first: Iterator, second: Iterator) -> object:
+    def interleave(
+        first: Generator[None, None, T], second: Generator[None, None, object]
+    ) -> T | None:
         """Advance two passes in turn, a part each, until both end; the first's value."""
-        value, running = None, [first, second]
+        value: T | None = None
+        running: list[Generator[None, None, object]] = [first, second]
         while running:
             for steps in list(running):
                 try:
@@ -95,12 +99,13 @@ class Pairing:
     def layer(
         self, stage: _Stage, kind: str, label: str, mb: int, deps: list[object], index: int
     ) -> Generator[None]:
-        moe = self.moe is not None and stage.moe_flags is not None and stage.moe_flags[index]
+        flags = stage.moe_flags
+        moe = self.moe if flags is not None and flags[index] else None
         layer = self.works
         if kind == "F":
             stage.block(FORWARD, label, mb, layer.attention_forward, layer.attention_overlap, deps)
-            if moe:
-                yield from self.moe_forward(stage, label, mb)
+            if moe is not None:
+                yield from self.moe_forward(stage, moe, label, mb)
             else:
                 stage.block(FORWARD, label, mb, layer.mlp_forward, layer.mlp_overlap)
                 yield
@@ -111,8 +116,8 @@ class Pairing:
         if stage.recompute == RECOMPUTE_SELECTIVE:  # full is refused with the overlap
             stage.gpu.work(RECOMPUTE, label, mb, layer.attention_core_forward, deps)
             deps = []
-        if moe:
-            yield from self.moe_backward(stage, label, mb, deps)
+        if moe is not None:
+            yield from self.moe_backward(stage, moe, label, mb, deps)
         else:
             stage.backward_block(label, mb, mlp, layer.mlp_last_weight, layer.mlp_overlap, deps)
             yield
@@ -120,44 +125,48 @@ class Pairing:
             label, mb, attention, layer.attention_last_weight, layer.attention_overlap, ()
         )
 
-    def moe_forward(self, stage: _Stage, label: str, mb: int) -> Generator[None]:
-        w, gpu = self.moe.work, stage.gpu
+    def moe_forward(self, stage: _Stage, moe: MoeBlock, label: str, mb: int) -> Generator[None]:
+        w, gpu = moe.work, stage.gpu
         gpu.work(FORWARD, label, mb, w.pre)
-        yield from self.exchange(stage, label, mb, True, forward=True)
+        yield from self.exchange(stage, moe, label, mb, True, forward=True)
         gpu.work(FORWARD, label, mb, w.experts)
-        yield from self.exchange(stage, label, mb, False)
+        yield from self.exchange(stage, moe, label, mb, False)
         gpu.work(FORWARD, label, mb, w.post)
-        self.moe.shared(stage, FORWARD, label, mb, w.shared)
+        moe.shared(stage, FORWARD, label, mb, w.shared)
         gpu.work(FORWARD, label, mb, w.tail)
 
-    def moe_backward(self, stage: _Stage, label: str, mb: int, deps) -> Generator[None]:
-        w, gpu, split = self.moe.work, stage.gpu, stage.split
+    def moe_backward(
+        self, stage: _Stage, moe: MoeBlock, label: str, mb: int, deps: list[object]
+    ) -> Generator[None]:
+        w, gpu, split = moe.work, stage.gpu, stage.split
         gpu.work(BACKWARD, label, mb, w.tail_b, deps)
         shared = w.shared_b - w.shared_w if split else w.shared_b
-        self.moe.shared(stage, BACKWARD, label, mb, shared)
+        moe.shared(stage, BACKWARD, label, mb, shared)
         gpu.work(BACKWARD, label, mb, w.post_b)
-        yield from self.exchange(stage, label, mb, True)  # the combine's dual
+        yield from self.exchange(stage, moe, label, mb, True)  # the combine's dual
         gpu.work(BACKWARD, label, mb, w.experts_b - w.experts_w if split else w.experts_b)
-        yield from self.exchange(stage, label, mb, False)  # the dispatch's dual
+        yield from self.exchange(stage, moe, label, mb, False)  # the dispatch's dual
         gpu.work(BACKWARD, label, mb, w.pre_b - w.pre_w if split else w.pre_b)
 
     def exchange(
-        self, stage: _Stage, label: str, mb: int, into: bool, forward: bool = False
+        self, stage: _Stage, moe: MoeBlock, label: str, mb: int, into: bool, forward: bool = False
     ) -> Generator[None]:
         """Tokens to their experts (``into``) or back, on the communication lane once the
         compute before has ended (the all-to-all, with ETP > 1 its all-gather after or
         reduce-scatter before); pauses for the other pass, then waits for it."""
-        gpu, b = stage.gpu, self.moe.bytes
+        gpu, b = stage.gpu, moe.bytes
+        # (group, collective, bytes), None: the flex dispatcher's coupled transfer
+        steps: list[tuple[str, str, float | None]]
         steps = [("ep", ALL_TO_ALL, b.alltoall_bytes), ("etp", ALL_GATHER, b.etp_bytes)]
         if not into:
             steps = [("etp", REDUCE_SCATTER, b.etp_bytes), ("ep", ALL_TO_ALL, b.alltoall_bytes)]
-        if self.moe.flex is not None:  # DeepEP's one transfer (deepep.py)
+        if moe.flex is not None:  # DeepEP's one transfer (deepep.py)
             steps = [("ep", ALL_TO_ALL, None)]
         ready = [gpu.last_key(gpu.lane)]
         sent = None
         for group, kind, nbytes in steps:
             if nbytes is None:
-                transfer = self.moe.flex_transfer(gpu, into, forward)
+                transfer = moe.flex_transfer(gpu, into, forward)
             else:
                 transfer = gpu.comm.expert(group, kind, nbytes, gpu.j, gpu.d)
             if transfer is None:

@@ -16,12 +16,13 @@ named after their kind.
 from __future__ import annotations
 
 from collections import defaultdict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from functools import partial
 
 import simpy
 from simpy.events import NORMAL
 
-from ..ir.ops import Workload
+from ..ir.ops import Op, Workload
 from ..ir.results import Span, Trace, Wait
 from ..ir.vocabulary import (
     BARRIER,
@@ -33,7 +34,7 @@ from ..ir.vocabulary import (
     STREAM_OF_COMM,
     WAIT_OF_COMM,
 )
-from .events import Call
+from .events import Call, Callback, scheduler
 from .lookover import scan
 from .network import FairShareNetwork, NetworkFactory
 
@@ -121,7 +122,7 @@ class _Blame:
                 if op.lane != last_lane:
                     self.pending[index] = (last_lane, now)
                 continue
-            wait = now - start_s[index]
+            wait = now - start_s[index]  # type: ignore[operator]  # arrived, so started
             if wait > 0 and op.lane != last_lane:
                 self.waits.append(_new(Wait, (op.lane, last_lane, wait, op.kind)))
 
@@ -154,6 +155,7 @@ class _Engine:
         self.report_every = max(len(workload.ops) // 100, 1)
         self.next_report = self.report_every if progress is not None else -1
         self.env = simpy.Environment(0.0)  # float time from the start, as spans record it
+        self.schedule = scheduler(self.env)
         self.network = network(self.env)
         n = len(workload.ops)
         self.start_s: list[float | None] = [None] * n
@@ -181,16 +183,21 @@ class _Engine:
         self.blame: _Blame | None = None
         # `simulate_totals`: no spans, each compute lane's seconds per category (one
         # table per (GPU, stream), shared by lanes of the same) and the spans' count
-        self.totals: list[defaultdict[str, float] | None] | None = None
-        self.seconds: dict[tuple[int, str], defaultdict[str, float]] = {}
+        self.keeps_spans = not totals
+        self.totals: list[defaultdict[str, float] | None] = []
+        self.seconds: dict[tuple[int, str], dict[str, float]] = {}
         self.num_spans = 0
+        # what ends the op a lane runs: records its span, or adds its seconds up
+        self._end_running_op: Callable[[int], None] = self._end_running_op_span
         if totals:
+            tables: dict[tuple[int, str], defaultdict[str, float]] = {}
             self.totals = [
-                self.seconds.setdefault((lane.gpu, lane.stream), defaultdict(float))
+                tables.setdefault((lane.gpu, lane.stream), defaultdict(float))
                 if lane.stream == COMPUTE_STREAM
                 else None
                 for lane in workload.lanes
             ]
+            self.seconds.update(tables)
             self._end_running_op = self._end_running_op_totals
         # one callback per lane for "the op it is running has ended"
         self.op_ended = [self._op_ended_callback(i) for i in range(num_lanes)]
@@ -215,7 +222,7 @@ class _Engine:
             tuple(self.blame.waits) if self.blame is not None else (),
         )
 
-    def _op_ended_callback(self, lane: int):
+    def _op_ended_callback(self, lane: int) -> Callback:
         """The callback for "the op the lane runs has ended": the lane, and any it
         released, advance."""
         end_running_op, ready = self._end_running_op, self.ready
@@ -228,7 +235,7 @@ class _Engine:
 
         return ended
 
-    def _wake(self, lanes) -> None:
+    def _wake(self, lanes: Iterable[int]) -> None:
         """Advance these lanes, and any they release, one after another (no recursion)."""
         self.ready.extend(lanes)
         if not self.draining:
@@ -257,13 +264,13 @@ class _Engine:
                 self._record_wait(lane, index)
             self.ready.extend(lanes)
 
-    def _end_running_op(self, lane_index: int) -> None:
+    def _end_running_op_span(self, lane_index: int) -> None:
         """The compute op or blocking transfer the lane was running has finished."""
         position = self.position[lane_index]
         index = self.lane_ops[lane_index][position]
         op = self.ops[index]
         start, now = self.start_s[index], self.env.now
-        if now > start:
+        if now > start:  # type: ignore[operator]  # the lane runs it, so it started
             self.spans.append(
                 _new(
                     Span,
@@ -283,15 +290,15 @@ class _Engine:
         self.position[lane_index] = position + 1
 
     def _end_running_op_totals(self, lane_index: int) -> None:
-        """`_end_running_op` adding the span's seconds up instead of recording it."""
+        """`_end_running_op_span` adding the span's seconds up instead of recording it."""
         position = self.position[lane_index]
         index = self.lane_ops[lane_index][position]
         start, now = self.start_s[index], self.env.now
-        if now > start:
+        if now > start:  # type: ignore[operator]  # the lane runs it, so it started
             self.num_spans += 1
             totals = self.totals[lane_index]
             if totals is not None:
-                totals[CATEGORY_OF_KIND[self.ops[index].kind]] += now - start
+                totals[CATEGORY_OF_KIND[self.ops[index].kind]] += now - start  # type: ignore[operator]  # it started
         self._done(index, now)
         self.position[lane_index] = position + 1
 
@@ -331,19 +338,28 @@ class _Engine:
                     self.next_dep[lane_index] = 0
                     event = self.lane_event[lane_index]
                     event.callbacks = self.lane_callbacks[lane_index]
-                    env.schedule(event, NORMAL, op.duration_s)
+                    self.schedule(event, NORMAL, op.duration_s)
                     return
-            elif kind != BARRIER:
+            elif kind != BARRIER:  # a comm op: it carries a transfer
                 if op.rendezvous >= 0:
                     self._arrive(op)
                 elif op.blocking:
-                    if id(op.transfer) in self.alone:
-                        self.network.start_alone(op.transfer[0], self.op_ended[lane_index])
+                    if id(op.transfer) in self.alone:  # a collective of one phase
+                        self.network.start_alone(
+                            op.transfer[0],  # type: ignore[index, arg-type]  # its one phase
+                            self.op_ended[lane_index],
+                        )
                     else:
-                        self.network.start(op.transfer, self.op_ended[lane_index])
+                        self.network.start(
+                            op.transfer,  # type: ignore[arg-type]  # a comm op's: not None
+                            self.op_ended[lane_index],
+                        )
                 else:
                     gpu = self.lane_gpu[lane_index]
-                    self.network.start(op.transfer, self._transfer_done_callback(index, gpu))
+                    self.network.start(
+                        op.transfer,  # type: ignore[arg-type]  # a comm op's: not None
+                        partial(self._transfer_done, index, gpu),
+                    )
                 if op.blocking:
                     self.position[lane_index] = position
                     self.next_dep[lane_index] = 0
@@ -355,7 +371,7 @@ class _Engine:
         self.position[lane_index] = position
         self.next_dep[lane_index] = 0
 
-    def _arrive(self, op) -> None:
+    def _arrive(self, op: Op) -> None:
         """A member GPU reached a collective; the last one to arrive starts it."""
         first = op.rendezvous
         count = self.arrived.get(first, 0) + 1
@@ -367,9 +383,12 @@ class _Engine:
             if op.kind == PP_SEND:  # a blocking p2p pair: its span starts with the transfer
                 for index in self.members[first]:
                     self.start_s[index] = self.env.now
-            self.network.start(op.transfer, lambda _event: self._collective_done(first))
+            self.network.start(
+                op.transfer,  # type: ignore[arg-type]  # a collective's: not None
+                partial(self._collective_done, first),
+            )
 
-    def _collective_done(self, first: int) -> None:
+    def _collective_done(self, first: int, _event: object = None) -> None:
         """Every member's op ends: the lanes blocked on it go on."""
         ops, lanes = self.workload.ops, self.workload.lanes
         for index in self.members[first]:
@@ -386,22 +405,20 @@ class _Engine:
         """The span of a non-blocking transfer, on its own stream of the GPU."""
         op = self.workload.ops[index]
         start = self.start_s[index]
-        if self.env.now > start:
-            if self.totals is not None:  # on a stream of its own: in no compute lane's totals
+        if self.env.now > start:  # type: ignore[operator]  # it started: it has ended
+            if not self.keeps_spans:  # on a stream of its own: in no compute lane's totals
                 self.num_spans += 1
                 return
             stream = STREAM_OF_COMM[op.kind]
             self.spans.append(
-                Span(gpu, stream, op.kind, op.label, op.microbatch, start, self.env.now, index)
+                Span(gpu, stream, op.kind, op.label, op.microbatch, start, self.env.now, index)  # type: ignore[arg-type]  # it started
             )
 
-    def _transfer_done_callback(self, index: int, gpu: int):
-        def done(_event: object) -> None:
-            self._comm_span(index, gpu)
-            self._done(index, self.env.now)
-            self._wake(())
-
-        return done
+    def _transfer_done(self, index: int, gpu: int, _event: object = None) -> None:
+        """A non-blocking transfer has finished: its span, and the lanes waiting for it."""
+        self._comm_span(index, gpu)
+        self._done(index, self.env.now)
+        self._wake(())
 
     def _record_wait(self, lane_index: int, dep: int) -> None:
         """The lane waited for ``dep`` from ``waited_from`` until now: idle or exposed comm."""
@@ -420,8 +437,8 @@ class _Engine:
         else:
             # Until another GPU starts sending (or, blocking p2p, both sides reach the
             # call), this one waits on the pipeline, not the wire.
-            busy_from = max(waited_from, self.start_s[dep])
-        label, microbatch, kept = op.label, op.microbatch, self.totals is None
+            busy_from = max(waited_from, self.start_s[dep])  # type: ignore[type-var, assignment]  # it ended
+        label, microbatch, kept = op.label, op.microbatch, self.keeps_spans
         if busy_from > waited_from:
             if kept:
                 self.spans.append(
@@ -432,10 +449,10 @@ class _Engine:
         if now > busy_from:
             if kept:
                 self.spans.append(
-                    Span(gpu, stream, wait_kind, label, microbatch, busy_from, now, op.index)
+                    Span(gpu, stream, wait_kind, label, microbatch, busy_from, now, op.index)  # type: ignore[arg-type]  # None: busy_from is now
                 )
             else:
-                self._add(lane_index, wait_kind, now - busy_from)
+                self._add(lane_index, wait_kind, now - busy_from)  # type: ignore[arg-type]  # None: busy_from is now
 
     def _add(self, lane_index: int, kind: str, seconds: float) -> None:
         """`simulate_totals`: a span of the lane's, added up."""

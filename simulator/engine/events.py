@@ -18,11 +18,30 @@ directly).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Protocol, cast
 
 import simpy
-from simpy.events import NORMAL
+from simpy.events import NORMAL, EventPriority
 
 Callback = Callable[[object], None]
+
+
+class Scheduled(Protocol):
+    """What `simpy.Environment.step` reads of an event it pops besides ``callbacks``
+    (each kind of event types its own): ``_ok``, whether it succeeded."""
+
+    @property
+    def _ok(self) -> bool: ...
+
+
+# ``schedule(event, priority, delay_s)``: `simpy.Environment.schedule` for these events
+Schedule = Callable[[Scheduled, EventPriority, float], None]
+
+
+def scheduler(env: simpy.Environment) -> Schedule:
+    """``env.schedule`` for the engine's own events (`Call`, the network's flows)."""
+    # simpy types its argument as its Event, of which step reads only these two
+    return cast(Schedule, env.schedule)
 
 
 class Call:
@@ -31,13 +50,14 @@ class Call:
     scheduled again once its callbacks have run (step sets them to None first)."""
 
     __slots__ = ("callbacks",)
+    callbacks: tuple[Callback, ...] | None
     _ok = True
 
 
 def after(env: simpy.Environment) -> Callable[[float, Callback], None]:
     """``after(env)(delay_s, fn)`` calls ``fn(event)`` when ``delay_s`` has passed on
     ``env``, in simpy's order."""
-    schedule = env.schedule
+    schedule = scheduler(env)
 
     def call_after(delay_s: float, fn: Callback) -> None:
         if delay_s < 0:

@@ -3,6 +3,7 @@ each rendezvous, and which transfers are always alone on their links."""
 
 from __future__ import annotations
 
+from ..ir.flows import Collective, Transfer
 from ..ir.ops import Workload
 
 
@@ -20,9 +21,11 @@ def scan(workload: Workload) -> tuple[dict[int, list[int]], set[int]]:
     """The engine's one pass over the ops at set-up: exact mode's collectives (each
     rendezvous's member ops by its first member) and the transfers that are `alone`."""
     members: dict[int, list[int]] = {}
-    # each distinct transfer object (a stage reuses one per kind) with the lane that
-    # owns it, or -1 when it cannot be alone
-    owner_of: dict[int, list] = {}
+    # each distinct transfer object (a stage reuses one per kind) by id: its phases (which
+    # keep it, so its id stays unique), and the lane that owns it, or -1 when it cannot be
+    # alone (one that can is a collective of one phase)
+    phases_of: dict[int, Collective] = {}
+    owner_of: dict[int, int] = {}
     get = owner_of.get
     for op in workload.ops:
         transfer = op.transfer
@@ -37,20 +40,22 @@ def scan(workload: Workload) -> tuple[dict[int, list[int]], set[int]]:
             owner = -1
         elif not op.blocking or type(transfer) is not tuple or len(transfer) != 1:
             owner = -1
-        entry = get(id(transfer))
-        if entry is None:
-            owner_of[id(transfer)] = [transfer, owner]
-        elif entry[1] != owner:
-            entry[1] = -1
+        key = id(transfer)
+        known = get(key)
+        if known is None:
+            owner_of[key] = owner
+            phases_of[key] = (transfer,) if type(transfer) is Transfer else transfer
+        elif known != owner:
+            owner_of[key] = -1
     link_owner: dict[int, int] = {}
-    for transfer, owner in owner_of.values():
-        phases = (transfer,) if type(transfer) is not tuple else transfer
+    for key, phases in phases_of.items():
+        owner = owner_of[key]
         for phase in phases:
             for link in phase.links:
                 if link_owner.setdefault(link, owner) != owner:
                     link_owner[link] = -1
     return members, {
         key
-        for key, (transfer, owner) in owner_of.items()
-        if owner >= 0 and all(link_owner[link] == owner for link in transfer[0].links)
+        for key, owner in owner_of.items()
+        if owner >= 0 and all(link_owner[link] == owner for link in phases_of[key][0].links)
     }

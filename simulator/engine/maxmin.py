@@ -41,21 +41,21 @@ LOAD_RTOL = 1e-9
 class CoupledFlow(Protocol):
     seq: int  # start order
     links: tuple[int, ...]
-    mults: tuple[int, ...]
+    mults: tuple[float, ...]  # fractional for an all-to-all-v (flows.Transfer)
 
 
 # the most link-class structures a network keeps (see max_min); past it they are dropped
 STRUCTURES_KEPT = 4096
 
-Shape = tuple[tuple[int, ...], tuple[int, ...]]  # a flow's links and their multiplicities
+Shape = tuple[tuple[int, ...], tuple[float, ...]]  # a flow's links and their multiplicities
 # links alike: a capacity and the groups crossing them, each with its multiplicity
-LinkClass = tuple[float, tuple[tuple[int, int], ...]]
+LinkClass = tuple[float, tuple[tuple[int, float], ...]]
 
 
 def link_classes(shapes: Sequence[Shape], capacities: Sequence[float]) -> list[LinkClass]:
     """The links these shapes cross, as classes of links of one capacity crossed by the
     same shapes (by index) with the same multiplicities; in order of first link."""
-    crossing: dict[int, list[tuple[int, int]]] = {}
+    crossing: dict[int, list[tuple[int, float]]] = {}
     for group, (links, mults) in enumerate(shapes):
         for link, mult in zip(links, mults, strict=True):
             if link in crossing:

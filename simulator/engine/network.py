@@ -29,26 +29,37 @@ import simpy
 from simpy.events import NORMAL
 
 from ..ir.flows import Collective, Interval, Transfer
-from .events import Callback, after
+from .events import Callback, after, scheduler
 from .maxmin import max_min
 
 # builds a named tuple from a tuple of its fields, skipping the Python-level __new__
 _new = tuple.__new__
 
 
-def start_phases(start, phases: Collective, on_done: Callback) -> None:
+def start_phases(
+    start: Callable[[Transfer, Callback], None], phases: Collective, on_done: Callback
+) -> None:
     """Start each phase when the previous one ends; ``on_done`` after the last."""
     if len(phases) == 1:
         start(phases[0], on_done)
         return
+    next_phase(start, phases, on_done, 0)
 
-    def next_phase(index: int) -> None:
-        if index == len(phases):
-            on_done(None)
-        else:
-            start(phases[index], lambda _event: next_phase(index + 1))
 
-    next_phase(0)
+def next_phase(
+    start: Callable[[Transfer, Callback], None],
+    phases: Collective,
+    on_done: Callback,
+    index: int,
+    _event: object = None,
+) -> None:
+    """Start phase ``index``, whose end calls this for the next one (a partial: its
+    arguments are what engine/steady.py reads of a pending phase); ``on_done`` after
+    the last."""
+    if index == len(phases):
+        on_done(None)
+    else:
+        start(phases[index], partial(next_phase, start, phases, on_done, index + 1))
 
 
 class Network:
@@ -88,7 +99,11 @@ class Network:
     def transfer(self, transfer: Transfer | Collective) -> simpy.Event:
         """The same as an event, for simpy processes (tests, scripts)."""
         done = self.env.event()
-        self.start(transfer, lambda _event: done.succeed())
+
+        def succeed(_event: object) -> None:
+            done.succeed()
+
+        self.start(transfer, succeed)
         return done
 
     def _start_transfer(self, transfer: Transfer, on_done: Callback) -> None:
@@ -100,7 +115,7 @@ NetworkFactory = Callable[[simpy.Environment], Network]
 
 
 def solo_rate_bytes_per_s(
-    links: Sequence[int], mults: Sequence[int], capacities: Sequence[float]
+    links: Sequence[int], mults: Sequence[float], capacities: Sequence[float]
 ) -> float:
     """Rate of a coupled flow alone on the network: its tightest link divided among its flows."""
     return min(capacities[link] / mult for link, mult in zip(links, mults, strict=True))
@@ -135,6 +150,7 @@ class _Flow:
         "on_done",
         "callbacks",  # a claimed flow is its own end event, see FairShareNetwork
     )
+    callbacks: tuple[Callable[[_Flow], None], ...] | None
     _ok = True  # what simpy's Environment.step reads of an event after its callbacks
 
     def __init__(self, seq: int, transfer: Transfer, on_done: Callback) -> None:
@@ -157,6 +173,11 @@ class _Alone:
     reused for the next one of the same ``on_done`` (they never overlap)."""
 
     __slots__ = ("transfer", "rate", "start_s", "on_done", "callbacks")
+    transfer: Transfer
+    rate: float
+    start_s: float
+    on_done: Callback
+    callbacks: tuple[Callable[[_Alone], None], ...] | None
     _ok = True  # what simpy's Environment.step reads of an event after its callbacks
 
 
@@ -191,14 +212,13 @@ class FairShareNetwork(Network):
         self._dirty: set[int] = set()
         self._recompute_pending = False
         self._seq = 0
-        self.num_recomputes = 0
         # solo rate and link set per transfer, by identity (a workload reuses one Transfer
         # for every collective of a kind on a stage); the transfer is kept so its id stays
         # unique
         self._solo: dict[int, tuple[Transfer, float, frozenset[int]]] = {}
         # the link classes of each set of flow shapes met by a recompute (engine.maxmin)
         self._structures: dict = {}
-        self._schedule = env.schedule
+        self._schedule = scheduler(env)
         self._claim_ends = (self._claim_ended,)
         self._alone_ends = (self._alone_ended,)
         self._alone: dict[Callback, _Alone] = {}  # by on_done
@@ -266,7 +286,7 @@ class FairShareNetwork(Network):
     def _start_later(self, flow: _Flow) -> None:
         """An ordinary flow: it starts sharing links when its latency is over."""
         delay_s = max(flow.start_s - self.env.now, 0.0)
-        self._after(delay_s, lambda _event: self._start(flow))
+        self._after(delay_s, partial(self._start, flow))
 
     def _release_claims(self, links: Sequence[int]) -> None:
         """Turn the claimants of these links into ordinary flows."""
@@ -304,7 +324,7 @@ class FairShareNetwork(Network):
 
     # -- flow lifecycle ----------------------------------------------------------------
 
-    def _start(self, flow: _Flow) -> None:
+    def _start(self, flow: _Flow, _event: object = None) -> None:
         self._release_claims(flow.links)
         self._busy.update(flow.links)
         flow.updated_s = self.env.now
@@ -315,7 +335,7 @@ class FairShareNetwork(Network):
         else:
             self._mark_dirty(flow.links)
 
-    def _finish(self, flow: _Flow, version: int) -> None:
+    def _finish(self, flow: _Flow, version: int, _event: object = None) -> None:
         if version != flow.version:
             return  # its rate changed after this wake-up was scheduled
         if flow.claimed:  # alone from start to end
@@ -378,8 +398,7 @@ class FairShareNetwork(Network):
         """Give the flow a new rate and schedule its end at that rate."""
         flow.rate = rate
         flow.version += 1
-        version = flow.version
-        self._after(max(flow.bytes_left, 0.0) / rate, lambda _event: self._finish(flow, version))
+        self._after(max(flow.bytes_left, 0.0) / rate, partial(self._finish, flow, flow.version))
 
     def _close_interval(self, flow: _Flow, now: float) -> None:
         if flow.rate > 0 and now > flow.updated_s:
@@ -402,7 +421,6 @@ class FairShareNetwork(Network):
         flows = self._component(dirty)
         if not flows:
             return
-        self.num_recomputes += 1
         now = self.env.now
         for flow in flows:
             self._close_interval(flow, now)

@@ -27,19 +27,25 @@ What the rest of a run depends on, and how it is written:
 
 The network's other tables (flows per link and shape, claimed links, neighbours) follow
 from the flows; its caches (solo rates, link classes) change no result. A callback the
-description does not know makes `NotSteady`: the fast-forward is then not used.
+description does not know makes `NotSteady`: the fast-forward is then not used. It
+knows the engine's by what they are: a lane's (`_Engine.op_ended`, `_Engine.lane_event`)
+by identity, the others as `functools.partial` objects of the functions named here
+(`_Engine._transfer_done`, `FairShareNetwork._finish`, ...), their arguments read by
+position; a renamed function fails here by name, not by quietly making `NotSteady`.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
 
 from ..ir.ops import Workload
 from ..ir.results import Trace
 from .core import _Engine
-from .events import Call
-from .network import NetworkFactory, _Alone, _Flow
+from .events import Call, Callback
+from .network import FairShareNetwork, NetworkFactory, _Alone, _Flow, next_phase
 
 
 class NotSteady(Exception):
@@ -78,8 +84,12 @@ def simulate_observed(
     peek, step = env.peek, env.step
     while True:
         now = peek()
-        while pending and start_s[pending[-1]] is not None and now > start_s[pending[-1]]:
-            snapshots.append(describe(start_s[pending.pop()]))
+        while pending:
+            started_s = start_s[pending[-1]]
+            if started_s is None or now <= started_s:
+                break
+            pending.pop()
+            snapshots.append(describe(started_s))
         if now == math.inf:
             break
         step()
@@ -100,7 +110,7 @@ class _Describer:
         positions = tuple(engine.position)
         self.positions = positions
         start_s, end_s = engine.start_s, engine.end_s
-        lanes = []
+        lanes: list[tuple[object, ...]] = []
         for lane, lane_ops in enumerate(engine.lane_ops):
             position = positions[lane]
             if position >= len(lane_ops):
@@ -111,7 +121,7 @@ class _Describer:
                 lanes.append(("runs",))
         # ops in flight: started, not finished; before each lane's first unfinished op
         # (kept from one snapshot to the next: it only moves on) every op has finished
-        inflight = []
+        inflight: list[tuple[tuple[int, int], float]] = []
         for lane, lane_ops in enumerate(engine.lane_ops):
             low, position = self.low[lane], positions[lane]
             while low < position and end_s[lane_ops[low]] is not None:
@@ -121,7 +131,6 @@ class _Describer:
                 s = start_s[index]
                 if s is not None and end_s[index] is None:
                     inflight.append((self.op(index), s - t0))
-        inflight = tuple(inflight)
         # the queue in the order it pops: by time, priority, then the order scheduled
         queue = sorted(engine.env._queue, key=lambda item: item[:3])
         self.seqs: dict[int, int] = {}
@@ -136,27 +145,23 @@ class _Describer:
             described = self.event(event)
             if described is not None:
                 events.append((t - t0, priority, described))
-        state = (tuple(lanes), inflight, tuple(events))
+        state = (tuple(lanes), tuple(inflight), tuple(events))
         return Snapshot(t0, positions, state, engine.network.num_transfers)
 
     def op(self, index: int) -> tuple[int, int]:
         lane = self.engine.ops[index].lane
         return (lane, self.pos_of[index] - self.positions[lane])
 
-    @staticmethod
-    def cells(fn: Callable) -> dict[str, object]:
-        closure = getattr(fn, "__closure__", None) or ()
-        return dict(zip(fn.__code__.co_freevars, (c.cell_contents for c in closure), strict=True))
-
     def flow_of(self, event: object) -> _Flow | None:
+        """The flow an event on the queue ends or starts, if any."""
         if isinstance(event, _Flow):
             return event
-        if type(event) is Call and len(event.callbacks) == 1:
-            fn = event.callbacks[0]
-            if getattr(fn, "__code__", None) is not None:
-                flow = self.cells(fn).get("flow")
-                if isinstance(flow, _Flow):
-                    return flow
+        callbacks = event.callbacks if type(event) is Call else None
+        if callbacks is not None and len(callbacks) == 1:
+            called = _partial_of(callbacks[0])
+            if called is not None and called[0] in _FLOW_EVENTS:
+                flow: _Flow = called[1][0]
+                return flow
         return None
 
     def event(self, event: object) -> tuple | None:
@@ -175,18 +180,20 @@ class _Describer:
                 event.start_s - self.t0,
                 self.callback(event.on_done),
             )
-        if type(event) is not Call or len(event.callbacks) != 1:
+        callbacks = event.callbacks if type(event) is Call else None
+        if callbacks is None or len(callbacks) != 1:
             raise NotSteady(f"an event of type {type(event).__name__}")
-        fn = event.callbacks[0]
-        name = getattr(fn, "__qualname__", "")
-        if name.endswith("_set_rate.<locals>.<lambda>"):
-            cells = self.cells(fn)
-            flow = cells["flow"]
-            if cells["version"] != flow.version:
-                return None  # stale: the flow was re-rated after this was scheduled
-            return ("flow ends", self.flow(flow))
-        if name.endswith("_start_later.<locals>.<lambda>"):
-            return ("flow starts", self.flow(self.cells(fn)["flow"]))
+        fn = callbacks[0]
+        called = _partial_of(fn)
+        if called is not None:
+            function, args = called
+            if function is FairShareNetwork._finish:  # a flow's end at the rate it was given
+                flow: _Flow = args[0]
+                if args[1] != flow.version:
+                    return None  # stale: the flow was re-rated after this was scheduled
+                return ("flow ends", self.flow(flow))
+            if function is FairShareNetwork._start:  # a flow's latency is over
+                return ("flow starts", self.flow(args[0]))
         return ("calls", self.callback(fn))
 
     def flow(self, flow: _Flow) -> tuple:
@@ -202,23 +209,33 @@ class _Describer:
             self.callback(flow.on_done),
         )
 
-    def callback(self, fn: Callable) -> tuple:
+    def callback(self, fn: Callback) -> tuple:
         """What a transfer's ``on_done`` finishes, by op (lane, relative position)."""
         lane = self.lane_of_callback.get(id(fn))
         if lane is not None:
             return ("lane op", lane)
-        name = getattr(fn, "__qualname__", "")
-        if getattr(fn, "__code__", None) is None:
-            raise NotSteady(f"a callback {name!r}")
-        cells = self.cells(fn)
-        if name.endswith("_transfer_done_callback.<locals>.done"):
-            return ("op", self.op(cells["index"]))
-        if name.endswith("_arrive.<locals>.<lambda>"):
-            return ("collective", self.op(cells["first"]))
-        if name.endswith("next_phase.<locals>.<lambda>"):
-            chain = self.cells(cells["next_phase"])
-            return ("phase", cells["index"] + 1, chain["phases"], self.callback(chain["on_done"]))
-        raise NotSteady(f"a callback {name!r}")
+        called = _partial_of(fn)
+        if called is not None:
+            function, args = called
+            if function is _Engine._transfer_done:  # a non-blocking op's (index, gpu)
+                return ("op", self.op(args[0]))
+            if function is _Engine._collective_done:  # a collective's, by its first member
+                return ("collective", self.op(args[0]))
+            if function is next_phase:  # (start, phases, on_done, the phase to start next)
+                return ("phase", args[3], args[1], self.callback(args[2]))
+        raise NotSteady(f"a callback {getattr(fn, '__qualname__', '')!r}")
+
+
+# the functions whose partials are a flow's events: its end at a rate, its latency's end
+_FLOW_EVENTS = (FairShareNetwork._finish, FairShareNetwork._start)
+
+
+def _partial_of(fn: object) -> tuple[object, tuple[Any, ...]] | None:
+    """What a `functools.partial` calls, the function (the class's, for a bound method),
+    and the arguments it gives first; None for anything else."""
+    if type(fn) is not partial:
+        return None
+    return getattr(fn.func, "__func__", fn.func), fn.args
 
 
 def same(a: object, b: object, time_tol: float, rel_tol: float = 1e-9) -> bool:

@@ -7,9 +7,10 @@ These types are the network's own: the workload builds `Transfer`s and `Collecti
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, final
 
 
+@final  # a Collective is a plain tuple of them: `type(t) is Transfer` tells the two apart
 class Transfer(NamedTuple):
     """A *coupled flow*: several real flows (one per ring or tree edge, or one per GPU
     sending) that progress together at one rate r, each carrying ``bytes_per_flow``.
@@ -38,7 +39,7 @@ class Interval(NamedTuple):
     """A coupled flow at one rate for a while: ``mults[i] x rate_bytes_per_s`` on ``links[i]``."""
 
     links: tuple[int, ...]
-    mults: tuple[int, ...]
+    mults: tuple[float, ...]  # the transfer's, fractional or not
     rate_bytes_per_s: float
     start_s: float
     end_s: float

@@ -22,18 +22,18 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import NamedTuple
 
-from .flows import Transfer
+from .flows import Collective, Transfer
 from .keys import OpKey
 
 
 class Op(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index; renaming changes the API
     lane: int
     kind: str
     label: str
     microbatch: int  # -1 when the op belongs to no micro-batch
     duration_s: float  # compute ops
-    transfer: Transfer | None  # comm ops
+    transfer: Transfer | Collective | None  # comm ops
     blocking: bool
     deps: tuple[int, ...]
     flops: float  # FLOPs executed on the lane's GPU (recomputation included)
@@ -41,7 +41,7 @@ class Op(NamedTuple):
 
 
 class Lane(NamedTuple):
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index; renaming changes the API
     gpu: int  # index of the GPU in the cluster
     stream: str
     stage: int
@@ -85,7 +85,7 @@ class WorkloadBuilder:
         *,
         microbatch: int = -1,
         duration_s: float = 0.0,
-        transfer: Transfer | None = None,
+        transfer: Transfer | Collective | None = None,
         blocking: bool = True,
         deps: Sequence[object] = (),
         flops: float = 0.0,
@@ -169,7 +169,7 @@ class WorkloadBuilder:
         rows = []
         for n, op in enumerate(added):
             joins = op.rendezvous != -1
-            back = ()
+            back: tuple[int, ...] = ()
             if n and op.deps:  # earlier ops of the body, as offsets from its first
                 if not all(isinstance(d, int) and start <= d < start + n for d in op.deps):
                     return None
@@ -194,14 +194,14 @@ class WorkloadBuilder:
         mb: int,
         deps: Sequence[object],
         rows: tuple[tuple, ...],
-        rendezvous: Callable[[str], object] | None = None,
+        rendezvous: Callable[[str], object],
     ) -> None:
         """Add the ops of ``rows`` (from `body_since`) for this label and micro-batch, the
         first waiting for ``deps``: the same ops the code that made the rows would add.
         ``rendezvous(kind)`` names the rendezvous of each row that joined one."""
         ops, lane_ops = self._ops, self._lanes[lane][4]
         index = len(ops)
-        first_deps = ()
+        first_deps: tuple[object, ...] = ()
         if deps:
             first_deps = tuple(deps)
             self._unresolved.append(index)

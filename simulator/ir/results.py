@@ -30,7 +30,7 @@ from .vocabulary import (
 SCHEMA_VERSION = 2
 
 if TYPE_CHECKING:
-    from stepsim.topologies import Cluster
+    from stepsim.topologies import AnyCluster
 
     from ..scenario import Scenario
     from .ops import Lane, Workload
@@ -54,7 +54,7 @@ class Trace(NamedTuple):
     lanes: tuple[Lane, ...]
     end_s: float  # when the last op finished
     num_transfers: int
-    link_intervals: list  # engine.flows.Interval: which links carried what, when
+    link_intervals: list  # ir.flows.Interval: which links carried what, when
     # with blame tracking (perturbed runs): Wait records, who waited for whom
     waits: tuple = ()
 
@@ -100,7 +100,7 @@ class LinkLoad(NamedTuple):
 
     link: str
     kind: str
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index; renaming changes the API
     utilization: float
     gbytes: float
     peak_utilization: float
@@ -254,7 +254,7 @@ class SweepPoint(NamedTuple):
 
 class Result(NamedTuple):
     scenario: Scenario
-    cluster: Cluster
+    cluster: AnyCluster
     workload: Workload
     trace: Trace
     memory: list[StageMemory]
@@ -305,7 +305,7 @@ class SharedLink(NamedTuple):
 
     link: str
     kind: str  # topologies.describe.LINK_ROLES
-    index: int
+    index: int  # type: ignore[assignment]  # shadows tuple.index; renaming changes the API
     utilization: float  # all jobs' bytes over what it could carry in the together run
     gbytes_own: float  # this job's bytes on it
     gbytes_others: float  # the other jobs'

@@ -133,14 +133,14 @@ def search_text(
         "GPU's iteration goes (mean over GPUs; tp, pp, dp: exposed communication)"
     )
     body = [
-        [str(i + 1), *layout_cells(c.layout), *metric_cells(c.metrics, c.memory_gib)]
+        [str(i + 1), *layout_cells(c.layout), *metric_cells(c.simulated_metrics, c.memory_gib)]
         for i, c in enumerate(ranked[:show])
     ]
     lines.append(table(["#", *LAYOUT_HEAD, *METRIC_HEAD], body))
     best = ranked[0]
     if rule is not None:
         layout, m, rank = rule
-        ratio = m.iteration_time_s / best.metrics.iteration_time_s
+        ratio = m.iteration_time_s / best.simulated_metrics.iteration_time_s
         where_rule = (
             f"rank {rank} of {len(ranked)}" if rank else "pruned by the search, simulated here"
         )
@@ -208,7 +208,7 @@ def fit_text(base: Scenario, rows: Sequence[FitRow], nodes: int, best: Candidate
 
 
 def _fastest_text(best: Candidate) -> str:
-    m = best.metrics
+    m = best.simulated_metrics
     return (
         f"{best.layout.key}: {m.iteration_time_s:.3f} s per iteration, "
         f"{m.tokens_per_s:,.0f} tokens/s, MFU {100 * m.mfu:.1f} %, {best.memory_gib:.1f} GiB"
@@ -232,6 +232,7 @@ def min_nodes_text(
         return "\n".join(lines)
     gpus = nodes * base.cluster.gpus_per_node
     lean = leanest_of(fitting)
+    assert lean is not None  # nodes > 0: some layout fits there
     lines += [
         f"  fewest nodes: {nodes} x {base.cluster.node or 'node'} = {gpus} GPUs; "
         f"{len(fitting)} layouts fit there",

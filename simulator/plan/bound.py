@@ -26,7 +26,7 @@ class Inflight:
 
     def __call__(self, scenario: Scenario) -> list[int]:
         par, tr = scenario.parallel, scenario.training
-        key = (
+        key: tuple[object, ...] = (
             tr.schedule,
             par.pipeline_model_parallel_size,
             scenario.num_microbatches,

@@ -14,6 +14,7 @@ from stepsim.schedules import ONE_F_ONE_B
 from ..cost.params import stage_params_per_rank
 from ..ir.vocabulary import NO_SHARDING, RECOMPUTE_NONE
 from ..scenario import ModelSpec, ParallelConfig, Scenario, TrainingConfig
+from ..scenario.presets import FAMILY_SEQ_LENGTH, FAMILY_VOCAB_SIZE
 from .space import SCHEDULE_BOUND_KEYS, Layout
 
 # what `plan scale` keeps as the nodes change: the global batch (strong scaling) or the
@@ -53,7 +54,7 @@ def apply_layout(base: Scenario, layout: Layout) -> Scenario:
 def _with_schedule(training: TrainingConfig, **changes: Any) -> TrainingConfig:
     """The training spec with another named schedule: the keys bound to the old one
     (SCHEDULE_BOUND_KEYS and a custom schedule's orders) are cleared."""
-    cleared = dict.fromkeys(SCHEDULE_BOUND_KEYS)
+    cleared: dict[str, Any] = dict.fromkeys(SCHEDULE_BOUND_KEYS)  # each key's "not set"
     return replace(training, **cleared, custom_orders=None, **changes)
 
 
@@ -81,8 +82,6 @@ def _one_gpu_layout(base: Scenario, **changes: Any) -> Scenario:
 
 def with_model(base: Scenario, name: str, layers: int, hidden: int, heads: int) -> Scenario:
     """The base scenario with another model of the GPT shape (ffn 4 x hidden)."""
-    from ..scenario.presets import FAMILY_SEQ_LENGTH, FAMILY_VOCAB_SIZE
-
     model = ModelSpec(
         num_layers=layers,
         hidden_size=hidden,
@@ -102,5 +101,5 @@ def with_nodes(base: Scenario, num_nodes: int) -> Scenario:
 def model_params(scenario: Scenario) -> float:
     """Parameters of the whole model as one GPU holds it (the output layer shared
     unless untied): 12 L h^2 + 13 L h + (V + s) h + 2 h for the GPT shape with ffn 4h;
-    `workload.memory.model_params` for any shape."""
+    `cost.memory.model_params` for any shape."""
     return stage_params_per_rank(_one_gpu_layout(scenario), 0)

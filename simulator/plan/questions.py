@@ -90,7 +90,7 @@ def scale_scenarios(
         raise ScenarioError(f"--keep={keep!r} must be 'global-batch' or 'microbatches'")
     par, tr = base.parallel, base.training
     model_gpus = par.tensor_model_parallel_size * par.pipeline_model_parallel_size
-    out = []
+    out: list[tuple[int, Scenario | None, str]] = []
     for n in nodes:
         if n < 1:
             raise ScenarioError(f"--nodes value {n} must be >= 1")

@@ -69,6 +69,12 @@ class Candidate:
     metrics: MetricsRow | None = None  # when simulated
     resumed: bool = False  # the metrics came from an earlier search's journal
 
+    @property
+    def simulated_metrics(self) -> MetricsRow:
+        """The metrics of a candidate the search simulated (status SIMULATED)."""
+        assert self.metrics is not None, f"{self.layout.key} was not simulated"
+        return self.metrics
+
 
 @dataclass(slots=True, kw_only=True)
 class SearchResult:
@@ -81,7 +87,7 @@ class SearchResult:
     def ranked(self) -> list[Candidate]:
         """Simulated layouts, fastest first (ties: by layout key)."""
         done = [c for c in self.candidates if c.status == SIMULATED]
-        return sorted(done, key=lambda c: (c.metrics.iteration_time_s, c.layout.key))
+        return sorted(done, key=lambda c: (c.simulated_metrics.iteration_time_s, c.layout.key))
 
     def count(self, status: str) -> int:
         return sum(1 for c in self.candidates if c.status == status)
@@ -130,7 +136,8 @@ def candidates(base: Scenario, space: SearchSpace) -> tuple[list[Candidate], dic
     space.check()
     inflight = Inflight()
     capacity = base.cluster.gpu.memory_gib
-    found, invalid = [], {}
+    found: list[Candidate] = []
+    invalid: dict[str, int] = {}
     enumerated = layouts(base, space)
     for layout in enumerated:
         try:
@@ -239,7 +246,7 @@ def search(
         for c in batch:
             if c.status != SIMULATED:
                 raise RuntimeError(f"the executor returned no result for {c.layout.key}")
-        best = sorted(best + [c.metrics.iteration_time_s for c in batch])
+        best = sorted(best + [c.simulated_metrics.iteration_time_s for c in batch])
     return SearchResult(candidates=found, invalid=invalid, top=top, enumerated=enumerated)
 
 
@@ -252,7 +259,7 @@ def result_rows(result: SearchResult) -> list[dict[str, Any]]:
         (c for c in result.candidates if c.status != SIMULATED),
         key=lambda c: (c.status, c.bound_s, c.layout.key),
     )
-    metric_keys = list(result.ranked[0].metrics.row()) if result.ranked else []
+    metric_keys = list(result.ranked[0].simulated_metrics.row()) if result.ranked else []
     uneven = any(c.layout.uneven for c in ordered)
     for c in ordered:
         row: dict[str, Any] = {"rank": rank.get(id(c)), "layout": c.layout.key}
@@ -293,7 +300,7 @@ def rule_of_thumb_entry(
     ranks = {c.layout.key: i + 1 for i, c in enumerate(result.ranked)}
     done = by_key.get(rule.key)
     if done is not None and done.status == SIMULATED:
-        metrics = done.metrics
+        metrics = done.simulated_metrics
     else:
         metrics = known.get(rule.key) or simulate_row(apply_layout(base, rule))
     return RuleOfThumb(rule, metrics, ranks.get(rule.key))
@@ -328,7 +335,7 @@ def journal_header(base: Scenario) -> dict[str, Any]:
 
 def journal_entry(candidate: Candidate) -> dict[str, Any]:
     """One simulated layout as the journal keeps it (one JSON line)."""
-    return {"layout": candidate.layout.key, "row": candidate.metrics.row()}
+    return {"layout": candidate.layout.key, "row": candidate.simulated_metrics.row()}
 
 
 def journal_known(entries: Mapping[str, Mapping[str, Any]]) -> dict[str, MetricsRow]:

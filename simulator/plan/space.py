@@ -6,7 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from stepsim import schedules
 
@@ -226,6 +226,10 @@ SEQUENCE_PARALLEL_CHOICES = {"both": (False, True), "on": (True,), "off": (False
 _FLAG_OF = {"micro_batch": "--micro-batch"}
 
 
+@overload
+def int_list(flag: str, text: str) -> tuple[int, ...]: ...
+@overload
+def int_list(flag: str, text: None) -> None: ...
 def int_list(flag: str, text: str | None) -> tuple[int, ...] | None:
     """``"1,2,4"`` as (1, 2, 4); None stays None (the default applies). Errors name the
     flag."""

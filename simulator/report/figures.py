@@ -7,8 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
+import networkx as nx
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
+
+from stepsim.topologies import GPU, NIC, NVSWITCH, SWITCH
 
 from ..ir.results import MetricsRow, SweepPoint
 from ..ir.vocabulary import BACKWARD, FORWARD, PP_SEND, TP_COMM
@@ -73,10 +76,6 @@ def topology_figure(graph, title: str, planes: int = 1) -> Figure:
     """The cluster graph, by layer: GPUs, NVSwitches, NICs, then switch levels. With
     ``planes`` > 1 (rail-only, multi-plane) the leaves are drawn plane by plane (leaf i
     is on plane i mod planes), each plane's above its own spines."""
-    import networkx as nx
-
-    from stepsim.topologies import GPU, NIC, NVSWITCH, SWITCH
-
     layer = {GPU: 0, NVSWITCH: 1, NIC: 2}
 
     def layer_of(n: tuple) -> int:
@@ -218,16 +217,20 @@ def validation_figure(by_set):
 def scale_figure(points: Sequence[ScalePoint], title: str) -> Figure:
     """Throughput against nodes with the ideal line through the first point, and the
     scaling efficiency."""
-    done = [p for p in points if p.metrics is not None and p.scaled is not None]
+    done = [
+        (p.nodes, p.metrics, p.scaled)
+        for p in points
+        if p.metrics is not None and p.scaled is not None
+    ]
     fig = Figure(figsize=(10, 4), layout="constrained")
     left, right = fig.subplots(1, 2)
-    nodes = [p.nodes for p in done]
-    tokens = [p.metrics.tokens_per_s for p in done]
+    nodes = [n for n, _, _ in done]
+    tokens = [m.tokens_per_s for _, m, _ in done]
     if done:
         ideal = [tokens[0] * n / nodes[0] for n in nodes]
         left.plot(nodes, ideal, color="0.6", linestyle="--", label="linear")
         left.plot(nodes, tokens, marker="o", label="simulated")
-        right.plot(nodes, [100 * p.scaled.efficiency for p in done], marker="o")
+        right.plot(nodes, [100 * scaled.efficiency for _, _, scaled in done], marker="o")
     left.set_xlabel("nodes")
     left.set_ylabel("tokens/s (log scale)")
     left.legend()

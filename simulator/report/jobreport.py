@@ -5,12 +5,10 @@ job, the busiest shared links as counter tracks)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 from ..ir.results import JobsResult
 from ..ir.vocabulary import ITERATION_STREAM, categories_of
 from .summary import decimal_places
-from .trace import chrome_trace
+from .trace import TraceView, view_trace
 
 
 def _nodes_text(nodes: tuple[int, ...], most: int = 24) -> str:
@@ -79,16 +77,15 @@ def jobs_trace(result, spec) -> dict:
     trace = result.trace
     spans = [sp for sp in trace.spans if sp.stream != ITERATION_STREAM]
     shared = {link.index: link for links in result.shared_links.values() for link in links}
-    view = SimpleNamespace(
-        scenario=spec.jobs[0].scenario,
-        cluster=result.cluster,
-        workload=result.workload,
-        trace=trace._replace(spans=spans),
-        metrics=SimpleNamespace(
-            busiest_links=[shared[i] for i in sorted(shared)], fast_forward=None
-        ),  # jobs run in exact mode: never fast-forwarded
+    view = TraceView(
+        spec.jobs[0].scenario.name,
+        result.workload,
+        trace._replace(spans=spans),
+        result.cluster.capacities,
+        [shared[i] for i in sorted(shared)],
+        None,  # jobs run in exact mode: never fast-forwarded
     )
-    document = chrome_trace(view)
+    document = view_trace(view)
     gpn = spec.cluster.gpus_per_node
     job_of = {
         n * gpn + g: (i, job.name)

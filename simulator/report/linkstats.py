@@ -1,6 +1,6 @@
 """How busy each link was: mean utilization over the iteration and over time.
 
-Works from the network's record of constant-rate stretches (`engine.flows.Interval`),
+Works from the network's record of constant-rate stretches (`ir.flows.Interval`),
 after the simulation, with numpy.
 """
 
@@ -22,7 +22,7 @@ def _rows(
     # where the chosen links sit in each shape, found once per shape (by identity): a
     # coupled flow of many rings crosses thousands of links in every interval
     places: dict[int, list[tuple[int, int]]] = {}
-    rows = []
+    rows: list[tuple[int, float, float, float]] = []
     for iv in intervals:
         found = places.get(id(iv.links))
         if found is None:

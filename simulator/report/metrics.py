@@ -38,7 +38,7 @@ from ..scenario import Scenario
 
 def compute_lanes(lanes: Sequence[Lane]) -> list[Lane]:
     """One lane per simulated GPU: its compute stream (side lanes carry only transfers).
-    A lane simulating a congruent TP group (``copies``, workload/congruent.py) is one
+    A lane simulating a congruent TP group (``copies``, comm/congruent.py) is one
     lane per GPU of it."""
     return [lane for lane in per_gpu(lanes) if lane.stream == COMPUTE_STREAM]
 

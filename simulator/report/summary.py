@@ -10,6 +10,8 @@ from stepsim.schedules import DUAL
 from stepsim.topologies import PLANAR
 
 from ..comm.placement import placement_of
+from ..cost.params import active_params, model_params
+from ..cost.routing import rank_loads, skewed
 from ..ir.results import Result, StageMetrics
 from ..ir.units import bytes_to_gib
 from ..ir.vocabulary import (
@@ -174,7 +176,7 @@ def summary_text(result: Result) -> str:
 
 
 def fast_forward_lines(ff, num_microbatches: int) -> list[str]:
-    """Says that the steady state was fast-forwarded (simulator/fastforward.py)."""
+    """Says that the steady state was fast-forwarded (simulator/run/fastforward.py)."""
     period = (
         "micro-batch"
         if ff.period_microbatches == 1
@@ -245,7 +247,7 @@ def context_parallel_lines(result: Result) -> list[str]:
 def _wire_s(result: Result, kind: str) -> float:
     """Seconds per simulated GPU that ``kind``'s transfers were in flight. A
     fast-forwarded run's trace is the short run's: the skipped periods are added as
-    copies of its proved period (simulator/fastforward.py)."""
+    copies of its proved period (simulator/run/fastforward.py)."""
     wire_s, lanes = 0.0, compute_lanes(result.trace.lanes)
     gpus = {lane.gpu for lane in lanes}
     ff = result.metrics.fast_forward
@@ -268,8 +270,6 @@ def expert_parallel_lines(result: Result) -> list[str]:
     against its exposed part (docs/moe.md)."""
     s, m = result.scenario, result.metrics
     model, par, cl = s.model, s.parallel, s.cluster
-    from ..cost.params import active_params, model_params
-
     tied = s.training.share_embeddings_and_output_weights
     total, active = model_params(model, tied), active_params(model, tied)
     span = par.ep_size * par.etp_size
@@ -289,8 +289,6 @@ def expert_parallel_lines(result: Result) -> list[str]:
         f"expert grads over {par.expert_data_parallel_size} "
         f"GPU{'s' if par.expert_data_parallel_size > 1 else ''}",
     ]
-    from ..cost.routing import rank_loads, skewed
-
     if skewed(model):  # which routing, and how far the busiest EP rank is above the mean
         routing = model.moe_routing
         assert routing is not None  # skewed: a routing other than balanced is named

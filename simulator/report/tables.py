@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..ir.results import SweepPoint
+from ..scenario.presets import CALIBRATED_GPUS, GPUS
 
 
 def sweep_table_text(keys: list[str], points: Sequence[SweepPoint]) -> str:
@@ -254,7 +255,6 @@ def validation_markdown(by_set: dict, totals: dict, calibrations=None) -> str:
     """docs/validation.md: one table per calibration set and the plot; how the constants
     were chosen is in docs/calibration.md (written by hand)."""
     from ..calibration.validation import SETS
-    from ..scenario.presets import CALIBRATED_GPUS, GPUS
 
     calibrations = calibrations or {}
     out = [

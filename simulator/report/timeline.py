@@ -7,9 +7,14 @@ from __future__ import annotations
 
 from itertools import groupby
 
+import numpy as np
+from matplotlib.colors import to_rgb
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from stepsim.schedules import parse_label
+
+from ..ir.ops import Lane
 from ..ir.results import Result, Trace
 from ..ir.vocabulary import (
     BACKWARD,
@@ -56,7 +61,7 @@ def timeline_figure(result: Result) -> Figure:
     rows_note = "one GPU per pipeline stage"
     if len({lane.stage for lane in lanes}) < len(lanes):
         # exact mode: every GPU was simulated; draw the first GPU of each stage
-        first: dict[int, object] = {}
+        first: dict[int, Lane] = {}
         for lane in lanes:
             first.setdefault(lane.stage, lane)
         lanes = list(first.values())
@@ -100,9 +105,9 @@ def timeline_figure(result: Result) -> Figure:
         f" (rows: {rows_note}; thin band: background transfers)"
     )
     # the legend names what is drawn (a wait shares its communication's entry), and idle
-    shown = drawn | {LEGEND_OF[k] for k in drawn} | {IDLE}
+    named = drawn | {LEGEND_OF[k] for k in drawn} | {IDLE}
     fig.legend(
-        handles=[Patch(facecolor=COLORS[k], label=name) for k, name in LEGEND if k in shown],
+        handles=[Patch(facecolor=COLORS[k], label=name) for k, name in LEGEND if k in named],
         loc="outside lower center",
         ncol=4,
         fontsize=8,
@@ -175,9 +180,6 @@ def _draw_raster(ax, trace: Trace, row_of: dict[int, int], scale: float) -> set[
     from the kinds that ran in it in proportion to their time (a kind with at least
     2 % of the slice gets a pixel row), the rest idle: at the scale of a large run a
     1-in-20 share such as tensor-parallel comm stays visible. The kinds drawn."""
-    import numpy as np
-    from matplotlib.colors import to_rgb
-
     edges = np.linspace(0.0, trace.end_s, RASTER_COLUMNS + 1)
     # time per (row band, kind, column); bands: 2 per GPU (compute, background)
     kinds = [kind for kind in STACK_ORDER if kind in COLORS]
@@ -295,10 +297,6 @@ def _label_microbatches(ax, trace: Trace, row_of: dict[int, int], scale: float) 
 def pipeline_figure(studies: list) -> Figure:
     """The papers' pipeline picture: one row per rank, one box per op with its
     micro-batch number; later chunks in lighter shades; one panel per schedule."""
-    from matplotlib.colors import to_rgb
-
-    from stepsim.schedules import parse_label
-
     ranks = max(s.num_ranks for s in studies)
     height = sum(0.32 * s.num_ranks + 0.9 for s in studies) + 0.6
     fig = Figure(figsize=(12, min(max(height, 2.5), 40)), layout="constrained")

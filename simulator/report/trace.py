@@ -21,9 +21,12 @@ Written so that Perfetto shows every slice (docs/design.md, "Traces"):
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
+from typing import NamedTuple
 
 from ..comm.congruent import copies_of
-from ..ir.results import Result, Span
+from ..ir.ops import Workload
+from ..ir.results import LinkLoad, Result, SharedLink, Span, Trace
 from ..ir.vocabulary import (
     BACKWARD,
     COMPUTE_STREAM,
@@ -85,9 +88,45 @@ def slots(spans: list[Span], starts: list[int], ends: list[int]) -> list[int]:
     return slot_of
 
 
+class TraceView(NamedTuple):
+    """What a trace is drawn from: one run's (`of`), or several jobs' run together
+    (report/jobreport.py), whose metrics are per job."""
+
+    scenario_name: str
+    workload: Workload
+    trace: Trace
+    capacities: Sequence[float]
+    busiest_links: Sequence[LinkLoad | SharedLink]  # the links drawn as counter tracks
+    fast_forward: str | None  # what a fast-forwarded run's trace shows, None: all of it
+
+    @classmethod
+    def of(cls, result: Result) -> TraceView:
+        m, ff = result.metrics, result.metrics.fast_forward
+        note = None
+        if ff is not None:  # the short run's spans (run/fastforward.py)
+            note = (
+                f"a run of {ff.simulated_microbatches} of the {m.num_microbatches} "
+                f"micro-batches is shown; the iteration ({m.iteration_time_s:.6g} s) "
+                f"adds {ff.periods_skipped} copies of its period from {ff.proved_at_s:.6g} s"
+            )
+        return cls(
+            result.scenario.name,
+            result.workload,
+            result.trace,
+            result.cluster.capacities,
+            m.busiest_links,
+            note,
+        )
+
+
 def chrome_trace(result: Result) -> dict:
     """Chrome trace event format: a process per simulated GPU, a thread per stream and
     concurrent slot. Opens in Perfetto (ui.perfetto.dev) and chrome://tracing."""
+    return view_trace(TraceView.of(result))
+
+
+def view_trace(result: TraceView) -> dict:
+    """`chrome_trace` of what a `TraceView` holds."""
     spans = spans_per_gpu(result.trace)  # a congruent TP group's lane: each GPU's
     starts = [to_ns(sp.start_s) for sp in spans]
     ends = [to_ns(sp.end_s) for sp in spans]
@@ -125,14 +164,9 @@ def chrome_trace(result: Result) -> dict:
             event[direction] = True
         events.append(event)
     events += _link_counters(result)
-    other: dict = {"scenario": result.scenario.name}
-    ff = result.metrics.fast_forward
-    if ff is not None:  # the short run's spans (simulator/fastforward.py)
-        other["fast_forward"] = (
-            f"a run of {ff.simulated_microbatches} of the {result.metrics.num_microbatches} "
-            f"micro-batches is shown; the iteration ({result.metrics.iteration_time_s:.6g} s) "
-            f"adds {ff.periods_skipped} copies of its period from {ff.proved_at_s:.6g} s"
-        )
+    other: dict = {"scenario": result.scenario_name}
+    if result.fast_forward is not None:
+        other["fast_forward"] = result.fast_forward
     return {
         "traceEvents": events,
         "displayTimeUnit": "ms",
@@ -148,14 +182,15 @@ def _meta(pid: int, tid: int, event: str, **args) -> dict:
 def _thread_ids(tracks: set[tuple[int, str, int]]) -> dict[tuple[int, str, int], int]:
     """Thread ids per GPU, numbered in stream order (compute first, tid 0), slots in order."""
     ordered = sorted(tracks, key=lambda t: (t[0], STREAM_ORDER.get(t[1], 9), t[1], t[2]))
-    tid_of, next_tid = {}, defaultdict(int)
+    tid_of: dict[tuple[int, str, int], int] = {}
+    next_tid: defaultdict[int, int] = defaultdict(int)
     for track in ordered:
         tid_of[track] = next_tid[track[0]]
         next_tid[track[0]] += 1
     return tid_of
 
 
-def _pipeline_flows(result: Result, spans: list[Span], starts: list[int]) -> dict:
+def _pipeline_flows(result: TraceView, spans: list[Span], starts: list[int]) -> dict:
     """Span index -> (bind_id, "flow_out" | "flow_in"): each pipeline send's span linked
     to the span of the op on another GPU that consumes what it sent (a forward, a
     backward...). Chrome trace format flow events, version 2 (``bind_id`` with
@@ -169,7 +204,9 @@ def _pipeline_flows(result: Result, spans: list[Span], starts: list[int]) -> dic
             sent = ops[dep]
             if sent.kind == PP_SEND and lanes[sent.lane].gpu != lanes[op.lane].gpu:
                 consumer.setdefault(dep, op.index)
-    send_span, own_span = {}, {}  # op -> index of its span (the op's own kind, not a wait)
+    # op -> index of its span (the op's own kind, not a wait)
+    send_span: dict[int, int] = {}
+    own_span: dict[int, int] = {}
     for i, sp in enumerate(spans):
         if sp.kind == ops[sp.op].kind:
             (send_span if sp.kind == PP_SEND else own_span).setdefault(sp.op, i)
@@ -199,7 +236,7 @@ def _pipeline_flows(result: Result, spans: list[Span], starts: list[int]) -> dic
                 if after:
                     consumer.setdefault(send, spans[min(after, key=starts.__getitem__)].op)
     flows: dict[int, tuple[int, str]] = {}
-    # a congruent TP group's lane (workload/congruent.py): its spans are each followed by
+    # a congruent TP group's lane (comm/congruent.py): its spans are each followed by
     # their copies for the group's other GPUs, and rank k's send feeds rank k's op
     copies = copies_of(result.trace.lanes)
     for send, i in sorted(send_span.items()):
@@ -216,15 +253,15 @@ def _pipeline_flows(result: Result, spans: list[Span], starts: list[int]) -> dic
 NETWORK_PID = 1_000_000_000  # a process of its own for the link counters
 
 
-def _link_counters(result: Result, top: int = 8, bins: int = 400) -> list[dict]:
+def _link_counters(result: TraceView, top: int = 8, bins: int = 400) -> list[dict]:
     """Utilization of the busiest links over time, as Chrome trace counter tracks."""
     from .linkstats import utilization_over_time
 
-    busiest = result.metrics.busiest_links[:top]
+    busiest = result.busiest_links[:top]
     if not busiest:
         return []
     chosen = [link.index for link in busiest]
-    capacities = result.cluster.capacities
+    capacities = result.capacities
     edges, series = utilization_over_time(
         result.trace.link_intervals, capacities, chosen, result.trace.end_s, bins
     )

@@ -11,6 +11,7 @@ import numpy as np
 
 from stepsim.topologies import (
     PLANAR,
+    AnyCluster,
     Cluster,
     NodeShape,
     PatternCluster,
@@ -140,13 +141,15 @@ def run(
         except LayoutError as exc:  # the layout the user chose: their one-line error
             raise ScenarioError(str(exc)) from None
         blame = perturbation is not None
-        totals = None
+        # the seconds per category and spans counted as they ended (no spans kept)
+        totals: tuple[dict[tuple[int, str], dict[str, float]], int] | None = None
         if spans or any(lane.copies != 1 for lane in workload.lanes):
             trace = simulate(workload, network=network, progress=progress, blame=blame)
         else:
-            trace, *totals = simulate_totals(
+            trace, seconds, num_spans = simulate_totals(
                 workload, network=network, progress=progress, blame=blame
             )
+            totals = (seconds, num_spans)
         trace = trace._replace(num_transfers=exact_transfers(workload, trace.num_transfers))
         counted = None if totals is None else tally(workload, trace, *totals)
         memory = memory_per_stage(scenario)
@@ -195,7 +198,7 @@ PEAK_BINS = 100
 
 
 def busiest_links(
-    cluster: Cluster,
+    cluster: AnyCluster,
     trace: Trace,
     per_role: int = BUSIEST_PER_ROLE,
     *,
@@ -208,7 +211,7 @@ def busiest_links(
 
     In symmetric mode these are the representative GPUs' links, each charged for
     every flow it carries (multiplicities included); in exact mode any link. A
-    fast-forward (simulator/fastforward.py) gives the iteration's ``end_s``, each link's
+    fast-forward (simulator/run/fastforward.py) gives the iteration's ``end_s``, each link's
     ``utilization`` and the chosen links' utilization over time (``series_of``).
     """
     links, capacities = cluster.links, cluster.capacities

@@ -212,13 +212,13 @@ def _split(spec, trace: Trace, repeated, offsets, counts, alone) -> list[JobResu
     for j, job in enumerate(spec.jobs):
         workload, ranges = repeated[j]
         ends = [0.0] * len(ranges)
-        iteration_of = {}
+        iteration_of: dict[int, int] = {}
         for k, r in enumerate(ranges):
             iteration_of.update(dict.fromkeys(r, k))
         for span in spans_of[j]:
-            k = iteration_of.get(span.op)
-            if k is not None and span.end_s > ends[k]:
-                ends[k] = span.end_s
+            at = iteration_of.get(span.op)
+            if at is not None and span.end_s > ends[at]:
+                ends[at] = span.end_s
         times = tuple(ends[k] - (ends[k - 1] if k else 0.0) for k in range(len(ends)))
         own = Trace(spans_of[j], workload.lanes, ends[-1], 0, [])
         memory = memory_per_stage(job.scenario)

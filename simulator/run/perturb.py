@@ -136,11 +136,13 @@ def nic_cable(cluster, scenario: Scenario, p: PerturbationSpec) -> tuple[int, ..
     """The links between NIC ``p.nic`` of node ``p.node`` and its leaf switch, found on a
     route from one of the node's GPUs to another node's (a NIC carries nothing else)."""
     gpn, nodes = scenario.cluster.gpus_per_node, scenario.cluster.num_nodes
-    nic = ("nic", p.node, p.nic)
+    node = p.node
+    assert node is not None  # a slow_nic names its node (scenario/perturbation.py's rules)
+    nic = ("nic", node, p.nic)
     if nodes > 1:
-        other = ((p.node + 1) % nodes) * gpn
+        other = ((node + 1) % nodes) * gpn
         links = cluster.links
-        for g in range(p.node * gpn, (p.node + 1) * gpn):
+        for g in range(node * gpn, (node + 1) * gpn):
             out = [i for i in cluster.own_route(g, other + g % gpn) if links[i].src == nic]
             back = [i for i in cluster.own_route(other + g % gpn, g) if links[i].dst == nic]
             if out and back and links[out[0]].dst[0] == "switch":
@@ -157,6 +159,7 @@ def cables(scenario: Scenario, cluster) -> list[tuple[PerturbationSpec, tuple[in
     out = []
     for p in scenario.perturbations:
         if p.kind == SLOW_LINK:
+            assert p.link is not None  # a slow_link names its link (the rules)
             out.append((p, cable(cluster, p.link, p, scenario)))
         elif p.kind == SLOW_NIC:
             out.append((p, nic_cable(cluster, scenario, p)))
@@ -171,8 +174,10 @@ def capacities(scenario: Scenario, cluster, base: list[float]) -> list[float]:
         return base
     out = list(base)
     for p, links in slowed:
+        factor = p.bandwidth_factor
+        assert factor is not None  # slowed holds the cables with a factor
         for i in links:
-            out[i] *= p.bandwidth_factor
+            out[i] *= factor
     return out
 
 
@@ -309,12 +314,13 @@ def fast_path(scenario: Scenario, cluster) -> tuple[frozenset[int], frozenset[tu
     split: set[tuple[int, int]] = set()
     per_stage = placement.tensor * placement.data
     for i, p in enumerate(scenario.perturbations):
+        gpus: Sequence[int]
+        if p.kind == SLOW_NIC:
+            links = nic_cable(cluster, scenario, p)
+        elif p.kind == SLOW_LINK:
+            assert p.link is not None  # a slow_link names its link (the rules)
+            links = cable(cluster, p.link, p, scenario)
         if p.kind in (SLOW_LINK, SLOW_NIC):
-            links = (
-                nic_cable(cluster, scenario, p)
-                if p.kind == SLOW_NIC
-                else cable(cluster, p.link, p, scenario)
-            )
             node = _node_of(cluster.links[links[0]], gpn)
             if node is None:
                 raise ScenarioError(
@@ -389,15 +395,19 @@ def perturb_compute(
                 for index in _compute_ops(workload, lanes_of[g]):
                     ops[index] = ops[index]._replace(duration_s=other.ops[index].duration_s)
         elif p.kind == SLOW_GPU:
+            factor = p.factor
+            assert factor is not None  # a slow_gpu has its factor (the rules)
             for g in gpus:
                 for index in _compute_ops(workload, lanes_of[g]):
-                    ops[index] = ops[index]._replace(duration_s=ops[index].duration_s * p.factor)
+                    ops[index] = ops[index]._replace(duration_s=ops[index].duration_s * factor)
         else:  # jitter: lognormal of mean 1, per op, one stream per GPU
+            sigma = p.sigma
+            assert sigma is not None and p.seed is not None  # a jitter has both (the rules)
             for g in gpus:
                 indices = _compute_ops(workload, lanes_of[g])
                 rng = np.random.default_rng([p.seed, g])
                 z = rng.standard_normal(len(indices))
-                factors = np.exp(p.sigma * z - p.sigma**2 / 2).tolist()
+                factors = np.exp(sigma * z - sigma**2 / 2).tolist()
                 for index, f in zip(indices, factors, strict=True):
                     ops[index] = ops[index]._replace(duration_s=ops[index].duration_s * f)
     return workload._replace(ops=tuple(ops))
@@ -426,6 +436,7 @@ def _lowered_on(
 ) -> Workload:
     """The workload lowered with the node's GPU model as the cluster's: its own kernel
     constants (not a calibration file's, which is for cluster.gpu)."""
+    assert p.gpu_model is not None  # a gpu_type names its model (the rules)
     try:
         other = replace(
             scenario,
@@ -462,8 +473,10 @@ def memory_problem(scenario: Scenario, memory) -> str | None:
     for p in scenario.perturbations:
         if p.kind != GPU_TYPE:
             continue
+        node = p.node
+        assert p.gpu_model is not None and node is not None  # a gpu_type's (the rules)
         capacity = GPUS[p.gpu_model].memory_gib
-        stages = sorted({g // per_stage for g in range(p.node * gpn, (p.node + 1) * gpn)})
+        stages = sorted({g // per_stage for g in range(node * gpn, (node + 1) * gpn)})
         for s in stages:
             need = bytes_to_gib(memory[s].total_bytes)
             if need > capacity:
@@ -513,7 +526,7 @@ def wait_causes(scenario: Scenario, cluster, workload: Workload, waits) -> tuple
             replica = gpu = -1
         per_gpu = totals.setdefault(replica, {})
         seconds = w.seconds * lanes[w.lane].stands_for
-        # exact mode's congruent TP groups (workload/congruent.py): rank k of the waiting
+        # exact mode's congruent TP groups (comm/congruent.py): rank k of the waiting
         # group waited for rank k of the late one, as exact mode's rings of each rank do
         for k in range(lanes[w.lane].copies):
             g = gpu + k if lanes[w.cause].copies > 1 else gpu

@@ -13,6 +13,7 @@ from .files import (
     shipped_dir,
     shipped_scenarios,
 )
+from .gpu import GpuSpec, KernelConstants
 from .limits import LIMITS, limit
 from .limits import check as check_limit
 from .loader import (
@@ -26,8 +27,6 @@ from .loader import (
 from .rules import check_scenario
 from .spec import (
     ClusterSpec,
-    GpuSpec,
-    KernelConstants,
     ModelSpec,
     NetworkConfig,
     ParallelConfig,

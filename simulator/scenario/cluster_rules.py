@@ -7,14 +7,13 @@ from typing import TYPE_CHECKING
 
 from ..ir.vocabulary import NVLS
 from .errors import ScenarioError
+from .gpu import GpuSpec
 
 if TYPE_CHECKING:
     from .spec import ClusterSpec, Scenario
 
 
 def check_cluster(cluster: ClusterSpec) -> None:
-    from .spec import GpuSpec  # spec imports this module
-
     if not isinstance(cluster.gpu, GpuSpec):
         # the file names a preset and the loader looks it up; in Python, the record itself
         raise ScenarioError(

@@ -23,8 +23,7 @@ from stepsim.schedules.torch_csv import looks_like_torch, parse_torch_csv
 
 from . import limits, presets
 from .errors import ScenarioError
-from .rules import KERNEL_CONSTANT_RANGES
-from .spec import KernelConstants
+from .gpu import KERNEL_CONSTANT_RANGES, KernelConstants
 
 
 def _known(keys: Iterable[str]) -> str:

@@ -9,7 +9,7 @@ NCCL measurements as explained next to them.
 
 from __future__ import annotations
 
-from .spec import Fp8KernelConstants, GpuSpec, KernelConstants
+from .gpu import Fp8KernelConstants, GpuSpec, KernelConstants
 
 # Kernel constants: the only numbers of the compute model that are not shapes or
 # datasheet values (simulator.workload.compute explains each).

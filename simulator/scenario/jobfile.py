@@ -36,7 +36,7 @@ from typing import Any
 from ..ir.vocabulary import FAIR_SHARE
 from . import schema
 from .errors import ScenarioError
-from .fields import key
+from .fields import check_value, key, keys_of
 from .files import read_toml, shipped_dir, shipped_scenarios
 from .loader import cluster_of_table, load_scenario
 from .spec import ClusterSpec, Scenario
@@ -82,10 +82,10 @@ class JobTable:
     )
 
     def __post_init__(self) -> None:
-        for k in schema.keys_of(JobTable, SECTION).values():
+        for k in keys_of(JobTable, SECTION).values():
             value = getattr(self, k.name)
             if value is not None:
-                schema.check_value(k, value)
+                check_value(k, value)
         if not self.name:
             raise ScenarioError(key="job.name", value=self.name, rule="must not be empty")
         if (self.nodes is None) == (self.placement is None):
@@ -109,7 +109,7 @@ class JobSpec:
     name: str
     scenario: Scenario
     nodes: tuple[int, ...]
-    iterations: int | None = None  # None: the default (simulator/jobs.py)
+    iterations: int | None = None  # None: the default (simulator/run/multijob.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +140,7 @@ class JobsSpec:
 
 def markdown_table() -> str:
     """The [[job]] keys as scenarios/README.md shows them."""
-    return schema.markdown_table(SECTION, schema.keys_of(JobTable, SECTION))
+    return schema.markdown_table(SECTION, keys_of(JobTable, SECTION))
 
 
 def needed_nodes(scenario: Scenario, cluster: ClusterSpec) -> int:
@@ -210,7 +210,7 @@ def place(
     if policy == PACKED:
         return tuple(free[:count])
     if policy == RANDOM:
-        import numpy as np
+        import numpy as np  # numpy: only for a random placement
 
         order = np.random.default_rng(seed).permutation(len(free))
         return tuple(free[int(i)] for i in order[:count])
@@ -282,7 +282,7 @@ def jobs_from_dict(raw: Mapping[str, Any], base_dir: Path, default_name: str = "
     tables = raw.get(SECTION, [])
     if not isinstance(tables, list) or not all(isinstance(t, Mapping) for t in tables):
         raise ScenarioError(f"jobs are written as [[{SECTION}]] tables, one per job", key=SECTION)
-    known = schema.keys_of(JobTable, SECTION)
+    known = keys_of(JobTable, SECTION)
     written = []
     for i, t in enumerate(tables):
         for k in t:

@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from stepsim.topologies import cable_count
+
 from .errors import ScenarioError
 
 if TYPE_CHECKING:
@@ -128,8 +130,6 @@ def check_cluster(cluster: ClusterSpec, *, whole: bool = True) -> None:
     ``whole=False``: only its repeating unit is built (a symmetric run: topologies'
     PatternCluster, TreePatternCluster), so nothing per GPU; the links still count (the
     network and the link statistics keep a number per link)."""
-    from stepsim.topologies import cable_count
-
     nodes, gpus = cluster.num_nodes, cluster.gpus_per_node
     if whole:
         check(

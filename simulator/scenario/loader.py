@@ -26,6 +26,7 @@ from stepsim.schedules.custom import sizes_of
 from ..ir.vocabulary import SHARD_OPTIMIZER
 from . import presets, rules, schema
 from .errors import ScenarioError
+from .fields import check_value
 from .files import (
     parse_value,
     read_calibration,
@@ -205,7 +206,7 @@ def _check_table(section: str, table: Mapping[str, Any]) -> dict[str, Any]:
             raise ScenarioError(
                 f"unknown key '{section}.{key}'; known in [{section}]: {_known(known)}"
             )
-        out[key] = schema.check_value(known[key], value)
+        out[key] = check_value(known[key], value)
     return out
 
 

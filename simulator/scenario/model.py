@@ -8,11 +8,9 @@ from dataclasses import dataclass
 
 from ..ir.vocabulary import NORMALIZATIONS, POSITION_EMBEDDINGS, RMS_NORM, ROPE
 from . import rules
-from .fields import key, presets_of
-
-# `moe_routing`: how tokens spread over the routed experts (workload/routing.py)
-BALANCED, ZIPF, SHARES = "balanced", "zipf", "shares"
-MOE_ROUTINGS = (BALANCED, ZIPF, SHARES)
+from .fields import check_values, key
+from .moe_rules import MOE_ROUTINGS
+from .presets import MODELS
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -20,7 +18,7 @@ class ModelSpec:
     preset: str | None = key(
         "fills the keys below, which the table may still override",
         default=None,
-        choices=presets_of("MODELS"),
+        choices=tuple(MODELS),
     )
     num_layers: int = key("transformer layers", preset=True)
     hidden_size: int = key("must be divisible by `num_attention_heads`", preset=True)
@@ -93,7 +91,7 @@ class ModelSpec:
     # megatron/core/transformer/transformer_config.py; docs/moe.md); None: not MLA
     multi_latent_attention: bool | None = key(
         "multi-head latent attention (DeepSeek-V2/V3): Q and K/V through low-rank latents, "
-        "a rotary part of Q and K apart (workload/mla.py); replaces QKV",
+        "a rotary part of Q and K apart (cost/mla.py); replaces QKV",
         default=None,
         derived="`false`",
         preset=True,
@@ -234,7 +232,7 @@ class ModelSpec:
     moe_routing_shares: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:
-        rules.check_values(self, "model")
+        check_values(self, "model")
         rules.check_model(self)
 
     # -- the shape in effect (the keys above with their defaults) --------------------------
@@ -281,7 +279,7 @@ class ModelSpec:
         """Rows of the projection weight: heads x head size (MLA: x V's head width)."""
         return self.num_attention_heads * (self.v_dim if self.mla else self.head_size)
 
-    # -- multi-head latent attention (None: not MLA; workload/mla.py) --------------------
+    # -- multi-head latent attention (None: not MLA; cost/mla.py) --------------------
 
     @property
     def mla(self) -> bool:
@@ -320,7 +318,7 @@ class ModelSpec:
         """Columns of fc1: 2 x ffn for SwiGLU's gate and up halves, else ffn."""
         return (2 if self.gated else 1) * self.ffn_hidden_size
 
-    # -- mixture of experts (None: dense; workload.moe) ------------------------------------
+    # -- mixture of experts (None: dense; cost.moe) ------------------------------------
 
     @property
     def moe(self) -> bool:

@@ -15,6 +15,10 @@ from .errors import ScenarioError
 if TYPE_CHECKING:
     from .spec import ModelSpec, Scenario
 
+# `model.moe_routing`: how tokens spread over the routed experts (cost/routing.py)
+BALANCED, ZIPF, SHARES = "balanced", "zipf", "shares"
+MOE_ROUTINGS = (BALANCED, ZIPF, SHARES)
+
 # the MoE model keys that mean nothing without num_experts
 _MOE_MODEL_KEYS = (
     "moe_router_topk",
@@ -100,8 +104,6 @@ def check_groups(model: ModelSpec) -> None:
 def check_routing(model: ModelSpec) -> None:
     """The routing keys go with their `moe_routing`; a shares file gives one share >= 0
     per expert, and none above 1/top-k of the total (a token meets an expert once)."""
-    from .model import SHARES, ZIPF
-
     routing = model.moe_routing
     if model.moe_routing_zipf_exponent is not None and routing != ZIPF:
         raise ScenarioError(
@@ -223,7 +225,7 @@ def check_expert_parallel(scenario: Scenario) -> None:
 def check_flex(scenario: Scenario) -> None:
     """The flex (DeepEP) dispatcher: Megatron-Core's asserts (TP x EP > 1; no padding to
     capacity, which stepsim does not model anyway) and what stepsim models of it
-    (workload/deepep.py): ETP 1, balanced dropless routing, groups that nest with the
+    (cost/deepep.py): ETP 1, balanced dropless routing, groups that nest with the
     experts of a GPU and of a node."""
     model, par = scenario.model, scenario.parallel
     key = "training.moe_token_dispatcher_type"

@@ -16,7 +16,7 @@ its ``kind`` and a target, with the kind's own keys:
 - ``slow_link``: ``link = L`` (the index `stepsim topology --links` and metrics.json
   print) and ``bandwidth_factor = f`` or ``down = true``: that cable (both directions)
   at f x its bandwidth, or failed (traffic rerouted where the fabric has another path;
-  a NIC's cable: the job after its restart without the NIC, simulator/perturb.py).
+  a NIC's cable: the job after its restart without the NIC, simulator/run/perturb.py).
 - ``slow_nic``: ``node = N``, ``nic = K`` and ``bandwidth_factor`` or ``down``: the
   cable from that NIC to its leaf switch (both directions), as ``slow_link``.
 
@@ -30,7 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from .errors import ScenarioError
-from .fields import key, presets_of
+from .fields import check_values, key
+from .presets import GPUS
 
 SLOW_GPU = "slow_gpu"
 GPU_TYPE = "gpu_type"
@@ -108,7 +109,7 @@ class PerturbationSpec:
     gpu_model: str | None = key(
         "`gpu_type`: the GPU preset the node has instead of `cluster.gpu`",
         default=None,
-        choices=presets_of("GPUS"),
+        choices=tuple(GPUS),
     )
     distribution: str = key(
         "`jitter`: the distribution of each compute op's factor (lognormal of mean 1)",
@@ -128,9 +129,7 @@ class PerturbationSpec:
     )
 
     def __post_init__(self) -> None:
-        from . import rules
-
-        rules.check_values(self, SECTION)
+        check_values(self, SECTION)
         check_kind_keys(self)
 
     def given(self) -> dict[str, object]:

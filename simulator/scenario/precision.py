@@ -22,7 +22,8 @@ from ..ir.vocabulary import FP8_BLOCKWISE, FP8_DELAYED, FP8_MXFP8, FP8_TENSORWIS
 from .errors import ScenarioError
 
 if TYPE_CHECKING:
-    from .spec import Fp8KernelConstants, GpuSpec, Scenario, TrainingConfig
+    from .gpu import Fp8KernelConstants, GpuSpec
+    from .spec import Scenario, TrainingConfig
 
 FP8_GEMM_EFFICIENCY_RANGE = (0.01, 1.0)
 FP8_GEMM_K_HALF_RANGE = (0.0, 1e6)

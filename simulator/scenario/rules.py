@@ -1,12 +1,12 @@
 """The rules a scenario's values must keep together, as plain functions over specs.
 
-Each spec runs the rules it can check on its own when it is built (`check_values`,
-`check_model`, `check_cluster`, `check_training_alone`); `Scenario` runs `check_scenario`, the rules
-across specs. So a scenario read from a file and one built or edited in Python
-(`dataclasses.replace`) go through the same rules and fail with the same one-line
-`ScenarioError`. The loader adds only what a file needs besides: types, ranges and
-choices of what the user typed (`schema`), presets, derived defaults and reading a
-custom schedule's file.
+Each spec runs the rules it can check on its own when it is built (its keys'
+`fields.check_values`, then `check_model`, `check_cluster`, `check_training_alone`);
+`Scenario` runs `check_scenario`, the rules across specs. So a scenario read from a
+file and one built or edited in Python (`dataclasses.replace`) go through the same
+rules and fail with the same one-line `ScenarioError`. The loader adds only what a
+file needs besides: types, ranges and choices of what the user typed (`schema`),
+presets, derived defaults and reading a custom schedule's file.
 
 Where several rules fail, the first in this order is reported: the model, the
 cluster, the training keys alone, then the cluster's size (`check_cluster_size`: it
@@ -28,7 +28,7 @@ from stepsim.schedules.custom import check_orders, sizes_of
 from stepsim.topologies import PLANAR  # drawn whole in symmetric mode too (run.build_cluster)
 
 from ..ir.vocabulary import SHARD_GRADIENTS, SHARD_OPTIMIZER
-from . import limits
+from . import frameworks, limits
 from .cluster_rules import check_cluster as check_cluster  # ClusterSpec calls it here
 from .cluster_rules import check_nvls
 from .errors import ScenarioError
@@ -47,7 +47,6 @@ from .stages import check_dual, stage_layers
 if TYPE_CHECKING:
     from .spec import (
         ClusterSpec,
-        KernelConstants,
         ModelSpec,
         ParallelConfig,
         Scenario,
@@ -57,44 +56,6 @@ if TYPE_CHECKING:
 OPS_PER_LAYER_AND_MICROBATCH = 12  # about a dozen ops per layer and micro-batch
 CUSTOM = "custom"  # training.schedule of a schedule read from a file
 CUSTOM_SCHEDULE_KEYS = ("schedule_file", "schedule_placement")  # custom schedules only
-
-
-# What kernel constants may be, in Python as in a calibration file (files.py).
-KERNEL_CONSTANT_RANGES: dict[str, tuple[float, float]] = {
-    "num_sms": (1, 10_000),
-    "tile_m": (1, 4096),
-    "tile_n": (1, 4096),
-    "gemm_efficiency": (0.01, 1.0),
-    "gemm_k_half": (0.0, 1e6),
-    "memory_efficiency": (0.01, 1.0),
-}
-
-
-def check_kernel_constants(constants: KernelConstants) -> None:
-    """Each constant a number in its range (a calibration file's values are checked
-    against the same ranges when read, with the file named)."""
-    for name, (low, high) in KERNEL_CONSTANT_RANGES.items():
-        value = getattr(constants, name)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ScenarioError(key=f"calibration.{name}", value=value, rule="must be a number")
-        if not low <= value <= high:
-            raise ScenarioError(
-                key=f"calibration.{name}", value=value, rule=f"must be between {low:g} and {high:g}"
-            )
-
-
-def check_values(spec: object, section: str) -> None:
-    """Each key's type, range and choices (`schema.check_value`), as the loader checks
-    a file's: a spec built in Python cannot hold what a file could not. (The loader
-    checks what the user typed before it looks up presets and derives defaults, so a
-    loaded value passes this check twice; it is cheap.)"""
-    from . import schema  # schema reads the specs, which call this when built
-
-    for key in schema.keys()[section].values():
-        value = getattr(spec, key.name)
-        if key.by_name or (value is None and key.default is None):
-            continue
-        schema.check_value(key, value)
 
 
 def check_training_alone(training: TrainingConfig) -> None:
@@ -174,8 +135,6 @@ def check_param_gather(parallel: ParallelConfig, training: TrainingConfig) -> No
 def check_framework(framework: str, version: str | None, given: dict, schedule: str) -> None:
     """The version must be one of the framework's; a blocking p2p mode asked for
     explicitly needs a schedule whose call sites it models (frameworks.py)."""
-    from . import frameworks  # spec imports both
-
     if version is not None and version not in frameworks.versions(framework):
         raise ScenarioError(
             key="training.framework_version",

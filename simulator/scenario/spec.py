@@ -2,12 +2,13 @@
 
 The specs are the schema. Each field a scenario file can set is declared with `key`,
 which records its help line, unit, range and choices as field metadata;
-`simulator.scenario.schema` reads them back (`dataclasses.fields`) for the loader's
-type, range and choice checks, its defaults and required keys, the resolved-TOML
-writer and the key tables of scenarios/README.md. Adding a key is one `key(...)` line
-here plus its use. Cross-field rules live in `simulator.scenario.rules`; every spec
-runs the rules it can check alone when it is built, and `Scenario` runs the rest, so
-a scenario built in Python is checked exactly as one read from a file.
+`simulator.scenario.fields` reads them back (`keys_of`) and `simulator.scenario.schema`
+gathers them for the loader's type, range and choice checks, its defaults and required
+keys, the resolved-TOML writer and the key tables of scenarios/README.md. Adding a key
+is one `key(...)` line here plus its use. Cross-field rules live in
+`simulator.scenario.rules`; every spec runs the rules it can check alone when it is
+built, and `Scenario` runs the rest, so a scenario built in Python is checked exactly
+as one read from a file.
 
 Units live in the field names (see design notes). Human units (`_gbps`, `_us`,
 `_gbytes_per_s`) appear only here, at the edge; `simulator.units` converts them.
@@ -29,11 +30,14 @@ from ..ir.vocabulary import (
     FAIR_SHARE,
     NETWORK_MODELS,
 )
-from . import precision, rules
+from . import rules
 from .errors import ScenarioError
-from .fields import KeyRange, KeyUnitRange, key, presets_of
+from .fields import KeyRange, KeyUnitRange, check_values, key
+from .gpu import GpuSpec, KernelConstants
+from .hardware import NVLS_EFFICIENCY
 from .model import ModelSpec
 from .perturbation import PerturbationSpec
+from .presets import GPUS, NODES
 from .stages import virtual_stage_layers
 from .training import SCHEDULES, RecomputeGranularity, TrainingConfig
 
@@ -48,77 +52,6 @@ __all__ = [
     "TrainingConfig",
     "key",
 ]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class KernelConstants:
-    """What the compute model needs to know about a GPU beyond its datasheet
-    (simulator.workload.compute explains each). Every GpuSpec carries its own; a
-    calibration file (``--calibration``) holds one set, measured on a real GPU."""
-
-    gpu: str
-    num_sms: int
-    tile_m: int  # output tile of the GEMM kernels, rows x columns
-    tile_n: int
-    gemm_efficiency: float  # fraction of the tensor peak a large, well-shaped GEMM reaches
-    gemm_k_half: float  # inner dimension at which a GEMM reaches half of that
-    memory_efficiency: float  # fraction of the HBM bandwidth element-wise kernels stream at
-    source: str  # where the numbers came from: fitted, measured, or uncalibrated
-
-    def __post_init__(self) -> None:
-        rules.check_kernel_constants(self)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Fp8KernelConstants:
-    """The FP8 GEMMs' own constants (simulator.workload.precision): fractions of the
-    dense FP8 peak a large, well-shaped FP8 GEMM reaches with Hopper's split
-    (two-level) accumulation, which Transformer Engine uses for dgrad and wgrad, and
-    with fast accumulation, its default for the forward (fprop) GEMMs; and the inner
-    dimension at which an FP8 GEMM reaches half of that. Tile, SM count and the wave
-    model are the GPU's KernelConstants'."""
-
-    gemm_efficiency: float
-    fast_accum_gemm_efficiency: float
-    gemm_k_half: float
-    source: str  # kernel measurements, or uncalibrated and from where
-
-    def __post_init__(self) -> None:
-        precision.check_fp8_kernel_constants(self)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class GpuSpec:
-    """One GPU: everything stepsim needs of it in one record, so that a GPU preset
-    cannot lack a number (tests/test_presets.py checks every one is complete).
-
-    The SM count and the provenance of the kernel constants live in ``kernels`` (a
-    calibration file carries them too, for the GPU it was measured on) and are read
-    here through ``num_sms`` and ``kernel_provenance``."""
-
-    name: str
-    peak_tflops: float  # dense FP16/BF16 tensor-core peak (FP16 on GPUs without BF16)
-    peak_tflops_fp8: float | None  # dense FP8 tensor-core peak; None: no FP8 tensor cores
-    peak_tflops_fp4: float | None  # dense FP4 tensor-core peak; None: no FP4 tensor cores
-    # CUDA compute capability (major, minor): which FP8 recipes Transformer Engine runs
-    # and which GEMM layouts FP8 takes (simulator.scenario.precision)
-    compute_capability: tuple[int, int]
-    memory_gib: float
-    hbm_gbytes_per_s: float
-    # tensor-core FLOPs an SM does in the time its special-function units do one
-    # exponential: what flash attention's softmax costs in matmul time (workload.attention)
-    tensor_flops_per_exp: float
-    kernels: KernelConstants  # the compute model's constants for this GPU (gpu == name)
-    fp8_kernels: Fp8KernelConstants | None  # FP8 GEMMs' constants; None without FP8
-
-    @property
-    def num_sms(self) -> int:
-        return self.kernels.num_sms
-
-    @property
-    def kernel_provenance(self) -> str:
-        """How the kernel constants were obtained: fitted, or uncalibrated and from where."""
-        return self.kernels.source
 
 
 _LATENCY_RANGE: KeyUnitRange = {
@@ -138,11 +71,11 @@ class ClusterSpec:
         "the node preset: fills every key whose default reads 'from `node`', which the "
         "table may still override",
         default=None,
-        choices=presets_of("NODES"),
+        choices=tuple(NODES),
     )
     gpu: GpuSpec = key(
         "a GPU preset name; its peak TFLOP/s, memory and HBM bandwidth cannot be set as keys",
-        choices=presets_of("GPUS"),
+        choices=tuple(GPUS),
         preset=True,
         toml_type=str,
     )
@@ -238,7 +171,7 @@ class ClusterSpec:
     )
 
     def __post_init__(self) -> None:
-        rules.check_values(self, "cluster")
+        check_values(self, "cluster")
         rules.check_cluster(self)
 
     @property
@@ -262,8 +195,6 @@ class ClusterSpec:
             return self.nvls_efficiency
         if self.nvlink_topology != "nvswitch":
             return 0.0
-        from .hardware import NVLS_EFFICIENCY  # hardware imports this module
-
         return 0.0 if self.node is None else NVLS_EFFICIENCY.get(self.node, 0.0)
 
     def fabric_shape(self) -> FabricShape:
@@ -370,7 +301,7 @@ class ParallelConfig:
     )
 
     def __post_init__(self) -> None:
-        rules.check_values(self, "parallel")
+        check_values(self, "parallel")
 
     @property
     def cp_size(self) -> int:
@@ -448,7 +379,7 @@ class NetworkConfig:
     )
 
     def __post_init__(self) -> None:
-        rules.check_values(self, "network")
+        check_values(self, "network")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from stepsim.schedules import DUAL, LOOPED, holder_of
 
+from ..ir.vocabulary import SHARD_FULL, SHARD_GRADIENTS
 from .errors import ScenarioError
 
 if TYPE_CHECKING:
@@ -195,8 +196,6 @@ def check_dual(training: TrainingConfig) -> None:
     embeddings (each end rank holds an embedding and an output layer of different
     copies), and whole gradients until the copies' sum after the flush (not ZeRO-2's or
     FSDP's per-micro-batch reduce-scatters)."""
-    from ..ir.vocabulary import SHARD_FULL, SHARD_GRADIENTS
-
     if training.share_embeddings_and_output_weights:
         raise ScenarioError(
             key="training.share_embeddings_and_output_weights",

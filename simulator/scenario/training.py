@@ -27,7 +27,7 @@ from ..ir.vocabulary import (
     ZERO_GRAD_COLLECTIVES,
 )
 from . import frameworks, rules
-from .fields import key, mechanism_key
+from .fields import check_values, key, mechanism_key
 
 RecomputeGranularity = Literal["none", "selective", "full"]
 # DeepSeek-V3 technical report, 3.2.2: 20 of the H800's 132 SMs run the all-to-all
@@ -198,7 +198,7 @@ class TrainingConfig:
         "it: no s x s tensors, the backward recomputes the scores; see docs/calibration.md)",
         choices=ATTENTION_KERNELS,
     )
-    # -- FP8 through Transformer Engine (scenario/precision.py, workload/precision.py) -----
+    # -- FP8 through Transformer Engine (scenario/precision.py, cost/fp8.py) -----
     fp8_format: str | None = key(
         "Megatron-Core's `--fp8-format`: the transformer layers' linear GEMMs (QKV, "
         "projection, fc1, fc2; forward, dgrad, wgrad) run in FP8 at the GPU's FP8 peak, "
@@ -305,7 +305,7 @@ class TrainingConfig:
     framework_note: str = field(init=False, default="", compare=False)
 
     def __post_init__(self) -> None:
-        rules.check_values(self, "training")
+        check_values(self, "training")
         given = {name: getattr(self, name) for name in frameworks.MECHANISMS}
         given["attention_kernel"] = rules.attention_kernel_of(
             self.attention_backend, self.attention_kernel
