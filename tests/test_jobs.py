@@ -1,4 +1,4 @@
-"""Several jobs on one fabric (issue 21 part 3): placement policies, the jobs file's
+"""Several jobs on one fabric: placement policies, the jobs file's
 errors, and closed forms: disjoint jobs on one switch run as alone to the bit; two
 data-parallel jobs whose rings share an oversubscribed uplink pair double its
 bandwidth term."""

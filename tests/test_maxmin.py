@@ -3,7 +3,7 @@
 `engine.maxmin.max_min` handles flows of one shape as a group and links crossed alike
 as one class, and updates only what is read again; `FairShareNetwork._component` visits
 each link once. Both must give exactly what the textbook versions below give (the ones
-the network used before issue 18's ZeRO-2 work): every output of stepsim depends on
+the network used before the ZeRO-2 work): every output of stepsim depends on
 these floats, so rates are compared bit for bit. Random flow sets are drawn with few
 distinct capacities, multiplicities and shapes, so that ties (several links filling in
 one round) and groups of several flows are common.

@@ -1,4 +1,4 @@
-"""Perturbations (issue 21 part 1): the [[perturbation]] schema, closed forms in exact
+"""Perturbations: the [[perturbation]] schema, closed forms in exact
 mode, who waited for whom, and symmetric mode's fast path against exact mode."""
 
 import dataclasses

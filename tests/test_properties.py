@@ -10,7 +10,7 @@ version, the p2p mode, the tied embedding, the collective algorithm, symmetric o
 mode) and sometimes a slow NIC so that transfers contend. Every example runs in
 milliseconds; the rules refuse none of them today (``_load`` discards any they would).
 
-The properties (issue 17):
+The properties:
 1. each simulated GPU's breakdown sums to the iteration time;
 2. fair sharing never loads a link above its bandwidth;
 3. every op of the workload runs exactly once (one span of its own kind when it takes
@@ -175,7 +175,7 @@ def scenario_docs(draw, network_model: str | None = None, fabric: str | None = N
         "seq_length": draw(st.sampled_from([128, 256, 512])),
         "vocab_size": 8192,
     }
-    # the Llama-family keys (issue 19): groups that TP divides, SwiGLU, RMSNorm, rope,
+    # the Llama-family keys: groups that TP divides, SwiGLU, RMSNorm, rope,
     # biases; untied leaves the training key to the loader
     groups = [g for g in (tp, heads // 2) if heads % g == 0 and g % tp == 0]
     _optional(draw, "num_query_groups", groups, model)

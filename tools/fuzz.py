@@ -1,4 +1,4 @@
-"""Malformed inputs of every class issue 17 found, each run as `python -m stepsim`
+"""Malformed inputs of every class found so far, each run as `python -m stepsim`
 in a subprocess under a time and memory bound; every case must exit 2 (bad input) with
 one line on stderr naming the key or file at fault, and no traceback.
 

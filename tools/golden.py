@@ -3,7 +3,7 @@
 A refactoring that must not change a number (the house issue: "every number stepsim
 prints today stays bit-identical") is checked by recording before and after:
 
-    python tools/golden.py record /tmp/golden-before      # on the old commit
+    python tools/golden.py record /tmp/golden-before      # on the old commit (a worktree)
     python tools/golden.py record /tmp/golden-after       # on the new one
     python tools/golden.py compare /tmp/golden-before /tmp/golden-after
 
@@ -47,7 +47,28 @@ def _run(out: Path, name: str, args: list[str]) -> None:
         [*_stepsim(), *args], cwd=ROOT, capture_output=True, text=True, check=False
     )
     text = f"$ stepsim {' '.join(args)}\nexit {done.returncode}\n{done.stdout}\n--stderr--\n"
-    (out / f"{name}.txt").write_text(text + done.stderr, encoding="utf-8")
+    # the checkout's own path (its scenarios in the commands) is left out, so that two
+    # checkouts side by side (git worktrees: before and after) compare
+    text = (text + done.stderr).replace(str(ROOT), "<checkout>")
+    (out / f"{name}.txt").write_text(text, encoding="utf-8")
+
+
+def _check_installed() -> None:
+    """Refuse to record another checkout's code: ``python -m stepsim`` runs whatever
+    this interpreter has installed (an editable install points at one checkout; a
+    worktree beside it needs a virtual environment of its own)."""
+    found = subprocess.run(
+        [sys.executable, "-c", "import stepsim; print(stepsim.__file__)"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.strip()
+    if not found or not Path(found).resolve().is_relative_to(ROOT):
+        sys.exit(
+            f"golden.py: this interpreter's stepsim is {found or 'not installed'}, not "
+            f"{ROOT}'s; install this checkout in its own venv (pip install -e {ROOT})"
+        )
 
 
 def record(out: Path, full: bool) -> None:
@@ -156,6 +177,8 @@ def main() -> int:
     cmp_.add_argument("before", type=Path)
     cmp_.add_argument("after", type=Path)
     args = parser.parse_args()
+    if args.command == "record":
+        _check_installed()
     if args.command == "record" and args.exact:
         record_exact(args.dir.resolve())
         return 0

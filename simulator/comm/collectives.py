@@ -232,7 +232,8 @@ def ring(
     n = len(groups[0])
     if n == 1:
         return None
-    steps = {ALL_REDUCE: 2 * (n - 1), REDUCE_SCATTER: n - 1, ALL_GATHER: n - 1}[kind]
+    steps_of: dict[str, int] = {ALL_REDUCE: 2 * (n - 1), REDUCE_SCATTER: n - 1, ALL_GATHER: n - 1}
+    steps = steps_of[kind]
     edge_sets = [
         [edge for channel in ring_channels(g, fabric) for edge in _cycle(channel)] for g in groups
     ]
@@ -364,12 +365,12 @@ def collective(
 
 
 # chunks of S/k each GPU's NVLink carries (up to the switch, down from it) per NVLS kind
-_NVLS_CHUNKS = {
+_NVLS_CHUNKS: dict[str, Callable[[int], tuple[int, int]]] = {
     ALL_REDUCE: lambda k: (k + 1, k + 1),
     REDUCE_SCATTER: lambda k: (k, 1),
     ALL_GATHER: lambda k: (1, k),
 }
-_NVLS_STEPS = {ALL_REDUCE: 2, REDUCE_SCATTER: 1, ALL_GATHER: 1}
+_NVLS_STEPS: dict[str, int] = {ALL_REDUCE: 2, REDUCE_SCATTER: 1, ALL_GATHER: 1}
 
 
 def _nvls_phase(

@@ -12,6 +12,7 @@ symmetric mode, every GPU in exact mode.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 Who = tuple[int, int]  # (tensor rank, replica)
@@ -80,15 +81,17 @@ class ShardKey:
 
 @dataclass(frozen=True, slots=True)
 class RendezvousKey:
-    """Exact mode: the ``count``-th collective of kind ``kind`` (TP_COMM or DP_SYNC) that
-    group ``group`` of pipeline stage ``stage`` runs. A tensor-parallel group is a
-    replica's tensor ranks (``group`` = the replica), a data-parallel group a tensor
-    rank's replicas (``group`` = the tensor rank). Every member lowers the same
-    collectives in the same order, so their counts agree."""
+    """Exact mode: the ``count``-th collective of kind ``kind`` that group ``group`` of
+    pipeline stage ``stage`` runs. A tensor-parallel group is a replica's tensor ranks
+    (``group`` = the replica), a data-parallel group a tensor rank's replicas (``group``
+    = the tensor rank), a context-parallel group (tensor rank, the CP group's number), an
+    expert group (its name, its offset), the mixed data-parallel group "joint" (the
+    representative's lane beside a perturbed replica's). Every
+    member lowers the same collectives in the same order, so their counts agree."""
 
     kind: str
     stage: int
-    group: int
+    group: Hashable
     count: int
 
 

@@ -10,20 +10,33 @@ below (its op kind, its wait, its stream, its category).
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import NamedTuple
 
+# The kinds are StrEnums: each member is its string ("forward" == OpKind.FORWARD, with
+# the same hash), so spans, tables, CSV and JSON read as before, and the module-level
+# names (FORWARD, ...) are the members, which every room imports.
+
+
 # -- op kinds: compute kinds hold the GPU, communication kinds move bytes ---------------
-FORWARD = "forward"
-BACKWARD = "backward"  # the whole backward, or its input-gradient part when split
-WEIGHT = "weight"  # the weight-gradient part of a split backward
-RECOMPUTE = "recompute"
-OPTIMIZER = "optimizer"
-TP_COMM = "tp_comm"
-PP_SEND = "pp_send"
-DP_SYNC = "dp_sync"
-CP_COMM = "cp_comm"  # context-parallel attention's K/V exchange (workload.context)
-EP_COMM = "ep_comm"  # expert parallelism's token dispatch and combine (workload.moe)
-BARRIER = "barrier"  # waits for its dependencies, nothing else
+class OpKind(StrEnum):
+    FORWARD = "forward"
+    BACKWARD = "backward"  # the whole backward, or its input-gradient part when split
+    WEIGHT = "weight"  # the weight-gradient part of a split backward
+    RECOMPUTE = "recompute"
+    OPTIMIZER = "optimizer"
+    TP_COMM = "tp_comm"
+    PP_SEND = "pp_send"
+    DP_SYNC = "dp_sync"
+    CP_COMM = "cp_comm"  # context-parallel attention's K/V exchange (cost/context.py)
+    EP_COMM = "ep_comm"  # expert parallelism's token dispatch and combine (emit/moe_ops.py)
+    BARRIER = "barrier"  # waits for its dependencies, nothing else
+
+
+FORWARD, BACKWARD, WEIGHT = OpKind.FORWARD, OpKind.BACKWARD, OpKind.WEIGHT
+RECOMPUTE, OPTIMIZER = OpKind.RECOMPUTE, OpKind.OPTIMIZER
+TP_COMM, PP_SEND, DP_SYNC = OpKind.TP_COMM, OpKind.PP_SEND, OpKind.DP_SYNC
+CP_COMM, EP_COMM, BARRIER = OpKind.CP_COMM, OpKind.EP_COMM, OpKind.BARRIER
 
 COMPUTE_KINDS = frozenset({FORWARD, BACKWARD, WEIGHT, RECOMPUTE, OPTIMIZER})
 # a schedule's passes (F, B, W), drawn as boxes in the schedule study's pictures and trace
@@ -32,14 +45,20 @@ PASS_KINDS: tuple[str, ...] = (FORWARD, BACKWARD, WEIGHT)
 MODEL_KINDS = frozenset(PASS_KINDS)
 # the communication kinds are the keys of WAIT_OF_COMM and STREAM_OF_COMM below
 
+
 # -- waits the engine records on a lane (engine.core explains when each applies) --------
-IDLE = "idle"
-PP_WAIT = "pp_wait"
-DP_WAIT = "dp_wait"
-TP_WAIT = "tp_wait"
-CP_WAIT = "cp_wait"
-EP_WAIT = "ep_wait"
-WAIT_OF_COMM = {
+class WaitKind(StrEnum):
+    IDLE = "idle"
+    PP_WAIT = "pp_wait"
+    DP_WAIT = "dp_wait"
+    TP_WAIT = "tp_wait"
+    CP_WAIT = "cp_wait"
+    EP_WAIT = "ep_wait"
+
+
+IDLE, PP_WAIT, DP_WAIT = WaitKind.IDLE, WaitKind.PP_WAIT, WaitKind.DP_WAIT
+TP_WAIT, CP_WAIT, EP_WAIT = WaitKind.TP_WAIT, WaitKind.CP_WAIT, WaitKind.EP_WAIT
+WAIT_OF_COMM: dict[str, str] = {
     PP_SEND: PP_WAIT,
     DP_SYNC: DP_WAIT,
     TP_COMM: TP_WAIT,
@@ -48,11 +67,22 @@ WAIT_OF_COMM = {
 }
 COMM_WAITS = frozenset(WAIT_OF_COMM.values())  # a lane waiting on a transfer in flight
 
+
 # -- streams: a GPU's compute stream, and the bands its non-blocking transfers run in --
-COMPUTE_STREAM = "compute"
-ITERATION_STREAM = "iteration"  # a job's barriers between iterations (run/multijob.py)
-PP_STREAM, DP_STREAM, TP_STREAM, CP_STREAM, EP_STREAM = "pp", "dp", "tp", "cp", "ep"
-STREAM_OF_COMM = {
+class Stream(StrEnum):
+    COMPUTE = "compute"
+    ITERATION = "iteration"  # a job's barriers between iterations (run/multijob.py)
+    PP = "pp"
+    DP = "dp"
+    TP = "tp"
+    CP = "cp"
+    EP = "ep"
+
+
+COMPUTE_STREAM, ITERATION_STREAM = Stream.COMPUTE, Stream.ITERATION
+PP_STREAM, DP_STREAM, TP_STREAM = Stream.PP, Stream.DP, Stream.TP
+CP_STREAM, EP_STREAM = Stream.CP, Stream.EP
+STREAM_OF_COMM: dict[str, str] = {
     PP_SEND: PP_STREAM,
     DP_SYNC: DP_STREAM,
     TP_COMM: TP_STREAM,
@@ -60,7 +90,7 @@ STREAM_OF_COMM = {
     EP_COMM: EP_STREAM,
 }
 # trace threads
-STREAM_ORDER = {
+STREAM_ORDER: dict[str, int] = {
     COMPUTE_STREAM: 0,
     PP_STREAM: 1,
     DP_STREAM: 2,
@@ -69,15 +99,22 @@ STREAM_ORDER = {
     EP_STREAM: 5,
 }
 
-# -- collective kinds (workload.collectives builds them) --------------------------------
-ALL_REDUCE = "all_reduce"
-REDUCE_SCATTER = "reduce_scatter"
-ALL_GATHER = "all_gather"
-ALL_TO_ALL = "all_to_all"  # context parallelism's a2a, expert dispatch / combine
-RING_SEND = "ring_send"  # one step of a ring: every member sends to the next (context.py)
+
+# -- collective kinds (comm/collectives.py builds them) ---------------------------------
+class CollectiveKind(StrEnum):
+    ALL_REDUCE = "all_reduce"
+    REDUCE_SCATTER = "reduce_scatter"
+    ALL_GATHER = "all_gather"
+    ALL_TO_ALL = "all_to_all"  # context parallelism's a2a, expert dispatch / combine
+    RING_SEND = "ring_send"  # one step of a ring: every member sends to the next (CP)
+
+
+ALL_REDUCE, REDUCE_SCATTER = CollectiveKind.ALL_REDUCE, CollectiveKind.REDUCE_SCATTER
+ALL_GATHER, ALL_TO_ALL = CollectiveKind.ALL_GATHER, CollectiveKind.ALL_TO_ALL
+RING_SEND = CollectiveKind.RING_SEND
 
 # how the lowering names a data-parallel collective in op labels ("grads all-reduce")
-COLLECTIVE_LABELS = {
+COLLECTIVE_LABELS: dict[str, str] = {
     ALL_REDUCE: "all-reduce",
     REDUCE_SCATTER: "reduce-scatter",
     ALL_GATHER: "all-gather",
@@ -88,10 +125,10 @@ COLLECTIVE_LABELS = {
 # -- choices a scenario makes -----------------------------------------------------------
 RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL = "none", "selective", "full"
 RECOMPUTE_GRANULARITIES: tuple[str, ...] = (RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL)
-ATTENTION_UNFUSED, ATTENTION_FLASH = "unfused", "flash"  # workload.attention's two cores
+ATTENTION_UNFUSED, ATTENTION_FLASH = "unfused", "flash"  # cost/attention.py's two cores
 ATTENTION_KERNELS: tuple[str, ...] = (ATTENTION_UNFUSED, ATTENTION_FLASH)
 # Megatron-Core's --attention-backend names; `fused` (cuDNN fused attention through
-# Transformer Engine) runs flash's mechanism (workload.attention)
+# Transformer Engine) runs flash's mechanism (cost/attention.py)
 ATTENTION_FUSED = "fused"
 ATTENTION_BACKENDS: tuple[str, ...] = (ATTENTION_FLASH, ATTENTION_FUSED, ATTENTION_UNFUSED)
 # model.normalization and model.position_embedding_type (Megatron-Core's values)
@@ -116,10 +153,10 @@ SHARDING_NAMES = {  # in tables
     SHARD_GRADIENTS: "ZeRO-2",
     SHARD_FULL: "FSDP",
 }
-# parallel.cp_comm_type: Transformer Engine's context-parallel attention (workload.context)
+# parallel.cp_comm_type: Transformer Engine's context-parallel attention (cost/context.py)
 CP_P2P, CP_ALL_GATHER, CP_A2A = "p2p", "all_gather", "a2a"
 CP_COMM_TYPES: tuple[str, ...] = (CP_P2P, CP_ALL_GATHER, CP_A2A)
-# training.moe_token_dispatcher_type: Megatron-Core's token dispatchers (workload.moe)
+# training.moe_token_dispatcher_type: Megatron-Core's token dispatchers (cost/moe.py)
 MOE_ALLGATHER, MOE_ALLTOALL, MOE_FLEX = "allgather", "alltoall", "flex"
 MOE_DISPATCHERS: tuple[str, ...] = (MOE_ALLGATHER, MOE_ALLTOALL, MOE_FLEX)
 RING, TREE, HIERARCHICAL, AUTO = "ring", "tree", "hierarchical", "auto"  # collectives.all_reduce
@@ -185,8 +222,7 @@ ALL_CATEGORIES: tuple[Category, ...] = (
     *CATEGORIES[2:],
 )
 ALL_BREAKDOWN_KEYS: tuple[str, ...] = tuple(c.key for c in ALL_CATEGORIES)
-CP_BREAKDOWN_KEYS: tuple[str, ...] = tuple(k for k in ALL_BREAKDOWN_KEYS if k != EP_COMM)
-CATEGORY_OF_KIND = {kind: c.key for c in ALL_CATEGORIES for kind in c.kinds}
+CATEGORY_OF_KIND: dict[str, str] = {kind: c.key for c in ALL_CATEGORIES for kind in c.kinds}
 EXPOSED_COMM_KEYS: tuple[str, ...] = (TP_COMM, PP_P2P_TIME, DP_SYNC)  # and CP's, EP's if any
 
 
@@ -213,7 +249,7 @@ class KindStyle(NamedTuple):
     legend: str | None  # None: shares the legend entry of the kind it waits for
 
 
-KIND_STYLES = {
+KIND_STYLES: dict[str, KindStyle] = {
     FORWARD: KindStyle("#4C72B0", "forward"),
     BACKWARD: KindStyle("#DD8452", "backward (input gradient when split)"),
     WEIGHT: KindStyle("#CCB974", "weight gradient"),

@@ -45,7 +45,7 @@ from ..ir.vocabulary import (
 from .metrics import compute_lanes, spans_per_gpu
 
 # the name of a stream's track in the trace (its first slot; the next are "#2", "#3"...)
-TRACK_TITLES = {
+TRACK_TITLES: dict[str, str] = {
     COMPUTE_STREAM: "compute",
     PP_STREAM: "pp send",
     DP_STREAM: "dp comm",
@@ -132,7 +132,7 @@ def view_trace(result: TraceView) -> dict:
     ends = [to_ns(sp.end_s) for sp in spans]
     slot_of = slots(spans, starts, ends)
     lanes = compute_lanes(result.trace.lanes)
-    tracks = {(lane.gpu, COMPUTE_STREAM, 0) for lane in lanes}
+    tracks: set[tuple[int, str, int]] = {(lane.gpu, COMPUTE_STREAM, 0) for lane in lanes}
     tracks |= {(sp.gpu, sp.stream, slot) for sp, slot in zip(spans, slot_of, strict=True)}
     tid_of = _thread_ids(tracks)
     events: list[dict] = []

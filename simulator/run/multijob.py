@@ -1,4 +1,4 @@
-"""Several jobs on one fabric (issue 21, part 3): every job's workload on one cluster
+"""Several jobs on one fabric: every job's workload on one cluster
 graph, sharing its links through the fair-share network.
 
 Each job runs in exact mode: its GPU g is lowered as usual against a view of the

@@ -1,5 +1,5 @@
-"""The model spec, `[model]`: the transformer's shape (issue 19's Llama-family keys and
-issue 20's mixture-of-experts keys included). A part of the schema kept apart from
+"""The model spec, `[model]`: the transformer's shape (the Llama-family keys and the
+mixture-of-experts keys included). A part of the schema kept apart from
 `spec` to keep each module small; `spec` re-exports it."""
 
 from __future__ import annotations

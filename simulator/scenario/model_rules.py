@@ -1,4 +1,4 @@
-"""The model keys' rules (issue 19: GQA, tied or untied output layer, the attention
+"""The model keys' rules (GQA, tied or untied output layer, the attention
 backend, what context parallelism needs of the model and attention, the distributed
 optimizer's switch), apart from `rules` to keep each module small; `rules` runs them in
 its order."""

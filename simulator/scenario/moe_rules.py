@@ -1,4 +1,4 @@
-"""Mixture-of-experts rules (issue 20; docs/moe.md): what the MoE model keys need of
+"""Mixture-of-experts rules (docs/moe.md): what the MoE model keys need of
 each other, and what expert parallelism needs of the layout, as Megatron-Core checks
 them (megatron/core/transformer/transformer_config.py `__post_init__`,
 megatron/core/parallel_state.py `initialize_model_parallel`) or as stepsim models

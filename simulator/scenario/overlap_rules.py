@@ -1,4 +1,4 @@
-"""Rules of the expert all-to-all overlap (issue 20 part 4; docs/moe.md): what
+"""Rules of the expert all-to-all overlap (docs/moe.md): what
 `training.overlap_moe_expert_parallel_comm` needs, as Megatron-Core's
 TransformerConfig.__post_init__ asserts it (expert parallelism, the alltoall
 or flex dispatcher, no full recomputation, a virtual pipeline when PP > 1) or as stepsim

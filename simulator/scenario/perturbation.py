@@ -1,4 +1,4 @@
-"""`[[perturbation]]` tables: what goes wrong in a run (issue 21, part 1).
+"""`[[perturbation]]` tables: what goes wrong in a run.
 
 A scenario holds a tuple of `PerturbationSpec`, one per ``[[perturbation]]`` table of
 its file, in file order (the summary and the errors number them from 1). Each names
