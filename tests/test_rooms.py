@@ -31,6 +31,7 @@ STARTUP = {
     ("stepsim.plan.questions", "stepsim.run.iteration"),
     ("stepsim.report.trace", "stepsim.report.linkstats"),
     ("stepsim.report.tables", "stepsim.calibration.validation"),
+    ("stepsim.run", "stepsim.run.iteration"),  # the entry point `run`, when asked for
 }
 
 

@@ -1,4 +1,4 @@
-"""The ``stepsim`` command. With the loader, the only code that touches files.
+"""The ``stepsim`` command. With scenario/'s file layer, the only code that touches files.
 
 One module per command (cmd_run.py for `stepsim run`, and so on; cmd_run.py also holds
 `stepsim jobs`, which runs several), each adding its parser and holding its handler:

@@ -4,5 +4,5 @@ replica of a GPU: `Placement.replica_of`) and caches each stage's transfers;
 collectives.py turns a p2p send or an NCCL-like collective (ring, tree, NVLS, all-to-all)
 into the coupled flows of ir/flows.py on the cluster's real links; congruent.py decides
 when one lane stands for a congruent tensor-parallel group in exact mode. A new
-collective algorithm or a new way a failed link's traffic is routed lands here (and in
-topologies/ for the route itself)."""
+collective algorithm lands here; routes, and the detours around a failed link, are
+topologies/' (run/perturb.py applies them)."""

@@ -5,5 +5,5 @@ the attention core, latent attention, FP8 GEMMs and casts, context parallelism's
 plan; moe.py, routing.py, deepep.py: an MoE block's work and its dispatch's bytes), how
 much memory a GPU holds (params.py counts parameters, memory.py the bytes per stage),
 and the schedule's pass orders and their times (orders.py, schedule_costs.py). No ops,
-no simpy, no files: a new kernel model, or constants for a new GPU, is a change here
-(and the GPU's record in scenario/hardware.py)."""
+no simpy, no files: a new kernel model is a change here; a new GPU's constants are its
+record in scenario/hardware.py, which this room reads."""
