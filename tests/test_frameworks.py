@@ -6,11 +6,19 @@ import dataclasses
 import pytest
 
 from stepsim.ir.vocabulary import BACKWARD, FORWARD, OPTIMIZER, PP_SEND, RECOMPUTE, TP_COMM
+from stepsim.report.summary import summary_text
 from stepsim.run.iteration import run
-from stepsim.scenario import ScenarioError, TrainingConfig, frameworks, scenario_to_dict
+from stepsim.scenario import (
+    ScenarioError,
+    TrainingConfig,
+    frameworks,
+    scenario_from_dict,
+    scenario_to_dict,
+)
+from stepsim.scenario.frameworks import versions
 from stepsim.schedules import build
 from stepsim.schedules.p2p import Call, Step, Xfer, deepspeed_calls, megatron_calls
-from tests.helpers import load
+from tests.helpers import load, scenario
 
 NO_LATENCY = {
     "nvlink_latency_us": 0.0,
@@ -175,7 +183,22 @@ def test_a_key_left_out_takes_the_framework_default_and_a_given_one_wins():
     # the Python API resolves too, and a replaced framework re-resolves
     megatron = dataclasses.replace(deepspeed, framework="megatron", framework_version=None)
     assert megatron.mechanism("pipeline_p2p") == "batched-blocking"
-    assert megatron.engine_label == "megatron 2021"
+    assert megatron.engine_label == "megatron 2024"
+
+
+def test_a_scenario_naming_no_version_runs_the_newest_modelled_and_says_so():
+    doc = scenario()
+    del doc["training"]["framework_version"]  # the helper pins 2021 for its closed forms
+    unnamed = scenario_from_dict(doc)
+    assert unnamed.training.mechanism("framework_version") == versions("megatron")[-1] == "2024"
+    assert unnamed.training.mechanism("attention_kernel") == "flash"  # not 2021's s x s scores
+    text = summary_text(run(unnamed))
+    assert "megatron 2024 engine (newest modelled, no version set;" in text
+    pinned = summary_text(run(load(training={"framework_version": "2024"})))
+    assert "megatron 2024 engine (batched-blocking p2p" in pinned
+    assert "newest modelled" not in pinned
+    # DeepSpeed's newest modelled PipelineEngine is the default, as before
+    assert load(training={"framework": "deepspeed"}).training.engine_label == "deepspeed 0.5.4"
 
 
 def test_the_resolved_toml_writes_the_resolved_mechanisms():

@@ -52,6 +52,11 @@ def _grad_reduce_text(tr) -> str:
     return " · overlapped grad reduce"
 
 
+def _assumed(training) -> str:
+    """Says so when the scenario named no framework version: the newest modelled ran."""
+    return "" if training.framework_version is not None else "newest modelled, no version set; "
+
+
 def _p2p_text(training) -> str:
     """How the run's pipeline p2p and scatter-gather were simulated, in a few words."""
     mode = training.mechanism("pipeline_p2p")
@@ -115,7 +120,7 @@ def summary_text(result: Result) -> str:
         + (" · TP comm overlapped with GEMMs" if tr.tp_comm_overlap else "")
         + _grad_reduce_text(tr)
         + (" · overlapped param gather" if tr.overlap_param_gather else "")
-        + f" · {tr.engine_label} engine ({_p2p_text(tr)})"
+        + f" · {tr.engine_label} engine ({_assumed(tr)}{_p2p_text(tr)})"
         + f" · {s.network.model} network"
         + (" · NVLS collectives" if s.network.collective_algorithm == NVLS else "")
         + (

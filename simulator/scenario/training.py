@@ -274,7 +274,7 @@ class TrainingConfig:
         "(Megatron-Core r0.8.0); deepspeed `0.5.0` (v0.5.0-v0.5.3), `0.5.4` (v0.5.4-v0.7.7)",
         default=None,
         choices=frameworks.ALL_VERSIONS,
-        derived="megatron `2021`, deepspeed `0.5.4`",
+        derived="the newest modelled: megatron `2024`, deepspeed `0.5.4`",
         compare=False,
     )
     pipeline_p2p: str | None = mechanism_key(
