@@ -30,13 +30,12 @@ _MEGATRON_GRADIENTS = [
     "training.allgather_bucket_size=0",
 ]
 _DS = "training.framework=deepspeed"
+# the version named, as the labels do (a scenario naming none runs the newest modelled)
+_MEGATRON_2021 = ["training.framework=megatron", 'training.framework_version="2021"']
 # (label, overrides), each one mechanism away from the one before
 VARIANTS = [
-    (
-        "megatron 2021, overlapped p2p",
-        ["training.framework=megatron", "training.pipeline_p2p=overlapped"],
-    ),
-    ("megatron 2021 (its defaults: batched-blocking p2p)", ["training.framework=megatron"]),
+    ("megatron 2021, overlapped p2p", [*_MEGATRON_2021, "training.pipeline_p2p=overlapped"]),
+    ("megatron 2021 (its defaults: batched-blocking p2p)", _MEGATRON_2021),
     (
         "deepspeed 0.5.4 with Megatron's p2p, no re-gather, Megatron's gradient path",
         [
