@@ -5,7 +5,7 @@ events in the same order, so the same trace to the bit) and, each time one of th
 ``triggers`` ops has started and the clock is about to move past that instant, takes a
 `snapshot`: everything the rest of the run depends on, written relative to that instant
 and to each lane's position, so that two snapshots compare equal when the state one
-period later is the state now, shifted (simulator/fastforward.py says how that is used).
+period later is the state now, shifted (simulator/run/fastforward.py says how that is used).
 
 What the rest of a run depends on, and how it is written:
 

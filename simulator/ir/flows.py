@@ -1,7 +1,7 @@
 """What the network takes and gives: coupled flows in, constant-rate stretches out.
 
 These types are the network's own: the workload builds `Transfer`s and `Collective`s
-(workload/collectives.py) and the network moves them; the link statistics read the
+(comm/collectives.py) and the network moves them; the link statistics read the
 `Interval`s it records. No simpy here, so every layer can import them.
 """
 
@@ -17,7 +17,7 @@ class Transfer(NamedTuple):
     ``links`` are the directed links they cross and ``mults`` how many of those real
     flows cross each link; a link crossed by m of them is charged m x r. The bytes
     start to move once ``latency_s`` has passed. A multiplicity may be fractional: an
-    all-to-all-v under skewed routing (workload/routing.py) weights each real flow by
+    all-to-all-v under skewed routing (cost/routing.py) weights each real flow by
     its share of the busiest flow's bytes, so that all end together."""
 
     links: tuple[int, ...]

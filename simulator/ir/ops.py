@@ -47,7 +47,7 @@ class Lane(NamedTuple):
     stage: int
     stands_for: int  # how many real GPUs this lane represents (itself included)
     ops: tuple[int, ...]
-    # exact mode's congruent TP group (workload/congruent.py): this lane simulates GPUs
+    # exact mode's congruent TP group (comm/congruent.py): this lane simulates GPUs
     # gpu to gpu + copies - 1 at once, each of which the reports show as its own lane
     copies: int = 1
 

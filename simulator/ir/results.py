@@ -1,7 +1,7 @@
 """What a simulation produces: spans on a trace, the metrics, and a run's whole result.
 
 Kept apart from the engine and from the run orchestration so that presentation
-(report/, plan/text.py) reads results without importing either. The metrics are
+(report/, plan/answers.py) reads results without importing either. The metrics are
 typed: ``Metrics.to_json()`` is metrics.json (and ``stepsim run --json``), and
 ``MetricsRow`` is the flat row of one simulated point that sweep.csv, search.csv and
 the search journal hold and the executors send back.
@@ -70,7 +70,7 @@ class Wait(NamedTuple):
 
 
 class WaitCause(NamedTuple):
-    """GPU time lost waiting, summed by what caused it (simulator/perturb.py)."""
+    """GPU time lost waiting, summed by what caused it (simulator/run/perturb.py)."""
 
     cause: str  # "replica 2 (slow_gpu gpu=17 factor=1.05)", ...
     replica: int  # the data-parallel replica of the last arrivers (-1: the representatives)
@@ -79,7 +79,7 @@ class WaitCause(NamedTuple):
 
 
 class FastForward(NamedTuple):
-    """How a run was fast-forwarded (simulator/fastforward.py): it simulated
+    """How a run was fast-forwarded (simulator/run/fastforward.py): it simulated
     ``simulated_microbatches`` micro-batches, proved that the state after one period of
     ``period_microbatches`` micro-batches equals the state before it shifted by
     ``period_s`` (the instant ``proved_at_s`` against one period later), and added
@@ -157,7 +157,7 @@ class Metrics:
     # perturbed runs: GPU time lost waiting at collectives, by cause, most first
     waits: tuple[WaitCause, ...] = ()
     perturbations: tuple[str, ...] = ()  # each perturbation's one-line description
-    # the steady-state fast-forward, when it was used (simulator/fastforward.py)
+    # the steady-state fast-forward, when it was used (simulator/run/fastforward.py)
     fast_forward: FastForward | None = None
 
     def to_json(self) -> dict[str, Any]:
