@@ -38,6 +38,7 @@ def moe_scenario(experts=8, topk=2, ep=1, tp=1, dp=1, nodes=1, model=None, **sec
             "swiglu": True,
             "num_experts": experts,
             "moe_router_topk": topk,
+            "moe_routing": "balanced",  # the closed forms' (the default is imbalanced)
             **(model or {}),
         },
         cluster={"node": "dgx-h100", "num_nodes": nodes, **sections.pop("cluster", {})},

@@ -35,13 +35,13 @@ FREE = {
 
 def test_zipf_shares_fall_as_one_over_rank_and_are_capped_at_one_over_topk():
     model = moe_scenario(experts=8, topk=2, model=ZIPF).model
-    shares = expert_shares(model)
+    shares = expert_shares(model, 1)
     assert math.fsum(shares) == pytest.approx(1.0)
     harmonic = sum(1 / (e + 1) for e in range(8))
     assert shares[0] == pytest.approx(1 / harmonic)  # 0.368 < 1/2: not capped
     assert shares[3] / shares[1] == pytest.approx(2 / 4)
     steep = moe_scenario(experts=8, topk=4, model={**ZIPF, "moe_routing_zipf_exponent": 2.0})
-    capped = expert_shares(steep.model)
+    capped = expert_shares(steep.model, 1)
     assert capped[0] == pytest.approx(1 / 4)  # 1/H_8,2 = 0.65 > 1/4: capped
     assert math.fsum(capped) == pytest.approx(1.0)
     assert capped[1] == pytest.approx(1 / 4)  # rescaled above the cap too: capped
@@ -55,7 +55,7 @@ def test_steep_zipf_over_many_experts_caps_the_top_k_and_leaves_the_rest_near_ze
     model = dataclasses.replace(
         moe_scenario(experts=8, topk=2, model=steep).model, num_experts=4096
     )
-    shares = expert_shares(model)
+    shares = expert_shares(model, 1)
     assert shares[0] == 0.5  # capped; expert 1 takes the other half, less what follows
     assert shares[2] == pytest.approx(0.5 * (2 / 3) ** 100)
     assert shares[1] == pytest.approx(0.5)
@@ -173,7 +173,7 @@ def test_shares_file_is_read_resolved_and_written_back(tmp_path):
     doc = {"moe_routing": "shares", "moe_routing_shares_file": str(shares)}
     scenario = moe_scenario(ep=4, dp=4, model=doc)
     assert scenario.model.moe_routing_shares == (4.0, 2.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
-    assert expert_shares(scenario.model)[0] == pytest.approx(4 / 12)
+    assert expert_shares(scenario.model, 1)[0] == pytest.approx(4 / 12)
     assert rank_loads(scenario.model, 4)[0] == pytest.approx(4 * 6 / 12)
     written = scenario_to_dict(scenario)["model"]
     assert written["moe_routing_shares_file"] == str(shares.resolve())
@@ -182,7 +182,7 @@ def test_shares_file_is_read_resolved_and_written_back(tmp_path):
     model = dataclasses.replace(
         scenario.model, moe_routing_shares_file=None, moe_routing_shares=(1.0,) * 8
     )
-    assert expert_shares(model) == expert_shares(moe_scenario().model)
+    assert expert_shares(model, 1) == expert_shares(moe_scenario().model, 1)
     with pytest.raises(ScenarioError, match="moe_routing_shares=.* applies to model.moe_routing"):
         dataclasses.replace(model, moe_routing="zipf")
 

@@ -58,6 +58,8 @@ def test_keys_are_the_spec_fields_with_key_metadata_in_field_order():
         "moe_router_num_groups",
         "moe_router_group_topk",
         "moe_routing",
+        "moe_expert_load_max_violation",
+        "moe_router_enable_expert_bias",
         "moe_routing_zipf_exponent",
         "moe_routing_shares_file",
     ]

@@ -45,6 +45,8 @@ from .fp8 import FP8_BYTES
 from .kernels import BYTES_PER_ELEMENT, MASK_BYTES, ZERO, Work
 from .routing import grouped_gemm, rank_rows, skewed
 
+COUNT_BYTES = 8  # a token count (int64)
+
 
 class MoeBlockWork(NamedTuple):
     """The MoE MLP block's compute, split where its communication goes. Forward:
@@ -89,6 +91,21 @@ class Dispatch(NamedTuple):
     alltoall_bytes: float
     etp_bytes: float
     gather_bytes: float
+    count_bytes: float = 0.0  # the alltoall dispatcher's token counts, all-gathered
+
+
+def expert_gemms(
+    cm: ComputeModel, shapes: list[tuple[float, float, float]], extra_bytes: float = 0.0, **kw
+) -> Work:
+    """The local experts' GEMMs of one linear layer: one grouped GEMM (`moe_grouped_gemm`,
+    TEGroupedMLP: the experts' tiles share the GPU's waves, routing.grouped_gemm) or,
+    without it, Megatron-Core's SequentialMLP (experts.py): one GEMM per expert after
+    another, each with its own last wave and its own operands' bytes (``extra_bytes``,
+    an epilogue's over all the experts, split in proportion to their weights)."""
+    if cm.training.grouped_gemm or len(shapes) <= 1:
+        return grouped_gemm(cm, shapes, extra_bytes, **kw)
+    each = extra_bytes / len(shapes)
+    return sum((grouped_gemm(cm, [shape], each, **kw) for shape in shapes), ZERO)
 
 
 def _wgrad(cm: ComputeModel, k_in: float, n_out: float, rows: Sequence[float]) -> Work:
@@ -99,8 +116,8 @@ def _wgrad(cm: ComputeModel, k_in: float, n_out: float, rows: Sequence[float]) -
     weights = len(rows) * k_in * n_out
     shapes = [(k_in, n_out, m) for m in rows]
     if cm.training.mechanism("gradient_accumulation_fusion"):
-        return grouped_gemm(cm, shapes, extra_bytes=(2 * g - 2) * weights)
-    return grouped_gemm(cm, shapes) + cm.memory_bound((2 + 2 * g) * weights)
+        return expert_gemms(cm, shapes, extra_bytes=(2 * g - 2) * weights)
+    return expert_gemms(cm, shapes) + cm.memory_bound((2 + 2 * g) * weights)
 
 
 def _expert_linear(
@@ -111,28 +128,28 @@ def _expert_linear(
     (`training.fp8_format`) as cost.fp8's linear layers: the grouped GEMMs at
     the FP8 peak with the FP8 constants, the routed rows' input cast, the experts'
     weights cast once per iteration, the incoming gradient cast before dgrad."""
-    fwd = grouped_gemm(cm, [(m, n_out, k_in) for m in ms])
+    fwd = expert_gemms(cm, [(m, n_out, k_in) for m in ms])
     fp8 = cm.fp8
     if fp8 is None:
-        return fwd, grouped_gemm(cm, [(m, k_in, n_out) for m in ms]), _wgrad(cm, k_in, n_out, ms)
+        return fwd, expert_gemms(cm, [(m, k_in, n_out) for m in ms]), _wgrad(cm, k_in, n_out, ms)
     mem, rows = cm.memory_bound, math.fsum(ms)
     weights = len(ms) * k_in * n_out
     fp8_args = {"peak_tflops": fp8.peak_tflops, "input_bytes": FP8_BYTES}
     forward = (
         mem(fp8.cast_bytes_per_element() * rows * k_in)
         + mem(fp8.weight_cast_bytes_per_element() * weights / fp8.microbatches)
-        + grouped_gemm(cm, [(m, n_out, k_in) for m in ms], constants=fp8.fprop, **fp8_args)
+        + expert_gemms(cm, [(m, n_out, k_in) for m in ms], constants=fp8.fprop, **fp8_args)
     )
-    dgrad = mem(fp8.cast_bytes_per_element() * rows * n_out) + grouped_gemm(
+    dgrad = mem(fp8.cast_bytes_per_element() * rows * n_out) + expert_gemms(
         cm, [(m, k_in, n_out) for m in ms], constants=fp8.split, **fp8_args
     )
     g = cm.training.gradient_bytes
     shapes = [(k_in, n_out, m) for m in ms]
     if cm.training.mechanism("gradient_accumulation_fusion"):
         extra = (2 * g - 2) * weights
-        wgrad = grouped_gemm(cm, shapes, extra, constants=fp8.split, **fp8_args)
+        wgrad = expert_gemms(cm, shapes, extra, constants=fp8.split, **fp8_args)
     else:
-        wgrad = grouped_gemm(cm, shapes, constants=fp8.split, **fp8_args)
+        wgrad = expert_gemms(cm, shapes, constants=fp8.split, **fp8_args)
         wgrad = wgrad + mem((2 + 2 * g) * weights)
     return forward, dgrad, wgrad
 
@@ -180,17 +197,48 @@ def dispatch_bytes(cm: ComputeModel, rank: int = 0) -> Dispatch:
     factor = model.moe_expert_capacity_factor
     kept = model.router_topk * (1.0 if factor is None else min(1.0, factor))
     rows = local * kept  # the GPU's routed token copies that are sent (dropless: all)
+    # the alltoall dispatcher's preprocess: every GPU's count of tokens per expert (E
+    # int64) all-gathered over the EP x ETP group, from which the all-to-all's splits are
+    # read back to the host (token_dispatcher.py `preprocess`)
+    assert model.num_experts is not None  # MoE models only (num_experts set)
+    counts = par.ep_size * par.etp_size * model.num_experts * COUNT_BYTES
     if skewed(model):
         return Dispatch(
             alltoall_bytes=local * model.router_topk * h * e,
             etp_bytes=math.fsum(expert_rows(cm, rank)) * h * e,
             gather_bytes=par.ep_size * par.etp_size * local * h * e,
+            count_bytes=counts,
         )
     return Dispatch(
         alltoall_bytes=rows * h * e,
         etp_bytes=par.etp_size * rows * h * e,
         gather_bytes=par.ep_size * par.etp_size * local * h * e,
+        count_bytes=counts,
     )
+
+
+def _unfused_permute(cm: ComputeModel, local: float, experts: int) -> tuple[Work, Work]:
+    """The alltoall dispatcher's permute and unpermute without `moe_permute_fusion`, as
+    PyTorch runs Megatron-Core's moe_utils.py `permute` / `unpermute` on a GPU's
+    ``local`` tokens (16-bit rows of h, k copies each, E experts):
+
+    - the routing map turned to int8 and transposed (read and write n E bytes), a stable
+      argsort of its n E entries (counted as one pass of 1-byte keys and 8-byte indices,
+      read and written: a floor, radix sorts take several) and the probabilities
+      transposed (n E 16-bit values read and written): 24 n E bytes, in each direction;
+    - permute: `index_select` of the k n rows, each read and written (k reads of a row
+      where the fused kernel reads it once);
+    - unpermute: the k n rows times their probabilities (read and written), the output
+      zeroed (n rows written) and `scatter_add_` of the k n rows into it (each read, and
+      its output element read and written once per copy).
+
+    Their backwards move the same bytes (scatter_add's is a gather, index_select's a
+    scatter_add)."""
+    e, h, k = BYTES_PER_ELEMENT, cm.model.hidden_size, cm.model.router_topk
+    index = 24 * local * experts
+    permute = cm.memory_bound(2 * e * h * local * k + index)
+    unpermute = cm.memory_bound(e * h * local * (5 * k + 1) + index)
+    return permute, unpermute
 
 
 def busiest_rank(cm: ComputeModel) -> int:
@@ -233,9 +281,19 @@ def _moe_block_work(cm: ComputeModel, rank: int) -> MoeBlockWork:
     router = g(local, num_experts, h)
     topk = mem(local * (10 * num_experts + 12 * k))
     rows = math.fsum(ms) if skewed(model) else len(ms) * ms[0]
+    unpermute, sort = None, ZERO
     if cm.training.moe_dispatcher == MOE_ALLTOALL:
-        # rows in, k rows out (and back): the GPU's own tokens
-        permute = mem(e * h * local * (1 + k))
+        if cm.training.permute_fusion:
+            # Transformer Engine's fused kernels: each token row read once and written to
+            # its k copies; back, the k copies read, weighted and summed into one row
+            permute = mem(e * h * local * (1 + k))
+        else:
+            permute, unpermute = _unfused_permute(cm, local, num_experts)
+        if len(ms) > 1:
+            # sort_chunks_by_idxs: the received rows regrouped by local expert (a copy,
+            # read and written), and back before the combine (Megatron-Core
+            # token_dispatcher.py, "Permutation 2"); fused or torch.split + cat alike
+            sort = mem(2 * e * h * rows)
     elif cm.training.moe_dispatcher == MOE_FLEX:
         # DeepEP reads the tokens where they are; the receiver expands the rows it got
         # (one per token and GPU) into its experts' k per local token (and back)
@@ -262,16 +320,17 @@ def _moe_block_work(cm: ComputeModel, rank: int) -> MoeBlockWork:
         shared_w = s_fc2_dw + s_fc1_dw
         shared_b = s_fc2_dx + mem(act_b_bytes * n * sf) + s_fc1_dx + shared_w
     hidden = local * h
+    back = permute if unpermute is None else unpermute  # the same rows back, weighted
     return MoeBlockWork(
         pre=norm + router + topk + permute,
-        experts=fc1 + act + fc2,
-        post=permute,  # unpermute: the same rows back, weighted by their probabilities
+        experts=sort + fc1 + act + fc2 + sort,
+        post=back,
         shared=shared,
         tail=mem((3 * e + MASK_BYTES) * hidden),
         tail_b=mem((2 * e + MASK_BYTES) * hidden),
         shared_b=shared_b,
-        post_b=permute,
-        experts_b=fc2_dx + fc2_dw + act_b + fc1_dx + fc1_dw,
+        post_b=back,
+        experts_b=sort + fc2_dx + fc2_dw + act_b + fc1_dx + fc1_dw + sort,
         pre_b=permute + topk + router_dx + router_dw + mem(4 * e * hidden),
         pre_w=router_dw,
         experts_w=fc2_dw + fc1_dw,

@@ -1,8 +1,11 @@
-"""Routing skew (`model.moe_routing`; docs/moe.md "Balanced and skewed routing"): how a
-micro-batch's routed token copies spread over the experts, what each EP rank's experts
-then compute, and the all-to-all-v weights of the dispatch.
+"""Routing skew (`model.moe_routing`; docs/moe.md "Imbalanced, balanced and skewed
+routing"): how a micro-batch's routed token copies spread over the experts, what each
+EP rank's experts then compute, and the all-to-all-v weights of the dispatch.
 
 **Shares.** Expert e receives the share s_e of the routed token copies (sum 1):
+``imbalanced`` (the default) what a balancing router leaves: the expected busiest EP
+rank of `busiest_rank_load` on EP rank 0, the other ranks' experts evenly below the
+mean (the measured imbalance it starts from is `ModelSpec.expert_load_violation`);
 ``balanced`` 1/E each; ``zipf`` s_e proportional to 1/(e+1)^x (x =
 `moe_routing_zipf_exponent`); ``shares`` a file's (or a tuple's) numbers, normalized. A
 token meets an expert at most once among its top-k, so no expert takes more than 1/k of
@@ -36,11 +39,12 @@ from __future__ import annotations
 
 import math
 from functools import cache
+from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 from ..ir.units import gbytes_per_s_to_bytes_per_s, tflops_to_flops_per_s
 from ..scenario import ModelSpec
-from ..scenario.moe_rules import BALANCED, ZIPF
+from ..scenario.moe_rules import BALANCED, IMBALANCED, ZIPF
 from .kernels import BYTES_PER_ELEMENT, Work, gemm_seconds
 
 if TYPE_CHECKING:
@@ -48,8 +52,14 @@ if TYPE_CHECKING:
 
 
 def skewed(model: ModelSpec) -> bool:
-    """Whether routing is anything but balanced (balanced keeps its former code path)."""
-    return model.moe and (model.moe_routing or BALANCED) != BALANCED
+    """Whether routing is anything but balanced (balanced keeps its former code path);
+    `imbalanced` (the default) with no violation is balanced."""
+    if not model.moe:
+        return False
+    routing = model.moe_routing or IMBALANCED
+    if routing == IMBALANCED:
+        return model.expert_load_violation > 0.0
+    return routing != BALANCED
 
 
 @cache
@@ -91,20 +101,71 @@ def _capped(raw: list[float], cap: float) -> tuple[float, ...]:
         fixed |= over
 
 
-def expert_shares(model: ModelSpec) -> tuple[float, ...]:
-    """Each routed expert's share of the routed token copies (sum 1), before dropping."""
+def expert_shares(model: ModelSpec, ep: int) -> tuple[float, ...]:
+    """Each routed expert's share of the routed token copies (sum 1), before dropping,
+    with the experts on ``ep`` EP ranks (the imbalanced routing's busiest rank depends
+    on how many experts a rank holds)."""
+    assert model.num_experts is not None  # MoE models only (num_experts set)
+    routing = model.moe_routing or IMBALANCED
+    if routing == IMBALANCED:
+        return _imbalanced(model.num_experts, ep, model.router_topk, model.expert_load_violation)
     return _shares(
         model.num_experts,
         model.router_topk,
-        model.moe_routing or BALANCED,
+        routing,
         1.0 if model.moe_routing_zipf_exponent is None else model.moe_routing_zipf_exponent,
         model.moe_routing_shares,
     )
 
 
-def kept_shares(model: ModelSpec) -> tuple[float, ...]:
+def expected_max_normal(n: int) -> float:
+    """The expected largest of ``n`` independent standard normal draws, by Blom's
+    approximation Phi^-1((n - 0.375) / (n + 0.25)): 4 % above the exact value at n = 2
+    (0.589 against 1/sqrt(pi)), within 2 % from n = 5 and 0.6 % from n = 10; 0 for n = 1."""
+    if n <= 1:
+        return 0.0
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
+def busiest_rank_load(experts: int, ep: int, violation: float) -> float:
+    """The imbalanced routing's busiest EP rank: its load over the mean rank's.
+
+    The experts' loads spread evenly over [1 - v, 1 + v] (v = ``violation``, mean 1);
+    which experts run hot differs from layer to layer and is not where Megatron-Core
+    places them, so a rank holds m = E / EP experts drawn at random. A rank's mean load
+    then has the variance v^2 (E + 1) / (3 (E - 1)) / m x (E - m) / (E - 1) (sampling
+    without replacement) and the busiest of EP ranks lies, in expectation,
+    `expected_max_normal(EP)` of its standard deviations above 1 (normal approximation),
+    at most 1 + v (E - m) / (E - 1), the m hottest experts together. Exact where a rank
+    holds one expert and every expert is placed (m = 1, EP = E): the hottest, 1 + v."""
+    if ep <= 1 or violation == 0.0 or experts <= 1:
+        return 1.0
+    m = experts // ep
+    worst = 1.0 + violation * (experts - m) / (experts - 1)
+    if m == 1 and ep == experts:
+        return worst
+    single = violation**2 * (experts + 1) / (3.0 * (experts - 1))
+    spread = math.sqrt(single / m * (experts - m) / (experts - 1))
+    return min(worst, 1.0 + spread * expected_max_normal(ep))
+
+
+@cache
+def _imbalanced(experts: int, ep: int, topk: int, violation: float) -> tuple[float, ...]:
+    """Shares that put `busiest_rank_load` on EP rank 0 (its experts alike) and the rest
+    evenly on the other ranks' experts: the busiest rank and the all-to-all-v's weights
+    that the time depends on. Capped at 1/top-k as every routing is."""
+    load = busiest_rank_load(experts, ep, violation)
+    if load == 1.0:
+        return (1.0 / experts,) * experts
+    m = experts // ep
+    hot = load / experts  # each of rank 0's m experts: load x the balanced 1/E
+    rest = (1.0 - hot * m) / (experts - m)
+    return _capped([hot] * m + [rest] * (experts - m), 1.0 / topk)
+
+
+def kept_shares(model: ModelSpec, ep: int) -> tuple[float, ...]:
     """The shares each expert keeps: capped at capacity factor / E when one is set."""
-    shares = expert_shares(model)
+    shares = expert_shares(model, ep)
     factor = model.moe_expert_capacity_factor
     if factor is None:
         return shares
@@ -116,7 +177,7 @@ def kept_shares(model: ModelSpec) -> tuple[float, ...]:
 def rank_loads(model: ModelSpec, ep: int) -> tuple[float, ...]:
     """Each EP rank's load factor l_r: EP x the kept shares of its E / EP experts."""
     assert model.num_experts is not None  # MoE models only (num_experts set)
-    kept, local = kept_shares(model), model.num_experts // ep
+    kept, local = kept_shares(model, ep), model.num_experts // ep
     return tuple(ep * math.fsum(kept[r * local : (r + 1) * local]) for r in range(ep))
 
 
@@ -128,7 +189,7 @@ def rank_rows(cm: ComputeModel, rank: int) -> tuple[float, ...]:
     local = cm.tokens / par.tensor_model_parallel_size
     copies = local * model.router_topk * par.ep_size * par.etp_size
     per_rank = model.num_experts // par.ep_size
-    kept = kept_shares(model)[rank * per_rank : (rank + 1) * per_rank]
+    kept = kept_shares(model, par.ep_size)[rank * per_rank : (rank + 1) * per_rank]
     return tuple(copies * s for s in kept)
 
 

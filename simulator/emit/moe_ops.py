@@ -102,6 +102,8 @@ class MoeBlock:
     def forward(self, stage: _Stage, kind: str, label: str, mb: int, deps: Sequence[object]):
         w, gpu = self.work, stage.gpu
         gpu.work(kind, label, mb, w.pre, deps)
+        if self.alltoall:  # the token counts, before the all-to-all can be sized
+            self._comm(stage, label, mb, "tpep", ALL_GATHER, self.bytes.count_bytes)
         self.exchange(stage, label, mb, True, forward=True)
         gpu.work(kind, label, mb, w.experts)
         self.exchange(stage, label, mb, False)

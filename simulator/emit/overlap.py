@@ -74,7 +74,8 @@ class Pairing:
     def __init__(self, gpu: GpuOps, scenario: Scenario, compute: ComputeModel) -> None:
         shared = sharing_compute(compute, scenario.training.comm_sm_fraction)
         self.works = shared.layer()
-        self.moe = MoeBlock(shared) if scenario.model.moe else None
+        # the GPU's own EP rank in exact mode (the busiest's in symmetric), as lowering's
+        self.moe = MoeBlock(shared, gpu.ep_rank(scenario)) if scenario.model.moe else None
         self.lane = gpu.new_lane(EP_STREAM)
 
     @staticmethod
@@ -162,13 +163,17 @@ class Pairing:
             steps = [("etp", REDUCE_SCATTER, b.etp_bytes), ("ep", ALL_TO_ALL, b.alltoall_bytes)]
         if moe.flex is not None:  # DeepEP's one transfer (deepep.py)
             steps = [("ep", ALL_TO_ALL, None)]
+        elif into and forward and moe.alltoall:  # the token counts first (MoeBlock.forward)
+            steps.insert(0, ("tpep", ALL_GATHER, b.count_bytes))
         ready = [gpu.last_key(gpu.lane)]
         sent = None
         for group, kind, nbytes in steps:
             if nbytes is None:
                 transfer = moe.flex_transfer(gpu, into, forward)
             else:
-                transfer = gpu.comm.expert(group, kind, nbytes, gpu.j, gpu.d)
+                # under skew an all-to-all-v weighted as MoeBlock._comm weighs it
+                loads = (moe.loads, not into) if group == "ep" and moe.loads is not None else None
+                transfer = gpu.comm.expert(group, kind, nbytes, gpu.j, gpu.d, loads)
             if transfer is None:
                 continue
             rendezvous = None

@@ -295,11 +295,21 @@ def expert_parallel_lines(result: Result) -> list[str]:
         f"GPU{'s' if par.expert_data_parallel_size > 1 else ''}",
     ]
     if skewed(model):  # which routing, and how far the busiest EP rank is above the mean
-        routing = model.moe_routing
-        assert routing is not None  # skewed: a routing other than balanced is named
+        routing = model.moe_routing or "imbalanced"
         if routing == "zipf":
             x = model.moe_routing_zipf_exponent
             routing += f" (exponent {1.0 if x is None else x:g})"  # routing.expert_shares
+        elif routing == "imbalanced":
+            v = model.expert_load_violation
+            given = model.moe_expert_load_max_violation is not None
+            where = (
+                "as given"
+                if given
+                else "Wang et al. 2024's "
+                + ("loss-free" if model.moe_router_enable_expert_bias else "aux-loss")
+                + " MaxVio"
+            )
+            routing += f" (busiest expert {1 + v:.3g} x the mean, {where})"
         loads = rank_loads(model, par.ep_size)
         lines.append(
             f"  routing                   {routing}: the busiest EP rank (rank "

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from ..ir.vocabulary import NORMALIZATIONS, POSITION_EMBEDDINGS, RMS_NORM, ROPE
 from . import rules
 from .fields import check_values, key
-from .moe_rules import MOE_ROUTINGS
+from .moe_rules import AUX_LOSS_MAX_VIOLATION, LOSS_FREE_MAX_VIOLATION, MOE_ROUTINGS
 from .presets import MODELS
 
 
@@ -206,14 +206,34 @@ class ModelSpec:
     )
 
     moe_routing: str | None = key(
-        "how the tokens spread over the routed experts: `balanced` (the same share each), "
+        "how the tokens spread over the routed experts: `imbalanced` (the imbalance a "
+        "balancing router leaves, `moe_expert_load_max_violation`; the busiest EP rank is "
+        "the expected busiest of a random placement), `balanced` (the same share each), "
         "`zipf` (expert i's share ~ 1/(i+1)^`moe_routing_zipf_exponent`, at most 1/top-k) "
         "or `shares` (`moe_routing_shares_file`); experts sit in order on the EP ranks (rank "
         "r holds experts r E/EP on, as Megatron-Core places them), so zipf's hottest sit on "
         "EP rank 0; the busiest rank and link decide the time (docs/moe.md)",
         default=None,
         choices=MOE_ROUTINGS,
-        derived="`balanced`",
+        derived="`imbalanced`",
+    )
+    moe_expert_load_max_violation: float | None = key(
+        "`moe_routing = \"imbalanced\"`: the busiest expert's tokens over the mean expert's, "
+        "minus 1 (MaxVio, Wang et al. 2024, arXiv 2408.15664); the experts' loads spread "
+        "evenly between 1 - it and 1 + it times the mean. Your own measurement belongs here",
+        default=None,
+        may_be_zero=True,
+        high=1.0,
+        derived="0.52 (auxiliary-loss balancing, Wang et al. 2024 Table 2, their 3B model); "
+        "0.04 with `moe_router_enable_expert_bias`",
+    )
+    moe_router_enable_expert_bias: bool | None = key(
+        "Megatron-Core's `--moe-router-enable-expert-bias`: auxiliary-loss-free balancing "
+        "(a per-expert bias on the routing scores, DeepSeek-V3's), which leaves far less "
+        "imbalance than an auxiliary loss (`moe_expert_load_max_violation`)",
+        default=None,
+        derived="false",
+        preset=True,
     )
     moe_routing_zipf_exponent: float | None = key(
         'the exponent x of `moe_routing = "zipf"` (0: balanced)',
@@ -338,6 +358,18 @@ class ModelSpec:
     @property
     def expert_fc1_width(self) -> int:
         return (2 if self.gated else 1) * self.expert_ffn
+
+    @property
+    def expert_load_violation(self) -> float:
+        """`moe_expert_load_max_violation` in effect (cost/routing.py, docs/moe.md): as
+        given, else what Wang et al. 2024 (arXiv 2408.15664, Table 2) measured on their
+        3B DeepSeekMoE model: MaxVio_global 0.52 under an auxiliary loss, 0.04 with
+        Loss-Free Balancing (the expert bias)."""
+        if self.moe_expert_load_max_violation is not None:
+            return self.moe_expert_load_max_violation
+        if self.moe_router_enable_expert_bias:
+            return LOSS_FREE_MAX_VIOLATION
+        return AUX_LOSS_MAX_VIOLATION
 
     @property
     def shared_expert_ffn(self) -> int:

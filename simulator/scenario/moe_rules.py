@@ -16,8 +16,19 @@ if TYPE_CHECKING:
     from .spec import ModelSpec, Scenario
 
 # `model.moe_routing`: how tokens spread over the routed experts (cost/routing.py)
-BALANCED, ZIPF, SHARES = "balanced", "zipf", "shares"
-MOE_ROUTINGS = (BALANCED, ZIPF, SHARES)
+IMBALANCED, BALANCED, ZIPF, SHARES = "imbalanced", "balanced", "zipf", "shares"
+MOE_ROUTINGS = (IMBALANCED, BALANCED, ZIPF, SHARES)
+
+# The imbalance a balancing router leaves (`model.moe_expert_load_max_violation` when not
+# given): Wang et al. 2024, "Auxiliary-Loss-Free Load Balancing Strategy for
+# Mixture-of-Experts" (arXiv 2408.15664), Table 2: MaxVio_global (the busiest expert's
+# load over the mean, minus 1, over their validation set) of DeepSeekMoE models trained
+# with an auxiliary loss: 0.72 (1B) and 0.52 (3B); with Loss-Free Balancing (the expert
+# bias): 0.04 for both. The 3B model's, the larger of the two, is taken. A global figure
+# averages over batches: a micro-batch's own imbalance is at least as large, so these
+# are a floor for what a step sees (docs/moe.md).
+AUX_LOSS_MAX_VIOLATION = 0.52
+LOSS_FREE_MAX_VIOLATION = 0.04
 
 # the MoE model keys that mean nothing without num_experts
 _MOE_MODEL_KEYS = (
@@ -33,6 +44,8 @@ _MOE_MODEL_KEYS = (
     "moe_routing_zipf_exponent",
     "moe_routing_shares_file",
     "moe_routing_shares",
+    "moe_expert_load_max_violation",
+    "moe_router_enable_expert_bias",
 )
 
 
@@ -105,6 +118,12 @@ def check_routing(model: ModelSpec) -> None:
     """The routing keys go with their `moe_routing`; a shares file gives one share >= 0
     per expert, and none above 1/top-k of the total (a token meets an expert once)."""
     routing = model.moe_routing
+    if model.moe_expert_load_max_violation is not None and routing not in (None, IMBALANCED):
+        raise ScenarioError(
+            key="model.moe_expert_load_max_violation",
+            value=model.moe_expert_load_max_violation,
+            rule="applies to model.moe_routing='imbalanced' (the default) only",
+        )
     if model.moe_routing_zipf_exponent is not None and routing != ZIPF:
         raise ScenarioError(
             key="model.moe_routing_zipf_exponent",
@@ -161,6 +180,8 @@ def check_expert_parallel(scenario: Scenario) -> None:
             ("parallel.expert_model_parallel_size", par.expert_model_parallel_size),
             ("parallel.expert_tensor_parallel_size", par.expert_tensor_parallel_size),
             ("training.moe_token_dispatcher_type", training.moe_token_dispatcher_type),
+            ("training.moe_permute_fusion", training.moe_permute_fusion),
+            ("training.moe_grouped_gemm", training.moe_grouped_gemm),
         ):
             if value is not None:
                 raise ScenarioError(
@@ -234,9 +255,10 @@ def check_flex(scenario: Scenario) -> None:
         problem = "needs parallel.expert_model_parallel_size > 1 (DeepEP moves tokens over EP)"
     elif par.etp_size != 1:
         problem = "is modelled with parallel.expert_tensor_parallel_size = 1 only"
-    elif model.moe_routing not in (None, "balanced"):
+    elif model.moe_routing not in (None, BALANCED, IMBALANCED):
         problem = (
-            f"is modelled under balanced routing only, not model.moe_routing={model.moe_routing!r}"
+            "is modelled under balanced or imbalanced routing only, not "
+            f"model.moe_routing={model.moe_routing!r}"
         )
     elif model.moe_expert_capacity_factor is not None:
         problem = "is modelled dropless only (model.moe_expert_capacity_factor unset)"

@@ -236,6 +236,20 @@ class TrainingConfig:
         choices=MOE_DISPATCHERS,
         derived="`allgather` (Megatron-Core's default)",
     )
+    moe_permute_fusion: bool | None = key(
+        "Megatron-Core's `--moe-permute-fusion`: Transformer Engine's fused permute, "
+        "unpermute and chunk-sort kernels; `false`: PyTorch's index_select, multiply and "
+        "scatter_add (moe_utils.py), which move the routed rows more often (docs/moe.md)",
+        default=None,
+        derived="true (Megatron-Core's MoE guide turns it on; its own default is false)",
+    )
+    moe_grouped_gemm: bool | None = key(
+        "Megatron-Core's `--moe-grouped-gemm`: a rank's local experts as one grouped GEMM "
+        "(TEGroupedMLP), their tiles sharing the GPU's waves; `false`: SequentialMLP, one "
+        "GEMM per expert after another, each with its own last wave (docs/moe.md)",
+        default=None,
+        derived="true (Megatron-Core's MoE guide turns it on; its own default is false)",
+    )
     overlap_moe_expert_parallel_comm: bool | None = key(
         "Megatron-Core's `--overlap-moe-expert-parallel-comm`: an F&B pair (the forward of "
         "one micro-batch and the backward of another, Megatron's combined 1F1B under "
@@ -379,6 +393,16 @@ class TrainingConfig:
     def moe_overlap(self) -> bool:
         """Whether F&B pairs run their MoE layers overlapped (the overlap key)."""
         return bool(self.overlap_moe_expert_parallel_comm)
+
+    @property
+    def permute_fusion(self) -> bool:
+        """`moe_permute_fusion` in effect: as given, or true."""
+        return self.moe_permute_fusion is not False
+
+    @property
+    def grouped_gemm(self) -> bool:
+        """`moe_grouped_gemm` in effect: as given, or true."""
+        return self.moe_grouped_gemm is not False
 
     @property
     def moe_dispatcher(self) -> str:
