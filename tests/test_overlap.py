@@ -8,6 +8,7 @@ import json
 import pytest
 
 from stepsim.cost.compute import ComputeModel
+from stepsim.cost.moe import moe_block_work
 from stepsim.cost.orders import stage_orders
 from stepsim.emit.overlap import sharing_compute
 from stepsim.ir.vocabulary import COMPUTE_STREAM, EP_COMM, EP_STREAM
@@ -196,3 +197,21 @@ def test_exact_mode_gives_symmetric_modes_time_with_dualpipev_pairs():
         names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
         assert any("ep" in name for name in names)
     assert times[0] == pytest.approx(times[1], rel=1e-12)
+
+
+def test_delayed_weight_gradients_run_after_the_dispatch_dual_is_launched():
+    """`delay_wgrad_compute`: in a pair the experts' weight gradients run as their own
+    kernel after the dispatch's dual all-to-all is launched, so that all-to-all never
+    starts later than without the delay and the iteration is never longer; without the
+    overlap the key is refused."""
+    experts_w = moe_block_work(ComputeModel(_scenario(True, 1.0))).experts_w.duration_s
+    for bandwidth in (1.0, 10.0, 1e6):
+        plain = run(_scenario(True, bandwidth))
+        delayed = run(_scenario(True, bandwidth, delay_wgrad_compute=True))
+        assert delayed.metrics.iteration_time_s <= plain.metrics.iteration_time_s * (1 + 1e-12)
+        spans = [s for s in delayed.trace.spans if s.label == "B0" and s.kind == "backward"]
+        assert any(s.end_s - s.start_s == pytest.approx(experts_w) for s in spans)
+        before = [s for s in plain.trace.spans if s.label == "B0" and s.kind == "backward"]
+        assert len(spans) == len(before) + 1
+    with pytest.raises(ScenarioError, match="delay_wgrad_compute=True applies only with"):
+        _scenario(False, 1.0, delay_wgrad_compute=True)

@@ -35,6 +35,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, TypeVar
 
 from ..cost.compute import ComputeModel
+from ..cost.kernels import Work
 from ..ir.vocabulary import (
     ALL_GATHER,
     ALL_TO_ALL,
@@ -77,6 +78,7 @@ class Pairing:
         # the GPU's own EP rank in exact mode (the busiest's in symmetric), as lowering's
         self.moe = MoeBlock(shared, gpu.ep_rank(scenario)) if scenario.model.moe else None
         self.lane = gpu.new_lane(EP_STREAM)
+        self.delay_wgrad = bool(scenario.training.delay_wgrad_compute)
 
     @staticmethod
     def interleave(
@@ -145,16 +147,30 @@ class Pairing:
         moe.shared(stage, BACKWARD, label, mb, shared)
         gpu.work(BACKWARD, label, mb, w.post_b)
         yield from self.exchange(stage, moe, label, mb, True)  # the combine's dual
-        gpu.work(BACKWARD, label, mb, w.experts_b - w.experts_w if split else w.experts_b)
-        yield from self.exchange(stage, moe, label, mb, False)  # the dispatch's dual
+        if self.delay_wgrad and not split:
+            # the experts' weight gradients under the dispatch's dual (Transformer Engine's
+            # wgrad store, run by backward_dw once the all-to-all is launched)
+            gpu.work(BACKWARD, label, mb, w.experts_b - w.experts_w)
+            yield from self.exchange(stage, moe, label, mb, False, during=w.experts_w)
+        else:
+            gpu.work(BACKWARD, label, mb, w.experts_b - w.experts_w if split else w.experts_b)
+            yield from self.exchange(stage, moe, label, mb, False)  # the dispatch's dual
         gpu.work(BACKWARD, label, mb, w.pre_b - w.pre_w if split else w.pre_b)
 
     def exchange(
-        self, stage: _Stage, moe: MoeBlock, label: str, mb: int, into: bool, forward: bool = False
+        self,
+        stage: _Stage,
+        moe: MoeBlock,
+        label: str,
+        mb: int,
+        into: bool,
+        forward: bool = False,
+        during: Work | None = None,
     ) -> Generator[None]:
         """Tokens to their experts (``into``) or back, on the communication lane once the
         compute before has ended (the all-to-all, with ETP > 1 its all-gather after or
-        reduce-scatter before); pauses for the other pass, then waits for it."""
+        reduce-scatter before); ``during``, compute that runs while it is under way;
+        pauses for the other pass, then waits for it."""
         gpu, b = stage.gpu, moe.bytes
         # (group, collective, bytes), None: the flex dispatcher's coupled transfer
         steps: list[tuple[str, str, float | None]]
@@ -190,6 +206,8 @@ class Pairing:
                 deps=ready,
             )
             ready = []
+        if during is not None:
+            gpu.work(BACKWARD, label, mb, during)
         yield
         if sent is not None:
             gpu.barrier(label, [sent], mb)

@@ -23,6 +23,13 @@ OVERLAP_SCHEDULES = ("interleaved", "dualpipev", "dualpipe")
 def check_overlap(scenario: Scenario) -> None:
     model, par, training = scenario.model, scenario.parallel, scenario.training
     if not training.moe_overlap:
+        if training.delay_wgrad_compute:
+            raise ScenarioError(
+                key="training.delay_wgrad_compute",
+                value=True,
+                rule=f"applies only with {KEY} = true (Megatron-Core delays the weight "
+                "gradients of the overlapped pairs)",
+            )
         if training.moe_comm_sm_fraction:
             raise ScenarioError(
                 key="training.moe_comm_sm_fraction",

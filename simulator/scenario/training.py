@@ -259,6 +259,14 @@ class TrainingConfig:
         default=None,
         derived="false",
     )
+    delay_wgrad_compute: bool | None = key(
+        "Megatron-Core's `--delay-wgrad-compute` with `overlap_moe_expert_parallel_comm`: in "
+        "an overlapped pair the experts' weight gradients run after the dispatch's dual "
+        "all-to-all is launched, under it, rather than before it (Transformer Engine's "
+        "`delay_wgrad_compute` stores them for `backward_dw`)",
+        default=None,
+        derived="false",
+    )
     moe_comm_sm_fraction: float | None = key(
         "share of the GPU's SMs the expert all-to-all's kernels hold while overlapped pairs "
         "run (DeepSeek-V3: 20 of 132); the pairs' kernels run on the rest",
