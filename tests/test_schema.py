@@ -48,6 +48,7 @@ def test_keys_are_the_spec_fields_with_key_metadata_in_field_order():
         "qk_head_dim",
         "qk_pos_emb_head_dim",
         "v_head_dim",
+        "mtp_num_layers",
         "num_experts",
         "moe_router_topk",
         "moe_ffn_hidden_size",

@@ -145,7 +145,7 @@ class LayerWork:
 class StageExtras:
     embedding_forward: Work
     embedding_backward: Work
-    output_forward: Work  # final layernorm, logits GEMM, cross-entropy
+    output_forward: Work  # final layernorm, logits GEMM, cross-entropy (and MTP's extras)
     output_backward: Work
     embedding_weight: Work  # the weight-gradient parts of the backwards above
     output_weight: Work
@@ -371,17 +371,50 @@ class ComputeModel:
         embedding_weight = self.memory_bound(10.0 * tokens * h)
         weight, accumulate = self.weight_gradient(h, v / t, tokens)
         output_weight = weight + accumulate  # dW of the logits GEMM, accumulated
+        output_forward = (
+            self.memory_bound(2 * e * tokens * h)  # final layernorm
+            + self.gemm(tokens, v / t, h)
+            + self.memory_bound(CROSS_ENTROPY_BYTES_PER_LOGIT * logits)
+        )
+        output_backward = (
+            self.memory_bound(CROSS_ENTROPY_BACKWARD_BYTES_PER_LOGIT * logits)
+            + self.gemm(tokens, h, v / t)
+            + output_weight
+            + self.memory_bound(4 * e * tokens * h)  # final layernorm backward
+        )
+        depths = m.mtp_num_layers or 0
+        if depths:
+            # multi-token prediction (Megatron-Core multi_token_prediction.py
+            # MultiTokenPredictionLayer), per depth beside its transformer layer (which
+            # the last stage runs as one of its layers): the next tokens' embedding,
+            # RMSNorms of it and of the hidden states, their concatenation projected
+            # 2h -> h (eh_proj, column-parallel), and the output layer's final norm,
+            # logits and cross-entropy again (the same, shared weights)
+            proj_weight, proj_accumulate = self.weight_gradient(2 * h, h / t, tokens)
+            proj_w = proj_weight + proj_accumulate
+            depth_forward = (
+                embedding
+                + self.memory_bound(2 * 2 * e * tokens * h)
+                + self.gemm(tokens, h / t, 2 * h)
+                + output_forward
+            )
+            depth_backward = (
+                output_backward
+                + self.gemm(tokens, 2 * h, h / t)
+                + proj_w
+                + self.memory_bound(2 * 4 * e * tokens * h)
+                + embedding_weight
+            )
+            depth_weight = output_weight + proj_w + embedding_weight
+            output_forward = output_forward + depth_forward.scaled(depths)
+            output_backward = output_backward + depth_backward.scaled(depths)
+            output_weight = output_weight + depth_weight.scaled(depths)
         return StageExtras(
             embedding_forward=embedding,
             embedding_backward=embedding_weight
             + self.memory_bound((2 * e + MASK_BYTES) * tokens * h),  # dropout backward
-            output_forward=self.memory_bound(2 * e * tokens * h)  # final layernorm
-            + self.gemm(tokens, v / t, h)
-            + self.memory_bound(CROSS_ENTROPY_BYTES_PER_LOGIT * logits),
-            output_backward=self.memory_bound(CROSS_ENTROPY_BACKWARD_BYTES_PER_LOGIT * logits)
-            + self.gemm(tokens, h, v / t)
-            + output_weight
-            + self.memory_bound(4 * e * tokens * h),  # final layernorm backward
+            output_forward=output_forward,
+            output_backward=output_backward,
             embedding_weight=embedding_weight,
             output_weight=output_weight,
         )

@@ -33,8 +33,8 @@ from .metrics import compute_lanes, spans_per_gpu
 
 
 def layer_counts(scenario: Scenario) -> str:
-    """Transformer layers per pipeline rank, runs of equal counts folded:
-    ``5, 6 x10, 5`` for BLOOM's split."""
+    """Transformer layers per pipeline rank (multi-token prediction's included), runs of
+    equal counts folded: ``5, 6 x10, 5`` for BLOOM's split."""
     counts = [
         scenario.rank_layers(r) for r in range(scenario.parallel.pipeline_model_parallel_size)
     ]
@@ -101,6 +101,7 @@ def summary_text(result: Result) -> str:
         + f"PP {par.pipeline_model_parallel_size} x DP {par.data_parallel_size}"
         + (f" · EP {par.ep_size} x ETP {par.etp_size}" if s.model.moe else "")
         + (f" (layers per stage {layer_counts(s)})" if is_uneven(par) else "")
+        + (f" · MTP {s.model.mtp_num_layers} (with the loss)" if s.model.mtp_num_layers else "")
         + (" + sequence parallel" if par.sequence_parallel else "")
         + f" · {m.num_microbatches} micro-batches of {tr.micro_batch_size} per pipeline"
         f" · {tr.schedule}"

@@ -127,6 +127,18 @@ class ModelSpec:
         preset=True,
     )
 
+    mtp_num_layers: int | None = key(
+        "multi-token prediction (DeepSeek-V3's; Megatron-Core's `--mtp-num-layers`): this "
+        "many extra prediction depths, each an embedding of the next tokens, two RMSNorms, "
+        "a 2h -> h projection, one transformer layer like the model's last and the output "
+        "layer's logits and loss again, on the last pipeline stage (docs/moe.md)",
+        default=None,
+        derived="none",
+        preset=True,
+        low=1,
+        high=16,
+    )
+
     # mixture of experts (Megatron-Core's --num-experts, --moe-*; docs/moe.md); None: dense
     num_experts: int | None = key(
         "mixture of experts: routed experts per MoE layer (Megatron-Core's `--num-experts`); "

@@ -223,6 +223,8 @@ MODELS: dict[str, dict[str, object]] = {
         "first_k_dense_replace": 3,
         # auxiliary-loss-free balancing (the report's Sec 2.1.2: a bias per expert)
         "moe_router_enable_expert_bias": True,
+        # one multi-token-prediction depth (config.json num_nextn_predict_layers = 1)
+        "mtp_num_layers": 1,
     },
     # gpt-oss-120b: openai/gpt-oss-120b config.json (36 layers, hidden_size 2880, 64
     # heads, 8 key-value heads, head_dim 64, num_local_experts 128, experts_per_token 4,

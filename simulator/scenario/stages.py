@@ -173,8 +173,9 @@ def virtual_stage_layers(
     model: ModelSpec, parallel: ParallelConfig, placement: str
 ) -> tuple[tuple[int, ...], ...]:
     """`stage_layers` with the embedding's and the loss's layer taken off the chunks that
-    hold virtual stages 0 and p v - 1 under ``placement`` (schedules.holder_of):
-    ``[r][k]`` is the transformer layers of chunk k of rank r."""
+    hold virtual stages 0 and p v - 1 under ``placement`` (schedules.holder_of), and the
+    multi-token-prediction layers (`model.mtp_num_layers`) added to the last: ``[r][k]``
+    is the transformer layers of chunk k of rank r."""
     counts = [list(chunks) for chunks in stage_layers(model, parallel, placement)]
     p = parallel.pipeline_model_parallel_size
     v = parallel.virtual_pipeline_model_parallel_size
@@ -188,6 +189,12 @@ def virtual_stage_layers(
         for virtual in lasts:
             rank, chunk = holder_of(virtual, p, placement)
             counts[rank][chunk] -= 1
+    # multi-token prediction: its transformer layers sit with the loss, after the decoder's
+    # (Megatron-Core's default without a pipeline layout: the last virtual stage; under
+    # `dual` each copy's)
+    for virtual in lasts if model.mtp_num_layers else ():
+        rank, chunk = holder_of(virtual, p, placement)
+        counts[rank][chunk] += model.mtp_num_layers or 0
     return tuple(tuple(chunks) for chunks in counts)
 
 
