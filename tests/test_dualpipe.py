@@ -240,17 +240,18 @@ def test_dualpipe_exact_mode_agrees_with_symmetric_mode():
 
 
 def test_dualpipe_splits_each_copy_over_p_stages():
-    """61 layers over PP 16 with the last stage holding 1 (DeepSeek-V3's scenario): each
-    copy splits as one chunk per rank would, rank r holding stage r and stage p - 1 - r."""
+    """61 layers over PP 16 with the last stage holding 1, and its one MTP layer (global
+    index 61) with the loss (DeepSeek-V3's scenario): each copy splits as one chunk per
+    rank would, rank r holding stage r and stage p - 1 - r."""
     from stepsim.cost.params import rank_global_layers
     from stepsim.scenario import load_scenario
 
     scenario = load_scenario(ROOT / "scenarios" / "deepseek-v3-2048-h800.toml")
     assert scenario.training.schedule == "dualpipe"
-    assert scenario.chunk_layers[0] == (4, 1) and scenario.chunk_layers[15] == (1, 4)
+    assert scenario.chunk_layers[0] == (4, 2) and scenario.chunk_layers[15] == (2, 4)
     assert scenario.chunk_layers[7] == (4, 4)
-    assert rank_global_layers(scenario, 0) == [0, 1, 2, 3, 60]
-    assert rank_global_layers(scenario, 15) == [60, 0, 1, 2, 3]
+    assert rank_global_layers(scenario, 0) == [0, 1, 2, 3, 60, 61]
+    assert rank_global_layers(scenario, 15) == [60, 61, 0, 1, 2, 3]
 
 
 @pytest.mark.parametrize(

@@ -435,8 +435,8 @@ class _Stage:
                 yield from self.pairing.layer(self, "F", label, mb, deps, index)
             dp.after_layer(n, index)
             recv = []
-        if last:
-            self.gpu.work(FORWARD, label, mb, self.extras.output_forward)
+        if last:  # after the received input when the chunk holds no layer (a layout's "L")
+            self.gpu.work(FORWARD, label, mb, self.extras.output_forward, recv)
         elif pair is not None:
             return (label, mb, "F", virtual, virtual + 1)
         else:
@@ -477,8 +477,12 @@ class _Stage:
                 self.layer_body("B", label, mb, deps, index)
             dp.after_layer(n, index)
             recv = []
-        if first and not split:
-            self.gpu.work(BACKWARD, label, mb, self.extras.embedding_backward)
+        if first:  # after the received gradient when no layer is between; its dropout's
+            # backward is B's, the table's gradient W's under a split schedule
+            embedding = self.extras.embedding_backward
+            if split:
+                embedding = embedding - self.extras.embedding_weight
+            self.gpu.work(BACKWARD, label, mb, embedding, recv)
         dp.end()
         if then_weight is not None:
             self.weight(Step("W", mb, step.chunk), then_weight, label)
@@ -572,6 +576,8 @@ class _Stage:
             if first and n == len(order) - 1:
                 self.gpu.work(WEIGHT, label, mb, self.extras.embedding_weight)
             dp.after_layer(n, index)
+        if first and not order:  # a layout's embedding-only first stage
+            self.gpu.work(WEIGHT, label, mb, self.extras.embedding_weight)
 
 
 def _drain(steps: Generator[None, None, T]) -> T:

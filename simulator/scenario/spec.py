@@ -299,6 +299,14 @@ class ParallelConfig:
         default=None,
         derived="`false`",
     )
+    pipeline_model_parallel_layout: str | None = key(
+        "Megatron-Core's `--pipeline-model-parallel-layout`: the layers of each virtual "
+        'stage in order, `|` between stages, e.g. "Et*3|(tt|)*29,m|L": `E` embedding, `t` '
+        "transformer layer, `m` multi-token-prediction layer, `L` loss, `(...)*n` and `x*n` "
+        "repeat, commas ignored; p x v stages; not with the other uneven-split keys",
+        default=None,
+        derived="none",
+    )
 
     def __post_init__(self) -> None:
         check_values(self, "parallel")

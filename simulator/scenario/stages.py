@@ -5,6 +5,7 @@ the summary read its counts."""
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from stepsim.schedules import DUAL, LOOPED, holder_of
@@ -19,10 +20,15 @@ FIRST_KEY = "parallel.decoder_first_pipeline_num_layers"
 LAST_KEY = "parallel.decoder_last_pipeline_num_layers"
 
 
+LAYOUT_KEY = "parallel.pipeline_model_parallel_layout"
+_LAYOUT_LAYERS = {"E": "embedding", "t": "decoder", "m": "mtp", "L": "loss"}
+
+
 def is_uneven(parallel: ParallelConfig) -> bool:
-    """Whether any of the four uneven-split keys is set."""
+    """Whether any of the uneven-split keys (the layout among them) is set."""
     return (
-        parallel.decoder_first_pipeline_num_layers is not None
+        parallel.pipeline_model_parallel_layout is not None
+        or parallel.decoder_first_pipeline_num_layers is not None
         or parallel.decoder_last_pipeline_num_layers is not None
         or bool(parallel.account_for_embedding_in_pipeline_split)
         or bool(parallel.account_for_loss_in_pipeline_split)
@@ -59,6 +65,8 @@ def stage_layers(
     stepsim also needs every virtual stage to hold at least one layer (Megatron-Core allows
     an embedding-only stage; stepsim lowers the embedding with the first layer).
     """
+    if parallel.pipeline_model_parallel_layout is not None:
+        return layout_layers(model, parallel, placement)
     if placement == DUAL:
         copy = _stage_layers(model, parallel, 1)
         p = parallel.pipeline_model_parallel_size
@@ -169,13 +177,112 @@ def _stage_layers(
     return tuple((L // (p * v),) * v for _ in range(p))
 
 
+def parse_layout(text: str) -> list[str]:
+    """A pipeline layout string as Megatron-Core reads it
+    (megatron/core/transformer/pipeline_parallel_layer_layout.py `parse_str_to_list`):
+    commas dropped, ``(...)*n`` then ``x*n`` unrolled, then split at ``|`` into the
+    virtual stages' layer letters (E, t, m, L). A one-line error names what is wrong."""
+    unrolled = text.replace(",", "")
+    for pattern in (r"\(([^()]+)\)\*(\d+)", r"(.)\*(\d+)"):
+        try:
+            unrolled = re.sub(pattern, lambda g: g.group(1) * int(g.group(2)), unrolled)
+        except (OverflowError, MemoryError, ValueError):
+            raise ScenarioError(key=LAYOUT_KEY, value=text, rule="repeats too far") from None
+        if len(unrolled) > 1_000_000:
+            raise ScenarioError(key=LAYOUT_KEY, value=text, rule="unrolls past 10^6 letters")
+    stages = unrolled.split("|")
+    for stage in stages:
+        for letter in stage:
+            if letter not in _LAYOUT_LAYERS:
+                raise ScenarioError(
+                    key=LAYOUT_KEY,
+                    value=text,
+                    rule=f"has {letter!r} where a layer letter is expected: E (embedding), "
+                    "t (transformer layer), m (multi-token prediction), L (loss); | between "
+                    "stages, (...)*n and x*n to repeat",
+                )
+    return stages
+
+
+def layout_layers(
+    model: ModelSpec, parallel: ParallelConfig, placement: str
+) -> tuple[tuple[int, ...], ...]:
+    """`parallel.pipeline_model_parallel_layout`'s transformer and MTP layers per chunk,
+    ``[r][k]``, checked as Megatron-Core checks a layout (`validate_layer_layout`): p
+    divides the stages and v is the quotient, one embedding first and one loss last, as
+    many `t` as `model.num_layers` and `m` as `model.mtp_num_layers`, MTP after every
+    decoder layer. Virtual stage i is chunk i // p of rank i mod p (list index vpp x p +
+    pp). stepsim lowers the embedding on virtual stage 0 and the loss on the last, and
+    needs a layer on every other stage."""
+    text = parallel.pipeline_model_parallel_layout
+    assert text is not None  # called when the layout is set
+    p, v = parallel.pipeline_model_parallel_size, parallel.virtual_pipeline_model_parallel_size
+    others = (
+        ("parallel.decoder_first_pipeline_num_layers", parallel.decoder_first_pipeline_num_layers),
+        ("parallel.decoder_last_pipeline_num_layers", parallel.decoder_last_pipeline_num_layers),
+        (
+            "parallel.account_for_embedding_in_pipeline_split",
+            parallel.account_for_embedding_in_pipeline_split,
+        ),
+        (
+            "parallel.account_for_loss_in_pipeline_split",
+            parallel.account_for_loss_in_pipeline_split,
+        ),
+    )
+    for name, value in others:
+        if value:
+            raise ScenarioError(
+                key=LAYOUT_KEY, value=text, rule=f"cannot be set together with {name}"
+            )
+    if placement != LOOPED:
+        raise ScenarioError(
+            key=LAYOUT_KEY,
+            value=text,
+            rule="applies to the looped schedules (1f1b, interleaved, ...); not to "
+            f"{placement!r} placements (use decoder_first/last_pipeline_num_layers)",
+        )
+    stages = parse_layout(text)
+    if len(stages) != p * v:
+        raise ScenarioError(
+            key=LAYOUT_KEY,
+            value=text,
+            rule=f"has {len(stages)} stages; it needs pipeline_model_parallel_size x "
+            f"virtual_pipeline_model_parallel_size = {p} x {v} = {p * v}",
+        )
+    flat = "".join(stages)
+    mtp = model.mtp_num_layers or 0
+    problem = None
+    if flat.count("E") != 1 or not stages[0].startswith("E"):
+        problem = "must begin the first stage with the one embedding E"
+    elif flat.count("L") != 1 or not stages[-1].endswith("L"):
+        problem = "must end the last stage with the one loss L"
+    elif flat.count("t") != model.num_layers:
+        problem = f"has {flat.count('t')} t; model.num_layers={model.num_layers}"
+    elif flat.count("m") != mtp:
+        problem = f"has {flat.count('m')} m; model.mtp_num_layers={mtp}"
+    elif "m" in flat and "t" in flat[flat.index("m") :]:
+        problem = "must place the decoder layers t before the MTP layers m"
+    else:
+        for i, stage in enumerate(stages[1:-1], 1):
+            if not stage:
+                problem = f"leaves virtual stage {i} empty (stepsim needs a layer there)"
+                break
+    if problem:
+        raise ScenarioError(key=LAYOUT_KEY, value=text, rule=problem)
+    counts = [stage.count("t") + stage.count("m") for stage in stages]
+    return tuple(tuple(counts[k * p + r] for k in range(v)) for r in range(p))
+
+
 def virtual_stage_layers(
     model: ModelSpec, parallel: ParallelConfig, placement: str
 ) -> tuple[tuple[int, ...], ...]:
     """`stage_layers` with the embedding's and the loss's layer taken off the chunks that
     hold virtual stages 0 and p v - 1 under ``placement`` (schedules.holder_of), and the
     multi-token-prediction layers (`model.mtp_num_layers`) added to the last: ``[r][k]``
-    is the transformer layers of chunk k of rank r."""
+    is the transformer layers of chunk k of rank r. A pipeline layout gives them
+    itself (`layout_layers`)."""
+    if parallel.pipeline_model_parallel_layout is not None:
+        return layout_layers(model, parallel, placement)
     counts = [list(chunks) for chunks in stage_layers(model, parallel, placement)]
     p = parallel.pipeline_model_parallel_size
     v = parallel.virtual_pipeline_model_parallel_size
