@@ -130,14 +130,39 @@ class LayerWork:
     mlp_last_weight: Work
     attention_overlap: OverlapGemms
     mlp_overlap: OverlapGemms
+    # what `recompute_modules` repeats besides the core: the two norms (layernorm), MLA's
+    # up-projections and rotary kernel (mla_up_proj), a dense MLP's fc1, activation, fc2
+    # (mlp)
+    layernorm_forward: Work
+    mla_up_forward: Work
+    mlp_module_forward: Work
 
-    def recompute_s(self, granularity: str, forward_s: float) -> float:
-        """What a backward repeats of its layer's forward: nothing, the attention core
-        (selective), or the whole forward, ``forward_s`` (full; a MoE layer's differs)."""
+    def selective_forward(self, modules: frozenset[str]) -> Work:
+        """The compute a selective backward repeats before the layer's backward: the
+        attention core (core_attn), the norms (layernorm), MLA's up-projections
+        (mla_up_proj). The dense MLP (mlp) and the MoE modules are the lowering's, with
+        their communication."""
+        work = ZERO
+        if "core_attn" in modules:
+            work = work + self.attention_core_forward
+        if "layernorm" in modules:
+            work = work + self.layernorm_forward
+        if "mla_up_proj" in modules:
+            work = work + self.mla_up_forward
+        return work
+
+    def recompute_s(
+        self, granularity: str, forward_s: float, modules: frozenset[str] = frozenset()
+    ) -> float:
+        """What a backward repeats of its dense layer's forward: nothing, the selective
+        modules (``modules``; core attention alone when empty), or the whole forward,
+        ``forward_s`` (full; a MoE layer's differs)."""
         if granularity == RECOMPUTE_FULL:
             return forward_s
         if granularity == RECOMPUTE_SELECTIVE:
-            return self.attention_core_forward.duration_s
+            chosen = modules or frozenset({"core_attn"})
+            extra = self.mlp_module_forward if "mlp" in chosen else ZERO
+            return (self.selective_forward(chosen) + extra).duration_s
         return 0.0
 
 
@@ -310,6 +335,7 @@ class ComputeModel:
     def layer(self) -> LayerWork:
         kernels = self.kernels()
         t = self.parallel.tensor_model_parallel_size
+        norm = "rmsnorm" if self.model.rms_norm else "layernorm"
 
         def total(block: str, parts: tuple[str, ...], core_only: bool = False) -> Work:
             work = ZERO
@@ -341,6 +367,31 @@ class ComputeModel:
                 self.model.attention_width // t,
             ),
             mlp_overlap=self._overlap(kernels, "fc1", "fc2", self.model.ffn_hidden_size // t),
+            layernorm_forward=sum(
+                (k.work for k in kernels if k.part == "forward" and k.name == norm),
+                ZERO,
+            ),
+            mla_up_forward=sum(
+                (
+                    k.work
+                    for k in kernels
+                    if self.model.mla
+                    and k.part == "forward"
+                    and (k.name.startswith((mla.GATHER_FED, "kv up")) or k.name == "rope")
+                ),
+                ZERO,
+            ),
+            mlp_module_forward=sum(
+                (
+                    k.work
+                    for k in kernels
+                    if k.block == "mlp"
+                    and k.part == "forward"
+                    and k.name != norm
+                    and not k.name.endswith("dropout-add")
+                ),
+                ZERO,
+            ),
         )
 
     def _overlap(self, kernels: list[Kernel], first: str, last: str, k_in: int) -> OverlapGemms:

@@ -69,6 +69,7 @@ class MoeBlockWork(NamedTuple):
     pre_w: Work
     experts_w: Work
     shared_w: Work
+    act: Work = ZERO  # the experts' activation inside ``experts`` (moe_act recomputes it)
 
     @property
     def forward(self) -> Work:
@@ -217,6 +218,16 @@ def dispatch_bytes(cm: ComputeModel, rank: int = 0) -> Dispatch:
     )
 
 
+def moe_recompute_s(work: MoeBlockWork, modules: frozenset[str]) -> float:
+    """The MoE modules a selective backward repeats, as compute (the lowering adds the
+    dispatcher's all-to-alls of `moe` and the shared experts' TP collectives): the whole
+    block (moe), the shared experts (shared_experts), the experts' activation (moe_act)."""
+    if "moe" in modules:
+        return work.forward.duration_s
+    seconds = work.shared.duration_s if "shared_experts" in modules else 0.0
+    return seconds + (work.act.duration_s if "moe_act" in modules else 0.0)
+
+
 def _unfused_permute(cm: ComputeModel, local: float, experts: int) -> tuple[Work, Work]:
     """The alltoall dispatcher's permute and unpermute without `moe_permute_fusion`, as
     PyTorch runs Megatron-Core's moe_utils.py `permute` / `unpermute` on a GPU's
@@ -335,4 +346,5 @@ def _moe_block_work(cm: ComputeModel, rank: int) -> MoeBlockWork:
         pre_w=router_dw,
         experts_w=fc2_dw + fc1_dw,
         shared_w=shared_w,
+        act=act,
     )

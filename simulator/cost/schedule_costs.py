@@ -29,7 +29,7 @@ from ..ir.units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
 from ..scenario import Scenario
 from .compute import ComputeModel
 from .kernels import BYTES_PER_ELEMENT
-from .moe import moe_block_work
+from .moe import moe_block_work, moe_recompute_s
 from .params import rank_moe_flags
 
 
@@ -55,14 +55,17 @@ def schedule_times(scenario: Scenario) -> ZbvTimes | None:
     dense_f = (layer.attention_forward + layer.mlp_forward).duration_s
     dense_w = (layer.attention_weight + layer.mlp_weight).duration_s
     dense_b = (layer.attention_backward + layer.mlp_backward).duration_s - dense_w
-    recompute = tr.recompute_granularity
-    per_layer = {False: (dense_f, dense_b + layer.recompute_s(recompute, dense_f), dense_w)}
+    recompute, modules = tr.recompute_granularity, tr.recomputed
+    dense_r = layer.recompute_s(recompute, dense_f, modules)
+    per_layer = {False: (dense_f, dense_b + dense_r, dense_w)}
     if scenario.model.moe:
         moe = moe_block_work(model)
         moe_f = (layer.attention_forward + moe.forward).duration_s
         moe_w = (layer.attention_weight + moe.weight).duration_s
         moe_b = (layer.attention_backward + moe.backward).duration_s - moe_w
-        per_layer[True] = (moe_f, moe_b + layer.recompute_s(recompute, moe_f), moe_w)
+        moe_r = layer.recompute_s(recompute, moe_f, modules - {"mlp"})
+        moe_r += moe_recompute_s(moe, modules)
+        per_layer[True] = (moe_f, moe_b + moe_r, moe_w)
     p = scenario.parallel.pipeline_model_parallel_size
     last = 2 * p - 1  # V placement: rank 0 holds the first stage and the last
     embedding = (

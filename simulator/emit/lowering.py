@@ -47,7 +47,7 @@ from ..comm.collectives import Fabric
 from ..comm.congruent import NotCongruent, RankLinks, collapsible
 from ..comm.placement import StageComm, placement_of
 from ..cost.compute import ComputeModel, OverlapGemms
-from ..cost.kernels import Work
+from ..cost.kernels import ZERO, Work
 from ..cost.orders import stage_orders
 from ..cost.params import rank_moe_flags
 from ..ir.keys import AsyncTpKey, PipelineKey
@@ -190,6 +190,7 @@ class _Stage:
         self.chunk_starts = [sum(counts[:k]) for k in range(v + 1)]
         self.sequence_parallel = scenario.parallel.sequence_parallel
         self.recompute = training.recompute_granularity
+        self.modules = training.recomputed  # what a selective backward repeats
         # the async TP all-reduce needs the weight gradient right after the input's
         self.async_tp = (
             training.mechanism("async_tensor_model_parallel_allreduce") and not self.split
@@ -542,12 +543,8 @@ class _Stage:
             self.block(RECOMPUTE, label, mb, layer.attention_forward, layer.attention_overlap, recv)
             self.mlp(RECOMPUTE, label, mb, moe)
             recv = []
-        elif self.recompute == RECOMPUTE_SELECTIVE and self.cp is not None:
-            self.cp.lower(self.gpu, RECOMPUTE, label, mb, recv)  # its exchanges again
-            recv = []
         elif self.recompute == RECOMPUTE_SELECTIVE:
-            self.gpu.work(RECOMPUTE, label, mb, layer.attention_core_forward, recv)
-            recv = []
+            recv = self.selective(label, mb, recv, moe)
         if moe and self.moe is not None:
             self.moe.backward(self, label, mb, recv)
         else:
@@ -555,6 +552,39 @@ class _Stage:
         self.backward_block(
             label, mb, attention, layer.attention_last_weight, layer.attention_overlap, ()
         )
+
+    def selective(self, label: str, mb: int, recv: list[object], moe: bool) -> list[object]:
+        """What a selective backward repeats before the layer's backward
+        (`training.recompute_modules`, Megatron-Core's checkpointed modules): the attention
+        core (under context parallelism with its exchanges), the norms and MLA's
+        up-projections as compute; a dense MLP with its TP collectives; an MoE layer whole
+        (moe: its dispatcher's all-to-alls again), its shared experts with their TP
+        collectives, or its experts' activation (moe_act). Returns the deps not yet used."""
+        modules, layer, gpu = self.modules, self.layer, self.gpu
+        if "core_attn" in modules and self.cp is not None:
+            self.cp.lower(gpu, RECOMPUTE, label, mb, recv)  # its exchanges again
+            recv = []
+            modules = modules - {"core_attn"}
+        work = layer.selective_forward(modules)
+        if work.duration_s or work.flops:
+            gpu.work(RECOMPUTE, label, mb, work, recv)
+            recv = []
+        if moe and self.moe is not None:
+            w = self.moe.work
+            if "moe" in modules:
+                self.moe.forward(self, RECOMPUTE, label, mb, recv)
+                return []
+            if "shared_experts" in modules and w.shared.duration_s:
+                gpu.work(RECOMPUTE, label, mb, ZERO, recv)  # waits for the input, if any
+                recv = []
+                self.moe.shared(self, RECOMPUTE, label, mb, w.shared)
+            if "moe_act" in modules:
+                gpu.work(RECOMPUTE, label, mb, w.act, recv)
+                recv = []
+        elif "mlp" in modules:
+            self.block(RECOMPUTE, label, mb, layer.mlp_module_forward, layer.mlp_overlap, recv)
+            recv = []
+        return recv
 
     def weight(self, step: Step, last_microbatch: bool, label: str | None = None) -> None:
         """The weight-gradient part (W) of a split backward: no communication but what

@@ -43,7 +43,6 @@ from ..ir.vocabulary import (
     EP_COMM,
     EP_STREAM,
     FORWARD,
-    RECOMPUTE,
     RECOMPUTE_SELECTIVE,
     REDUCE_SCATTER,
 )
@@ -117,8 +116,8 @@ class Pairing:
         if stage.split:
             mlp, attention = mlp - layer.mlp_weight, attention - layer.attention_weight
         if stage.recompute == RECOMPUTE_SELECTIVE:  # full is refused with the overlap
-            stage.gpu.work(RECOMPUTE, label, mb, layer.attention_core_forward, deps)
-            deps = []
+            # the selected modules on the compute lane (`moe` is refused with the overlap)
+            deps = stage.selective(label, mb, deps, moe is not None)
         if moe is not None:
             yield from self.moe_backward(stage, moe, label, mb, deps)
         else:

@@ -125,6 +125,16 @@ COLLECTIVE_LABELS: dict[str, str] = {
 # -- choices a scenario makes -----------------------------------------------------------
 RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL = "none", "selective", "full"
 RECOMPUTE_GRANULARITIES: tuple[str, ...] = (RECOMPUTE_NONE, RECOMPUTE_SELECTIVE, RECOMPUTE_FULL)
+# Megatron-Core's --recompute-modules names (transformer_config.py), under `selective`
+RECOMPUTE_MODULES: tuple[str, ...] = (
+    "core_attn",
+    "moe_act",
+    "layernorm",
+    "mla_up_proj",
+    "mlp",
+    "moe",
+    "shared_experts",
+)
 ATTENTION_UNFUSED, ATTENTION_FLASH = "unfused", "flash"  # cost/attention.py's two cores
 ATTENTION_KERNELS: tuple[str, ...] = (ATTENTION_UNFUSED, ATTENTION_FLASH)
 # Megatron-Core's --attention-backend names; `fused` (cuDNN fused attention through

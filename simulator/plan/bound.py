@@ -68,7 +68,7 @@ def iteration_lower_bound_s(scenario: Scenario) -> float:
         moe = moe_block_work(model)
         forward = min(forward, (layer.attention_forward + moe.forward).duration_s)
         backward = min(backward, (layer.attention_backward + moe.backward).duration_s)
-    recompute = layer.recompute_s(tr.recompute_granularity, forward)
+    recompute = layer.recompute_s(tr.recompute_granularity, forward, tr.recomputed)
     split = tr.split_backward
     embedding = (
         extras.embedding_forward.duration_s

@@ -27,7 +27,12 @@ from stepsim.schedules import check as schedule_problem
 from stepsim.schedules.custom import check_orders, sizes_of
 from stepsim.topologies import PLANAR  # drawn whole in symmetric mode too (run.build_cluster)
 
-from ..ir.vocabulary import SHARD_GRADIENTS, SHARD_OPTIMIZER
+from ..ir.vocabulary import (
+    RECOMPUTE_MODULES,
+    RECOMPUTE_SELECTIVE,
+    SHARD_GRADIENTS,
+    SHARD_OPTIMIZER,
+)
 from . import frameworks, limits
 from .cluster_rules import check_cluster as check_cluster  # ClusterSpec calls it here
 from .cluster_rules import check_nvls
@@ -189,10 +194,47 @@ def check_calibration(scenario: Scenario) -> None:
         )
 
 
+def check_recompute_modules(scenario: Scenario) -> None:
+    """`training.recompute_modules`: Megatron-Core's names, under `selective`, each once,
+    and what each needs of the model (transformer_config.py's checks, and what stepsim
+    models)."""
+    training, model = scenario.training, scenario.model
+    given = training.recompute_modules
+    if given is None:
+        return
+    key = "training.recompute_modules"
+    names = [name.strip() for name in given.split(",")]
+    problem = None
+    if training.recompute_granularity != RECOMPUTE_SELECTIVE:
+        problem = 'applies with training.recompute_granularity = "selective" only'
+    elif not all(names):
+        problem = "must name modules, comma-separated"
+    elif unknown := [name for name in names if name not in RECOMPUTE_MODULES]:
+        problem = f"has {unknown[0]!r}; each must be one of {', '.join(RECOMPUTE_MODULES)}"
+    elif len(set(names)) < len(names):
+        problem = "names a module twice"
+    elif "mla_up_proj" in names and not model.mla:
+        problem = "has mla_up_proj, which needs model.multi_latent_attention"
+    elif {"moe", "moe_act", "shared_experts"} & set(names) and not model.moe:
+        problem = "has an MoE module (moe, moe_act, shared_experts), which needs an MoE model"
+    elif "shared_experts" in names and not model.shared_expert_ffn:
+        problem = "has shared_experts, which needs model.moe_shared_expert_intermediate_size"
+    elif "moe" in names and "moe_act" in names:
+        problem = "has moe and moe_act: moe already repeats the whole MoE layer"
+    elif "moe" in names and training.moe_overlap:
+        problem = (
+            "has moe, not modelled with training.overlap_moe_expert_parallel_comm (its "
+            "recomputed all-to-alls would leave the pairs' communication lane)"
+        )
+    if problem:
+        raise ScenarioError(key=key, value=given, rule=problem)
+
+
 def check_scenario(scenario: Scenario) -> None:
     """Every rule across specs, in the order the errors are reported."""
     check_cluster_size(scenario)
     check_name(scenario.name)
+    check_recompute_modules(scenario)
     check_tied_embeddings(scenario.model, scenario.training)
     check_context_parallel(scenario.model, scenario.parallel, scenario.training)
     check_expert_parallel(scenario)

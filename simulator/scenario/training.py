@@ -23,6 +23,7 @@ from ..ir.vocabulary import (
     PARAMS_DTYPES,
     RECOMPUTE_GRANULARITIES,
     RECOMPUTE_NONE,
+    RECOMPUTE_SELECTIVE,
     TIED_GRAD_ORDERS,
     ZERO_GRAD_COLLECTIVES,
 )
@@ -75,9 +76,17 @@ class TrainingConfig:
     # a custom schedule's per-rank orders, read from schedule_file (not a key)
     custom_orders: tuple[tuple[schedules.Step, ...], ...] | None = None
     recompute_granularity: RecomputeGranularity = key(
-        "`selective` recomputes the attention core, `full` each layer's forward",
+        "`selective` recomputes the attention core (or `recompute_modules`), `full` each "
+        "layer's forward",
         default=RECOMPUTE_NONE,
         choices=RECOMPUTE_GRANULARITIES,
+    )
+    recompute_modules: str | None = key(
+        "Megatron-Core's `--recompute-modules` under `selective`: the modules whose "
+        "forward the backward repeats, comma-separated, of core_attn, moe_act, layernorm, "
+        "mla_up_proj, mlp, moe, shared_experts (their activations are not kept)",
+        default=None,
+        derived='"core_attn" with `selective`',
     )
     overlap_grad_reduce: bool = key(
         "all-reduce gradients per layer as soon as that layer's last backward is done, "
@@ -401,6 +410,16 @@ class TrainingConfig:
     def moe_overlap(self) -> bool:
         """Whether F&B pairs run their MoE layers overlapped (the overlap key)."""
         return bool(self.overlap_moe_expert_parallel_comm)
+
+    @property
+    def recomputed(self) -> frozenset[str]:
+        """The modules the backward repeats: `recompute_modules` under `selective` (core
+        attention alone when unset), none otherwise (`full` repeats every layer whole)."""
+        if self.recompute_granularity != RECOMPUTE_SELECTIVE:
+            return frozenset()
+        if self.recompute_modules is None:
+            return frozenset({"core_attn"})
+        return frozenset(name.strip() for name in self.recompute_modules.split(","))
 
     @property
     def permute_fusion(self) -> bool:
