@@ -149,7 +149,18 @@ def sweep() -> list[dict]:
             curves[algorithm] = [
                 busbw_gb_per_s(all_reduce_s(cluster, fabric, n, s, algorithm), n, s) for s in SIZES
             ]
-        rows.append({"label": label, "n": n, "measured": measured, "note": note, **curves})
+        chosen = collectives.chosen("auto", ALL_REDUCE, [list(range(n))], PEAK_SIZE, fabric)
+        assert chosen is not None
+        rows.append(
+            {
+                "label": label,
+                "n": n,
+                "measured": measured,
+                "note": note,
+                "auto_runs": chosen[0],
+                **curves,
+            }
+        )
     return rows
 
 
@@ -222,17 +233,27 @@ def latencies() -> list[tuple[int, float, float]]:
     ]
 
 
+def _auto_measured(r: dict) -> float:
+    """The measured busbw of what auto runs at the peak size: NCCL's NVLS figure where
+    auto takes NVLS on one node (NVLS_CASES), else the case's own (the ring's)."""
+    if r["auto_runs"] == "nvls":
+        return next(m for label, _, _, m, _ in NVLS_CASES if label == r["label"])
+    return r["measured"]
+
+
 def table(rows: list[dict]) -> str:
     lines = [
-        "| case | GPUs | measured busbw GB/s | stepsim ring | error | stepsim auto | error |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| case | GPUs | measured busbw GB/s | stepsim ring | error | stepsim auto (runs) "
+        "| measured | error |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        ring, auto = r["ring"][-1], r["auto"][-1]
+        ring, auto, measured = r["ring"][-1], r["auto"][-1], _auto_measured(r)
         lines.append(
             f"| {r['label']} ({r['note']}) | {r['n']} | {r['measured']:g} | {ring:.0f} | "
-            f"{round(100 * (ring / r['measured'] - 1)) + 0:+d} % | {auto:.0f} | "
-            f"{round(100 * (auto / r['measured'] - 1)) + 0:+d} % |"
+            f"{round(100 * (ring / r['measured'] - 1)) + 0:+d} % | {auto:.0f} "
+            f"({r['auto_runs']}) | {measured:g} | "
+            f"{round(100 * (auto / measured - 1)) + 0:+d} % |"
         )
     return "\n".join(lines)
 
@@ -243,7 +264,7 @@ def figure(rows: list[dict]) -> Figure:
     for i, r in enumerate(rows):
         color = f"C{i}"
         ax.plot(SIZES, r["auto"], color=color, marker="o", markersize=3, label=r["label"])
-        ax.axhline(r["measured"], color=color, linestyle="--", linewidth=0.8)
+        ax.axhline(_auto_measured(r), color=color, linestyle="--", linewidth=0.8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
@@ -317,16 +338,19 @@ stepsim moves bytes as flows on the directed links of the cluster graph, shared
 max-min fairly. A collective is a coupled flow per phase (simulator/comm/collectives.py):
 rings with one channel per GPU of a node when they cross nodes (each leaving the
 node through its own NIC), NVLink Hamiltonian rings inside mesh nodes, double
-binary trees or hierarchical rings across nodes, and an `auto` choice by estimated
-time. Each case below runs one all-reduce alone and reports the nccl-tests bus
-bandwidth, busbw = S / t x 2(n-1)/n, at S = 4 GiB.
+binary trees or hierarchical rings across nodes, NVLink SHARP (NVLS) where the
+NVSwitch reduces, and an `auto` choice by estimated time among the algorithms NCCL
+enables on the hardware. Each case below runs one all-reduce alone and reports the
+nccl-tests bus bandwidth, busbw = S / t x 2(n-1)/n, at S = 4 GiB.
 
 ## Peak bus bandwidth
 
 {table}
 
-The measured column is NVIDIA's own peak busbw for each system (GTC24 talk S62129,
-as quoted in the hardware reference).
+The measured column is NVIDIA's own peak busbw for each system without in-network
+reduction (GTC24 talk S62129, as quoted in the hardware reference); `auto` is compared
+with the measurement of what it runs at 4 GiB (in brackets): on one DGX H100 that is
+NVLS, measured at 480 GB/s (next section).
 
 What the table says:
 
@@ -343,8 +367,8 @@ What the table says:
 - What remains between the columns is the pipeline of phases and latencies at 4 GiB,
   a fraction of a per cent to a few per cent.
 - The ring column is what NCCL runs without in-network reduction. NVLink SHARP (NVLS),
-  which reaches 480 GB/s on one DGX H100, is `collective_algorithm = "nvls"`: next
-  section. IB SHARP (CollNet) across nodes is not modelled.
+  which reaches 480 GB/s on one DGX H100, is what `auto` runs there, as NCCL does by
+  default: next section. IB SHARP (CollNet) across nodes is not modelled.
 
 ## NVLink SHARP (NVLS)
 
@@ -387,18 +411,33 @@ Reduce-scatter and all-gather on one node by the ring and by NVLS alone, bus
 bandwidth S / t x (k-1)/k at 4 GiB. NVLS's busier direction carries S / 0.85, the
 ring's (k-1)/k S, so by this mechanism NVLS reduce-scatter and all-gather are slower
 than the ring at large sizes (without the all-reduce's saving, only the efficiency
-remains) and `nvls` keeps the ring for them there:
+remains) and `auto` keeps the ring for them there:
 
 {nvls_others}
 
-Selection: `collective_algorithm = "nvls"` is `auto` with NVLS (one node) and
-NVLS_TREE (several) among the candidates, chosen by the same estimate; reduce-scatters
-and all-gathers inside a node take the faster of the ring and NVLS (NVLS for small
-messages, one step of latency instead of k-1). On two GPUs the ring moves less than
-NVLS and stays. `auto`, the default, never picks NVLS, although
-NCCL does by default on capable systems (NCCL_NVLS_ENABLE): the calibration was fitted
-with rings and every existing scenario keeps its numbers. Asking for `nvls` on a node
-whose switch cannot reduce (DGX A100, DGX-2, the V100 meshes) is an error.
+Selection: `auto`, the default, is what NCCL runs by default (NCCL_NVLS_ENABLE=2:
+NVLS wherever the NVSwitch supports multicast). Its candidates are NCCL's
+(src/graph/tuning.cc ncclTopoTuneModel, src/enqueue.cc updateCollCostTable): for an
+all-reduce the ring, trees, and where the switch reduces NVLS inside one node or
+NVLS_TREE over several (NVLS across nodes needs IB SHARP, NVLS_TREE a second node);
+for a reduce-scatter or all-gather the ring, and NVLS inside one node for up to 32 GPUs
+of it (NCCL_MAX_NVLS_ARITY). NVLS needs two GPUs of the group in a node or more. Among
+them `auto` takes the least estimate alone on the network, as NCCL's tuner does with
+its own latency and bandwidth per algorithm and protocol; stepsim estimates from the
+flows it builds instead, without NCCL's protocols (LL, LL128, Simple) and latency
+constants. Where that matters: on one DGX H100 NCCL's LL ring (6.6 + 14 x 0.6 = 15 us,
+at most 141 x 8/14 GB/s) beats its NVLS (25 us) for all-reduces below roughly a
+megabyte (0.8 MB whatever NVLS's bandwidth), where stepsim already takes NVLS.
+So on one DGX H100 an all-reduce of 8 GPUs runs NVLS at every size, a reduce-scatter or
+all-gather NVLS below about 18 MB and the ring above (one step of latency instead of
+k-1, against S / 0.85 instead of (k-1)/k S on the busier direction); on two GPUs the
+ring moves less than NVLS and stays. `collective_algorithm = "nvls"` is the same
+choice, asked for explicitly: on a node whose switch cannot reduce (DGX A100, DGX-2,
+the V100 meshes) it is an error, and it also runs NVLS reduce-scatters and all-gathers
+over more than 32 GPUs of a node. Where the switch cannot reduce `auto` is what it
+always was (ring, tree, hierarchical), so the A100 and V100 scenarios keep their
+numbers; `cluster.nvls_efficiency = 0` turns NVLS off (NCCL_NVLS_ENABLE=0). The H100's
+`gemm_k_half` was fitted on its calibration set with rings.
 
 Bus bandwidth against size, ring and NVLS (GB/s):
 
@@ -432,7 +471,7 @@ sends between whole-node stages stay on rails too. Symmetric mode draws these tw
 fabrics whole (topologies/pattern.py's builders know one switch, fat trees and
 rail-optimized trees), so their set-up grows with the cluster; the run summary says so.
 
-## Bus bandwidth against message size (algorithm auto, GB/s)
+## Bus bandwidth against message size (algorithm auto, GB/s; NVLS on one DGX H100)
 
 ![busbw vs size](images/network-busbw.png)
 

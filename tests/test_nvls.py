@@ -6,6 +6,7 @@ import pytest
 from stepsim.comm import collectives
 from stepsim.comm.collectives import Fabric
 from stepsim.ir.vocabulary import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER
+from stepsim.report.summary import summary_text
 from stepsim.run.iteration import build_cluster, run
 from stepsim.scenario import ScenarioError
 from tests.helpers import load, time_transfers
@@ -81,7 +82,7 @@ def test_nvls_flows_share_links_with_other_traffic():
     )
 
 
-def test_nvls_across_nodes_is_nvls_around_trees_and_auto_never_picks_it():
+def test_nvls_across_nodes_is_nvls_around_trees():
     _, fabric = _fabric(num_nodes=4)
     group = list(range(32))
     phases = collectives.nvls(ALL_REDUCE, [group], 1 * GB, fabric)
@@ -89,10 +90,91 @@ def test_nvls_across_nodes_is_nvls_around_trees_and_auto_never_picks_it():
     assert phases[1] == tree[1]  # the double binary trees across nodes
     assert {phases[0].mults[0], phases[2].mults[0]} == {8, 1}  # NVLS RS and AG in nodes
     assert collectives.nvls(REDUCE_SCATTER, [group], 1 * GB, fabric) is None  # IB SHARP
-    for size in (1e3, 1e6, 1e9):
-        for g in ([0, 1, 2, 3, 4, 5, 6, 7], group):
-            auto = collectives.all_reduce("auto", [g], size, fabric)
-            assert auto != collectives.nvls(ALL_REDUCE, [g], size, fabric)
+
+
+def _names(algorithm, kind, group, size, fabric):
+    return [name for name, _ in collectives.choices(algorithm, kind, [group], size, fabric)]
+
+
+@pytest.mark.parametrize("size", [1e3, 1e6, 1e9])
+def test_auto_is_nccls_default_nvls_where_the_switch_reduces(size):
+    """NCCL_NVLS_ENABLE's default: on a DGX H100 `auto` has NVLS among its candidates
+    as `nvls` has, and chooses alike: a TP all-reduce of 8 GPUs runs NVLS at every size
+    (one load-reduce and one multicast against the ring's 14 steps and 14/8 S)."""
+    _, fabric = _fabric(6e-6, num_nodes=4)
+    inside, across = list(range(8)), list(range(32))
+    for group in (inside, across):
+        for kind in (ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER):
+            auto = collectives.collective("auto", kind, [group], size, fabric)
+            assert auto == collectives.collective("nvls", kind, [group], size, fabric)
+    assert collectives.chosen("auto", ALL_REDUCE, [inside], size, fabric)[0] == "nvls"
+    assert collectives.all_reduce("auto", [inside], size, fabric) == collectives.nvls(
+        ALL_REDUCE, [inside], size, fabric
+    )
+    assert _names("auto", ALL_REDUCE, across, size, fabric) == [
+        "ring",
+        "tree",
+        "hierarchical",
+        "nvls_tree",
+    ]
+    # NCCL runs NVLS reduce-scatters and all-gathers inside a node only (IB SHARP across)
+    assert _names("auto", REDUCE_SCATTER, inside, size, fabric) == ["ring", "nvls"]
+    assert _names("auto", ALL_GATHER, across, size, fabric) == ["ring"]
+
+
+@pytest.mark.parametrize("node", ["dgx-a100", "dgx-1-v100"])
+def test_auto_without_nvls_is_the_least_of_ring_and_trees_as_before(node):
+    """Where the switch cannot reduce (NVSwitch gen 2, meshes) `auto` is what it always
+    was: the least estimate of ring, tree and hierarchical, the ring on a tie."""
+    spec = load(cluster={"node": node, "num_nodes": 4}).cluster
+    cluster = build_cluster(spec)
+    fabric = Fabric.of(cluster, 6e-6, spec.nvls_fraction)
+    n = spec.gpus_per_node
+    for group in (list(range(n)), list(range(4 * n)), list(range(0, 4 * n, n))):
+        for size in (1e3, 1e6, 1e9):
+            named = collectives.choices("auto", ALL_REDUCE, [group], size, fabric)
+            assert {name for name, _ in named} <= {"ring", "tree", "hierarchical"}
+            explicit = [
+                collectives.all_reduce(a, [group], size, fabric)
+                for a in ("ring", "tree", "hierarchical")
+            ]
+            best = min(explicit, key=lambda c: collectives.estimate_s(c, fabric.capacities))
+            assert collectives.all_reduce("auto", [group], size, fabric) == best
+            for kind in (REDUCE_SCATTER, ALL_GATHER):
+                assert collectives.collective("auto", kind, [group], size, fabric) == (
+                    collectives.ring(kind, [group], size, fabric)
+                )
+
+
+def test_auto_reduce_scatter_in_a_node_crosses_from_nvls_to_the_ring_by_size():
+    """Reduce-scatter on one DGX H100 (k = 8, hop h per step, link rate L): NVLS pays
+    one step and S / efficiency on the busiest link, the ring k - 1 steps and (k-1)/k S.
+    Equal at S* = (k - 2) h L / (1/eff - (k-1)/k): NVLS below, the ring above."""
+    _, fabric = _fabric(6e-6, num_nodes=1)
+    k, group = 8, list(range(8))
+    crossover = (k - 2) * HOP_S * LINK / (1 / EFF - (k - 1) / k)
+    assert 17e6 < crossover < 19e6
+    for kind in (REDUCE_SCATTER, ALL_GATHER):
+        below = collectives.chosen("auto", kind, [group], 0.99 * crossover, fabric)
+        above = collectives.chosen("auto", kind, [group], 1.01 * crossover, fabric)
+        assert (below[0], above[0]) == ("nvls", "ring")
+        ring = collectives.ring(kind, [group], crossover, fabric)
+        (phase,) = collectives.nvls(kind, [group], crossover, fabric)
+        assert collectives.estimate_s(ring, fabric.capacities) == pytest.approx(
+            collectives.estimate_s((phase,), fabric.capacities), rel=1e-9
+        )
+
+
+def test_auto_leaves_nvls_out_of_reduce_scatters_over_more_than_32_gpus_of_a_node():
+    """NCCL_MAX_NVLS_ARITY: no NVLS reduce-scatter or all-gather for more than 32 local
+    ranks under NCCL's default; all-reduce keeps it; `nvls` asks for it anyway."""
+    spec = load(cluster={"node": "gb200-nvl72", "num_nodes": 1}).cluster
+    fabric = Fabric.of(build_cluster(spec), 6e-6, spec.nvls_fraction)
+    for n, with_nvls in ((32, ["ring", "nvls"]), (64, ["ring"])):
+        group = list(range(n))
+        assert _names("auto", REDUCE_SCATTER, group, 1e3, fabric) == with_nvls
+        assert _names("auto", ALL_REDUCE, group, 1e3, fabric) == ["ring", "nvls"]
+        assert _names("nvls", ALL_GATHER, group, 1e3, fabric) == ["ring", "nvls"]
 
 
 def test_no_nvls_without_a_reducing_nvswitch_or_for_one_gpu_per_node():
@@ -120,11 +202,19 @@ def test_nvls_is_an_explicit_choice_refused_where_the_switch_cannot_reduce():
         load(cluster={"node": "dgx-1-v100", "nvls_efficiency": 0.8})
 
 
-def test_a_tensor_parallel_run_with_nvls_spends_less_on_tp_comm():
+def test_a_tensor_parallel_run_under_auto_is_the_nvls_run_on_a_dgx_h100():
+    """TP 8 on one DGX H100: `auto` runs what `nvls` runs, and less TP communication
+    than without NVLS (`nvls_efficiency = 0`, as NCCL_NVLS_ENABLE=0); the summary says
+    what auto chose."""
     sets = {
         "cluster": {"node": "dgx-h100", "num_nodes": 1},
         "parallel": {"tensor_model_parallel_size": 8},
     }
-    ring = run(load(**sets)).metrics
+    auto = run(load(**sets))
     nvls = run(load(**sets, network={"collective_algorithm": "nvls"})).metrics
-    assert 0 < nvls.breakdown_s["tp_comm"] < ring.breakdown_s["tp_comm"]
+    rings = run(load(**{**sets, "cluster": {**sets["cluster"], "nvls_efficiency": 0.0}}))
+    assert auto.metrics.iteration_time_s == nvls.iteration_time_s
+    assert auto.metrics.breakdown_s == nvls.breakdown_s
+    assert 0 < nvls.breakdown_s["tp_comm"] < rings.metrics.breakdown_s["tp_comm"]
+    assert "auto collectives: TP all-reduce by NVLS" in summary_text(auto)
+    assert "auto collectives" not in summary_text(rings)

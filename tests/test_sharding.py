@@ -4,10 +4,11 @@ import pytest
 
 from stepsim.comm.placement import StageComm, placement_of
 from stepsim.cost.compute import ComputeModel
-from stepsim.cost.params import stage_params_per_rank
+from stepsim.cost.params import layer_params_per_rank, stage_params_per_rank
 from stepsim.emit.dataparallel import (
     AllReduceAfterFlush,
     DataParallel,
+    DeepSpeedStage2,
     DistributedOptimizer,
     OverlappedBuckets,
     ShardedGradients,
@@ -61,17 +62,125 @@ def test_zero2_keeps_a_share_of_the_gradients_and_one_layer_whole():
     assert zero2.gradients_bytes == pytest.approx(2 * 4 * layer / 4 + 2 * (layer + rest))
 
 
-def test_zero2_reduce_scatters_every_layer_of_every_micro_batch():
-    """Layers x micro-batches reduce-scatters of one layer each, then ZeRO-1's tail: the
-    embedding's reduce-scatter and the parameter all-gather; each reduce-scatter moves
-    half an all-reduce's bytes per ring edge."""
+def test_zero2_reduce_scatters_every_layer_and_the_embedding_of_every_micro_batch():
+    """Megatron-FSDP's optim_grads reduces on every backward, every parameter: per
+    micro-batch L layer reduce-scatters and one of the embedding/output weights (after
+    the last layer, on the rank holding the embedding), m (L + 1) in all, non-blocking,
+    then ZeRO-1's parameter all-gather; nothing is left to reduce after the flush. Each
+    moves half an all-reduce's bytes per ring edge, and together they reduce-scatter
+    the stage's parameters once per micro-batch: (D-1)/D x m x N x 2 bytes per edge."""
     sync, _ = _compute_lane_sync("gradients", False)
     labels = [label for label, _, _ in sync]
-    per_microbatch = [f"{layer} micro-batch {mb}" for mb in (0, 1) for layer in LAYERS]
-    assert labels == [*per_microbatch, "grads embedding/output", "params all-gather"]
+    per_microbatch = [
+        f"{layer} micro-batch {mb}"
+        for mb in (0, 1)
+        for layer in (*LAYERS, "grads embedding/output")
+    ]
+    assert labels == [*per_microbatch, "params all-gather"]
     assert all(not blocking for _, blocking, _ in sync[:-1])
-    buckets, _ = _compute_lane_sync("none", True)
-    assert sync[0][2] == buckets[0][2] / 2
+    buckets, _ = _compute_lane_sync("none", True)  # the layers' and embedding's all-reduces
+    assert [b for _, _, b in sync[:5]] == [b / 2 for _, _, b in buckets]
+    scenario = _scenario("gradients")
+    params, d, m = stage_params_per_rank(scenario, 0), 4, 2
+    assert sum(b for _, _, b in sync[:-1]) == pytest.approx((d - 1) / d * m * params * 2)
+
+
+def _two_stages(sharding, **training):
+    parallel = {**BASE["parallel"], "pipeline_model_parallel_size": 2, "data_parallel_size": 2}
+    training = {**BASE["training"], "data_parallel_sharding": sharding, **training}
+    network = {"collective_algorithm": "ring"}
+    scenario = load(**{**BASE, "parallel": parallel, "training": training, "network": network})
+    workload = lower(scenario, build_cluster(scenario.cluster))
+    lanes = [lane for lane in workload.lanes if lane.stream == COMPUTE_STREAM]
+    return [[workload.ops[i] for i in lane.ops] for lane in lanes]
+
+
+def test_zero2_reduces_the_output_layer_first_and_the_tied_embedding_shard_once():
+    """PP 2: the last stage's output weights are reduce-scattered before its layers in
+    each micro-batch (their gradient comes first), the first stage's embedding after its
+    layers; the tied embedding's all-reduce between them moves the local shard, 1/D of
+    what ZeRO-1 moves (finalize_model_grads under Megatron-FSDP)."""
+    first, last = _two_stages("gradients")
+    dp = [
+        [op.label for op in ops if op.kind == DP_SYNC and op.label.endswith("micro-batch 0")]
+        for ops in (first, last)
+    ]
+    layers = ["grads layer 1 micro-batch 0", "grads layer 0 micro-batch 0"]
+    rest = "grads embedding/output micro-batch 0"
+    assert dp == [[*layers, rest], [rest, *layers]]
+    tied = [
+        [op.transfer[0].bytes_per_flow for op in ops if op.label.startswith("tied")]
+        for ops in (_two_stages("optimizer")[0], first)
+    ]
+    assert tied[1] == [tied[0][0] / 2]
+
+
+def _deepspeed(bucket_layers, overlap=False):
+    """ZeRO-2 under framework deepspeed, buckets of ``bucket_layers`` layers' elements."""
+    scenario = _scenario("gradients", overlap)
+    layer = layer_params_per_rank(scenario)
+    training = {
+        **BASE["training"],
+        "data_parallel_sharding": "gradients",
+        "overlap_grad_reduce": overlap,
+        "framework": "deepspeed",
+        "reduce_bucket_size": int(bucket_layers * layer),
+    }
+    scenario = load(**{**BASE, "training": training, "network": {"collective_algorithm": "ring"}})
+    workload = lower(scenario, build_cluster(scenario.cluster))
+    lane = next(lane for lane in workload.lanes if lane.stream == COMPUTE_STREAM)
+    return scenario, [workload.ops[i] for i in lane.ops]
+
+
+def test_deepspeed_zero2_reduces_every_micro_batch_in_buckets_as_they_fill():
+    """DeepSpeed's stage 2: each backward fills buckets of reduce_bucket_size elements
+    in gradient order and reduces one before the gradient that would overflow it, the
+    rest at the end (the embedding, larger than a bucket of 2.5 layers, alone): 3
+    blocking reduce-scatters per micro-batch, 6 here, moving the stage's parameters once
+    per micro-batch; with 0, one bucket per backward."""
+    scenario, ops = _deepspeed(2.5)
+    assert isinstance(
+        strategy_for(
+            GpuOps(WorkloadBuilder(), _comm(scenario), 0, 0), scenario, ComputeModel(scenario)
+        ),
+        DeepSpeedStage2,
+    )
+    sync = [op for op in ops if op.kind == DP_SYNC]
+    per_microbatch = [
+        f"grads {held} micro-batch {mb}"
+        for mb in (0, 1)
+        for held in ("layer 3 to layer 2", "layer 1 to layer 0", "embedding/output")
+    ]
+    assert [op.label for op in sync] == [*per_microbatch, "params all-gather"]
+    assert all(op.blocking for op in sync)
+    params, d, m = stage_params_per_rank(scenario, 0), 4, 2
+    moved = sum(op.transfer[0].bytes_per_flow for op in sync[:-1])
+    assert moved == pytest.approx((d - 1) / d * m * params * 2)
+    _, whole = _deepspeed(0)
+    assert [op.label for op in whole if op.kind == DP_SYNC][:2] == [
+        "grads layer 3 to embedding/output micro-batch 0",
+        "grads layer 3 to embedding/output micro-batch 1",
+    ]
+
+
+def test_deepspeed_zero2_with_overlap_comm_keeps_one_bucket_in_flight():
+    """overlap_comm: buckets in the background, but the device is synchronised before
+    each bucket and after the last of each backward (average_tensor, the epilogue)."""
+    _, ops = _deepspeed(2.5, overlap=True)
+    seen = [
+        ("bucket" if op.kind == DP_SYNC and not op.blocking else op.label)
+        for op in ops
+        if op.kind in (DP_SYNC, BARRIER)
+    ]
+    one = [
+        "bucket",
+        "wait for gradient bucket",
+        "bucket",
+        "wait for gradient bucket",
+        "bucket",
+        "wait for gradient bucket (epilogue)",
+    ]
+    assert seen[: 2 * len(one)] == one * 2
 
 
 def test_distributed_optimizer_moves_the_same_bytes_as_an_all_reduce():
@@ -195,6 +304,10 @@ def test_one_strategy_object_per_mode(sharding, overlap, data, mode):
     assert type(strategy_for(gpu, scenario, ComputeModel(scenario))) is mode
 
 
+def _comm(scenario):
+    return StageComm(scenario, fabric=None, placement=placement_of(scenario), stage=0)
+
+
 def _compute_lane_sync(sharding, overlap):
     """(label, blocking, bytes per flow of the first phase) of the compute lane's DP ops."""
     workload = lower(scenario := _scenario(sharding, overlap), build_cluster(scenario.cluster))
@@ -311,3 +424,15 @@ def test_overlapped_param_gather_moves_the_step_all_gather_ahead_of_the_first_fo
 def test_overlapped_param_gather_needs_the_distributed_optimizer():
     with pytest.raises(ScenarioError, match="training.overlap_param_gather"):
         load(training={"overlap_param_gather": True})
+
+
+def test_deepspeed_refuses_zero2_with_pipeline_parallelism():
+    with pytest.raises(ScenarioError, match="DeepSpeed's pipeline engine refuses ZeRO-2"):
+        load(
+            parallel={"pipeline_model_parallel_size": 2, "data_parallel_size": 2},
+            training={
+                "global_batch_size": 8,
+                "framework": "deepspeed",
+                "data_parallel_sharding": "gradients",
+            },
+        )

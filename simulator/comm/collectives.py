@@ -28,21 +28,27 @@ Algorithms, as NCCL runs them (message S bytes, n ranks):
   binary tree over the nodes (each tree carries half of the shard up and down;
   2 x depth steps), then all-gather inside each node. Needs two nodes or more.
 - ``hierarchical``: as ``tree`` with a ring over the nodes in the middle.
-- ``auto``: whichever of those is fastest for this message when alone on the
-  network (latency + bytes / bottleneck per phase), the way NCCL's tuner
-  picks an algorithm from its cost model.
-- ``nvls``: as ``auto`` with NVLink SHARP among the candidates (NCCL's NVLS and
-  NVLS_TREE), where the NVSwitch reduces (``Fabric.nvls_efficiency`` > 0). Inside
-  a node of k GPUs the switch reduces: every GPU's data goes up its NVLink once
-  (multimem.ld_reduce reads chunk j of every GPU for the GPU owning chunk j), each
-  owner takes its reduced chunk down and stores it back up (multimem.st), and the
-  switch multicasts it down to every GPU: (k+1)/k S up and down each GPU's link
-  for an all-reduce (the ring: 2(k-1)/k S), S up and S/k down for a
-  reduce-scatter, the reverse for an all-gather. Multimem traffic reaches
-  ``nvls_efficiency`` of the link rate (NCCL's nvlsEfficiency), so each byte
-  occupies 1/efficiency of a byte of the link: a flow on the real links that
-  still shares them. Across nodes (NVLS_TREE): NVLS reduce-scatter in the nodes,
-  double binary trees across, NVLS all-gather. IB SHARP (CollNet) is not modelled.
+- ``auto``: what NCCL runs by default: among the algorithms NCCL enables on this
+  hardware, whichever is fastest for this message when alone on the network
+  (latency + bytes / bottleneck per phase; NCCL's tuner picks the same way, from
+  its own cost model). Where the NVSwitch reduces (``Fabric.nvls_efficiency`` > 0)
+  they include NVLink SHARP, as NCCL's default (NCCL_NVLS_ENABLE=2) does: NVLS for
+  a group inside one node, NVLS_TREE for an all-reduce over nodes (`choices` has
+  the rules and their sources).
+- ``nvls``: ``auto``, asked for on a node whose NVSwitch reduces (the scenario's rules
+  refuse it elsewhere); it also runs NVLS reduce-scatters and all-gathers over more
+  than NCCL_MAX_NVLS_ARITY GPUs of a node, which NCCL's default leaves out.
+
+NVLink SHARP (NCCL's NVLS and NVLS_TREE): inside a node of k GPUs the switch reduces:
+every GPU's data goes up its NVLink once (multimem.ld_reduce reads chunk j of every GPU
+for the GPU owning chunk j), each owner takes its reduced chunk down and stores it back
+up (multimem.st), and the switch multicasts it down to every GPU: (k+1)/k S up and down
+each GPU's link for an all-reduce (the ring: 2(k-1)/k S), S up and S/k down for a
+reduce-scatter, the reverse for an all-gather. Multimem traffic reaches
+``nvls_efficiency`` of the link rate (NCCL's nvlsEfficiency), so each byte occupies
+1/efficiency of a byte of the link: a flow on the real links that still shares them.
+Across nodes (NVLS_TREE): NVLS reduce-scatter in the nodes, double binary trees across,
+NVLS all-gather. IB SHARP (CollNet) is not modelled.
 
 Every phase pays a fixed base latency plus, per step, the slowest hop's latency.
 """
@@ -320,26 +326,96 @@ def estimate_s(collective: Collective, capacities: Sequence[float]) -> float:
     return total
 
 
+# What `choices` names NVLS over several nodes (NVLS reduce-scatter in the nodes, trees
+# across, NVLS all-gather); not a scenario value: `nvls` and `auto` choose it.
+NVLS_TREE = "nvls_tree"
+# NCCL leaves NVLS out of reduce-scatters and all-gathers with more local ranks than this
+# (src/include/device.h NCCL_MAX_NVLS_ARITY; src/enqueue.cc updateCollCostTable)
+NVLS_MAX_ARITY = 32
+
+
+def choices(
+    algorithm: str,
+    kind: str,
+    groups: Sequence[Sequence[int]],
+    message_bytes: float,
+    fabric: Fabric,
+) -> list[tuple[str, Collective]]:
+    """The (name, collective) candidates that `collective` chooses among for
+    ``algorithm``, the ring first (it wins a tie); empty for a group of one GPU.
+
+    ``ring`` is the ring alone. ``tree`` and ``hierarchical`` are that all-reduce, or
+    the ring where it does not apply (a group inside one node or spread unevenly, as
+    NCCL falls back). ``auto`` and ``nvls`` are NCCL's own choice, by these rules of
+    NCCL 2.30 (NVIDIA/nccl master 5067397):
+
+    - all-reduce: ring, tree (and ``hierarchical``, stepsim's ring over the nodes in
+      the middle); NVLS for a group inside one node, NVLS_TREE over several nodes
+      (src/graph/tuning.cc ncclTopoTuneModel: "Disable NVLS Tree on a single node",
+      NVLS across nodes only with CollNet, i.e. IB SHARP, not modelled);
+    - reduce-scatter and all-gather: the ring, and NVLS inside one node (tuning.cc:
+      only RING, PAT, NVLS and COLLNET_DIRECT run them, NVLS across nodes only with
+      CollNet; PAT, for one GPU per node, is not modelled); under ``auto`` not for more
+      than NCCL_MAX_NVLS_ARITY GPUs in the node (src/enqueue.cc updateCollCostTable);
+    - NVLS needs two GPUs of the group or more in each node (src/transport/nvls.cc
+      ncclNvlsInit: gpuCount < 2) and an NVSwitch that reduces (src/graph/search.cc
+      ncclTopoCompute: an NVSwitch and compute capability 9.0 or later; nvls.cc:
+      CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED), which `Fabric.nvls_efficiency` > 0
+      says (hardware.NVLS_EFFICIENCY by node preset). NCCL_NVLS_ENABLE defaults to 2,
+      on wherever supported, so ``auto`` takes NVLS where it applies.
+
+    Among the candidates NCCL's tuner takes the least estimated time (enqueue.cc
+    topoGetAlgoInfo over ncclTopoGetAlgoTime: latency + bytes / bandwidth per
+    algorithm and protocol); stepsim takes the least `estimate_s` of the flows it
+    builds instead (its own latency + bytes / bottleneck), not NCCL's constants."""
+    flat = ring(kind, groups, message_bytes, fabric)
+    if flat is None:
+        return []
+    found: list[tuple[str, Collective]] = [(RING, flat)]
+    if algorithm == RING:
+        return found
+    if kind == ALL_REDUCE and algorithm not in (AUTO, NVLS):
+        other = two_level_all_reduce(algorithm, groups, message_bytes, fabric)
+        return found if other is None else [(algorithm, other)]
+    if kind == ALL_REDUCE:
+        for name in (TREE, HIERARCHICAL):
+            other = two_level_all_reduce(name, groups, message_bytes, fabric)
+            if other is not None:
+                found.append((name, other))
+    else:
+        nodes = _by_node(groups[0], fabric)
+        if algorithm not in (AUTO, NVLS) or len(nodes) > 1:
+            return found  # NVLS reduce-scatters and all-gathers inside a node only
+        if algorithm == AUTO and len(nodes[0]) > NVLS_MAX_ARITY:
+            return found
+    other = nvls(kind, groups, message_bytes, fabric)
+    if other is not None:
+        found.append((NVLS if len(other) == 1 else NVLS_TREE, other))
+    return found
+
+
+def chosen(
+    algorithm: str,
+    kind: str,
+    groups: Sequence[Sequence[int]],
+    message_bytes: float,
+    fabric: Fabric,
+) -> tuple[str, Collective] | None:
+    """The (name, collective) that ``algorithm`` runs: of `choices`, the least
+    estimate alone on the network, the first on a tie; None for a group of one GPU."""
+    found = choices(algorithm, kind, groups, message_bytes, fabric)
+    if not found:
+        return None
+    if len(found) == 1:
+        return found[0]
+    return min(found, key=lambda c: estimate_s(c[1], fabric.capacities))  # first on a tie
+
+
 def all_reduce(
     algorithm: str, groups: Sequence[Sequence[int]], message_bytes: float, fabric: Fabric
 ) -> Collective | None:
-    """An all-reduce by ``algorithm``; ``tree`` and ``hierarchical`` fall back to the ring
-    where they do not apply (a group inside one node), as NCCL does."""
-    flat = ring(ALL_REDUCE, groups, message_bytes, fabric)
-    if flat is None or algorithm == RING:
-        return flat
-    if algorithm not in (AUTO, NVLS):
-        return two_level_all_reduce(algorithm, groups, message_bytes, fabric) or flat
-    candidates = [flat]
-    for name in (TREE, HIERARCHICAL):
-        other = two_level_all_reduce(name, groups, message_bytes, fabric)
-        if other is not None:
-            candidates.append(other)
-    if algorithm == NVLS:
-        other = nvls(ALL_REDUCE, groups, message_bytes, fabric)
-        if other is not None:
-            candidates.append(other)
-    return min(candidates, key=lambda c: estimate_s(c, fabric.capacities))  # first on a tie
+    """An all-reduce by ``algorithm`` (`choices` says among what; `chosen` picks)."""
+    return collective(algorithm, ALL_REDUCE, groups, message_bytes, fabric)
 
 
 def collective(
@@ -349,19 +425,12 @@ def collective(
     message_bytes: float,
     fabric: Fabric,
 ) -> Collective | None:
-    """A collective of ``kind`` by the scenario's ``algorithm``: all-reduces by
-    `all_reduce`; reduce-scatters and all-gathers are rings, or under ``nvls`` the
-    faster of the ring and NVLS for a group inside one node (NCCL 2.19+ runs them on
-    NVLS; across nodes only with IB SHARP, not modelled)."""
-    if kind == ALL_REDUCE:
-        return all_reduce(algorithm, groups, message_bytes, fabric)
-    flat = ring(kind, groups, message_bytes, fabric)
-    if algorithm != NVLS or flat is None or len(_by_node(groups[0], fabric)) > 1:
-        return flat
-    other = nvls(kind, groups, message_bytes, fabric)
-    if other is None:
-        return flat
-    return min((flat, other), key=lambda c: estimate_s(c, fabric.capacities))
+    """A collective of ``kind`` by the scenario's ``algorithm``: what `chosen` picks
+    among `choices` (all-reduces by ring, trees or NVLS; reduce-scatters and
+    all-gathers by the ring, or NVLS inside a node under ``auto`` and ``nvls`` where the
+    NVSwitch reduces)."""
+    pick = chosen(algorithm, kind, groups, message_bytes, fabric)
+    return None if pick is None else pick[1]
 
 
 # chunks of S/k each GPU's NVLink carries (up to the switch, down from it) per NVLS kind

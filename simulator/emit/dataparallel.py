@@ -18,9 +18,12 @@ The modes (strategy.py's `strategy_for` picks one):
 - `DistributedOptimizer` (ZeRO-1): gradients reduce-scattered (after the flush, or per
   layer when overlapped), the optimizer step on 1/D of the parameters, then the
   parameters all-gathered;
-- `ShardedGradients` (ZeRO-2): as ZeRO-1, but every micro-batch's gradients are
-  reduce-scattered per layer as soon as its backward is done (a gradient is not kept
-  whole to accumulate over micro-batches);
+- `ShardedGradients` (ZeRO-2, Megatron-FSDP's ``optim_grads``): as ZeRO-1, but every
+  micro-batch's gradients are reduce-scattered per layer as soon as its backward is
+  done, the embedding/output weights' too (a gradient is not kept whole to accumulate
+  over micro-batches); `DeepSpeedStage2` (DeepSpeed's ZeRO stage 2): every
+  micro-batch's gradients reduced in buckets of ``reduce_bucket_size`` elements as
+  they fill, blocking unless overlapped;
 - `FullySharded` (ZeRO-3/FSDP, in fsdp.py): a second lane per GPU (stream "dp") runs,
   one at a time as FSDP's stream does, each layer's parameter all-gather before its forward and
   backward and each layer's gradient reduce-scatter; the embedding and output weights
@@ -46,7 +49,7 @@ from __future__ import annotations
 
 import math
 
-from stepsim.schedules import DUAL
+from stepsim.schedules import DUAL, pipeline_ends, stage_of
 
 from ..cost.compute import ComputeModel
 from ..cost.memory import WEIGHT_BYTES_PER_PARAM, gathered_param_bytes, optimizer_sharded
@@ -393,27 +396,229 @@ class DistributedOptimizer(OverlappedBuckets):
         self.in_calls(label, ALL_GATHER, message_bytes, calls)
 
 
-class ShardedGradients(DistributedOptimizer):
-    """ZeRO-2 (DeepSpeed's stage 2; Megatron-FSDP's ``optim_grads``): the optimizer
-    states and the gradients sharded over the replicas, the parameters whole. A replica
-    keeps only its 1/D of the accumulated gradients, so each micro-batch's backward
-    reduce-scatters every layer's gradients in a non-blocking bucket once the layer's
-    weight gradients are done (the W pass under a split schedule), whatever
-    ``overlap_grad_reduce`` says; the embedding/output weights' gradients go once, after
-    the last backward. The step and the parameter all-gather are ZeRO-1's."""
+def _rest_at(gpu: GpuOps, scenario: Scenario) -> tuple[int, bool] | None:
+    """Where a rank's embedding/output weights' gradients are done in each micro-batch's
+    backward: (its chunk holding the embedding, at the end of the pass), else (its chunk
+    holding the output layer, before the first layer); None on a rank holding neither."""
+    par, placement = scenario.parallel, scenario.training.placement
+    p, v = par.pipeline_model_parallel_size, par.virtual_pipeline_model_parallel_size
+    ends = [pipeline_ends(stage_of(gpu.stage, k, p, placement), p, v, placement) for k in range(v)]
+    embedding = [k for k, (first, _) in enumerate(ends) if first]
+    if embedding:
+        return embedding[0], True
+    output = [k for k, (_, last) in enumerate(ends) if last]
+    return (output[0], False) if output else None
+
+
+class _PerMicroBatch(DistributedOptimizer):
+    """ZeRO-2's shape, whichever framework: gradients reduce-scattered during every
+    micro-batch's backward (the W pass under a split schedule), the embedding/output
+    weights' among them (`_rest_at`); the optimizer step on 1/D of the parameters and
+    the parameter all-gather are ZeRO-1's. The subclasses say how the buckets form."""
 
     def __init__(self, gpu: GpuOps, scenario: Scenario, compute: ComputeModel) -> None:
         super().__init__(gpu, scenario, compute, overlap=True)
         self.gradient_kind = REDUCE_SCATTER
+        self.rest_at = _rest_at(gpu, scenario)
 
     def backward_pass(self, label, mb, chunk, order, last_microbatch) -> Pass:
-        return NO_PASS if self.split else _Buckets(self, mb)
+        return NO_PASS if self.split else self.micro_batch(mb, chunk, order, weight=False)
 
     def weight_pass(self, label, mb, chunk, order, last_microbatch) -> Pass:
-        return _Buckets(self, mb)
+        return self.micro_batch(mb, chunk, order, weight=True)
 
-    def layer_bucket(self, mb: int, index: int) -> None:
+    def micro_batch(self, mb: int, chunk: int, order: list[int], weight: bool) -> Pass:
+        rest = self.rest_at if self.rest_at is not None and self.rest_at[0] == chunk else None
+        if weight and not order:  # a W pass over no layers: no hook will be called
+            if rest is not None:
+                self.rest_done(mb)
+            self.pass_done(mb)
+            return NO_PASS
+        return _MicroBatch(self, mb, order, None if rest is None else rest[1], weight)
+
+    # what a micro-batch's pass tells the strategy, in backward order
+    def layer_done(self, mb: int, index: int) -> None:
+        raise NotImplementedError
+
+    def rest_done(self, mb: int) -> None:
+        raise NotImplementedError
+
+    def pass_done(self, mb: int) -> None:
+        pass
+
+    def sync(self) -> None:
+        if self.rest_at is None:  # a rank without embedding or output weights: as ZeRO-1
+            self.bucket("grads embedding/output", -1, self.rest_params)
+        self.gpu.barrier("wait for gradient buckets", self.buckets)
+
+
+class _MicroBatch(Pass):
+    """A micro-batch's backward (or W) pass under `_PerMicroBatch`: each layer when its
+    weight gradients are done, the embedding/output weights before the first layer
+    (``rest_at_end`` False), after the last (True) or not at all (None). A W pass calls
+    neither ``before_layer`` nor ``end``: its output weights' gradient (computed before
+    its layers) is told with its first layer, its embedding's (computed before its last
+    layer's bucket) with its last."""
+
+    def __init__(
+        self,
+        strategy: _PerMicroBatch,
+        mb: int,
+        order: list[int],
+        rest_at_end: bool | None,
+        weight: bool,
+    ) -> None:
+        self.strategy, self.mb, self.last = strategy, mb, order[-1] if order else None
+        self.rest_at_end, self.weight = rest_at_end, weight
+        self.started = False
+
+    def _start(self) -> None:
+        if not self.started and self.rest_at_end is False:
+            self.strategy.rest_done(self.mb)
+        self.started = True
+
+    def before_layer(self, index: int) -> list[object]:
+        self._start()
+        return []
+
+    def after_layer(self, n: int, index: int) -> None:
+        self._start()
+        self.strategy.layer_done(self.mb, index)
+        if self.weight and index == self.last:
+            self._finish()
+
+    def end(self) -> None:
+        if not self.weight:
+            self._start()  # a pass without layers
+            self._finish()
+
+    def _finish(self) -> None:
+        if self.rest_at_end:
+            self.strategy.rest_done(self.mb)
+        self.strategy.pass_done(self.mb)
+
+
+class ShardedGradients(_PerMicroBatch):
+    """ZeRO-2 as Megatron-FSDP's ``optim_grads`` runs it: the optimizer states and the
+    gradients sharded over the replicas, the parameters whole. It reduces gradients on
+    every backward ("grad_reduce_every_bprop"), not on the last micro-batch only: each
+    parameter's gradient is copied into an unsharded bucket, and once every parameter of
+    a bucket has one the bucket is reduce-scattered asynchronously and its shard added
+    to the sharded gradient buffer (megatron/core/distributed/fsdp/src/megatron_fsdp/
+    megatron_fsdp.py `_process_post_backward_gradients`, `_grad_acc`,
+    `_root_post_backward`; param_and_grad_buffer.py `GradReducePipeline.reduce_gradients`,
+    `_bucket_group_gradient_reduce`; NVIDIA/Megatron-LM d98e8a6, and so from the first
+    custom FSDP, d165a85 `custom_fsdp/fully_sharded_data_parallel.py` `param_hook`).
+    ``no_sync`` does not hold it back ("For grads shard mode there will actually always
+    be gradient sync happening"), and ``overlap_grad_reduce`` is forced on.
+
+    So each micro-batch's backward reduce-scatters every layer's gradients in a
+    non-blocking bucket once the layer's weight gradients are done, and the
+    embedding/output weights' with it: on the rank holding the embedding after the
+    pass's last layer (a tied weight's gradient is whole only then: the root
+    post-backward hook reduces shared parameters), on a rank holding the output layer
+    alone before its first layer (its gradient comes first). The tied embedding's
+    all-reduce between the end ranks moves the local shard of its gradient, 1/D of it
+    (finalize_model_grads.py `_allreduce_embedding_grad`: the main gradient's
+    ``_local_tensor`` under Megatron-FSDP)."""
+
+    def __init__(self, gpu: GpuOps, scenario: Scenario, compute: ComputeModel) -> None:
+        super().__init__(gpu, scenario, compute)
+        self.tied_bytes /= self.data
+
+    def layer_done(self, mb: int, index: int) -> None:
         self.bucket(f"grads layer {index} micro-batch {mb}", mb, self.layer_params_at(index))
+
+    def rest_done(self, mb: int) -> None:
+        self.bucket(f"grads embedding/output micro-batch {mb}", mb, self.rest_params)
+
+
+class DeepSpeedStage2(_PerMicroBatch):
+    """ZeRO-2 as DeepSpeed's stage 2 runs it (``framework = "deepspeed"``): on every
+    backward, not only at the gradient-accumulation boundary ("ZeRO stage 2
+    communicates during non gradient accumulation boundaries as well"), each gradient
+    goes into an independent-partition bucket as its hook fires; when the next one would
+    take the bucket past ``reduce_bucket_size`` elements the bucket is reduced first
+    (each rank's slice reduced to the rank owning it), and what is left is reduced at the
+    end of the backward (deepspeed/runtime/engine.py `allreduce_gradients`;
+    runtime/zero/stage2.py `reduce_independent_p_g_buckets_and_remove_grads`,
+    `reduce_ipg_grads`, `average_tensor`, `independent_gradient_partition_epilogue`;
+    microsoft/DeepSpeed v0.5.4 bc7778e). Without ``overlap_comm`` (DeepSpeed's default;
+    stepsim reads ``overlap_grad_reduce`` for it) the reductions run on the compute
+    stream, each blocking the backward; with it on a side stream, but ``average_tensor``
+    synchronises the device before each bucket and the epilogue after the last, so one
+    bucket is in flight at a time and each backward ends with its last.
+
+    Gradients arrive by layer here (DeepSpeed's hooks fire by parameter): the
+    embedding/output weights' where `ShardedGradients` has them, a layer whole into a
+    bucket, a bucket reduced before the layer that would overflow it (a layer larger
+    than a bucket goes alone); ``reduce_bucket_size = 0`` is one bucket per backward.
+    A bucket is a reduce-scatter of its gradients (DeepSpeed's ``dist.reduce`` of each
+    rank's slice to that rank moves the same bytes per rank). DeepSpeed's pipeline
+    engine refuses ZeRO-2 ("ZeRO-2 and ZeRO-3 are incompatible with pipeline
+    parallelism", runtime/pipe/engine.py), so this is its data-parallel engine's."""
+
+    def __init__(self, gpu: GpuOps, scenario: Scenario, compute: ComputeModel) -> None:
+        super().__init__(gpu, scenario, compute)
+        self.overlap_comm = scenario.training.overlap_grad_reduce
+        self.filling: list[str] = []  # what the open bucket holds (for its label)
+        self.elements = 0.0  # and its parameters
+        self.count = 0  # buckets so far in this pass
+
+    def layer_done(self, mb: int, index: int) -> None:
+        self.add(mb, f"layer {index}", self.layer_params_at(index))
+
+    def rest_done(self, mb: int) -> None:
+        self.add(mb, "embedding/output", self.rest_params)
+
+    def add(self, mb: int, what: str, params: float) -> None:
+        if self.filling and self.reduce_bucket and self.elements + params > self.reduce_bucket:
+            self.reduce(mb)
+        self.filling.append(what)
+        self.elements += params
+
+    def pass_done(self, mb: int) -> None:
+        if self.filling:
+            self.reduce(mb)
+        if self.overlap_comm and self.buckets:
+            self.gpu.barrier("wait for gradient bucket (epilogue)", [self.buckets[-1]])
+        self.count = 0
+
+    def reduce(self, mb: int) -> None:
+        """The open bucket: blocking on the compute lane, or with ``overlap_comm`` in
+        the background once the previous one is done."""
+        held = (
+            self.filling[0]
+            if len(self.filling) == 1
+            else f"{self.filling[0]} to {self.filling[-1]}"
+        )
+        label = f"grads {held} micro-batch {mb}"
+        message_bytes = self.elements * self.grad_bytes
+        if self.overlap_comm:
+            if self.count and self.buckets:
+                self.gpu.barrier("wait for gradient bucket", [self.buckets[-1]])
+            key = BucketKey(self.gpu.who, self.gpu.stage, label)
+            self.collective(
+                self.gpu.lane,
+                label,
+                REDUCE_SCATTER,
+                message_bytes,
+                microbatch=mb,
+                blocking=False,
+                key=key,
+            )
+            self.buckets.append(key)
+        else:
+            self.collective(self.gpu.lane, label, REDUCE_SCATTER, message_bytes, microbatch=mb)
+        self.count += 1
+        self.filling, self.elements = [], 0.0
+
+    def sync(self) -> None:
+        if self.rest_at is None and self.rest_params:
+            label = f"grads embedding/output {COLLECTIVE_LABELS[REDUCE_SCATTER]}"
+            self.collective(
+                self.gpu.lane, label, REDUCE_SCATTER, self.rest_params * self.grad_bytes
+            )
 
 
 class _GatherAhead(Pass):

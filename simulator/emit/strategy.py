@@ -1,5 +1,6 @@
 """Which data-parallel strategy a simulated GPU runs: dataparallel.py's modes (none,
-after the flush, overlapped buckets, ZeRO-1, ZeRO-2) or fsdp.py's ZeRO-3 / FSDP."""
+after the flush, overlapped buckets, ZeRO-1, ZeRO-2 as Megatron-FSDP or DeepSpeed runs
+it) or fsdp.py's ZeRO-3 / FSDP."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ from stepsim.schedules import DUAL
 from ..cost.compute import ComputeModel
 from ..ir.vocabulary import SHARD_FULL, SHARD_GRADIENTS, SHARD_OPTIMIZER
 from ..scenario import Scenario
+from ..scenario.frameworks import DEEPSPEED
 from .dataparallel import (
     AllReduceAfterFlush,
     DataParallel,
+    DeepSpeedStage2,
     DistributedOptimizer,
     OverlappedBuckets,
     ShardedGradients,
@@ -28,6 +31,8 @@ def strategy_for(gpu: GpuOps, scenario: Scenario, compute: ComputeModel) -> Data
         return DataParallel(gpu, scenario, compute)
     if training.data_parallel_sharding == SHARD_FULL:
         return FullySharded(gpu, scenario, compute, stray_buckets=overlap)
+    if training.data_parallel_sharding == SHARD_GRADIENTS and training.framework == DEEPSPEED:
+        return DeepSpeedStage2(gpu, scenario, compute)
     if training.data_parallel_sharding == SHARD_GRADIENTS:
         return ShardedGradients(gpu, scenario, compute)
     if training.data_parallel_sharding == SHARD_OPTIMIZER:

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from stepsim.schedules import DUAL
 from stepsim.topologies import PLANAR
 
+from ..comm.choice import tp_choice
 from ..comm.placement import placement_of
 from ..cost.params import active_params, model_params
 from ..cost.routing import rank_loads, skewed
@@ -16,12 +17,14 @@ from ..ir.results import Result, StageMetrics
 from ..ir.units import bytes_to_gib
 from ..ir.vocabulary import (
     ATTENTION_FLASH,
+    AUTO,
     CP_COMM,
     EP_COMM,
     MOE_ALLGATHER,
     MOE_ALLTOALL,
     MOE_FLEX,
     NVLS,
+    REDUCE_SCATTER,
     categories_of,
 )
 from ..scenario import Scenario
@@ -50,6 +53,22 @@ def _grad_reduce_text(tr) -> str:
     if tr.placement == DUAL:
         return " · grad reduce after the copies' sum (overlap_grad_reduce has no effect)"
     return " · overlapped grad reduce"
+
+
+def _collectives_text(result: Result) -> str:
+    """`nvls` asked for; or under `auto` on a node whose NVSwitch reduces, what auto runs
+    for a micro-batch's TP collective (comm/choice.py), NVLS or the ring by its size."""
+    s = result.scenario
+    if s.network.collective_algorithm == NVLS:
+        return " · NVLS collectives"
+    if s.network.collective_algorithm != AUTO or s.cluster.nvls_fraction == 0:
+        return ""
+    choice = tp_choice(s, result.cluster)
+    if choice is None:
+        return ""
+    kind, name = choice
+    what = "reduce-scatter/all-gather" if kind == REDUCE_SCATTER else "all-reduce"
+    return f" · auto collectives: TP {what} by {name.upper() if 'nvls' in name else name}"
 
 
 def _assumed(training) -> str:
@@ -123,7 +142,7 @@ def summary_text(result: Result) -> str:
         + (" · overlapped param gather" if tr.overlap_param_gather else "")
         + f" · {tr.engine_label} engine ({_assumed(tr)}{_p2p_text(tr)})"
         + f" · {s.network.model} network"
-        + (" · NVLS collectives" if s.network.collective_algorithm == NVLS else "")
+        + _collectives_text(result)
         + (
             f" · {cl.fabric} fabric (drawn whole: no pattern builder)"
             if cl.fabric in PLANAR and s.network.symmetry

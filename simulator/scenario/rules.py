@@ -230,11 +230,29 @@ def check_recompute_modules(scenario: Scenario) -> None:
         raise ScenarioError(key=key, value=given, rule=problem)
 
 
+def check_deepspeed_stage2(scenario: Scenario) -> None:
+    """DeepSpeed's pipeline engine refuses ZeRO stage 2 (deepspeed/runtime/pipe/engine.py:
+    "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism")."""
+    training = scenario.training
+    if (
+        training.framework == "deepspeed"
+        and training.data_parallel_sharding == SHARD_GRADIENTS
+        and scenario.parallel.pipeline_model_parallel_size > 1
+    ):
+        raise ScenarioError(
+            key="training.data_parallel_sharding",
+            value=SHARD_GRADIENTS,
+            rule="cannot go with framework = deepspeed and pipeline_model_parallel_size > 1 "
+            "(DeepSpeed's pipeline engine refuses ZeRO-2)",
+        )
+
+
 def check_scenario(scenario: Scenario) -> None:
     """Every rule across specs, in the order the errors are reported."""
     check_cluster_size(scenario)
     check_name(scenario.name)
     check_recompute_modules(scenario)
+    check_deepspeed_stage2(scenario)
     check_tied_embeddings(scenario.model, scenario.training)
     check_context_parallel(scenario.model, scenario.parallel, scenario.training)
     check_expert_parallel(scenario)

@@ -131,8 +131,8 @@ class ClusterSpec:
     nvls_efficiency: float | None = key(
         "fraction of the NVLink rate that NVLink SHARP (NVLS) in-switch reductions reach "
         "(NCCL's nvlsEfficiency: 0.85 Hopper, 0.74 Blackwell); 0: the NVSwitch cannot "
-        "reduce; unset: the `node` preset's (0 without one); read by "
-        '`network.collective_algorithm = "nvls"`',
+        "reduce (as NCCL_NVLS_ENABLE=0); unset: the `node` preset's (0 without one); read by "
+        "`network.collective_algorithm` `auto` and `nvls`",
         default=None,
         low=0.0,
         high=1.0,
@@ -365,8 +365,9 @@ class NetworkConfig:
         choices=NETWORK_MODELS,
     )
     collective_algorithm: str = key(
-        "all-reduce algorithm (TP and DP all-reduces; reduce-scatters and all-gathers are "
-        "rings, or NVLS inside a node under `nvls`), see below",
+        "collective algorithm, see below: `auto` is NCCL's default choice (NVLS inside a "
+        "node whose NVSwitch reduces); reduce-scatters and all-gathers are rings, or NVLS "
+        "inside a node under `auto` and `nvls`",
         default=AUTO,
         choices=COLLECTIVE_ALGORITHMS,
     )
