@@ -79,10 +79,10 @@ def test_fast_communication_is_hidden_in_every_pair():
 
 def test_slow_communication_decides_the_pair():
     """Communication far above the compute: within a pair the all-to-alls run back to
-    back on the communication stream (4 per MoE layer: dispatch, combine and the two
-    duals; the forward's token-count all-gather before them), so the pair takes them plus
-    the compute before the first and after the last; the compute they hid is what the
-    iteration saves."""
+    back on the communication stream (4 per MoE layer: the combine's dual, the forward's
+    token-count all-gather and dispatch, the dispatch's dual, the combine: Megatron-Core's
+    combined-1F1B order), so the pair takes them plus the compute before the first and
+    after the last; the compute they hid is what the iteration saves."""
     plain, paired = run(_scenario(False, 1.0)), run(_scenario(True, 1.0))
     spans = sorted((s for s in paired.trace.spans if s.kind == EP_COMM), key=lambda s: s.start_s)
     assert {s.stream for s in spans} == {EP_STREAM}
@@ -92,16 +92,19 @@ def test_slow_communication_decides_the_pair():
     spans = [s for s in spans if s.end_s - s.start_s > one / 2]
     assert len(counts) == M  # one per forward: F0's, then one in each pair
     assert all(s.end_s - s.start_s == pytest.approx(one, rel=1e-9) for s in spans)
-    # spans 0-1: F0 alone; 2-13: three pairs of 4; 14-15: B3 alone
+    # spans 0-1: F0 alone; 2-13: three pairs of 4 (with the forward's count all-gather
+    # among them); 14-15: B3 alone
+    windows = []
     for pair in range(M - 1):
         four = spans[2 + 4 * pair : 6 + 4 * pair]
-        for before, after in zip(four, four[1:], strict=False):
+        chain = sorted([*four, counts[1 + pair]], key=lambda s: s.start_s)
+        for before, after in zip(chain, chain[1:], strict=False):
             assert after.start_s == pytest.approx(before.end_s, rel=1e-12)
+        windows.append((chain[0], chain[-1]))
     compute = [s for s in paired.trace.spans if s.stream == COMPUTE_STREAM]
     hidden = sum(
         min(c.end_s, last.end_s) - max(c.start_s, first.start_s)
-        for pair in range(M - 1)
-        for first, last in [(counts[1 + pair], spans[5 + 4 * pair])]
+        for first, last in windows
         for c in compute
         if c.kind in ("forward", "backward") and c.end_s > first.start_s and c.start_s < last.end_s
     )
@@ -213,5 +216,8 @@ def test_delayed_weight_gradients_run_after_the_dispatch_dual_is_launched():
         assert any(s.end_s - s.start_s == pytest.approx(experts_w) for s in spans)
         before = [s for s in plain.trace.spans if s.label == "B0" and s.kind == "backward"]
         assert len(spans) == len(before) + 1
+    # where the dispatch's dual waits for the weight gradients, the pair gets shorter
+    plain = run(_scenario(True, 20.0)).metrics.iteration_time_s
+    assert run(_scenario(True, 20.0, delay_wgrad_compute=True)).metrics.iteration_time_s < plain
     with pytest.raises(ScenarioError, match="delay_wgrad_compute=True applies only with"):
         _scenario(False, 1.0, delay_wgrad_compute=True)

@@ -389,7 +389,7 @@ class _Stage:
             pair = after if after is not None and after.overlapped else None
             if step.kind == "F" and pair is not None and self.pairing is not None:
                 backward = self.backward_steps(pair, *self.grad_flags(position + 1))
-                deferred = self.pairing.interleave(self.forward_steps(step, pair), backward)
+                deferred = self.pairing.pair(self.forward_steps(step, pair), backward)
                 lowered = position + 1
             elif step.kind == "F":
                 deferred = self.forward(step, pair)

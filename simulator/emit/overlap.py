@@ -78,14 +78,34 @@ class Pairing:
         self.moe = MoeBlock(shared, gpu.ep_rank(scenario)) if scenario.model.moe else None
         self.lane = gpu.new_lane(EP_STREAM)
         self.delay_wgrad = bool(scenario.training.delay_wgrad_compute)
+        self.backward_first = scenario.training.schedule not in ("dualpipe", "dualpipev")
+
+    def pair(
+        self, forward: Generator[None, None, T], backward: Generator[None, None, object]
+    ) -> T | None:
+        """An F&B pair's two passes interleaved, in the order its schedule runs them;
+        the forward's value. Megatron-Core's combined 1F1B (`interleaved`, one-stage
+        `1f1b`) starts each layer with the backward: TransformerLayerSchedulePlan.run
+        (megatron/core/models/common/model_chunk_schedule_plan.py) launches the backward's
+        combine dual, then runs the forward's attention under it, so its communication
+        stream runs combine-dual, dispatch, dispatch-dual, combine. DualPipe's pairs start
+        with the forward, as before."""
+        if self.backward_first:
+            return self.interleave(forward, backward, lead=backward)
+        return self.interleave(forward, backward)
 
     @staticmethod
     def interleave(
-        first: Generator[None, None, T], second: Generator[None, None, object]
+        first: Generator[None, None, T],
+        second: Generator[None, None, object],
+        lead: Generator[None, None, object] | None = None,
     ) -> T | None:
-        """Advance two passes in turn, a part each, until both end; the first's value."""
+        """Advance two passes in turn, a part each, until both end, ``lead`` (default the
+        first) first; the first's value."""
         value: T | None = None
         running: list[Generator[None, None, object]] = [first, second]
+        if lead is second:
+            running.reverse()
         while running:
             for steps in list(running):
                 try:
