@@ -28,6 +28,7 @@ def test_keys_are_the_spec_fields_with_key_metadata_in_field_order():
     assert list(keys()) == [TOP_LEVEL, *SECTIONS, *ARRAYS]
     assert list(keys()["model"]) == [
         "preset",
+        "hf_config",
         "num_layers",
         "hidden_size",
         "num_attention_heads",

@@ -10,7 +10,7 @@ from stepsim.schedules import SCHEDULES
 from ..ir.results import SCHEMA_VERSION
 from ..scenario import shipped_scenarios
 from ..scenario.presets import GPUS, MODELS, NODES
-from .common import json_argument, print_json
+from .common import json_argument, print_json, quiet_argument
 
 
 def add_command(sub) -> None:
@@ -21,6 +21,7 @@ def add_command(sub) -> None:
         "node and model presets a scenario can name, and the pipeline schedules.",
     )
     json_argument(listing)
+    quiet_argument(listing, "accepted as every command takes it (list shows no progress line)")
     listing.set_defaults(handler=command)
 
 

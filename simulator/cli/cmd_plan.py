@@ -23,14 +23,17 @@ from ..scenario import ScenarioError
 from .common import (
     Parser,
     Workers,
+    check_out,
     json_argument,
     load,
+    out_errors,
     print_json,
     progress_for,
     quiet_argument,
     scenario_arguments,
     space_arguments,
     space_of,
+    tokens_argument,
     worker_arguments,
     write_rows,
 )
@@ -81,13 +84,7 @@ def add_command(sub) -> None:
     ):
         q = questions.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         scenario_arguments(q, "SECTION.KEY=VALUE", "override a scenario key")
-        q.add_argument(
-            "--tokens",
-            type=float,
-            required=name == "time-to-train",
-            metavar="T",
-            help="training tokens, e.g. 300e9",
-        )
+        tokens_argument(q, "training tokens", required=name == "time-to-train")
         q.add_argument(
             "--goodput",
             action="store_true",
@@ -115,7 +112,7 @@ def add_command(sub) -> None:
         help="strong scaling: the same global batch (default); weak: the same micro-batches "
         "per pipeline, the global batch growing with DP",
     )
-    scale.add_argument("--tokens", type=float, metavar="T", help="add days and GPU-hours")
+    tokens_argument(scale, "add days and GPU-hours for this many training tokens")
     scale.add_argument("--out", metavar="DIR", help="write scale.csv and scale.png to DIR")
     json_argument(scale)
     worker_arguments(scale)
@@ -138,7 +135,7 @@ def add_command(sub) -> None:
         metavar="S",
         help="take this iteration time instead of simulating SCENARIO",
     )
-    goodput.add_argument("--tokens", type=float, metavar="T", help="add the run's days")
+    tokens_argument(goodput, "add the run's days for this many training tokens")
     json_argument(goodput)
     quiet_argument(goodput)
     goodput.set_defaults(handler=goodput_command)
@@ -328,6 +325,7 @@ def scale_command(args: argparse.Namespace) -> int:
     base = load(args)
     nodes = int_list("--nodes", args.nodes)
     check_tokens(args.tokens)
+    check_out("--out", args.out)
     entries = scale_scenarios(base, sorted(set(nodes)), args.keep)
     runnable = [(i, sc) for i, (_, sc, _) in enumerate(entries) if sc is not None]
     results = [None] * len(entries)
@@ -360,10 +358,11 @@ def scale_command(args: argparse.Namespace) -> int:
 
         out = Path(args.out)
         rows = [p.row() for p in points if p.metrics is not None]
-        written = write_rows(out, "scale", rows)
-        scale_figure(points, f"{base.name}: scaling with data parallelism").savefig(
-            out / "scale.png", dpi=110
-        )
+        with out_errors("--out", args.out):
+            written = write_rows(out, "scale", rows)
+            scale_figure(points, f"{base.name}: scaling with data parallelism").savefig(
+                out / "scale.png", dpi=110
+            )
         if not args.json:
             print(f"\n  wrote {args.out}/: {' '.join(written)} scale.png")
     return 0

@@ -16,8 +16,10 @@ from pathlib import Path
 
 from ..scenario import ScenarioError, dumps_toml, scenario_to_dict
 from .common import (
+    check_out,
     json_argument,
     load,
+    out_errors,
     print_json,
     progress_for,
     quiet_argument,
@@ -75,6 +77,7 @@ def command(args: argparse.Namespace) -> int:
     )
 
     scenario = load(args)
+    check_out("--out", args.out)
     problem = out_of_memory(scenario, memory_per_stage(scenario))
     if problem and not args.allow_oom:
         raise ScenarioError(str(problem))
@@ -88,7 +91,8 @@ def command(args: argparse.Namespace) -> int:
     finally:
         progress.clear()
     if args.out:
-        written = write_outputs(result, Path(args.out), TRACE_FILES[args.trace])
+        with out_errors("--out", args.out):
+            written = write_outputs(result, Path(args.out), TRACE_FILES[args.trace])
     if args.json:
         print(json.dumps(result.metrics.to_json(), indent=2))
     else:
@@ -167,6 +171,7 @@ def jobs_command(args: argparse.Namespace) -> int:
     from ..scenario.jobfile import load_jobs
 
     spec = load_jobs(args.jobs)
+    check_out("--out", args.out)
     progress = progress_for(args)
     progress.begin("simulating the jobs together")
     try:
@@ -175,7 +180,8 @@ def jobs_command(args: argparse.Namespace) -> int:
         progress.clear()
     written = []
     if args.out:
-        written = write_jobs_outputs(result, spec, Path(args.out), args.trace)
+        with out_errors("--out", args.out):
+            written = write_jobs_outputs(result, spec, Path(args.out), args.trace)
     if args.json:
         print_json(result.to_json())
     else:

@@ -11,6 +11,7 @@ from stepsim.schedules.torch_csv import to_torch_csv
 
 from ..plan.space import int_list
 from ..scenario import read_schedule_file
+from .common import check_out, out_errors, quiet_argument
 
 
 def add_command(sub) -> None:
@@ -97,6 +98,7 @@ def add_command(sub) -> None:
         "layer and rank r's ops last L_r times as long",
     )
     sched.add_argument("--json", action="store_true", help="print the results as JSON")
+    quiet_argument(sched, "accepted as every command takes it (schedule shows no progress line)")
     sched.add_argument(
         "--out",
         metavar="DIR",
@@ -119,6 +121,7 @@ def command(args: argparse.Namespace) -> int:
         "--chunks": args.chunks,
     }
     check_sizes({**sizes, "--group-size": args.group_size})
+    check_out("--out", args.out)
     weight_given = args.weight is not None
     if args.schedule_file is not None:
         path = Path(args.schedule_file)
@@ -161,16 +164,18 @@ def command(args: argparse.Namespace) -> int:
         from ..report.timeline import pipeline_figure
 
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        pipeline_figure(studies).savefig(out / "schedule.png", dpi=110)
-        (out / "trace.json").write_text(json.dumps(study_trace(studies), separators=(",", ":")))
-        written = ["schedule.png", "trace.json"]
-        for study in studies:
-            if study.placement == DUAL:  # two model copies: no torch schedule runs them
-                continue
-            name = f"{study.name}.torch.csv"
-            (out / name).write_text(to_torch_csv(study.orders, study.placement))
-            written.append(name)
+        with out_errors("--out", args.out):
+            out.mkdir(parents=True, exist_ok=True)
+            pipeline_figure(studies).savefig(out / "schedule.png", dpi=110)
+            trace = json.dumps(study_trace(studies), separators=(",", ":"))
+            (out / "trace.json").write_text(trace)
+            written = ["schedule.png", "trace.json"]
+            for study in studies:
+                if study.placement == DUAL:  # two model copies: no torch schedule runs them
+                    continue
+                name = f"{study.name}.torch.csv"
+                (out / name).write_text(to_torch_csv(study.orders, study.placement))
+                written.append(name)
         if not args.json:
             print(f"\n  wrote {args.out}/: {' '.join(written)}")
     return 0

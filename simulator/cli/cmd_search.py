@@ -16,8 +16,10 @@ from .common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     Workers,
+    check_out,
     json_argument,
     load,
+    out_errors,
     print_json,
     progress_for,
     scenario_arguments,
@@ -72,6 +74,7 @@ def command(args: argparse.Namespace) -> int:
     journal = None
     header = journal_header(base)
     if args.out:
+        check_out("--out", args.out)
         out = Path(args.out)
         path = out / "search.jsonl"
         found, entries = read_search_journal(path)
@@ -81,11 +84,12 @@ def command(args: argparse.Namespace) -> int:
                 "stepsim version); use another --out or delete the file"
             )
         known = journal_known(entries)
-        out.mkdir(parents=True, exist_ok=True)
-        journal = path.open("a", encoding="utf-8")
-        if found is None:
-            journal.write(json.dumps({"search": header}) + "\n")
-            journal.flush()
+        with out_errors("--out", args.out):
+            out.mkdir(parents=True, exist_ok=True)
+            journal = path.open("a", encoding="utf-8")
+            if found is None:
+                journal.write(json.dumps({"search": header}) + "\n")
+                journal.flush()
     progress = progress_for(args)
     progress.begin("searching")
     todo = [0]
@@ -157,7 +161,8 @@ def command(args: argparse.Namespace) -> int:
             )
         )
     if args.out:
-        written = write_rows(Path(args.out), "search", result_rows(result))
+        with out_errors("--out", args.out):
+            written = write_rows(Path(args.out), "search", result_rows(result))
         if not args.json:
             print(f"\n  wrote {args.out}/: {' '.join(written)} search.jsonl")
     return 0 if result.ranked else EXIT_FAILED
@@ -176,6 +181,8 @@ def run_command(args: argparse.Namespace) -> str:
     parts = ["stepsim", "run", args.scenario]
     if args.calibration:
         parts += ["--calibration", args.calibration]
+    if args.hf_config:
+        parts += ["--hf-config", args.hf_config]
     for item in args.overrides:
         parts += ["--set", item]
     return shlex.join(parts)

@@ -7,11 +7,13 @@ import sys
 from pathlib import Path
 
 from ..ir.results import SCHEMA_VERSION
-from ..scenario import load_scenario
 from .common import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    check_out,
     json_argument,
+    load,
+    out_errors,
     print_json,
     progress_for,
     quiet_argument,
@@ -41,6 +43,7 @@ def command(args: argparse.Namespace) -> int:
     from ..report.tables import sweep_table_text
     from ..run.iteration import run
 
+    check_out("--out", args.out)
     progress = progress_for(args)
 
     def on_point(i: int, n: int, where: str) -> None:
@@ -48,7 +51,7 @@ def command(args: argparse.Namespace) -> int:
 
     try:
         sweep = run_sweep(
-            lambda overrides: load_scenario(args.scenario, overrides, calibration=args.calibration),
+            lambda overrides: load(args, overrides),
             lambda scenario: run(scenario, progress.update).metrics,
             args.overrides,
             on_point,
@@ -61,7 +64,7 @@ def command(args: argparse.Namespace) -> int:
             {
                 "schema_version": SCHEMA_VERSION,
                 "command": "sweep",
-                "scenario": load_scenario(args.scenario).name,
+                "scenario": load(args, []).name,
                 "swept": keys,
                 "points": [point.row() for point in points],
                 "rejected": [{**settings, "error": reason} for settings, reason in sweep.rejected],
@@ -75,15 +78,16 @@ def command(args: argparse.Namespace) -> int:
             print(f"  rejected {where}: {reason}")
     if args.out:
         out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
         rows = [{**point.row(), "error": ""} for point in points]
         rows += [{**settings, "error": reason} for settings, reason in sweep.rejected]
-        write_csv(out / "sweep.csv", rows)
-        written = "sweep.csv"
-        if points:
-            name = load_scenario(args.scenario).name
-            sweep_figure(keys, points, f"{name}: sweep").savefig(out / "sweep.png", dpi=110)
-            written += " sweep.png"
+        name = load(args, []).name if points else ""
+        with out_errors("--out", args.out):
+            out.mkdir(parents=True, exist_ok=True)
+            write_csv(out / "sweep.csv", rows)
+            written = "sweep.csv"
+            if points:
+                sweep_figure(keys, points, f"{name}: sweep").savefig(out / "sweep.png", dpi=110)
+                written += " sweep.png"
         if not args.json:
             print(f"\n  wrote {args.out}/: {written}")
     if sweep.interrupted:

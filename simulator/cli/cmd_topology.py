@@ -11,7 +11,15 @@ from stepsim.topologies.fabric import planes_of
 
 from ..ir.results import SCHEMA_VERSION
 from ..scenario import ScenarioError
-from .common import json_argument, load, print_json, scenario_arguments
+from .common import (
+    check_out,
+    json_argument,
+    load,
+    out_errors,
+    print_json,
+    quiet_argument,
+    scenario_arguments,
+)
 
 
 def add_command(sub) -> None:
@@ -33,6 +41,7 @@ def add_command(sub) -> None:
         "slow_link names), its ends, role and GB/s",
     )
     json_argument(topo)
+    quiet_argument(topo, "accepted as every command takes it (topology shows no progress line)")
     topo.set_defaults(handler=command)
 
 
@@ -43,6 +52,7 @@ def command(args: argparse.Namespace) -> int:
 
     if args.png is not None and Path(args.png).suffix.lower() not in ("", ".png"):
         raise ScenarioError(f"--png {args.png!r} must name a .png file")
+    check_out("--png", args.png, folder=False)
     scenario = load(args)
     cluster = build_cluster(scenario.cluster)
     if args.png and cluster.num_gpus > MAX_DRAWN_GPUS:
@@ -67,7 +77,8 @@ def command(args: argparse.Namespace) -> int:
         spec = scenario.cluster
         planes = planes_of(spec.fabric_shape(), spec.nics_per_node) if spec.fabric in PLANAR else 1
         figure = topology_figure(cluster.graph, scenario.name, planes)
-        figure.savefig(args.png, dpi=110, format="png")
+        with out_errors("--png", args.png):
+            figure.savefig(args.png, dpi=110, format="png")
         if not args.json:
             print(f"\n  wrote {args.png}")
     return 0

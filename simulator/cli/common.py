@@ -1,16 +1,22 @@
 """What every command shares: the parser class, exit codes, the progress line, the
-argument groups several commands take, the executor their flags ask for, and writing
-rows as CSV (and Parquet)."""
+argument groups several commands take (the scenario's, --json and --quiet, token
+counts), the executor their flags ask for, the --out folder's checks, and writing rows
+as CSV (and Parquet)."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
+import math
+import os
+import re
 import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -32,6 +38,7 @@ from ..plan.space import (
     space_from_flags,
 )
 from ..scenario import Scenario, ScenarioError, load_scenario
+from ..scenario.suggest import did_you_mean
 
 EXIT_USAGE = 2  # bad input: one line naming the key, the value and the rule
 EXIT_FAILED = 1  # a deadlock or a file that cannot be read or written
@@ -39,8 +46,16 @@ EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it
 EXIT_BROKEN_PIPE = 141  # stdout's reader went away (128 + SIGPIPE, as Unix tools exit)
 
 
+# argparse's message for a value not among an argument's choices (a command's name too)
+_INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>.*)' \(choose from (?P<choices>.*)\)$")
+
+
 class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, exit 2, as for scenario errors
+        found = _INVALID_CHOICE.search(message)
+        if found:  # argparse lists the choices as 'a', 'b'
+            hint = did_you_mean(found["given"], re.findall(r"'([^']*)'", found["choices"]))
+            message += f"; {hint}" if hint else ""
         self.exit(EXIT_USAGE, f"stepsim: error: {message} (see stepsim {self._sub()}--help)\n")
 
     def _sub(self) -> str:
@@ -101,6 +116,12 @@ def scenario_arguments(parser: argparse.ArgumentParser, metavar: str, help_text:
         help="kernel constants for the scenario's GPU (benchmarks/measure_kernels.py writes it)",
     )
     parser.add_argument(
+        "--hf-config",
+        metavar="FILE",
+        help="take the model from a Hugging Face config.json (model.hf_config) instead of "
+        "the scenario's preset or model keys; the scenario's seq_length and --set still apply",
+    )
+    parser.add_argument(
         "--set",
         dest="overrides",
         action="append",
@@ -110,9 +131,15 @@ def scenario_arguments(parser: argparse.ArgumentParser, metavar: str, help_text:
     )
 
 
-def load(args: argparse.Namespace) -> Scenario:
-    """The scenario of the command's SCENARIO, --set and --calibration."""
-    return load_scenario(args.scenario, args.overrides, calibration=args.calibration)
+def load(args: argparse.Namespace, overrides: Sequence[str] | None = None) -> Scenario:
+    """The scenario of the command's SCENARIO, --hf-config, --set (or ``overrides``)
+    and --calibration."""
+    return load_scenario(
+        args.scenario,
+        args.overrides if overrides is None else overrides,
+        calibration=args.calibration,
+        hf_config=args.hf_config,
+    )
 
 
 def json_argument(parser: argparse.ArgumentParser) -> None:
@@ -128,6 +155,90 @@ def print_json(document: Any) -> None:
 
 def quiet_argument(parser: argparse.ArgumentParser, help_text: str = "no progress line") -> None:
     parser.add_argument("--quiet", action="store_true", help=help_text)
+
+
+# --tokens: a count with an optional SI-style suffix (300B, 15T), or any float literal
+_TOKENS = re.compile(
+    r"(?P<number>[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][+-]?[0-9]+)?)(?P<unit>[kKmMbBtT]?)"
+)
+TOKEN_UNITS = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
+MAX_TOKENS = 1e18  # a thousand times the largest training run's: a typo beyond it
+
+
+def token_count(text: str) -> float:
+    """A token count as --tokens takes it: ``300B``, ``15T``, ``1.5M``, ``2.5e12``,
+    ``300e9``, ``300_000_000_000`` (K, M, B, T: 10^3, 10^6, 10^9, 10^12, either case),
+    positive and at most 10^18; an argparse error naming the value otherwise."""
+    found = _TOKENS.fullmatch(text.strip())
+    value = math.nan
+    if found and "__" not in text and not found["number"].endswith("_"):
+        try:
+            value = float(found["number"]) * TOKEN_UNITS[found["unit"].lower()]
+        except ValueError:  # an underscore where float() takes none (1_.5)
+            value = math.nan
+    if not 1 <= value <= MAX_TOKENS:
+        why = "must be at least 1" if value < 1 else f"must be at most {MAX_TOKENS:.0e}"
+        if math.isnan(value):
+            why = "is not a token count (write 300B, 15T, 2.5e12 or 300_000_000_000)"
+        raise argparse.ArgumentTypeError(f"{text!r} {why}")
+    return value
+
+
+def tokens_argument(parser: argparse.ArgumentParser, help_text: str, required: bool = False):
+    parser.add_argument(
+        "--tokens",
+        type=token_count,
+        required=required,
+        metavar="T",
+        help=f"{help_text}: 300B, 15T, 2.5e12 or 300_000_000_000",
+    )
+
+
+# -- --out: a folder the command writes to ----------------------------------------------
+
+
+def check_out(option: str, text: str | None, folder: bool = True) -> Path | None:
+    """The folder (``folder``) or file an output option names, checked before any work
+    is done: an existing path of the other kind, a file in the way of the folders to
+    create, or an ancestor that cannot be written is a one-line error naming the
+    option, the path and why (exit 2). Nothing is created here (`out_errors` turns a
+    failure when writing into the same line)."""
+    if text is None:
+        return None
+    path = Path(text)
+    if path.exists():
+        if folder and not path.is_dir():
+            raise ScenarioError(f"{option} {text!r}: is a file, not a folder")
+        if not folder and path.is_dir():
+            raise ScenarioError(f"{option} {text!r}: is a folder, not a file")
+        target = path if folder else path.parent
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise ScenarioError(f"{option} {text!r}: cannot write there: permission denied")
+        return path
+    parent = path.parent  # as the user wrote it (".", the working folder, exists)
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not folder and parent != path.parent:
+        raise ScenarioError(f"{option} {text!r}: its folder {str(path.parent)!r} does not exist")
+    if not parent.is_dir():
+        raise ScenarioError(f"{option} {text!r}: cannot create it: {str(parent)!r} is a file")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ScenarioError(
+            f"{option} {text!r}: cannot create it in {str(parent)!r}: permission denied"
+        )
+    return path
+
+
+@contextlib.contextmanager
+def out_errors(option: str, text: str) -> Iterator[None]:
+    """Writing an output option's files: an OSError (no space, a permission, a file in
+    the way) becomes one line naming the option, the path and the reason (exit 2)."""
+    try:
+        yield
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename and str(exc.filename) != text else ""
+        reason = exc.strerror or str(exc)
+        raise ScenarioError(f"{option} {text!r}: cannot write{where}: {reason}") from None
 
 
 def _listed(values: tuple) -> str:

@@ -1,8 +1,9 @@
 """How a scenario key is declared and read back: `key(...)` puts its help line, unit,
 range and choices on a dataclass field as metadata; `keys_of` reads a spec's fields back
-as `Key`s, `check_value` checks a value against one and `check_values` a whole spec (each
-spec runs it when built). `mechanism_key` declares a framework mechanism (None: the
-framework's default, frameworks.py). schema.py gathers the scenario's sections."""
+as `Key`s, `check_value` checks a value against one (a mistyped choice gets its close
+matches, suggest.py) and `check_values` a whole spec (each spec runs it when built).
+`mechanism_key` declares a framework mechanism (None: the framework's default,
+frameworks.py). schema.py gathers the scenario's sections."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from functools import cache
 from typing import Any, TypedDict
 
 from .errors import ScenarioError
+from .suggest import did_you_mean
 
 
 class KeyRange(TypedDict, total=False):
@@ -178,7 +180,10 @@ def check_value(key: Key, value: Any) -> Any:
             rule = f"must be between {key.low:g} and {key.high:g}"
             raise ScenarioError(key=full, value=value, rule=rule)
     if key.choices is not None and value not in key.choices:
-        raise ScenarioError(key=full, value=value, rule=f"must be one of: {', '.join(key.choices)}")
+        rule = f"must be one of: {', '.join(key.choices)}"
+        raise ScenarioError(
+            key=full, value=value, rule=rule, fix=did_you_mean(value, key.choices) or None
+        )
     return value
 
 

@@ -3,12 +3,13 @@
 This layer and the CLI are the only places that touch files. What the loader checks
 and fills comes from the schema (`schema.keys()`, read from the specs' fields): each
 key's type, range and choices, the defaults and the required keys. It adds what only
-a file has: presets (model.preset, cluster.node, cluster.gpu by name), defaults
-derived from other keys, and a custom schedule's file. The rules across keys run
-when the specs are built (`rules`), as for a scenario built in Python. Every error a
-user can cause is a `ScenarioError` whose message names the key, the value and the
-rule, e.g. ``parallel.tensor_model_parallel_size=6 must divide
-model.num_attention_heads=128``.
+a file has: presets (model.preset, cluster.node, cluster.gpu by name), a Hugging Face
+config.json (model.hf_config, hfconfig.py), defaults derived from other keys, and a
+custom schedule's file. The rules across keys run when the specs are built (`rules`),
+as for a scenario built in Python. Every error a user can cause is a `ScenarioError`
+whose message names the key, the value and the rule, e.g.
+``parallel.tensor_model_parallel_size=6 must divide model.num_attention_heads=128``;
+a mistyped key or section gets its close matches (suggest.py).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from stepsim.schedules import SCHEDULES as SCHEDULE_INFO
 from stepsim.schedules.custom import sizes_of
 
 from ..ir.vocabulary import SHARD_OPTIMIZER
-from . import presets, rules, schema
+from . import hfconfig, presets, rules, schema
 from .errors import ScenarioError
 from .fields import check_value
 from .files import (
@@ -46,6 +47,7 @@ from .spec import (
     Scenario,
     TrainingConfig,
 )
+from .suggest import did_you_mean
 
 __all__ = [
     "apply_override",
@@ -58,12 +60,19 @@ __all__ = [
 
 
 def load_scenario(
-    path: str | Path, overrides: Iterable[str] = (), calibration: str | Path | None = None
+    path: str | Path,
+    overrides: Iterable[str] = (),
+    calibration: str | Path | None = None,
+    hf_config: str | Path | None = None,
 ) -> Scenario:
     """Read a scenario file, apply ``section.key=value`` overrides, validate; with
-    ``calibration``, use that file's kernel constants for the scenario's GPU."""
+    ``calibration``, use that file's kernel constants for the scenario's GPU; with
+    ``hf_config`` (the CLI's --hf-config), take the model from that Hugging Face
+    config.json (`apply_hf_config`)."""
     path = scenario_path(path)
     raw = read_toml(path, "scenario file")
+    if hf_config is not None:  # before --set, which wins over it
+        apply_hf_config(raw, hf_config)
     for item in overrides:
         apply_override(raw, item)
     scenario = scenario_from_dict(raw, base_dir=path.parent)
@@ -106,7 +115,7 @@ def parse_override(item: str) -> tuple[str, str, Any]:
     if section and section not in schema.SECTIONS:
         raise ScenarioError(
             f"--set {_shown(target)}: unknown section {_shown(section)!r}; "
-            f"known: {_known(schema.SECTIONS)}"
+            + (did_you_mean(section, schema.SECTIONS) or f"known: {_known(schema.SECTIONS)}")
         )
     if "." in key:  # no key has a dot; say so before a long dotted key is stored
         raise ScenarioError(f"--set {_shown(target)}: unknown key; keys are section.key")
@@ -129,13 +138,35 @@ def apply_override(raw: dict[str, Any], item: str) -> None:
     table[key] = value
 
 
+def apply_hf_config(raw: dict[str, Any], path: str | Path) -> None:
+    """``--hf-config PATH``: the model of the Hugging Face config.json at PATH (relative
+    to the working folder, as a command-line path is) in place of the file's: its
+    model.preset or hf_config and the [model] keys the config gives are dropped, its
+    other [model] keys (seq_length, routing, ...) stay, and so does the seq_length of
+    a preset it replaces (the training length, which no config.json gives); --set,
+    applied after, wins."""
+    table = raw.setdefault("model", {})
+    if not isinstance(table, dict):
+        raise ScenarioError("--hf-config: [model] is not a table in the scenario file")
+    written = str(Path(path).absolute())
+    given = hfconfig.model_keys(Path(written), f"--hf-config {str(path)!r}")
+    preset = table.get("preset")
+    if isinstance(preset, str) and preset in presets.MODELS:
+        table.setdefault("seq_length", presets.MODELS[preset]["seq_length"])
+    for key in ("preset", *given):
+        table.pop(key, None)
+    table["hf_config"] = written
+
+
 def scenario_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> Scenario:
     """Validate a parsed TOML document and build the frozen Scenario. A relative
     ``training.schedule_file`` is read from ``base_dir`` (the scenario's folder)."""
     allowed_top = {*schema.keys()[schema.TOP_LEVEL], *schema.SECTIONS, *schema.ARRAYS}
     for key in raw:
         if key not in allowed_top:
-            raise ScenarioError(f"unknown key {key!r} at top level; known: {_known(allowed_top)}")
+            raise ScenarioError(
+                f"unknown key {_shown(key)!r} at top level; " + _unknown_hint(key, "", allowed_top)
+            )
     name = raw.get("name")
     rules.check_name(name)  # first, as Scenario runs it only once the sections are built
     assert isinstance(name, str)  # check_name refused anything else
@@ -204,10 +235,30 @@ def _check_table(section: str, table: Mapping[str, Any]) -> dict[str, Any]:
     for key, value in table.items():
         if key not in known:
             raise ScenarioError(
-                f"unknown key '{section}.{key}'; known in [{section}]: {_known(known)}"
+                f"unknown key {_shown(f'{section}.{key}')!r}; " + _unknown_hint(key, section, known)
             )
         out[key] = check_value(known[key], value)
     return out
+
+
+def _unknown_hint(key: str, section: str, known: Iterable[str]) -> str:
+    """What to say of an unknown key: the section that holds it, if another does (a
+    scenario section's key given at the top level or in the wrong section); else its
+    close matches in its own table; else its close matches in the other sections; else
+    the table's keys."""
+    others = schema.SECTIONS if section in (schema.TOP_LEVEL, *schema.SECTIONS) else {}
+    holders = [s for s in others if s != section and key in schema.keys()[s]]
+    if holders:
+        where = " or ".join(f"[{s}] ({s}.{key})" for s in holders)
+        return f"it belongs in {where}"
+    hint = did_you_mean(key, known, prefix=f"{section}." if section else "")
+    for other in others:
+        if not hint and other != section:
+            hint = did_you_mean(key, schema.keys()[other], prefix=f"{other}.")
+    if hint:
+        return hint
+    table = f"[{section}]" if section else "the top level"
+    return f"known in {table}: {_known(known)}"
 
 
 def _with_preset(section: str, table: dict[str, Any], named: Mapping[str, Mapping]) -> dict:
@@ -232,14 +283,50 @@ def _require(section: str, values: Mapping[str, Any]) -> None:
             raise ScenarioError(f"missing key {key.full_name}{hint}")
 
 
+def _relative_to(written: str, base_dir: Path | None) -> Path:
+    """A path a scenario names, relative to its folder (``base_dir``) unless absolute."""
+    path = Path(written)
+    if not path.is_absolute() and base_dir is not None:
+        path = base_dir / path
+    return path
+
+
+def _with_hf_config(table: dict[str, Any], base_dir: Path | None) -> dict[str, Any]:
+    """The [model] table with its ``hf_config`` read (hfconfig.py): the config's keys,
+    then the table's, which win; the path resolved. A preset as well is refused (two
+    sources of every key), and so is a missing seq_length, which no config.json gives."""
+    written = table.get("hf_config")
+    if written is None:
+        return table
+    if table.get("preset") is not None:
+        raise ScenarioError(
+            f"model.hf_config={written!r} and model.preset={table['preset']!r} both fill "
+            "[model]; give one (the table's own keys override either)",
+            key="model.hf_config",
+            value=written,
+            rule="not with model.preset",
+        )
+    path = _relative_to(written, base_dir)
+    name = f"model.hf_config={written!r}"
+    values = {**hfconfig.model_keys(path, name), **table, "hf_config": str(path.resolve())}
+    if "seq_length" not in values:
+        raise ScenarioError(
+            f"missing key model.seq_length: {name} gives the model, not the sequence length "
+            "it is trained on (a config.json's max_position_embeddings is the longest it "
+            "takes); set [model] seq_length or --set model.seq_length=N",
+            key="model.seq_length",
+            rule="required with model.hf_config",
+        )
+    return values
+
+
 def _build_model(table: dict[str, Any], base_dir: Path | None = None) -> ModelSpec:
-    """The model spec; a routing shares file is read here, its path resolved."""
-    values = _with_preset("model", table, presets.MODELS)
+    """The model spec; a Hugging Face config.json and a routing shares file are read
+    here, their paths resolved."""
+    values = _with_preset("model", _with_hf_config(table, base_dir), presets.MODELS)
     written = values.get("moe_routing_shares_file")
     if written is not None:
-        path = Path(written)
-        if not path.is_absolute() and base_dir is not None:
-            path = base_dir / path
+        path = _relative_to(written, base_dir)
         name = f"model.moe_routing_shares_file={written!r}"
         values["moe_routing_shares"] = read_shares_file(path, name)
         values["moe_routing_shares_file"] = str(path.resolve())

@@ -20,6 +20,12 @@ class ModelSpec:
         default=None,
         choices=tuple(MODELS),
     )
+    hf_config: str | None = key(
+        "a Hugging Face config.json (relative to the scenario's folder) that fills the keys "
+        "below as `preset` does, which the table may still override; not with `preset`; "
+        "`seq_length` stays required (scenarios/README.md, 'Hugging Face configs')",
+        default=None,
+    )
     num_layers: int = key("transformer layers", preset=True)
     hidden_size: int = key("must be divisible by `num_attention_heads`", preset=True)
     num_attention_heads: int = key("must divide `hidden_size`", preset=True)
