@@ -23,6 +23,14 @@ inputs take 1 byte, their weights gain TE's FP8 copies (`fp8_weight_bytes`), and
 ``fp8_param_gather`` the FP8 weights replace the 16-bit ones and are gathered in FP8
 (`gathered_param_bytes`).
 
+Megatron-Core (megatron 2024, `megatron_core`) keeps a few things the older engines'
+count leaves out or counts twice, each checked against its source (docs/memory.md):
+the 16-bit logits beside their fp32 copy in the loss (`logits_bytes_per_element`), the
+recomputed layer's input shared with its checkpoint, and the optimizer step's fp32
+copy of 16-bit gradients. Megatron 2021/2022 and DeepSpeed keep their count as before.
+Measured against Megatron-LM's own memory tests (docs/memory.md) the tensors are within
+a few per cent.
+
 "Stage" below is a pipeline rank: with v chunks per rank it holds v of the
 p x v virtual stages (schedules.stage_of).
 """
@@ -36,6 +44,8 @@ from ..ir.results import StageMemory
 from ..ir.units import BYTES_PER_GIB
 from ..ir.vocabulary import (
     ATTENTION_FLASH,
+    MOE_ALLTOALL,
+    MOE_FLEX,
     NO_SHARDING,
     RECOMPUTE_FULL,
     RECOMPUTE_NONE,
@@ -45,6 +55,7 @@ from ..ir.vocabulary import (
     SHARD_OPTIMIZER,
 )
 from ..scenario import Scenario
+from ..scenario.frameworks import MEGATRON
 from ..scenario.precision import fp8_enabled, fp8_param_gather, recipe_of, second_copy
 from ..scenario.softmax import scenario_softmax_path
 from .mla import activation_bytes_per_token as mla_activation_bytes_per_token
@@ -60,12 +71,42 @@ from .params import (
 from .routing import rank_loads, skewed
 
 # What a training process holds besides the model state and activations: the CUDA
-# context and kernels (~0.5 GiB on A100/H100), cuBLAS's workspace, NCCL's channel
-# buffers (a few MiB per peer and channel) and the caching allocator's
-# fragmentation. One round figure for every GPU; it is a budget, not a measurement.
+# context and kernels (~0.5 GiB on A100/H100), NCCL's channel buffers (a few MiB per
+# peer and channel, per communicator; allocated outside PyTorch) and the caching
+# allocator's fragmentation (reserved less allocated). cuBLAS's and Transformer Engine's
+# workspaces come from PyTorch's allocator and are small. One round figure for every
+# GPU; it is a budget, not a measurement: Megatron-LM's memory tests record only
+# PyTorch's allocated peak (docs/memory.md), which the rest of this model is checked on.
 WORKSPACE_BYTES = 2.0 * BYTES_PER_GIB
 WEIGHT_BYTES_PER_PARAM = 2.0
 OPTIMIZER_BYTES_PER_PARAM = 12.0
+# The optimizer's fp32 copy of a 16-bit gradient, per parameter it steps on
+MAIN_GRAD_BYTES_PER_PARAM = 4.0
+# The loss's logits per element: Korthikanti et al. 2022, Sec 4.3, count them in fp32
+# (4 bytes). Megatron-Core r0.8.0 computes them in 16 bits (GPTModel.forward,
+# `self.output_layer`) and the loss casts them to fp32 (tensor_parallel/cross_entropy.py
+# `VocabParallelCrossEntropy.calculate_logits_max`: `vocab_parallel_logits.float()`),
+# keeping the fp32 softmax for the backward (`ctx.save_for_backward(exp_logits, ...)`)
+# while the 16-bit logits are still referenced by the forward that made them: 2 + 4
+# bytes at once (and again in the backward, whose 16-bit gradient is made from the fp32
+# one in place).
+LOGITS_BYTES_FP32 = 4.0
+LOGITS_BYTES_MEGATRON_CORE = 6.0
+
+
+def megatron_core(scenario: Scenario) -> bool:
+    """Whether the run is Megatron-Core's (megatron 2024, r0.8.0, and 2025, which keeps
+    its memory terms but for `moe_combine_bytes`): the versions whose memory terms
+    docs/memory.md checks against their source and measurements. Megatron-LM 2021/2022
+    and DeepSpeed keep the count they had."""
+    training = scenario.training
+    version = training.mechanism("framework_version")
+    return training.framework == MEGATRON and version in ("2024", "2025")
+
+
+def logits_bytes_per_element(scenario: Scenario) -> float:
+    """Bytes per logit (token x vocabulary entry on a rank) the loss holds at its peak."""
+    return LOGITS_BYTES_MEGATRON_CORE if megatron_core(scenario) else LOGITS_BYTES_FP32
 
 
 def fp8_linear_params_per_rank(scenario: Scenario) -> float:
@@ -172,15 +213,23 @@ def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None)
     if recompute == RECOMPUTE_FULL:
         return 2 * sbh / (t if sp else 1)  # only the layer's input is kept
     replicated = 10
+    flash = scenario.training.mechanism("attention_kernel") == ATTENTION_FLASH
     if fp8_enabled(scenario.training):
         # TE saves each linear layer's input for wgrad as FP8 (1 byte, its one copy the
         # backward reads): the projection's and fc2's inputs in the sharded part, QKV's
         # and fc1's of the 10 (Q, K, V, the activation's input and the norms' stay 16-bit)
         sharded -= (m.attention_width + m.ffn_hidden_size) / h
         replicated = 8
+        if flash:
+            # ... but the projection's 16-bit input is the attention output O, which the
+            # fused kernel keeps for its own backward (TE v1.9 attention.py FusedAttnFunc:
+            # `ctx.save_for_backward(q, k, v, out_save, ...)`; flash-attn saves `out`
+            # alike): O in 2 bytes beside the projection's FP8 copy (TE v1.9
+            # module/linear.py `_Linear.forward` saves `inputmat_t`), 3 bytes, not 1
+            sharded += 2 * m.attention_width / h
     # softmax output, dropout mask and dropout output: 2 + 1 + 2 bytes per score element
     attention_core = 5 * a * s / (h * t)
-    if scenario.training.mechanism("attention_kernel") == ATTENTION_FLASH:
+    if flash:
         # one fp32 log-sum-exp per query row and head; nothing s x s (cost.attention)
         attention_core = 4 * a / (h * t)
     elif not scenario_softmax_path(scenario).fused:
@@ -200,7 +249,8 @@ def moe_activation_bytes(
     recomputation): the MLP's fc1 and fc2 inputs (2 ffn_1 + 2 ffn bytes per token on the
     GPU) give way to the routed rows the GPU's experts keep: k (capped by the capacity
     factor) x ETP rows per local token, each keeping fc1's input (h), the activation's
-    (ffn_1 / ETP) and fc2's (ffn / ETP) in 2 bytes."""
+    (ffn_1 / ETP) and fc2's (ffn / ETP) in 2 bytes; plus the rows the combine keeps
+    (`moe_combine_bytes`)."""
     m, par = scenario.model, scenario.parallel
     if (recompute or scenario.training.recompute_granularity) == RECOMPUTE_FULL:
         return dense_bytes
@@ -212,7 +262,33 @@ def moe_activation_bytes(
         rows = local * m.router_topk * max(rank_loads(m, par.ep_size)) * par.etp_size
     experts = rows * 2 * (m.hidden_size + (m.expert_fc1_width + m.expert_ffn) / par.etp_size)
     shared = local * 2 * ((2 if m.gated else 1) + 1) * m.shared_expert_ffn
-    return dense_bytes - local * 2 * (m.fc1_width + m.ffn_hidden_size) + experts + shared
+    combine = moe_combine_bytes(scenario, local, rows)
+    return dense_bytes - local * 2 * (m.fc1_width + m.ffn_hidden_size) + experts + shared + combine
+
+
+def moe_combine_bytes(scenario: Scenario, local: float, rows: float) -> float:
+    """What an MoE layer's combine keeps for its backward on one GPU, per micro-batch:
+    Megatron-Core r0.8.0 weights the experts' output rows by their router probabilities
+    after the experts, and the product keeps its 16-bit rows for the probabilities'
+    gradient. The `alltoall` dispatcher does it on the token's own GPU, over its k copies
+    (moe/moe_utils.py `unpermute`: `unpermuted_tokens * probs.unsqueeze(-1)`, on
+    [tokens x k, h / TP] after `all_to_all_sp2hp`: k x ``local`` x h x 2 bytes; TE's
+    fused `moe_unpermute` with probabilities saves its input rows alike); `allgather`
+    on the GPU's expert rows when k > 1 (moe/token_dispatcher.py
+    `MoEAllGatherTokenDispatcher.token_unpermutation`: `unpermuted_local_hidden *
+    scores`), and `flex` (DeepEP) on its expert rows in its `unpermute(..., probs=...)`
+    (core_v0.12.0 token_dispatcher.py `_DeepepManager`): ``rows`` x h x 2 bytes.
+    Megatron-Core from v0.12.1 moves the weighting into the experts' activation
+    (`permuted_probs`), where nothing of h is kept: none under
+    `training.moe_probs_in_experts` (megatron 2025)."""
+    m = scenario.model
+    if scenario.training.mechanism("moe_probs_in_experts"):
+        return 0.0  # weighted inside the experts: the unpermute merges unweighted rows
+    if scenario.training.moe_dispatcher == MOE_ALLTOALL:
+        return local * m.router_topk * m.hidden_size * 2
+    if m.router_topk == 1 and scenario.training.moe_dispatcher != MOE_FLEX:
+        return 0.0  # allgather scales the rows only with k > 1
+    return rows * m.hidden_size * 2
 
 
 def stage_activation_bytes_per_layer(scenario: Scenario, stage: int) -> float:
@@ -289,11 +365,35 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
         whole = activation_bytes_per_layer(scenario, RECOMPUTE_NONE)
         if scenario.model.moe:  # its largest layer, an MoE one
             whole = max(whole, moe_activation_bytes(scenario, whole, RECOMPUTE_NONE))
+        if megatron_core(scenario):
+            # its input is the checkpoint already counted: the recomputation runs on a
+            # detached view of the saved tensor, no copy (Megatron-Core r0.8.0
+            # tensor_parallel/random.py `CheckpointFunction.backward`: `detach_variable`)
+            whole -= activation_bytes_per_layer(scenario, RECOMPUTE_FULL)
         activations += whole
     if stage in end_ranks(scenario)[1]:
-        # fp32 logits of the micro-batch whose loss is being computed (Korthikanti Sec 4.3).
+        # the logits of the micro-batch whose loss is being computed (Korthikanti Sec 4.3:
+        # fp32; Megatron-Core: 16-bit beside fp32, `logits_bytes_per_element`). One
+        # micro-batch's: under 1F1B, and Megatron's interleaving in steady state, the
+        # output chunk's backward follows its forward; schedules that run several of its
+        # forwards first (GPipe, the interleaved schedule's all-forwards-first warm-up when
+        # m = p in Megatron-Core r0.8.0) hold more, not counted (docs/memory.md)
         tokens = m.seq_length // scenario.parallel.cp_size * scenario.training.micro_batch_size
-        activations += 4 * tokens * m.vocab_size / t
+        activations += logits_bytes_per_element(scenario) * tokens * m.vocab_size / t
+    if (
+        megatron_core(scenario)
+        and gradient_bytes < MAIN_GRAD_BYTES_PER_PARAM
+        and sharding_of(scenario) in (NO_SHARDING, SHARD_OPTIMIZER)
+    ):
+        # 16-bit gradients: the optimizer step casts the gradients it steps on to fp32
+        # (Megatron-Core r0.8.0 optimizer/optimizer.py `_copy_model_grads_to_main_grads`:
+        # `main_param.grad = model_param.main_grad.float()`; distrib_optimizer.py the
+        # same on its shard), freed after the step; no activations are held then, so the
+        # peak is the larger of the two (the docs' table: 20 and 4 + 16/d bytes per
+        # parameter for fp16, docs/source/distrib_optimizer.md). Counted with the
+        # optimizer, where it exceeds the activations.
+        stepped = optimizer / OPTIMIZER_BYTES_PER_PARAM  # the parameters the replica steps
+        optimizer += max(0.0, MAIN_GRAD_BYTES_PER_PARAM * stepped - activations)
     return StageMemory(
         stage=stage,
         params=params,
