@@ -183,17 +183,18 @@ def test_a_key_left_out_takes_the_framework_default_and_a_given_one_wins():
     # the Python API resolves too, and a replaced framework re-resolves
     megatron = dataclasses.replace(deepspeed, framework="megatron", framework_version=None)
     assert megatron.mechanism("pipeline_p2p") == "batched-blocking"
-    assert megatron.engine_label == "megatron 2024"
+    assert megatron.engine_label == "megatron 2025"
 
 
 def test_a_scenario_naming_no_version_runs_the_newest_modelled_and_says_so():
     doc = scenario()
     del doc["training"]["framework_version"]  # the helper pins 2021 for its closed forms
     unnamed = scenario_from_dict(doc)
-    assert unnamed.training.mechanism("framework_version") == versions("megatron")[-1] == "2024"
+    assert unnamed.training.mechanism("framework_version") == versions("megatron")[-1] == "2025"
     assert unnamed.training.mechanism("attention_kernel") == "flash"  # not 2021's s x s scores
+    assert unnamed.training.mechanism("moe_probs_in_experts")  # Megatron-Core 0.12.1 on
     text = summary_text(run(unnamed))
-    assert "megatron 2024 engine (newest modelled, no version set;" in text
+    assert "megatron 2025 engine (newest modelled, no version set;" in text
     pinned = summary_text(run(load(training={"framework_version": "2024"})))
     assert "megatron 2024 engine (batched-blocking p2p" in pinned
     assert "newest modelled" not in pinned

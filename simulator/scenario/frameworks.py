@@ -11,7 +11,9 @@ order of `VERSIONS`) plus its `key(...)` field in `spec.TrainingConfig` with
 follow (a test checks that every row has its field).
 
 Versions: Megatron-LM "2021" is tags v2.5/v2.6 (Aug 2021), "2022" main at e1c334b
-(Dec 2022), "2024" Megatron-Core r0.8.0 (what the H100 calibration set ran).
+(Dec 2022), "2024" Megatron-Core r0.8.0 (what the H100 calibration set ran), "2025"
+Megatron-Core from core_r0.12.1: what differs from r0.8.0 is a row of its own
+(`moe_probs_in_experts`); the other rows keep r0.8.0's values, not re-verified.
 DeepSpeed "0.5.0" is the PipelineEngine of v0.5.0-v0.5.3, "0.5.4" that of v0.5.4
 (e2fdd25, "Big science related changes") to v0.7.7, both as Megatron-DeepSpeed
 drives it.
@@ -30,11 +32,12 @@ VERSIONS: tuple[tuple[str, str], ...] = (
     (MEGATRON, "2021"),
     (MEGATRON, "2022"),
     (MEGATRON, "2024"),
+    (MEGATRON, "2025"),
     (DEEPSPEED, "0.5.0"),
     (DEEPSPEED, "0.5.4"),
 )
 # A scenario that names no version runs the newest one the table models: what a run
-# planned today uses (Megatron-Core r0.8.0; DeepSpeed's 0.5.4-0.7.7 PipelineEngine).
+# planned today uses (Megatron-Core "2025"; DeepSpeed's 0.5.4-0.7.7 PipelineEngine).
 # Historical scenarios pin theirs: Megatron 2021 for the A100 (Narayanan et al. 2021)
 # and V100 calibration sets and the GPT-3-shaped scenario, DeepSpeed 0.5.4 (the first
 # version with BigScience's changes, PR #1407) for MT-NLG's and BLOOM's
@@ -63,57 +66,57 @@ MECHANISMS: dict[str, tuple[tuple[Any, ...], str]] = {
     # batch_p2p_sync default on); DeepSpeed pipe/p2p.py blocking send/recv, one per
     # TrainSchedule instruction (v0.5.0 f284324, v0.7.7 2076bf2). frameworks.md §1.
     "pipeline_p2p": (
-        (BATCHED_BLOCKING,) * 3 + (SEQUENTIAL_BLOCKING,) * 2,
+        (BATCHED_BLOCKING,) * 4 + (SEQUENTIAL_BLOCKING,) * 2,
         "Megatron p2p_communication.py _communicate; DeepSpeed pipe/p2p.py, pipe/schedule.py",
     ),
     # Megatron --scatter-gather-tensors-in-pipeline default on since 27fc468 (2021-02);
     # 2024 kept as 2022 (not verified for Megatron-Core; moot under SP); DeepSpeed
     # is_pipe_partitioned = is_model_parallel, every version. §2.
     "scatter_gather_tensors_in_pipeline": (
-        (True,) * 5,
+        (True,) * 6,
         "Megatron arguments.py, p2p_communication.py; DeepSpeed pipe/engine.py __init__",
     ),
     # Megatron scatters gradients like activations; DeepSpeed is_grad_partitioned False
     # up to v0.5.3, = is_model_parallel from v0.5.4 (e2fdd25). §2(b).
     "pipeline_grads_partitioned": (
-        (True,) * 3 + (False, True),
+        (True,) * 4 + (False, True),
         "Megatron p2p_communication.py; DeepSpeed pipe/engine.py (v0.5.0 vs v0.5.10)",
     ),
     # DeepSpeed frees a stage's partitioned output after sending it and all-gathers it
     # again for the backward (_exec_recv_grads up to v0.5.3, _exec_backward_pass from
     # v0.5.4); Megatron keeps it. §2(b).
     "pipeline_regather_output": (
-        (False,) * 3 + (True, True),
+        (False,) * 4 + (True, True),
         "DeepSpeed pipe/engine.py _exec_forward_pass, _exec_backward_pass, _exec_recv_grads",
     ),
     # Megatron-LM --async-tensor-model-parallel-allreduce: on main from 2021-09 (6e1bde1),
     # not in tags v2.5/v2.6; on in 2022 (e1c334b) and Megatron-Core; Megatron-DeepSpeed's
     # layers use the synchronous copy_to_tensor_model_parallel_region. §8.
     "async_tensor_model_parallel_allreduce": (
-        (False, True, True, False, False),
+        (False, True, True, True, False, False),
         "Megatron mpu/layers.py (6e1bde1, e1c334b); Megatron-DeepSpeed mpu/layers.py (497aa1b)",
     ),
     # Megatron-LM gradient-accumulation fusion from 2022-02 (9c5a830); DeepSpeed
     # accumulates by autograd (fp16) or BF16_Optimizer's cast + add. §8.
     "gradient_accumulation_fusion": (
-        (False, True, True, False, False),
+        (False, True, True, True, False, False),
         "Megatron core/tensor_parallel/layers.py (9c5a830, e1c334b); DeepSpeed bf16_optimizer.py",
     ),
     # Megatron-LM's distributed optimizer reduce-scatters the grad buffer (d07d29d,
     # e1c334b); DeepSpeed ZeRO-1 with the pipeline engine all-reduces each bucket and
     # keeps its partition (stage_1_and_2.py buffered_reduce_fallback). §5.
     "zero_grad_collective": (
-        ("reduce-scatter",) * 3 + ("all-reduce",) * 2,
+        ("reduce-scatter",) * 4 + ("all-reduce",) * 2,
         "Megatron optimizer/distrib_optimizer.py; DeepSpeed zero/stage_1_and_2.py reduce_ipg_grads",
     ),
     # DeepSpeed's 5e8-element buckets (MEMORY_OPT_ALLREDUCE_SIZE, reduce_bucket_size,
     # allgather_bucket_size defaults); Megatron one call per buffer. §3, §5.
     "reduce_bucket_size": (
-        (0, 0, 0, 500_000_000, 500_000_000),
+        (0, 0, 0, 0, 500_000_000, 500_000_000),
         "DeepSpeed runtime/engine.py MEMORY_OPT_ALLREDUCE_SIZE, zero/constants.py",
     ),
     "allgather_bucket_size": (
-        (0, 0, 0, 500_000_000, 500_000_000),
+        (0, 0, 0, 0, 500_000_000, 500_000_000),
         "DeepSpeed zero/constants.py, runtime/utils.py all_gather_dp_groups",
     ),
     # Megatron-LM 2021 all-reduces the tied embedding after the DP all-reduce (training.py
@@ -121,7 +124,7 @@ MECHANISMS: dict[str, tuple[tuple[Any, ...], str]] = {
     # e1c334b), Megatron-Core after the DP sync (finalize_model_grads.py); DeepSpeed's
     # ReduceTiedGrads runs before ReduceGrads (pipe/engine.py). §6.
     "tied_grad_reduce_order": (
-        ("after-dp", "before-reduce-scatter", "after-dp", "before-dp", "before-dp"),
+        ("after-dp", "before-reduce-scatter", "after-dp", "after-dp", "before-dp", "before-dp"),
         "Megatron training.py, optimizer/optimizer.py, finalize_model_grads.py; "
         "DeepSpeed pipe/engine.py _exec_reduce_tied_grads",
     ),
@@ -130,8 +133,18 @@ MECHANISMS: dict[str, tuple[tuple[Any, ...], str]] = {
     # a fused (flash / cuDNN) attention kernel; Megatron-LM 2021/2022 and Megatron-DeepSpeed
     # run the unfused core with the fused softmax (§9, docs/calibration.md).
     "attention_kernel": (
-        ("unfused", "unfused", "flash", "unfused", "unfused"),
+        ("unfused", "unfused", "flash", "flash", "unfused", "unfused"),
         "Megatron-Core training/arguments.py (core_r0.8.0); Megatron model/transformer.py",
+    ),
+    # Megatron-Core from core_r0.12.1 permutes the router probabilities with the tokens
+    # (moe/token_dispatcher.py dispatch_preprocess: permute(..., probs=probs), their own
+    # all-to-all) and weights the experts' activation with them (moe/experts.py), so the
+    # unpermute merges unweighted rows; r0.8.0 weighted after the experts and kept the
+    # product's rows for the probabilities' gradient (docs/memory.md). DeepSpeed's
+    # engines here run no MoE layer.
+    "moe_probs_in_experts": (
+        (False, False, False, True, False, False),
+        "Megatron-Core moe/token_dispatcher.py, moe/experts.py (core_r0.12.1 on)",
     ),
 }
 
@@ -143,6 +156,7 @@ SOFTMAX_RULE: dict[tuple[str, str], str] = {
     (MEGATRON, "2021"): "2021",
     (MEGATRON, "2022"): "2022",
     (MEGATRON, "2024"): "2022",
+    (MEGATRON, "2025"): "2022",
     (DEEPSPEED, "0.5.0"): "2021",
     (DEEPSPEED, "0.5.4"): "2021",
 }

@@ -207,6 +207,11 @@ class TrainingConfig:
         "it: no s x s tensors, the backward recomputes the scores; see docs/calibration.md)",
         choices=ATTENTION_KERNELS,
     )
+    moe_probs_in_experts: bool | None = mechanism_key(
+        "MoE layers: the router probabilities travel with the tokens and weight the "
+        "experts' activation (Megatron-Core from core_r0.12.1), so the combine keeps no "
+        "weighted rows for their gradient; `false`: weighted after the experts (r0.8.0)"
+    )
     # -- FP8 through Transformer Engine (scenario/precision.py, cost/fp8.py) -----
     fp8_format: str | None = key(
         "Megatron-Core's `--fp8-format`: the transformer layers' linear GEMMs (QKV, "
@@ -302,10 +307,11 @@ class TrainingConfig:
     )
     framework_version: str | None = key(
         "the framework's version: megatron `2021` (v2.5/v2.6), `2022` (e1c334b), `2024` "
-        "(Megatron-Core r0.8.0); deepspeed `0.5.0` (v0.5.0-v0.5.3), `0.5.4` (v0.5.4-v0.7.7)",
+        "(Megatron-Core r0.8.0), `2025` (Megatron-Core from core_r0.12.1); deepspeed "
+        "`0.5.0` (v0.5.0-v0.5.3), `0.5.4` (v0.5.4-v0.7.7)",
         default=None,
         choices=frameworks.ALL_VERSIONS,
-        derived="the newest modelled: megatron `2024`, deepspeed `0.5.4`",
+        derived="the newest modelled: megatron `2025`, deepspeed `0.5.4`",
         compare=False,
     )
     pipeline_p2p: str | None = mechanism_key(
