@@ -15,7 +15,11 @@ H, S, LAYERS, MB = 1024, 1024, 2, 4
 
 
 def _dense(modules=None, **model):
-    training = {"global_batch_size": MB, "recompute_granularity": "selective"}
+    training = {
+        "global_batch_size": MB,
+        "recompute_granularity": "selective",
+        "attention_backend": "flash",
+    }
     if modules is not None:
         training["recompute_modules"] = modules
     return load(
@@ -126,3 +130,44 @@ def test_recompute_modules_need_selective():
         _moe("moe,moe_act")
     with pytest.raises(ScenarioError, match="shared_experts, which needs"):
         _moe("shared_experts")
+
+
+def test_each_module_keeps_less_activation_memory_by_its_closed_form():
+    """Korthikanti's count per layer, one rank (TP 1, bytes per token x h): layernorm
+    drops QKV's and fc1's inputs (2 + 2 bytes), mlp a dense MLP's fc1 output and fc2
+    input (2 x fc1 width + 2 x ffn), and core_attn the core's (flash: its fp32
+    log-sum-exp per head). A module left out keeps what it kept."""
+    from stepsim.cost.memory import activation_bytes_per_layer
+
+    sbh = S * 1 * H
+    core = activation_bytes_per_layer(_dense("core_attn"))
+    norms = activation_bytes_per_layer(_dense("core_attn,layernorm"))
+    assert core - norms == pytest.approx(4 * sbh)
+    model = _dense().model
+    mlp = activation_bytes_per_layer(_dense("core_attn,mlp"))
+    assert core - mlp == pytest.approx(sbh * (2 * model.fc1_width + 2 * model.ffn_hidden_size) / H)
+    # no core_attn: the flash kernel's log-sum-exp stays (4 bytes per query row and head)
+    neither = activation_bytes_per_layer(_dense("layernorm"))
+    heads = model.num_attention_heads
+    assert neither - norms == pytest.approx(S * heads * 4)
+
+
+def test_the_moe_modules_drop_the_routed_rows_they_recompute():
+    from stepsim.cost.memory import activation_bytes_per_layer, moe_activation_bytes
+
+    def moe_bytes(modules):
+        scenario = _moe(modules)
+        return moe_activation_bytes(
+            scenario, activation_bytes_per_layer(scenario, dense_mlp=False)
+        ), scenario
+
+    core, scenario = moe_bytes("core_attn")
+    act, _ = moe_bytes("core_attn,moe_act")
+    whole, _ = moe_bytes("core_attn,moe")
+    m = scenario.model
+    local = S  # TP 1, micro-batch 1
+    rows = local * m.router_topk  # balanced
+    assert core - act == pytest.approx(rows * 2 * m.expert_ffn)
+    experts = rows * 2 * (H + m.expert_fc1_width + m.expert_ffn)
+    combine = rows * H * 2  # the tests' engine weights after the experts (megatron 2021)
+    assert core - whole == pytest.approx(experts + combine)

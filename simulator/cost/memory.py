@@ -177,11 +177,18 @@ def fp8_weight_bytes(scenario: Scenario, layers: float, stage: int | None = None
     return layers * fp8_linear_params_per_rank(scenario) * copies
 
 
-def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None) -> float:
+def activation_bytes_per_layer(
+    scenario: Scenario, recompute: str | None = None, dense_mlp: bool = True
+) -> float:
     """Korthikanti et al. 2022, Sec 4.2 and Table 2: one layer, one micro-batch, one rank.
 
     ``recompute`` defaults to the scenario's granularity. With context parallelism s is
-    a rank's share of the sequence, s / CP (cost.context)."""
+    a rank's share of the sequence, s / CP (cost.context). Under selective recomputation
+    the modules of `training.recompute_modules` keep less (Megatron-Core's
+    transformer_config.py: `layernorm` and `mla_up_proj` discard their outputs, `mlp` is
+    checkpointed on its input): the norms' outputs (QKV's and fc1's inputs), MLA's
+    up-projected Q, K and V, and a dense MLP's fc1 output and fc2 input
+    (``dense_mlp``: the layer's MLP is dense; an MoE layer's are `moe_activation_bytes`')."""
     m = scenario.model
     s, b, h, a = (
         m.seq_length // scenario.parallel.cp_size,
@@ -236,7 +243,16 @@ def activation_bytes_per_layer(scenario: Scenario, recompute: str | None = None)
         # PyTorch's softmax in fp32 keeps its fp32 output: 4 bytes per score, not 2
         attention_core = 7 * a * s / (h * t)
     if recompute == RECOMPUTE_SELECTIVE:
-        attention_core = 0.0
+        modules = scenario.training.recomputed
+        if "core_attn" in modules:
+            attention_core = 0.0
+        fp8 = fp8_enabled(scenario.training)
+        if "layernorm" in modules:  # QKV's and fc1's inputs, 2 bytes (FP8: 1) each
+            replicated -= 2 if fp8 else 4
+        if "mla_up_proj" in modules and m.mla:  # Q, K (qk_dim) and V per head, 2 bytes
+            sharded -= 2 * a * (2 * m.qk_dim + m.v_dim) / h
+        if "mlp" in modules and dense_mlp:  # fc1's output and fc2's input (FP8: 1 byte)
+            sharded -= (2 * m.fc1_width + (1 if fp8 else 2) * m.ffn_hidden_size) / h
     if sp:
         return sbh * ((replicated + sharded) / t + attention_core + latents)
     return sbh * (replicated + sharded / t + attention_core + latents)
@@ -263,6 +279,13 @@ def moe_activation_bytes(
     experts = rows * 2 * (m.hidden_size + (m.expert_fc1_width + m.expert_ffn) / par.etp_size)
     shared = local * 2 * ((2 if m.gated else 1) + 1) * m.shared_expert_ffn
     combine = moe_combine_bytes(scenario, local, rows)
+    modules = scenario.training.recomputed  # selective's MoE modules keep less
+    if "moe" in modules:  # checkpointed on its input (the norm's output, counted already)
+        experts = shared = combine = 0.0
+    if "moe_act" in modules:  # the activation's output (fc2's input) discarded
+        experts -= rows * 2 * m.expert_ffn / par.etp_size
+    if "shared_experts" in modules:  # checkpointed on the same input
+        shared = 0.0
     return dense_bytes - local * 2 * (m.fc1_width + m.ffn_hidden_size) + experts + shared + combine
 
 
@@ -298,7 +321,7 @@ def stage_activation_bytes_per_layer(scenario: Scenario, stage: int) -> float:
     if not scenario.model.moe:
         return dense
     flags = rank_moe_flags(scenario, stage)
-    moe = moe_activation_bytes(scenario, dense)
+    moe = moe_activation_bytes(scenario, activation_bytes_per_layer(scenario, dense_mlp=False))
     return sum(moe if flag else dense for flag in flags) / max(1, len(flags))
 
 
