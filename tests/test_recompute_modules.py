@@ -171,3 +171,20 @@ def test_the_moe_modules_drop_the_routed_rows_they_recompute():
     experts = rows * 2 * (H + m.expert_fc1_width + m.expert_ffn)
     combine = rows * H * 2  # the tests' engine weights after the experts (megatron 2021)
     assert core - whole == pytest.approx(experts + combine)
+
+
+def test_fp8_experts_keep_their_linear_inputs_in_one_byte():
+    """Under FP8 the routed rows' fc1 input (h) and fc2 input (ffn) are TE's FP8 copies,
+    1 byte each; the activation's input (fc1's output) stays 16-bit."""
+    from stepsim.cost.memory import activation_bytes_per_layer, moe_activation_bytes
+
+    def experts_only(training):
+        scenario = moe_scenario(ep=8, dp=8, training=training)
+        dense = activation_bytes_per_layer(scenario, dense_mlp=False)
+        return moe_activation_bytes(scenario, dense) - dense, scenario
+
+    bf16, scenario = experts_only({})
+    fp8, _ = experts_only({"fp8_format": "hybrid", "fp8_recipe": "delayed"})
+    m = scenario.model
+    rows = S * m.router_topk
+    assert bf16 - fp8 == pytest.approx(rows * (H + m.expert_ffn))

@@ -265,8 +265,8 @@ def moe_activation_bytes(
     recomputation): the MLP's fc1 and fc2 inputs (2 ffn_1 + 2 ffn bytes per token on the
     GPU) give way to the routed rows the GPU's experts keep: k (capped by the capacity
     factor) x ETP rows per local token, each keeping fc1's input (h), the activation's
-    (ffn_1 / ETP) and fc2's (ffn / ETP) in 2 bytes; plus the rows the combine keeps
-    (`moe_combine_bytes`)."""
+    (ffn_1 / ETP) and fc2's (ffn / ETP) in 2 bytes (the linears' inputs in 1 under FP8);
+    plus the rows the combine keeps (`moe_combine_bytes`)."""
     m, par = scenario.model, scenario.parallel
     if (recompute or scenario.training.recompute_granularity) == RECOMPUTE_FULL:
         return dense_bytes
@@ -276,14 +276,19 @@ def moe_activation_bytes(
     rows = local * m.router_topk * (1.0 if factor is None else min(1.0, factor)) * par.etp_size
     if skewed(m):  # the busiest EP rank's experts keep the most (routing.py)
         rows = local * m.router_topk * max(rank_loads(m, par.ep_size)) * par.etp_size
-    experts = rows * 2 * (m.hidden_size + (m.expert_fc1_width + m.expert_ffn) / par.etp_size)
+    # under FP8 the experts' linears keep their inputs as TE's FP8 copies, 1 byte (TE's
+    # grouped_linear.py `_GroupedLinear.forward` saves the FP8 `inputmats` for wgrad, as
+    # `_Linear` does), the activation's input stays 16-bit
+    linear_input = 1 if fp8_enabled(scenario.training) else 2
+    fc1_out, fc2_in = m.expert_fc1_width / par.etp_size, m.expert_ffn / par.etp_size
+    experts = rows * (linear_input * m.hidden_size + 2 * fc1_out + linear_input * fc2_in)
     shared = local * 2 * ((2 if m.gated else 1) + 1) * m.shared_expert_ffn
     combine = moe_combine_bytes(scenario, local, rows)
     modules = scenario.training.recomputed  # selective's MoE modules keep less
     if "moe" in modules:  # checkpointed on its input (the norm's output, counted already)
         experts = shared = combine = 0.0
     if "moe_act" in modules:  # the activation's output (fc2's input) discarded
-        experts -= rows * 2 * m.expert_ffn / par.etp_size
+        experts -= rows * linear_input * fc2_in
     if "shared_experts" in modules:  # checkpointed on the same input
         shared = 0.0
     return dense_bytes - local * 2 * (m.fc1_width + m.ffn_hidden_size) + experts + shared + combine
