@@ -5,6 +5,7 @@
     python benchmarks/calibrate.py --gpu h100 --fix gemm_efficiency=0.69 \
         --fix memory_efficiency=0.91                         # seconds
     python benchmarks/calibrate.py --gpu a100|h100 --sensitivity  # the unpublished choices
+    python benchmarks/calibrate.py --kernels [--rows]      # the kernel-table fits, ~20 s
 
 Three constants are fitted per GPU (the kernel constants of the GPU records in
 simulator/scenario/presets.py): gemm_efficiency, gemm_k_half and memory_efficiency;
@@ -28,6 +29,11 @@ simulation and is repeated until the constants stop moving:
   its communication does not depend on the compute constants.
 
 The last full simulation is what docs/validation.md reports (stepsim validate).
+
+``--kernels`` runs the kernel-table fits instead (stepsim.calibration.kernels.KERNEL_FITS:
+the Hopper and Blackwell GPUs' constants fitted on published kernel micro-benchmarks in
+scenarios/validation/kernels/, no end-to-end run): per fit, the rows it used, what the
+fit gives and what the GPU's record in simulator/scenario/hardware.py carries.
 """
 
 from __future__ import annotations
@@ -62,6 +68,45 @@ GRID = {
     "gemm_k_half": [0.0, 8.0, 16.0, 24.0, 32.0, 48.0, 64.0, 96.0, 128.0],
     "memory_efficiency": [x / 100 for x in range(60, 96, 5)],
 }
+
+
+def kernel_fits(show_rows: bool) -> int:
+    """Run every kernel-table fit; 1 if a record differs from its fit."""
+    from stepsim.calibration.kernels import KERNEL_FITS, kernel_rows, run_fit
+    from stepsim.scenario.files import read_kernel_tables, shipped_dir
+
+    rows = kernel_rows(read_kernel_tables(shipped_dir() / "validation" / "kernels"))
+    differ = 0
+    for fit in KERNEL_FITS:
+        record = GPUS[fit.gpu]
+        fitted, rms = run_fit(fit, rows, record)
+        used = [r.id for r in rows if r.section in fit.sections and r.fitted]
+        pick = {
+            "gemm": lambda g: (g.kernels.gemm_efficiency, g.kernels.gemm_k_half),
+            "fp8": lambda g: (g.fp8_kernels.gemm_efficiency, g.fp8_kernels.gemm_k_half),
+            "memory": lambda g: (g.kernels.memory_efficiency,),
+            "attention": lambda g: (
+                (
+                    g.attention_kernels.forward_efficiency,
+                    g.attention_kernels.backward_efficiency,
+                    g.attention_kernels.kv_half,
+                    g.attention_kernels.exp_exposed,
+                )
+                if g.attention_kernels
+                else None
+            ),
+        }[fit.constants]
+        got, has = pick(fitted), pick(record)
+        same = "same" if got == has else "DIFFERENT"
+        differ += got != has
+        print(
+            f"{fit.gpu:15} {fit.constants:9} on {', '.join(fit.sections)}: {len(used)} rows, "
+            f"fit {got} (rms {rms:.1%}); record {has}: {same}",
+            flush=True,
+        )
+        if show_rows:
+            print("    rows: " + " ".join(used))
+    return 1 if differ else 0
 
 
 def layer_compute(scenario, constants, recompute: str) -> tuple[float, float]:
@@ -240,6 +285,12 @@ if __name__ == "__main__":
     parser.add_argument("--gpu", choices=tuple(CALIBRATED_GPUS), default="a100")
     parser.add_argument("--sensitivity", action="store_true")
     parser.add_argument(
+        "--kernels",
+        action="store_true",
+        help="run the kernel-table fits (scenarios/validation/kernels/) instead",
+    )
+    parser.add_argument("--rows", action="store_true", help="with --kernels: list each fit's rows")
+    parser.add_argument(
         "--fix",
         action="append",
         default=[],
@@ -253,6 +304,8 @@ if __name__ == "__main__":
         if key not in GRID:
             parser.error(f"--fix {item!r}: the key must be one of {', '.join(GRID)}")
         fixed[key] = float(value)
+    if args.kernels:
+        sys.exit(kernel_fits(args.rows))
     if args.sensitivity:
         {"a100": sensitivity, "h100": h100_sensitivity, "v100": lambda: None}[args.gpu]()
     else:

@@ -259,3 +259,39 @@ def test_measure_attention_synthetic_writes_the_model_beside_itself(tmp_path):
     # batch, whose last wave of tiles may leave SMs idle)
     forward = [float(r["model_forward_s"]) for r in rows[::2]]
     assert forward == sorted(forward) and len(set(forward)) == len(forward)
+
+
+def test_a_gpu_with_attention_timings_runs_flash_at_its_own_rate():
+    """H100 (attention constants fitted on cuDNN timings): the forward's matmuls and the
+    exposed share of the exponentials at forward_efficiency x L / (L + kv_half) of the
+    peak, L the keys a query row attends to (s x the causal fraction); the backward at
+    backward_efficiency with 2.5 times the matmuls; no score GEMM efficiency in it."""
+    scenario = load(
+        cluster={"node": "dgx-h100"},
+        model={"hidden_size": 2048, "num_attention_heads": 16, "seq_length": 4096},
+        parallel={"tensor_model_parallel_size": 8, "data_parallel_size": 1},
+        training={"micro_batch_size": 1, "global_batch_size": 1, "attention_kernel": "flash"},
+    )
+    gpu = scenario.cluster.gpu
+    a = gpu.attention_kernels
+    assert a is not None and a.source
+    heads, s, d = 2, 4096, 128
+    done = causal_fraction(s)
+    pairs = heads * s * s * done
+    loop = s * done
+    exps = a.exp_exposed * gpu.tensor_flops_per_exp * pairs
+    peak = gpu.peak_tflops * 1e12
+    forward = _kernel(scenario, "flash attention", "forward")
+    backward = _kernel(scenario, "flash attention backward", "input")
+    assert forward.duration_s == pytest.approx(
+        (4 * d * pairs + exps) / (peak * a.forward_efficiency * loop / (loop + a.kv_half))
+    )
+    assert backward.duration_s == pytest.approx(
+        (10 * d * pairs + exps) / (peak * a.backward_efficiency * loop / (loop + a.kv_half))
+    )
+    # the GEMM constants do not enter: another gemm_k_half leaves the kernel as it was
+    other = dataclasses.replace(gpu.kernels, gemm_k_half=0.0, gemm_efficiency=0.3)
+    assert (
+        _kernel(dataclasses.replace(scenario, calibration=other), "flash attention", "forward")
+        == forward
+    )

@@ -242,4 +242,4 @@ def test_an_fp8_run_is_faster_and_says_how_its_gemms_were_calibrated():
     assert "FP8 GEMM kernel measurements on a real H100" in text
     blackwell = summary_text(run(_h100(B200, fp8_format="e4m3", fp8_recipe="mxfp8")))
     assert "FP8 e4m3 (mxfp8)" in blackwell
-    assert "uncalibrated: scaled from h100-sxm5-80gb" in blackwell.split("FP8 GEMMs")[1]
+    assert "OpenXLA matmul table's B200 FP8" in blackwell.split("FP8 GEMMs")[1]

@@ -5,7 +5,6 @@ import pytest
 
 from stepsim.cost.attention import causal_fraction, flash_work
 from stepsim.cost.compute import ComputeModel
-from stepsim.cost.kernels import gemm_efficiency
 from stepsim.cost.params import active_params, layer_params, model_params
 from stepsim.run.iteration import run
 from stepsim.scenario import ModelSpec, ScenarioError
@@ -158,9 +157,13 @@ def test_mla_flash_backward_runs_three_qk_and_two_v_matmuls():
     matmuls here), not 2.5 x as with one head width; the model's FLOPs stay 2 x."""
     cm = ComputeModel(mla_scenario())
     heads, s = A, cm.model.seq_length
-    rate = cm.gpu.peak_tflops * 1e12 * gemm_efficiency(cm.constants, s, s, DN + DR, heads)
-    exps = cm.gpu.tensor_flops_per_exp * heads * s * s * causal_fraction(s)
+    a = cm.gpu.attention_kernels  # the H100's flash constants (cost.attention)
+    loop = s * causal_fraction(s)
+    shape = cm.gpu.peak_tflops * 1e12 * loop / (loop + a.kv_half)
+    exps = a.exp_exposed * cm.gpu.tensor_flops_per_exp * heads * s * s * causal_fraction(s)
     forward, backward = flash_work(cm, False), flash_work(cm, True)
-    ratio = (backward.duration_s * rate - exps) / (forward.duration_s * rate - exps)
+    ratio = (backward.duration_s * shape * a.backward_efficiency - exps) / (
+        forward.duration_s * shape * a.forward_efficiency - exps
+    )
     assert ratio == pytest.approx((3 * (DN + DR) + 2 * DV) / (DN + DR + DV))
     assert backward.flops == 2 * forward.flops

@@ -26,6 +26,7 @@ def test_every_gpu_preset_is_complete_and_in_range(name):
         "tensor_flops_per_exp",
         "kernels",
         "fp8_kernels",
+        "attention_kernels",
     }, "a new GpuSpec field needs a check here"
     assert gpu.peak_tflops > 0 and gpu.memory_gib > 0 and gpu.hbm_gbytes_per_s > 0
     # 16 exponentials per SM per clock against the tensor FLOPs per SM per clock:
@@ -51,6 +52,13 @@ def test_every_gpu_preset_is_complete_and_in_range(name):
         f = gpu.fp8_kernels
         assert 0 < f.gemm_efficiency <= f.fast_accum_gemm_efficiency <= 1 and f.gemm_k_half >= 0
         assert f.source.strip()
+    # flash attention's own constants exactly on the GPUs with attention kernel timings:
+    # Hopper and Blackwell (the V100s and A100s run it at the score GEMM's efficiency)
+    a = gpu.attention_kernels
+    assert (a is not None) == (major >= 9)
+    if a is not None:
+        assert 0 < a.backward_efficiency <= a.forward_efficiency <= 1 and a.kv_half >= 0
+        assert 0 <= a.exp_exposed <= 1 and a.source.strip()
     assert isinstance(gpu.kernels, KernelConstants)
     assert gpu.num_sms == gpu.kernels.num_sms > 0
     assert gpu.kernel_provenance.strip()
@@ -71,13 +79,49 @@ def test_every_gpu_presets_constants_pass_as_a_calibration_file(name, tmp_path):
 def test_only_the_calibrated_gpus_say_they_were_fitted():
     fitted = sorted(name for name, gpu in GPUS.items() if gpu.kernel_provenance.startswith("fit"))
     assert fitted == sorted(CALIBRATED_GPUS.values()) and CALIBRATED_GPU in fitted
-    for name in sorted(set(GPUS) - set(fitted)):
+    for name in sorted(set(GPUS) - set(fitted) - set(KERNEL_TABLE_GPUS)):
         label = GPUS[name].kernel_provenance
         assert label.startswith("uncalibrated: scaled from ")
         source = label.removeprefix("uncalibrated: scaled from ")
         assert source in fitted and GPUS[source].kernels.gemm_efficiency == (
             GPUS[name].kernels.gemm_efficiency
         )
+
+
+# The Hopper and Blackwell GPUs besides the H100: every constant from kernel timings (a
+# published micro-benchmark table in scenarios/validation/kernels/ or a measurement file
+# in benchmarks/measured/), their own or their die's, and the label says which.
+# name: (the GPU whose GEMM fractions it has, whose memory_efficiency, whose attention)
+KERNEL_TABLE_GPUS = {
+    "h200-sxm-141gb": ("h100-sxm5-80gb", "h200-sxm-141gb", "h200-sxm-141gb"),
+    "h800-sxm5-80gb": ("h100-sxm5-80gb", "h100-sxm5-80gb", "h100-sxm5-80gb"),
+    "b200-sxm-180gb": ("b200-sxm-180gb", "gb200", "b200-sxm-180gb"),
+    "gb200": ("b200-sxm-180gb", "gb200", "gb200"),
+    "b300-sxm-288gb": ("b200-sxm-180gb", "gb300", "gb300"),
+    "gb300": ("b200-sxm-180gb", "gb300", "gb300"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KERNEL_TABLE_GPUS))
+def test_hopper_and_blackwell_constants_come_from_kernel_timings_and_say_so(name):
+    gpu = GPUS[name]
+    gemms, memory, attention = (GPUS[g] for g in KERNEL_TABLE_GPUS[name])
+    assert (gpu.kernels.gemm_efficiency, gpu.kernels.gemm_k_half) == (
+        gemms.kernels.gemm_efficiency,
+        gemms.kernels.gemm_k_half,
+    )
+    assert gpu.kernels.memory_efficiency == memory.kernels.memory_efficiency
+    a, b = gpu.attention_kernels, attention.attention_kernels
+    assert a is not None and b is not None
+    assert dataclasses.replace(a, source="") == dataclasses.replace(b, source="")
+    for label in (gpu.kernel_provenance, gpu.fp8_kernels.source, a.source):
+        assert "uncalibrated" not in label and "kernel" in label
+    # what a label borrows, it names: the same die's fit
+    if gemms is not gpu and gemms.name != "h100-sxm5-80gb":
+        assert "B200's kernel fit" in gpu.kernel_provenance
+    if name == "b200-sxm-180gb":
+        assert "OpenXLA" in gpu.kernel_provenance and "cuDNN 9.13" in a.source
+        assert gpu.fp8_kernels.gemm_efficiency == gpu.fp8_kernels.fast_accum_gemm_efficiency
 
 
 # name: (dense BF16, dense FP8 TFLOP/s, memory GB, HBM GB/s, SMs), docs/reference.md
@@ -91,11 +135,10 @@ TODAYS_GPUS = {
 
 
 @pytest.mark.parametrize("name", sorted(TODAYS_GPUS))
-def test_todays_gpus_carry_their_sourced_figures_and_say_they_are_uncalibrated(name):
+def test_todays_gpus_carry_their_sourced_figures(name):
     gpu = GPUS[name]
     figures = (gpu.peak_tflops, gpu.peak_tflops_fp8, gpu.memory_gib)
     assert figures + (gpu.hbm_gbytes_per_s, gpu.num_sms) == TODAYS_GPUS[name]
-    assert gpu.kernel_provenance == "uncalibrated: scaled from h100-sxm5-80gb"
 
 
 def test_the_dgx2_preset_is_sixteen_v100s_on_nvswitch_with_eight_100g_nics():
@@ -164,9 +207,12 @@ def test_every_run_says_how_its_gpus_constants_were_obtained(tmp_path):
     assert fitted.metrics.to_json()["calibration"] == fitted.metrics.calibration
     assert fitted.metrics.calibration in summary_text(fitted)
 
-    scaled = run(load(cluster={"node": "dgx-h200"}))
-    assert scaled.metrics.to_json()["calibration"] == "uncalibrated: scaled from h100-sxm5-80gb"
-    assert "uncalibrated: scaled from h100-sxm5-80gb" in summary_text(scaled)
+    scaled = run(load(cluster={"node": "dgx-a100", "gpu": "a100-sxm4-40gb"}))
+    assert scaled.metrics.to_json()["calibration"] == "uncalibrated: scaled from a100-sxm4-80gb"
+    assert "uncalibrated: scaled from a100-sxm4-80gb" in summary_text(scaled)
+    h200 = run(load(cluster={"node": "dgx-h200"}))
+    assert h200.metrics.calibration == GPUS["h200-sxm-141gb"].kernel_provenance
+    assert "cuDNN 9.19 SDPA" in summary_text(h200)
 
     constants = dataclasses.replace(GPUS[CALIBRATED_GPU].kernels, source="measured here")
     calibration = tmp_path / "a100.toml"
@@ -177,7 +223,7 @@ def test_every_run_says_how_its_gpus_constants_were_obtained(tmp_path):
     assert label == f"calibration file {str(calibration)!r}: measured here"
 
 
-def test_the_gb200_scenario_fills_each_rack_with_a_stage_and_says_it_is_uncalibrated():
+def test_the_gb200_scenario_fills_each_rack_with_a_stage_and_names_its_kernel_tables():
     from stepsim.scenario import load_scenario
 
     scenario = load_scenario("scenarios/llama3-70b-4racks-gb200.toml")
@@ -185,4 +231,5 @@ def test_the_gb200_scenario_fills_each_rack_with_a_stage_and_says_it_is_uncalibr
     assert (cluster.gpu, cluster.num_nodes, cluster.nvlink_domain_gpus) == (GPUS["gb200"], 4, 72)
     assert parallel.tensor_model_parallel_size * parallel.data_parallel_size == 72
     # what metrics.json's "calibration" and the summary print (checked on a run above)
-    assert scenario.kernel_constants.source == "uncalibrated: scaled from h100-sxm5-80gb"
+    assert scenario.kernel_constants.source == GPUS["gb200"].kernel_provenance
+    assert "GB200" in scenario.kernel_constants.source

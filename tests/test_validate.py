@@ -125,6 +125,12 @@ def test_validate_prints_every_row_and_writes_the_write_up(tmp_path, capsys):
     assert "| A5 | iteration |" in text and "images/validation.png" in text
     assert "| V4 | iteration |" in text and "| E2 | model TFLOP/s |" in text
     assert (tmp_path / "images" / "validation.png").read_bytes().startswith(b"\x89PNG")
+    # the kernel section after the sets, in the output and the write-up
+    from stepsim.calibration.kernels import SECTIONS
+
+    kernels = out.split("stepsim validate · kernels")[1]
+    assert all(f"  {s.title}" in kernels for s in SECTIONS.values())
+    assert "## Kernels" in text and all(f"| {s.title} |" in text for s in SECTIONS.values())
 
 
 def test_validate_with_a_missing_folder_is_a_one_line_error(tmp_path, capsys):

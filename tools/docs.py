@@ -503,16 +503,20 @@ def moe_routing(images: Path | None) -> Generated:
         "| bubble | memory per GPU |",
         "|---|---:|---:|---:|---:|---:|---:|",
     ]
-    for exponent in (None, 0.5, 1.0, 1.5):
+    for exponent in ("balanced", None, 0.5, 1.0, 1.5):
         model = base.model
-        if exponent is not None:
+        if exponent == "balanced":
+            model = dataclasses.replace(model, moe_routing="balanced")
+        elif exponent is not None:
             model = dataclasses.replace(
                 model, moe_routing="zipf", moe_routing_zipf_exponent=exponent
             )
         scenario = dataclasses.replace(base, model=model)
         m = run(scenario).metrics
         b = m.breakdown_s
-        name = "balanced" if exponent is None else f"zipf {exponent}"
+        name = {"balanced": "balanced", None: "imbalanced (the default, MaxVio 0.52)"}.get(
+            exponent, f"zipf {exponent}"
+        )
         fits = "" if m.out_of_memory is None else " (over)"
         rows.append(
             f"| {name} | {max(rank_loads(model, ep)):.2f} | {m.iteration_time_s:.2f} s "
@@ -520,6 +524,38 @@ def moe_routing(images: Path | None) -> Generated:
             f"| {m.memory_per_gpu_gib:.1f} GiB{fits} |"
         )
     return {("docs/moe.md", "moe-routing"): "\n".join(rows)}
+
+
+# docs/moe.md's mechanisms table: what each of the MoE layer's choices does to the shipped
+# MoE scenarios (balanced routing: the default before imbalance was modelled)
+MOE_MECHANISMS = (
+    ("balanced routing", ("model.moe_routing=balanced",)),
+    ("the default (imbalanced, fused permutation, grouped GEMM)", ()),
+    ("unfused permutation (`moe_permute_fusion = false`)", ("training.moe_permute_fusion=false",)),
+    ("SequentialMLP (`moe_grouped_gemm = false`)", ("training.moe_grouped_gemm=false",)),
+)
+MOE_MECHANISM_SCENARIOS = ("mixtral-8x7b-16-h100", "qwen3-235b-a22b-64-b200")
+
+
+def moe_mechanisms(images: Path | None) -> Generated:
+    """docs/moe.md: the shipped MoE scenarios under each MoE-layer choice."""
+    from stepsim.run.iteration import run
+    from stepsim.scenario import load_scenario
+
+    lines = [
+        "| scenario | variant | iteration | compute | ep_comm exposed | memory per GPU |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for name in MOE_MECHANISM_SCENARIOS:
+        for label, sets in MOE_MECHANISMS:
+            m = run(load_scenario(ROOT / "scenarios" / f"{name}.toml", sets)).metrics
+            b = m.breakdown_s
+            fits = "" if m.out_of_memory is None else " (over)"
+            lines.append(
+                f"| {name} | {label} | {m.iteration_time_s:.2f} s | {b['compute']:.2f} s "
+                f"| {b['ep_comm']:.2f} s | {m.memory_per_gpu_gib:.1f} GiB{fits} |"
+            )
+    return {("docs/moe.md", "moe-mechanisms"): "\n".join(lines)}
 
 
 # docs/moe.md's dispatcher table: DeepSeek-V3's scenario with EP inside a node or across
@@ -619,6 +655,7 @@ SECTIONS = [
     Section("frameworks", "docs/frameworks.md: deepspeed vs megatron, by mechanism", frameworks),
     Section("what-if", "docs/what-if.md: goodput of a 16k-GPU run", what_if),
     Section("moe-routing", "docs/moe.md: balanced vs skewed routing", moe_routing),
+    Section("moe-mechanisms", "docs/moe.md: the MoE layer's choices", moe_mechanisms),
     Section(
         "what-if-perturb",
         "docs/what-if.md: a straggler, a slow NIC, failed links (16k GPUs, MT-NLG)",

@@ -1,5 +1,7 @@
 """`stepsim validate`: simulate the calibration set and compare with the published
-measurements."""
+measurements; then the kernel section: every published kernel micro-benchmark row in
+scenarios/validation/kernels/ against stepsim's time for that kernel
+(stepsim.calibration.kernels)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,9 @@ import argparse
 from pathlib import Path
 
 from ..scenario import ScenarioError, read_calibration, read_validation_set, shipped_dir
-from ..scenario.presets import CALIBRATED_GPUS
-from .common import progress_for, quiet_argument
+from ..scenario.files import read_kernel_tables
+from ..scenario.presets import CALIBRATED_GPUS, GPUS
+from .common import print_json, progress_for, quiet_argument
 
 QUICK_MAX_GPUS = 1_000  # --quick skips the Table 1 rows on more GPUs
 QUICK_MAX_H100_GPUS = 100  # and the H100 rows on more
@@ -21,8 +24,10 @@ def add_command(sub) -> None:
         description="Simulate every row of each GPU's calibration set (A100: Narayanan et al. "
         "2021 Table 1 and Korthikanti et al. 2022 Table 4; V100: the Megatron-LM README's "
         "DGX-2 table; H100: Megatron-Core r0.8.0's weak scaling) and print measured, "
-        "simulated and error, one table per set with its mean and worst; write "
-        "validation.md and a plot.",
+        "simulated and error, one table per set with its mean and worst; then the kernel "
+        "section: each published kernel micro-benchmark (GEMMs, flash attention, norms; "
+        "scenarios/validation/kernels/) against stepsim's time for that kernel, with the "
+        "mean and worst error per table; write validation.md and a plot.",
     )
     validate.add_argument(
         "--data",
@@ -46,15 +51,80 @@ def add_command(sub) -> None:
         action="store_true",
         help="skip the A100 rows over 1,000 GPUs and the H100 rows over 100",
     )
+    validate.add_argument(
+        "--kernels",
+        action="store_true",
+        help="only the kernel section (seconds): the kernel micro-benchmark tables",
+    )
+    validate.add_argument(
+        "--kernel-rows",
+        action="store_true",
+        help="print the kernel section row by row (id, shape, published, simulated, error)",
+    )
+    validate.add_argument(
+        "--kernel-data",
+        metavar="DIR",
+        default=None,
+        help="folder with the kernel tables (default: the shipped ones, "
+        "scenarios/validation/kernels in a checkout)",
+    )
+    validate.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document: the kernel section row by row (and each set's rows "
+        "unless --kernels)",
+    )
     quiet_argument(validate, "no progress line on the terminal while it runs")
     validate.set_defaults(handler=command)
 
 
+def _kernels(args: argparse.Namespace) -> dict:
+    """The kernel section: each table's rows compared, by section (a one-line error for
+    a row the model cannot use)."""
+    from ..calibration.kernels import compare_kernels, kernel_rows
+
+    folder = args.kernel_data or shipped_dir() / "validation" / "kernels"
+    tables = read_kernel_tables(folder)
+    try:
+        return compare_kernels(kernel_rows(tables), GPUS)
+    except (KeyError, ValueError) as exc:
+        raise ScenarioError(
+            f"kernel tables in {str(folder)!r}: a row cannot be used: {exc}"
+        ) from None
+
+
 def command(args: argparse.Namespace) -> int:
+    from ..calibration.kernels import comparison_json
+    from ..ir.results import SCHEMA_VERSION
+
+    if args.kernels:
+        kernels = _kernels(args)
+        if args.json:
+            print_json({"schema_version": SCHEMA_VERSION, "kernels": comparison_json(kernels)})
+        else:
+            print(kernel_text(kernels, args.kernel_rows))
+        if args.out:
+            _write_kernels_only(Path(args.out), kernels, quiet=args.json)
+        return 0
+    return _sets(args)
+
+
+def _write_kernels_only(out: Path, kernels: dict, quiet: bool) -> None:
+    """--kernels --out DIR: the kernel section's markdown alone, DIR/validation-kernels.md."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "validation-kernels.md").write_text(kernel_markdown(kernels), encoding="utf-8")
+    if not quiet:  # --json: stdout holds the document alone
+        print(f"\n  wrote {out}/validation-kernels.md")
+
+
+def _sets(args: argparse.Namespace) -> int:
+    from ..calibration.kernels import comparison_json
     from ..calibration.validation import compare, summary
+    from ..ir.results import SCHEMA_VERSION
     from ..report.tables import validation_markdown, validation_text
     from ..run.iteration import run
 
+    kernels = _kernels(args)  # read first: a bad kernel table fails before minutes of sets
     rows = read_validation_set(args.data or shipped_dir() / "validation")
     if args.quick:
         rows["megatron"] = [r for r in rows["megatron"] if _gpus(r) <= QUICK_MAX_GPUS]
@@ -83,7 +153,24 @@ def command(args: argparse.Namespace) -> int:
     finally:
         progress.clear()
     totals = {name: summary(comparisons) for name, comparisons in by_set.items()}
-    print(validation_text(by_set, totals))
+    if args.json:
+        print_json(
+            {
+                "schema_version": SCHEMA_VERSION,
+                "sets": {
+                    name: {
+                        **totals[name],
+                        "detail": [{**c._asdict(), "error": c.error} for c in comparisons],
+                    }
+                    for name, comparisons in by_set.items()
+                },
+                "kernels": comparison_json(kernels),
+            }
+        )
+    else:
+        print(validation_text(by_set, totals))
+        print()
+        print(kernel_text(kernels, args.kernel_rows))
     if args.out:
         from ..report.figures import validation_figure
 
@@ -91,9 +178,11 @@ def command(args: argparse.Namespace) -> int:
         (out / "images").mkdir(parents=True, exist_ok=True)
         validation_figure(by_set).savefig(out / "images" / "validation.png", dpi=110)
         (out / "validation.md").write_text(
-            validation_markdown(by_set, totals, calibrations), encoding="utf-8"
+            validation_markdown(by_set, totals, calibrations) + "\n" + kernel_markdown(kernels),
+            encoding="utf-8",
         )
-        print(f"\n  wrote {args.out}/validation.md and {args.out}/images/validation.png")
+        if not args.json:  # stdout holds the document alone
+            print(f"\n  wrote {args.out}/validation.md and {args.out}/images/validation.png")
     return 0
 
 
@@ -103,3 +192,81 @@ def _gpus(row: dict[str, str]) -> int:
     if not text.strip().isdigit():
         raise ScenarioError(f"--data: row {row.get('id')!r} has num_gpus={text!r}, not a count")
     return int(text)
+
+
+# -- the kernel section's text and markdown ---------------------------------------------------
+
+
+def _percent(x: float) -> str:
+    return f"{100 * x:+.1f} %"
+
+
+def kernel_text(kernels: dict, rows: bool = False) -> str:
+    """One line per table (section): rows, mean |error| (over its fitted rows too, where a
+    constant was fitted on them) and the worst row; with ``rows`` each row below it."""
+    from ..calibration.kernels import SECTIONS, kernel_summary
+
+    lines = [
+        "stepsim validate · kernels: stepsim's time for each published kernel against the "
+        "published time (error = simulated / published - 1)",
+        "  role: fit = a constant of that GPU was fitted on its rows marked * (their mean "
+        "under 'fitted'); check = none was; other kernel = a kernel stepsim does not model "
+        "as such, for scale. source: vendor, third party or secondary; plot = read from a plot",
+        "",
+        f"  {'table':40} {'gpu':15} {'source':17} {'role':12} {'rows':>4} {'mean |err|':>10} "
+        f"{'fitted':>8}  worst",
+    ]
+    for key, comparisons in kernels.items():
+        s, t = SECTIONS[key], kernel_summary(comparisons)
+        fitted = "" if t.fitted_mean_abs_error is None else f"{100 * t.fitted_mean_abs_error:.1f} %"
+        lines.append(
+            f"  {s.title:40} {s.gpu:15} {s.label:17} {s.role:12} {t.rows:4d} "
+            f"{100 * t.mean_abs_error:8.1f} % {fitted:>8}  {_percent(t.worst.error)} "
+            f"({t.worst.id}: {t.worst.shape})"
+        )
+        if rows:
+            lines.append(f"      {s.source}: {s.kind}; {s.what}")
+            for c in comparisons:
+                note = f"  [{c.note}]" if c.note else ""
+                lines.append(
+                    f"      {c.id:5} {'*' if c.fitted else ' '} {c.shape:58} "
+                    f"{1e6 * c.measured_s:11.1f} us {1e6 * c.simulated_s:11.1f} us "
+                    f"{_percent(c.error):>9}{note}"
+                )
+    return "\n".join(lines)
+
+
+def kernel_markdown(kernels: dict) -> str:
+    """validation.md's kernel section: one row per table (section)."""
+    from ..calibration.kernels import SECTIONS, kernel_summary
+
+    out = [
+        "## Kernels: stepsim against published kernel micro-benchmarks",
+        "",
+        "Each row of the tables in `scenarios/validation/kernels/` (their README.md cites "
+        "every file, its source commit and caveats) against stepsim's time for that exact "
+        "kernel on that GPU's record: GEMMs by `cost.kernels.gemm_seconds` (FP8: "
+        "`cost.fp8.fp8_gemm_seconds`), flash attention by `cost.attention.flash_seconds`, "
+        "norms and STREAM at the HBM bandwidth x `memory_efficiency`. Error = simulated / "
+        "published - 1. Role: **fit**, a constant of that GPU was fitted on the rows the "
+        'last-but-one column counts (docs/calibration.md, "Kernel tables"); **check**, '
+        "no constant was fitted on them; **other kernel**, a kernel stepsim does not model "
+        "as such (FlashAttention-2 and -3 where the H100's attention is cuDNN's), shown for "
+        "scale. Every row: `stepsim validate --kernels --kernel-rows`.",
+        "",
+        "| table | GPU | source | role | rows | mean abs error | fitted rows: mean | worst (row) |",
+        "|---|---|---|---|---:|---:|---:|---|",
+    ]
+    for key, comparisons in kernels.items():
+        s, t = SECTIONS[key], kernel_summary(comparisons)
+        fitted = (
+            "—"
+            if t.fitted_mean_abs_error is None
+            else f"{t.fitted_rows}: {100 * t.fitted_mean_abs_error:.1f} %"
+        )
+        out.append(
+            f"| {s.title} | `{s.gpu}` | {s.kind} | {s.role} | {t.rows} | "
+            f"{100 * t.mean_abs_error:.1f} % | {fitted} | {_percent(t.worst.error)} "
+            f"({t.worst.id}: {t.worst.shape}) |"
+        )
+    return "\n".join(out) + "\n"

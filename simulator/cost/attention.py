@@ -26,14 +26,24 @@ blocks above the diagonal (Dao 2023 Sec 3.1.1, "causal masking"): with blocks of
 ``FLASH_BLOCK`` query rows the fraction of blocks computed is (n + 1) / 2n, n =
 s / ``FLASH_BLOCK``.
 
-Its time: the matmuls run at the efficiency the score GEMM's shape gets
-(``compute.gemm_efficiency``: m = n = s, k = the head dimension, one per head), and
-FlashAttention-2 does not overlap the softmax with them (FlashAttention-3, Shah et
-al. 2024, arXiv 2407.08608, Sec 3.1, overlaps them on Hopper; cuDNN's kernels are
-not documented), so each exponential adds the SM time of ``tensor_flops_per_exp``
-tensor FLOPs (one per score element forward, one backward to recompute P). The
-rest of the softmax (max, scale, sum: FP32 FMA-pipe work) is not counted. Nothing
-in this is fitted.
+Its time (``flash_seconds``): the matmuls, plus the exponentials, each at the SM time of
+``tensor_flops_per_exp`` tensor FLOPs (one per score element forward, one backward to
+recompute P), at the rate the GPU's flash kernels were measured to reach
+(``GpuSpec.attention_kernels``, fitted on attention kernel timings alone:
+docs/calibration.md, "Flash attention, fitted apart"): ``forward_efficiency`` or
+``backward_efficiency`` of the 16-bit tensor peak, times L / (L + ``kv_half``) where L
+is the loop a thread block runs (keys per query row forward, queries per key
+backward, the causal mask's share of them): each block of rows pays a fixed cost
+(loading its Q, writing its O, the final rescale) worth ``kv_half`` keys. Of the
+exponentials only the share ``exp_exposed`` counts: FlashAttention-2 does not overlap
+the softmax with the matmuls (1), FlashAttention-3 (Shah et al. 2024, arXiv 2407.08608,
+Sec 3.1) and cuDNN's newer kernels hide part or all of it (the fits give 1 for cuDNN
+9.1 on the H100, 0.35 for 9.19 on the H200, 0 on Blackwell). The rest of the softmax
+(max, scale, sum: FP32 FMA-pipe work) is not counted apart. A GPU with no attention
+timings (``attention_kernels`` None: the V100s and A100s) runs the matmuls and every
+exponential at the efficiency the score GEMM's shape gets instead
+(``kernels.gemm_efficiency``: m = n = s, k = the head dimension, one per head), a
+mechanism estimate.
 
 Grouped-query attention (``model.num_query_groups``) changes the K and V tensors only:
 scores and context stay per query head, so the matmuls and the unfused s x s kernels
@@ -50,8 +60,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from ..ir.units import tflops_to_flops_per_s
+from ..ir.units import gbytes_per_s_to_bytes_per_s, tflops_to_flops_per_s
 from ..ir.vocabulary import ATTENTION_FLASH
+from ..scenario import GpuSpec, KernelConstants
 from ..scenario.softmax import scenario_softmax_path
 from .kernels import BYTES_PER_ELEMENT, MASK_BYTES, Kernel, Work, gemm_efficiency
 
@@ -125,40 +136,89 @@ def _unfused(cm: ComputeModel) -> tuple[list[Kernel], list[Kernel]]:
     return forward, backward
 
 
+def flash_bytes(
+    heads: float, kv_heads: float, q: int, k: int, d_qk: int, d_v: int, backward: bool
+) -> float:
+    """What a flash kernel moves through HBM: Q (d_qk wide) and O (d_v) per query row
+    and query head, K (d_qk) and V (d_v) per key row and K/V head, in; O out
+    (forward); the backward also reads dO and writes dQ, dK, dV: twice the forward's."""
+    per_pass = BYTES_PER_ELEMENT * (d_qk + d_v) * (q * heads + k * kv_heads)
+    return per_pass * (2 if backward else 1)
+
+
 def flash_hbm_bytes(cm: ComputeModel, backward: bool) -> float:
     """What a flash kernel moves through HBM on one rank: Q, K, V in and O out
     (forward); Q, K, V, O, dO in and dQ, dK, dV out (backward). Q, O, dO, dQ have a
     head per query head, K, V, dK, dV one per group (GQA), so the forward moves
     e b s d (2 a + 2 g) / T bytes and the backward e b s d (4 a + 4 g) / T."""
     heads, s, head = _shape(cm)
-    if cm.model.mla:  # Q, O (dO, dQ) per head of qk, v widths; K, V (dK, dV) likewise
-        m = cm.model
-        per_head = (m.qk_dim + m.v_dim) * (2 if backward else 1)
-        return BYTES_PER_ELEMENT * s * per_head * (heads + kv_heads_per_rank(cm))
-    q_tensors, kv_tensors = (4, 4) if backward else (2, 2)
-    return BYTES_PER_ELEMENT * s * head * (q_tensors * heads + kv_tensors * kv_heads_per_rank(cm))
+    m = cm.model
+    d_qk, d_v = (m.qk_dim, m.v_dim) if m.mla else (head, head)
+    return flash_bytes(heads, kv_heads_per_rank(cm), s, s, d_qk, d_v, backward)
+
+
+def flash_matmul_flops(pairs: float, d_qk: int, d_v: int, backward: bool) -> float:
+    """The matmul FLOPs a flash kernel executes over ``pairs`` (query, key) pairs: Q K^T
+    over d_qk and P V over d_v forward; backward S again, dQ, dK over d_qk and dP, dV
+    over d_v (Dao 2023 Algorithm 2), 2.5 times the forward's when d_qk = d_v."""
+    return 2.0 * pairs * ((3 * d_qk + 2 * d_v) if backward else (d_qk + d_v))
+
+
+def flash_seconds(
+    gpu: GpuSpec,
+    c: KernelConstants,
+    *,
+    heads: float,
+    kv_heads: float,
+    q: int,
+    k: int,
+    d_qk: int,
+    d_v: int,
+    done: float,
+    backward: bool,
+) -> float:
+    """One flash kernel (forward, or its backward) over ``heads`` (batch x query heads)
+    q x k score matrices of which the fraction ``done`` is computed (the causal mask's
+    blocks): its matmuls and exponentials at the GPU's flash rate (module docstring),
+    or its HBM traffic at the streaming rate if longer. ``c``: the run's GEMM and
+    memory constants (the record's, or a calibration file's)."""
+    pairs = heads * q * k * done
+    executed = flash_matmul_flops(pairs, d_qk, d_v, backward)
+    peak = tflops_to_flops_per_s(gpu.peak_tflops)
+    a = gpu.attention_kernels
+    exponentials = gpu.tensor_flops_per_exp * pairs  # in tensor FLOPs' time
+    if a is None:  # the score GEMM's shape efficiency (no attention timings)
+        compute_s = (executed + exponentials) / (peak * gemm_efficiency(c, q, k, d_qk, heads))
+    else:
+        loop = (q if backward else k) * done  # keys per query row; queries per key backward
+        efficiency = a.backward_efficiency if backward else a.forward_efficiency
+        rate = peak * efficiency * loop / (loop + a.kv_half)
+        compute_s = (executed + a.exp_exposed * exponentials) / rate
+    stream = gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s) * c.memory_efficiency
+    memory_s = flash_bytes(heads, kv_heads, q, k, d_qk, d_v, backward) / stream
+    return max(compute_s, memory_s)
 
 
 def flash_work(cm: ComputeModel, backward: bool) -> Work:
     """One flash-attention kernel (forward, or its backward) on one rank."""
     heads, s, head = _shape(cm)
-    done = causal_fraction(s)
-    matmul_flops = 4.0 * heads * s * s * head  # Q K^T and P V, whole
-    if cm.model.mla:  # Q K^T over qk_dim, P V over v_dim (mla.py)
-        head = cm.model.qk_dim
-        matmul_flops = 2.0 * heads * s * s * (cm.model.qk_dim + cm.model.v_dim)
-    exponentials = heads * s * s * done
-    executed = matmul_flops * done * (FLASH_BACKWARD_MATMULS if backward else 1.0)
-    if cm.model.mla and backward:  # S again, dQ, dK over qk_dim; dP, dV over v_dim
-        m = cm.model
-        executed = 2.0 * heads * s * s * (3 * m.qk_dim + 2 * m.v_dim) * done
-    rate = tflops_to_flops_per_s(cm.gpu.peak_tflops) * gemm_efficiency(
-        cm.constants, s, s, head, heads
+    m = cm.model
+    d_qk, d_v = (m.qk_dim, m.v_dim) if m.mla else (head, head)
+    duration = flash_seconds(
+        cm.gpu,
+        cm.constants,
+        heads=heads,
+        kv_heads=kv_heads_per_rank(cm),
+        q=s,
+        k=s,
+        d_qk=d_qk,
+        d_v=d_v,
+        done=causal_fraction(s),
+        backward=backward,
     )
-    compute_s = (executed + cm.gpu.tensor_flops_per_exp * exponentials) / rate
-    memory_s = cm.memory_bound(flash_hbm_bytes(cm, backward)).duration_s
-    model_flops = matmul_flops * (2.0 if backward else 1.0)
-    return Work(duration_s=max(compute_s, memory_s), flops=model_flops)
+    # the model's FLOPs: 4 b s^2 a d / T forward (Q K^T and P V whole), twice backward
+    model_flops = flash_matmul_flops(heads * s * s, d_qk, d_v, False) * (2.0 if backward else 1.0)
+    return Work(duration_s=duration, flops=model_flops)
 
 
 def _flash(cm: ComputeModel) -> tuple[list[Kernel], list[Kernel]]:

@@ -41,10 +41,9 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, NamedTuple
 
-from ..ir.units import tflops_to_flops_per_s
 from ..ir.vocabulary import ALL_GATHER, ALL_TO_ALL, CP_A2A, CP_ALL_GATHER, REDUCE_SCATTER, RING_SEND
-from .attention import FLASH_BACKWARD_MATMULS, FLASH_BLOCK
-from .kernels import BYTES_PER_ELEMENT, ZERO, Kernel, Work, gemm_efficiency
+from .attention import FLASH_BLOCK, flash_seconds
+from .kernels import BYTES_PER_ELEMENT, ZERO, Kernel, Work
 
 if TYPE_CHECKING:
     from .compute import ComputeModel
@@ -84,17 +83,20 @@ def _flash(
     key row and query group)."""
     d = cm.model.head_size
     done = causal_blocks_fraction(q, k) if causal else 1.0
-    pairs = heads * q * k * done
-    executed = 4.0 * pairs * d * (FLASH_BACKWARD_MATMULS if backward else 1.0)
-    rate = tflops_to_flops_per_s(cm.gpu.peak_tflops) * gemm_efficiency(cm.constants, q, k, d, heads)
-    compute_s = (executed + cm.gpu.tensor_flops_per_exp * pairs) / rate
     groups = heads * cm.model.query_groups / cm.model.num_attention_heads
-    tensors = 4 if backward else 2
-    hbm = BYTES_PER_ELEMENT * d * tensors * (heads * q + groups * k)
-    return Work(
-        duration_s=max(compute_s, cm.memory_bound(hbm).duration_s),
-        flops=model_flops * (2.0 if backward else 1.0),
+    duration = flash_seconds(
+        cm.gpu,
+        cm.constants,
+        heads=heads,
+        kv_heads=groups,
+        q=q,
+        k=k,
+        d_qk=d,
+        d_v=d,
+        done=done,
+        backward=backward,
     )
+    return Work(duration_s=duration, flops=model_flops * (2.0 if backward else 1.0))
 
 
 class ContextAttention:

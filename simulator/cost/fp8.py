@@ -44,6 +44,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING
 
+from ..scenario import GpuSpec, KernelConstants
 from ..scenario.precision import (
     amax_pass,
     fast_accumulation,
@@ -60,6 +61,34 @@ if TYPE_CHECKING:
 
 FP8_BYTES = 1.0  # an FP8 element (E4M3 or E5M2)
 NORM_FED = ("QKV", "fc1")  # the linear layers whose input a layernorm produces (TE LayerNormLinear)
+
+
+def fp8_constants(gpu: GpuSpec, base: KernelConstants, *, fast: bool) -> KernelConstants:
+    """The GEMM constants an FP8 GEMM runs with: ``base``'s tile and SMs with the
+    record's FP8 fractions (fast accumulation's for ``fast``, else split accumulation's)."""
+    fp8 = gpu.fp8_kernels
+    assert fp8 is not None, f"{gpu.name} has no FP8 tensor cores"
+    efficiency = fp8.fast_accum_gemm_efficiency if fast else fp8.gemm_efficiency
+    return dataclasses.replace(base, gemm_efficiency=efficiency, gemm_k_half=fp8.gemm_k_half)
+
+
+def fp8_gemm_seconds(
+    gpu: GpuSpec,
+    base: KernelConstants,
+    m: float,
+    n: float,
+    k: float,
+    *,
+    fast: bool,
+    batch: int = 1,
+) -> float:
+    """An FP8 GEMM (``batch`` of them; 1-byte inputs, 16-bit output) at the GPU's dense
+    FP8 peak."""
+    assert gpu.peak_tflops_fp8 is not None, f"{gpu.name} has no FP8 tensor cores"
+    constants = fp8_constants(gpu, base, fast=fast)
+    return gemm_seconds(
+        gpu, constants, m, n, k, batch, peak_tflops=gpu.peak_tflops_fp8, input_bytes=FP8_BYTES
+    )
 
 
 class Fp8Linear:
@@ -79,13 +108,8 @@ class Fp8Linear:
         self.recipe = recipe_of(training)
         self.peak_tflops = gpu.peak_tflops_fp8
         base = compute.constants
-        self.split = dataclasses.replace(
-            base, gemm_efficiency=fp8.gemm_efficiency, gemm_k_half=fp8.gemm_k_half
-        )
-        self.fprop = self.split
-        if fast_accumulation(self.recipe):
-            fast = fp8.fast_accum_gemm_efficiency
-            self.fprop = dataclasses.replace(self.split, gemm_efficiency=fast)
+        self.split = fp8_constants(gpu, base, fast=False)
+        self.fprop = fp8_constants(gpu, base, fast=fast_accumulation(self.recipe))
         self.copies = 1 + (1 if second_copy(gpu, self.recipe) else 0)  # FP8 bytes written
         self.amax_bytes = BYTES_PER_ELEMENT if amax_pass(self.recipe) else 0.0
         self.param_gather = fp8_param_gather(training)

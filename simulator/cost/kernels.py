@@ -109,3 +109,9 @@ def gemm_seconds(
         memory_bytes = batch * (input_bytes * (m * k + k * n) + BYTES_PER_ELEMENT * m * n)
         memory_bytes += extra_bytes
     return max(compute_s, memory_bytes / stream_bytes_per_s)
+
+
+def stream_seconds(gpu: GpuSpec, c: KernelConstants, num_bytes: float) -> float:
+    """A memory-bound (element-wise) kernel moving ``num_bytes`` (read + written) at the
+    HBM bandwidth x ``memory_efficiency``: compute.ComputeModel.memory_bound's time."""
+    return num_bytes / (gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s) * c.memory_efficiency)

@@ -317,6 +317,127 @@ def read_validation_set(folder: str | Path) -> dict[str, list[dict[str, str]]]:
     return out
 
 
+# --- the kernel tables (scenarios/validation/kernels/, README.md there cites each) ---------
+
+# table -> (file, its columns that must hold a number > 0, those that may also be empty).
+# Every table has an ``id`` column; the rest of a table's columns are text.
+KERNEL_FILES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "xla_matmul": (
+        "xla_matmul_sm90_b200.csv",
+        ("b", "m", "n", "k", "tflops_bf16x_bf16_to_bf16"),
+        ("tflops_f8e4m3fnx_f8e4m3fn_to_bf16",),
+    ),
+    "cudnn_sdpa": (
+        "cudnn_sdpa_training.csv",
+        (
+            "batch",
+            "q_seqlen",
+            "kv_seqlen",
+            "num_q_heads",
+            "num_kv_heads",
+            "head_dim_qk",
+            "head_dim_vo",
+            "time_ms",
+            "tflops",
+        ),
+        (),
+    ),
+    "cudnn_sdpa_913": (
+        "cudnn_sdpa_b200_gb300_cudnn913.csv",
+        (
+            "batch",
+            "q_seqlen",
+            "kv_seqlen",
+            "num_q_heads",
+            "num_kv_heads",
+            "head_dim",
+            "fwd_tflops",
+            "bwd_tflops",
+        ),
+        (),
+    ),
+    "fa3_fig5": (
+        "fa3_h100_fwd_fig5.csv",
+        ("head_dim", "n_heads", "seqlen", "batch", "tflops"),
+        (),
+    ),
+    "fa2_fwdbwd": (
+        "fa2_h100_fwdbwd.csv",
+        ("head_dim", "n_heads", "seqlen", "batch", "tflops"),
+        (),
+    ),
+    "fa3_bwd_secondary": (
+        "fa3_h100_bwd_SECONDARY.csv",
+        ("head_dim", "seqlen_nominal", "tflops"),
+        (),
+    ),
+    "cudnn_norms": (
+        "cudnn_norms.csv",
+        ("N_rows", "C_hidden", "fwd_GBps", "bwd_GBps"),
+        (),
+    ),
+    "deepgemm_fp8": ("deepgemm_h800_fp8_dense.csv", ("M", "N", "K", "tflops"), ()),
+    "azure_cublaslt_fp8": ("azure_cublaslt_fp8.csv", ("m", "n", "k", "tflops"), ()),
+    "azure_hbm": ("azure_hbm_stream.csv", ("value",), ()),
+}
+# the text columns each table's comparison reads (stepsim.calibration.kernels)
+KERNEL_TEXT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "xla_matmul": ("platform_key",),
+    "cudnn_sdpa": ("gpu", "model", "mask", "pass", "deterministic_bwd"),
+    "cudnn_sdpa_913": ("gpu", "impl", "is_causal"),
+    "fa3_fig5": ("causal", "impl", "note"),
+    "fa2_fwdbwd": ("causal", "impl"),
+    "fa3_bwd_secondary": ("causal_inferred", "impl"),
+    "cudnn_norms": ("gpu", "config", "norm_type", "has_bias"),
+    "deepgemm_fp8": ("readme_version",),
+    "azure_cublaslt_fp8": ("gpu", "dtype"),
+    "azure_hbm": ("gpu", "metric", "unit"),
+}
+
+
+def read_kernel_tables(folder: str | Path) -> dict[str, list[dict[str, str]]]:
+    """The kernel micro-benchmark tables (scenarios/validation/kernels/) as rows of
+    strings, by table, each numeric cell checked: a one-line ScenarioError names the
+    file, the row (its line and id) and the column of the first that is not a number
+    > 0 (or empty, where the table allows)."""
+    folder = Path(folder)
+    out = {}
+    for table, (name, numbers, optional) in KERNEL_FILES.items():
+        path = folder / name
+        what = f"kernel table {str(path)!r}"
+        reader = csv.DictReader(io.StringIO(read_text(path, what), newline=""))
+        try:
+            rows = list(reader)
+        except csv.Error as exc:
+            raise ScenarioError(f"{what}: not a CSV table: {exc}") from None
+        needed = ("id", *numbers, *optional, *KERNEL_TEXT_COLUMNS[table])
+        missing = [c for c in needed if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ScenarioError(
+                f"{what} has no column {missing[0]!r}; it needs {', '.join(needed)}"
+            )
+        for line, row in enumerate(rows, 2):
+            if None in row or any(v is None for v in row.values()):
+                raise ScenarioError(
+                    f"{what}, line {line}: {len(reader.fieldnames or ())} columns expected"
+                )
+            for column in (*numbers, *optional):
+                text = row[column].strip()
+                if not text and column in optional:
+                    continue
+                try:
+                    value = float(text)
+                except ValueError:
+                    value = math.nan
+                if not (math.isfinite(value) and value > 0):
+                    raise ScenarioError(
+                        f"{what}, line {line} (id {row['id']!r}), column {column!r}: "
+                        f"{row[column]!r} must be a number > 0"
+                    )
+        out[table] = rows
+    return out
+
+
 def read_search_journal(path: str | Path) -> tuple[dict[str, Any] | None, dict[str, dict]]:
     """(header, {layout key: row}) of a search's results file (stepsim search --out);
     (None, {}) when there is none. A line cut short by an interrupted write is skipped."""

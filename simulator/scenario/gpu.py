@@ -1,6 +1,7 @@
 """One GPU's record (`GpuSpec`) and the compute model's constants it carries
-(`KernelConstants`, and `Fp8KernelConstants` for its FP8 GEMMs), each checked when
-built. The records themselves, with their sources, are in hardware.py."""
+(`KernelConstants`, `Fp8KernelConstants` for its FP8 GEMMs and
+`AttentionKernelConstants` for its flash-attention kernels), each checked when built.
+The records themselves, with their sources, are in hardware.py."""
 
 from __future__ import annotations
 
@@ -70,6 +71,44 @@ class Fp8KernelConstants:
         precision.check_fp8_kernel_constants(self)
 
 
+# What attention kernel constants may be (cost.attention explains each).
+ATTENTION_CONSTANT_RANGES: dict[str, tuple[float, float]] = {
+    "forward_efficiency": (0.01, 1.0),
+    "backward_efficiency": (0.01, 1.0),
+    "kv_half": (0.0, 1e6),
+    "exp_exposed": (0.0, 1.0),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AttentionKernelConstants:
+    """The flash-attention kernels' own constants (cost.attention): the fractions of the
+    16-bit tensor peak their matmuls run at, forward and backward; the length of the
+    loop a thread block runs (keys per query row forward, queries per key backward) at
+    which that rate halves: a fixed cost per block of rows (loading Q, writing O, the
+    final rescale), worth ``kv_half`` keys; and the share of the exponentials' time on
+    the special-function units that the matmuls do not hide (1: none hidden, as in
+    FlashAttention-2; 0: all). Fitted on attention kernel timings alone, not on the
+    GEMMs'."""
+
+    forward_efficiency: float
+    backward_efficiency: float
+    kv_half: float
+    exp_exposed: float
+    source: str  # the kernel timings they were fitted on, or where they were borrowed from
+
+    def __post_init__(self) -> None:
+        for name, (low, high) in ATTENTION_CONSTANT_RANGES.items():
+            value = getattr(self, name)
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number or not low <= value <= high:
+                raise ScenarioError(
+                    key=f"attention_kernels.{name}",
+                    value=value,
+                    rule=f"must be between {low:g} and {high:g}",
+                )
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GpuSpec:
     """One GPU: everything stepsim needs of it in one record, so that a GPU preset
@@ -93,6 +132,9 @@ class GpuSpec:
     tensor_flops_per_exp: float
     kernels: KernelConstants  # the compute model's constants for this GPU (gpu == name)
     fp8_kernels: Fp8KernelConstants | None  # FP8 GEMMs' constants; None without FP8
+    # flash attention's constants; None: its matmuls at the score GEMM's efficiency (the
+    # GEMM constants' curve, a mechanism estimate: GPUs with no attention timings)
+    attention_kernels: AttentionKernelConstants | None = None
 
     @property
     def num_sms(self) -> int:

@@ -9,7 +9,9 @@ NCCL measurements as explained next to them.
 
 from __future__ import annotations
 
-from .gpu import Fp8KernelConstants, GpuSpec, KernelConstants
+import dataclasses
+
+from .gpu import AttentionKernelConstants, Fp8KernelConstants, GpuSpec, KernelConstants
 
 # Kernel constants: the only numbers of the compute model that are not shapes or
 # datasheet values (simulator.workload.compute explains each).
@@ -46,7 +48,8 @@ _SOURCES = {
     "benchmarks/calibrate.py --gpu v100)",
     "h100": "fit on the H100 set (Megatron-Core r0.8.0 2024; benchmarks/calibrate.py --gpu h100) "
     "with gemm_efficiency and memory_efficiency fixed at kernel measurements on a real H100 "
-    "(benchmarks/measured/); the set is not met (docs/calibration.md)",
+    "(benchmarks/measured/); flash attention fit on cuDNN 9.1 kernel timings (FlashAttention-3 "
+    "paper Figs. 5-6, scenarios/validation/kernels/); the set is not met (docs/calibration.md)",
 }
 # the GPU each calibration set ran on, which benchmarks/calibrate.py fits
 CALIBRATED_GPUS = {"a100": "a100-sxm4-80gb", "v100": "v100-sxm3-32gb", "h100": "h100-sxm5-80gb"}
@@ -75,6 +78,136 @@ _FP8_SOURCES = {
 }
 
 
+# Kernel-table constants of the Hopper and Blackwell GPUs other than the H100: fitted
+# only on published kernel micro-benchmarks (scenarios/validation/kernels/, its README.md
+# cites every file; `stepsim validate --kernels` compares every row), by
+# stepsim.calibration.kernels (benchmarks/calibrate.py --kernels runs each fit and prints
+# its rows; docs/calibration.md, "Kernel tables", has the numbers). Each GPU takes a
+# fitted constant from a table of its own where one exists, else from the GPU of the
+# same die, and its label says which.
+#
+# GEMMs (gemm_efficiency, gemm_k_half), B200: the OpenXLA matmul table's sm_100_B200
+# BF16 rows (xla_matmul_sm90_b200.csv X251-X500) whose time is 20 us or more, 51 rows
+# (X325 ... X500); grid 0.30-1.00 x 0-1024, least squared relative error: 0.71 / 288
+# (rms 6.7 %). GB200 (the same die at 1,200 W), B300 and GB300 (no sm_103 GEMM table)
+# carry these fractions of their own peaks. H200 and H800 (the H100's die) carry the
+# H100's: 0.69 measured on a real H100, 128 fitted on its set.
+_B200_GEMMS = {"gemm_efficiency": 0.71, "gemm_k_half": 288.0}
+# memory_efficiency: the median fraction of the HBM bandwidth cuDNN's RMSNorm / LayerNorm
+# kernels reached, forward and backward (cudnn_norms.csv, bytes as cuDNN's benchmark
+# counts them), over the rows of 1,024 columns or more and 20 us or more: H200 N31-N38,
+# N42 (17 timings) 0.76; GB200 N1-N8, N12 (16) 0.72; GB300 N16-N23, N27 (16) 0.72. The
+# B200 (the GB200's die and 8 TB/s HBM3e) takes the GB200's, the B300 the GB300's; the
+# H800 (the H100's die and 3.35 TB/s HBM3) the H100's measured 0.91.
+_NORM_MEMORY = {"h200": 0.76, "gb200": 0.72, "gb300": 0.72}
+# FP8 GEMMs, B200: the same table's e4m3 x e4m3 -> bf16 rows of 20 us or more, 28 rows
+# (X350 ... X500): 0.80 / 616 (rms 8.9 %), fast accumulation the same (Blackwell has one
+# accumulation path; the split is Hopper's). Per-tensor scaled: no MXFP8 or blockwise
+# GEMM is in any table. The table's sm_90 FP8 rows are left out (above the H100's dense
+# FP8 peak: the README there).
+_B200_FP8 = {"gemm_efficiency": 0.80, "fast_accum_gemm_efficiency": 0.80, "gemm_k_half": 616.0}
+_KERNEL_TABLES = "scenarios/validation/kernels/"
+_LABELS = {
+    "h200": "the H100's GEMM constants (same die); memory_efficiency fit on cuDNN norm kernel "
+    f"timings of an H200, flash attention on cuDNN 9.19 SDPA timings of an H200 ({_KERNEL_TABLES})",
+    "h800": "the H100's constants (same die and HBM3): kernel measurements on a real H100, "
+    "gemm_k_half fit on the H100 set, flash attention on cuDNN 9.1 kernel timings",
+    "b200": "GEMMs fit on the OpenXLA matmul table's B200 BF16 kernel timings; memory_efficiency "
+    "the GB200's cuDNN norm fit (same die and HBM3e); flash attention fit on cuDNN 9.13 SDPA "
+    f"timings of a B200 ({_KERNEL_TABLES})",
+    "gb200": "GEMMs the B200's kernel fit (same die; OpenXLA B200 BF16 timings); memory_efficiency "
+    "fit on cuDNN norm kernel timings of a GB200, flash attention on cuDNN 9.22 SDPA timings of "
+    f"a GB200 ({_KERNEL_TABLES})",
+    "b300": "GEMMs the B200's kernel fit (no sm_103 GEMM table); memory_efficiency and flash "
+    "attention the GB300's fits (same die: cuDNN norm and cuDNN 9.22 SDPA timings of a GB300; "
+    f"{_KERNEL_TABLES})",
+    "gb300": "GEMMs the B200's kernel fit (no sm_103 GEMM table); memory_efficiency fit on cuDNN "
+    "norm kernel timings of a GB300, flash attention on cuDNN 9.22 SDPA timings of a GB300 "
+    f"({_KERNEL_TABLES})",
+}
+_FP8_LABELS = {
+    "hopper": "the H100's FP8 GEMM kernel measurements (same die; benchmarks/measured/"
+    "h100-sxm5-80gb-fp8*.toml)",
+    "b200": "fit on the OpenXLA matmul table's B200 FP8 (e4m3, per-tensor scaled) kernel timings "
+    f"({_KERNEL_TABLES}); MXFP8 and blockwise GEMMs not measured",
+    "blackwell": "the B200's FP8 kernel fit (OpenXLA B200 FP8 timings; same die, or no sm_103 "
+    "table); MXFP8 and blockwise GEMMs not measured",
+}
+
+
+# Flash attention (cost.attention: forward and backward efficiency, kv_half, the
+# exponentials' exposed share), fitted on attention kernel timings alone, apart from the
+# GEMMs' constants; grid 0.30-1.00 x 0-2048 x 0-1 (stepsim.calibration.kernels.
+# fit_attention), least squared relative error over:
+# - H100: cuDNN 9.1.1 (the kernel Megatron-Core r0.8.0 runs through Transformer Engine on
+#   Hopper: TE prefers its FusedAttention, cuDNN, over FlashAttention-2 on sm90;
+#   docs/calibration.md) in the FlashAttention-3 paper's Fig. 5 (forward, read from the
+#   plot; fa3_h100_fwd_fig5.csv, the cudnn rows of head dimension 64 and 128, F2 ...
+#   F71, 24 rows) and Fig. 6 (backward, a secondary transcription, non-causal inferred;
+#   fa3_h100_bwd_SECONDARY.csv B2 ... B35, 12 rows): 0.91 / 0.60 / 192 / 1.0 (rms 7.1 %).
+# - H200: cuDNN 9.19 SDPA training benchmark, cudnn_sdpa_training.csv S41-S63 (llama3.1
+#   forward and backward, dsv3 forward; 23 rows): 0.86 / 0.65 / 432 / 0.35 (rms 3.1 %).
+# - B200: cuDNN 9.13 SDPA (frontend, bf16), cudnn_sdpa_b200_gb300_cudnn913.csv C1-C9
+#   forward and backward (18 timings, all head dimension 128, causal; the exposed share
+#   held at the GB200's 0.0, which these rows cannot tell apart): 0.75 / 0.55 / 1104 / 0.0
+#   (rms 8.6 %).
+# - GB200: cuDNN 9.22 SDPA training benchmark, the llama3.1 and dsv3 rows of S1-S123 (40
+#   rows): 0.70 / 0.53 / 432 / 0.0 (rms 7.3 %). GB300: the same of S21-S143 (40 rows):
+#   0.83 / 0.59 / 464 / 0.0 (rms 6.0 %). The B300 carries the GB300's (same die), the
+#   H800 the H100's.
+def _attention(f: float, b: float, kv: float, x: float, source: str) -> AttentionKernelConstants:
+    return AttentionKernelConstants(
+        forward_efficiency=f, backward_efficiency=b, kv_half=kv, exp_exposed=x, source=source
+    )
+
+
+_ATTENTION = {
+    "h100": _attention(
+        0.91,
+        0.60,
+        192.0,
+        1.0,
+        "fit on cuDNN 9.1 kernel timings of an H100 (FlashAttention-3 paper Fig. 5 forward, read "
+        "from the plot; Fig. 6 backward, a secondary transcription; head dimensions 64 and 128)",
+    ),
+    "h200": _attention(
+        0.86,
+        0.65,
+        432.0,
+        0.35,
+        "fit on cuDNN 9.19 SDPA kernel timings of an H200 (llama3.1, dsv3)",
+    ),
+    "b200": _attention(
+        0.75,
+        0.55,
+        1104.0,
+        0.0,
+        "fit on cuDNN 9.13 SDPA kernel timings of a B200 (causal, head dimension 128; the "
+        "exponentials' share the GB200's)",
+    ),
+    "gb200": _attention(
+        0.70,
+        0.53,
+        432.0,
+        0.0,
+        "fit on cuDNN 9.22 SDPA kernel timings of a GB200 (llama3.1, dsv3)",
+    ),
+    "gb300": _attention(
+        0.83,
+        0.59,
+        464.0,
+        0.0,
+        "fit on cuDNN 9.22 SDPA kernel timings of a GB300 (llama3.1, dsv3)",
+    ),
+}
+_ATTENTION["h800"] = dataclasses.replace(
+    _ATTENTION["h100"], source="the H100's (same die): " + _ATTENTION["h100"].source
+)
+_ATTENTION["b300"] = dataclasses.replace(
+    _ATTENTION["gb300"], source="the GB300's (same die): " + _ATTENTION["gb300"].source
+)
+
+
 # Dense FP16/BF16 tensor-core FLOPs per SM per clock (peak / (SMs x boost clock):
 # V100 8 tensor cores x 64 FMA x 2; A100 and H100 4 x 256 and 4 x 512 FMA x 2, NVIDIA's
 # A100 and H100 architecture white papers) over the 16 exponentials (ex2, the MUFU
@@ -100,25 +233,40 @@ def _gpu(
     family: str,
     fitted: bool,
     tensor_flops_per_exp: float | None = None,
+    tables: str | None = None,
 ) -> GpuSpec:
     """A GPU record whose kernel constants are the 256 x 128 tile and the fractions
     fitted on ``family``'s calibration set, with the GPU's own SM count; ``fitted``
     says whether this GPU is the one that set ran on (else: scaled from it).
-    ``tensor_flops_per_exp``: the family's per-SM-clock ratio unless given (the
+    ``tables``: the Hopper or Blackwell GPU whose kernel-table constants and labels
+    (_LABELS, _NORM_MEMORY, _B200_GEMMS, _B200_FP8, _ATTENTION above) the record takes
+    instead. ``tensor_flops_per_exp``: the family's per-SM-clock ratio unless given (the
     Blackwell GPUs give theirs from the published rates, see _BLACKWELL_EXP)."""
+    fractions = dict(_FITS[family])
+    source = _SOURCES[family] if fitted else _scaled(family)
+    fp8_fractions = _FP8_FITS.get(family)
+    fp8_source = _FP8_SOURCES.get(family) if fitted else _scaled(family)
+    attention = _ATTENTION.get(family) if fitted else None
+    if tables is not None:
+        blackwell = tables not in ("h200", "h800")
+        source = _LABELS[tables]
+        if blackwell:
+            fractions.update(_B200_GEMMS)
+        memory = {"b200": "gb200", "b300": "gb300", "h800": None}.get(tables, tables)
+        if memory is not None:
+            fractions["memory_efficiency"] = _NORM_MEMORY[memory]
+        fp8_fractions = _B200_FP8 if blackwell else _FP8_FITS["h100"]
+        fp8_source = _FP8_LABELS[
+            "b200" if tables == "b200" else "blackwell" if blackwell else "hopper"
+        ]
+        attention = _ATTENTION[tables]
     kernels = KernelConstants(
-        gpu=name,
-        num_sms=num_sms,
-        tile_m=256,
-        tile_n=128,
-        source=_SOURCES[family] if fitted else _scaled(family),
-        **_FITS[family],
+        gpu=name, num_sms=num_sms, tile_m=256, tile_n=128, source=source, **fractions
     )
     fp8_kernels = None
     if peak_tflops_fp8 is not None:
-        fp8_kernels = Fp8KernelConstants(
-            source=_FP8_SOURCES[family] if fitted else _scaled(family), **_FP8_FITS[family]
-        )
+        assert fp8_fractions is not None and fp8_source is not None
+        fp8_kernels = Fp8KernelConstants(source=fp8_source, **fp8_fractions)
     return GpuSpec(
         name=name,
         peak_tflops=peak_tflops,
@@ -134,6 +282,7 @@ def _gpu(
         ),
         kernels=kernels,
         fp8_kernels=fp8_kernels,
+        attention_kernels=attention,
     )
 
 
@@ -260,6 +409,7 @@ GPUS: dict[str, GpuSpec] = {
             num_sms=132,
             family="h100",
             fitted=False,
+            tables="h200",
         ),
         _gpu(
             "h800-sxm5-80gb",
@@ -272,6 +422,7 @@ GPUS: dict[str, GpuSpec] = {
             num_sms=132,
             family="h100",
             fitted=False,
+            tables="h800",
         ),
         _gpu(
             "b200-sxm-180gb",
@@ -284,6 +435,7 @@ GPUS: dict[str, GpuSpec] = {
             num_sms=148,
             family="h100",
             fitted=False,
+            tables="b200",
             tensor_flops_per_exp=2250.0 / _BLACKWELL_EXP_PER_S["blackwell"],
         ),
         _gpu(
@@ -297,6 +449,7 @@ GPUS: dict[str, GpuSpec] = {
             num_sms=148,
             family="h100",
             fitted=False,
+            tables="gb200",
             tensor_flops_per_exp=2500.0 / _BLACKWELL_EXP_PER_S["blackwell"],
         ),
         _gpu(
@@ -310,6 +463,7 @@ GPUS: dict[str, GpuSpec] = {
             num_sms=160,
             family="h100",
             fitted=False,
+            tables="b300",
             tensor_flops_per_exp=2250.0 / _BLACKWELL_EXP_PER_S["blackwell-ultra"],
         ),
         _gpu(
@@ -323,6 +477,7 @@ GPUS: dict[str, GpuSpec] = {
             num_sms=160,
             family="h100",
             fitted=False,
+            tables="gb300",
             tensor_flops_per_exp=2500.0 / _BLACKWELL_EXP_PER_S["blackwell-ultra"],
         ),
     )
