@@ -167,6 +167,9 @@ def summary_text(result: Result) -> str:
         lines += fast_forward_lines(m.fast_forward, m.num_microbatches)
     if fp8_enabled(tr):
         lines.append(f"  FP8 GEMMs                 {fp8_text(s)}")
+    attention = cl.gpu.attention_kernels
+    if attention is not None and tr.mechanism("attention_kernel") == "flash":
+        lines.append(f"  flash attention           {attention.source}")
     softmax = scenario_softmax_path(s)
     if not softmax.fused:
         lines.append(f"  attention softmax unfused: {softmax.reason} ({SOFTMAX_SOURCE})")
