@@ -94,7 +94,7 @@ NVLS_CASES = [
         480.0,
         "measured with IB SHARP; stepsim: NVLS_TREE",
     ),
-    ("DGX B200, 1 node", {"node": "dgx-b200", "num_nodes": 1}, 8, None, "no measurement"),
+    ("DGX B200, 1 node", {"node": "dgx-b200", "num_nodes": 1}, 8, None, "see validate"),
 ]
 # Small-message ring all-reduce on one DGX A100 (nccl-tests issue #123), in us.
 LATENCY_CASES = [(2, 10.0), (4, 16.9), (6, 25.2), (8, 33.7)]
@@ -404,8 +404,10 @@ for choosing an algorithm rather than a count of bytes on links. Across nodes st
 runs NVLS_TREE (NVLS reduce-scatter in each node, double binary trees of each local
 rank's shard across nodes, NVLS all-gather): at 4 GiB the NICs bound it as they bound
 the ring, so the 480 GB/s that NVIDIA measures across DGX H100 nodes needs IB SHARP
-(the InfiniBand switches reducing), which is left out. No measured B200 figure is in
-the reference notes.
+(the InfiniBand switches reducing), which is left out. The DGX B200's NVLink fraction
+is fitted on published collective timings, and its NVLS all-reduces are compared with
+measured ones (two sources, which disagree) by `stepsim validate --kernels`
+(docs/calibration.md, "Network constants").
 
 Reduce-scatter and all-gather on one node by the ring and by NVLS alone, bus
 bandwidth S / t x (k-1)/k at 4 GiB. NVLS's busier direction carries S / 0.85, the

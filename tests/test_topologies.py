@@ -184,10 +184,10 @@ def test_an_nvl72_rack_is_one_72_gpu_nvlink_domain_with_a_nic_per_gpu(node, nic_
     assert summary["switches_by_level"] == {1: 1}
     assert summary["bisection_bytes_per_s"] == pytest.approx(72 * nic_gb_per_s * 1e9)
     assert [cluster.nvlink_domain_of(g) for g in (0, 71, 72, 143)] == [0, 0, 1, 1]
-    # 900 GB/s per direction at the DGX H100's 370/450 (assumed), GPUs 0 and 71 one
+    # 900 GB/s per direction at the rack's fitted NVLink fraction, GPUs 0 and 71 one
     # NVSwitch apart, GPU 5 leaving the rack through its own NIC 5
     nvlink = [cluster.links[i].bandwidth_bytes_per_s for i in cluster.route(0, 71)]
-    assert nvlink == pytest.approx([900e9 * 370 / 450] * 2)
+    assert nvlink == pytest.approx([900e9 * NODES[node]["nvlink_efficiency"]] * 2)
     assert cluster.links[cluster.route(5, 77)[0]].dst == ("nic", 0, 5)
 
 

@@ -1,7 +1,9 @@
 """`stepsim validate`: simulate the calibration set and compare with the published
 measurements; then the kernel section: every published kernel micro-benchmark row in
 scenarios/validation/kernels/ against stepsim's time for that kernel
-(stepsim.calibration.kernels)."""
+(stepsim.calibration.kernels), and every published collective row in
+scenarios/validation/collectives/ against stepsim's network running that collective
+alone (stepsim.calibration.collectives)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ import argparse
 from pathlib import Path
 
 from ..scenario import ScenarioError, read_calibration, read_validation_set, shipped_dir
-from ..scenario.files import read_kernel_tables
-from ..scenario.presets import CALIBRATED_GPUS, GPUS
+from ..scenario.files import read_collective_tables, read_kernel_tables
+from ..scenario.presets import CALIBRATED_GPUS, GPUS, NODES
 from .common import print_json, progress_for, quiet_argument
 
 QUICK_MAX_GPUS = 1_000  # --quick skips the Table 1 rows on more GPUs
@@ -26,8 +28,10 @@ def add_command(sub) -> None:
         "DGX-2 table; H100: Megatron-Core r0.8.0's weak scaling) and print measured, "
         "simulated and error, one table per set with its mean and worst; then the kernel "
         "section: each published kernel micro-benchmark (GEMMs, flash attention, norms; "
-        "scenarios/validation/kernels/) against stepsim's time for that kernel, with the "
-        "mean and worst error per table; write validation.md and a plot.",
+        "scenarios/validation/kernels/) against stepsim's time for that kernel, and each "
+        "published NCCL collective (scenarios/validation/collectives/) against stepsim's "
+        "network running it alone, with the mean and worst error per table; write "
+        "validation.md and a plot.",
     )
     validate.add_argument(
         "--data",
@@ -54,12 +58,13 @@ def add_command(sub) -> None:
     validate.add_argument(
         "--kernels",
         action="store_true",
-        help="only the kernel section (seconds): the kernel micro-benchmark tables",
+        help="only the kernel section (seconds): the kernel micro-benchmark and collective tables",
     )
     validate.add_argument(
         "--kernel-rows",
         action="store_true",
-        help="print the kernel section row by row (id, shape, published, simulated, error)",
+        help="print the kernel section row by row (id, shape, published, simulated, error; "
+        "collectives: bus bandwidths and the algorithm stepsim ran)",
     )
     validate.add_argument(
         "--kernel-data",
@@ -67,6 +72,19 @@ def add_command(sub) -> None:
         default=None,
         help="folder with the kernel tables (default: the shipped ones, "
         "scenarios/validation/kernels in a checkout)",
+    )
+    validate.add_argument(
+        "--collective-data",
+        metavar="DIR",
+        default=None,
+        help="folder with the collective tables (default: the shipped ones, "
+        "scenarios/validation/collectives in a checkout)",
+    )
+    validate.add_argument(
+        "--network-fits",
+        action="store_true",
+        help="only fit the node presets' nvlink_efficiency and nic_efficiency on the "
+        "collective tables and print each fit beside the preset's value (seconds)",
     )
     validate.add_argument(
         "--json",
@@ -93,31 +111,72 @@ def _kernels(args: argparse.Namespace) -> dict:
         ) from None
 
 
+def _collective_rows(args: argparse.Namespace) -> list:
+    """The collective tables' rows (a one-line error for a row the model cannot use)."""
+    from ..calibration.collectives import collective_rows
+
+    folder = args.collective_data or shipped_dir() / "validation" / "collectives"
+    tables, logs = read_collective_tables(folder)
+    try:
+        return collective_rows(tables, logs)
+    except (KeyError, ValueError) as exc:
+        raise ScenarioError(
+            f"collective tables in {str(folder)!r}: a row cannot be used: {exc}"
+        ) from None
+
+
+def _collectives(args: argparse.Namespace) -> dict:
+    """The kernel section's collectives: each table's rows compared, by section."""
+    from ..calibration.collectives import Network, compare_collectives
+    from ..run.iteration import build_cluster
+
+    rows = _collective_rows(args)
+    try:
+        return compare_collectives(rows, Network(build_cluster))
+    except (KeyError, ValueError) as exc:
+        raise ScenarioError(f"collective tables: a row cannot be simulated: {exc}") from None
+
+
 def command(args: argparse.Namespace) -> int:
+    from ..calibration import collectives
     from ..calibration.kernels import comparison_json
     from ..ir.results import SCHEMA_VERSION
 
+    if args.network_fits:
+        print(network_fits_text(_collective_rows(args)))
+        return 0
     if args.kernels:
-        kernels = _kernels(args)
+        kernels, comms = _kernels(args), _collectives(args)
         if args.json:
-            print_json({"schema_version": SCHEMA_VERSION, "kernels": comparison_json(kernels)})
+            print_json(
+                {
+                    "schema_version": SCHEMA_VERSION,
+                    "kernels": comparison_json(kernels),
+                    "collectives": collectives.comparison_json(comms),
+                }
+            )
         else:
             print(kernel_text(kernels, args.kernel_rows))
+            print()
+            print(collective_text(comms, args.kernel_rows))
         if args.out:
-            _write_kernels_only(Path(args.out), kernels, quiet=args.json)
+            _write_kernels_only(Path(args.out), kernels, comms, quiet=args.json)
         return 0
     return _sets(args)
 
 
-def _write_kernels_only(out: Path, kernels: dict, quiet: bool) -> None:
+def _write_kernels_only(out: Path, kernels: dict, comms: dict, quiet: bool) -> None:
     """--kernels --out DIR: the kernel section's markdown alone, DIR/validation-kernels.md."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "validation-kernels.md").write_text(kernel_markdown(kernels), encoding="utf-8")
+    (out / "validation-kernels.md").write_text(
+        kernel_markdown(kernels) + "\n" + collective_markdown(comms), encoding="utf-8"
+    )
     if not quiet:  # --json: stdout holds the document alone
         print(f"\n  wrote {out}/validation-kernels.md")
 
 
 def _sets(args: argparse.Namespace) -> int:
+    from ..calibration import collectives
     from ..calibration.kernels import comparison_json
     from ..calibration.validation import compare, summary
     from ..ir.results import SCHEMA_VERSION
@@ -125,6 +184,7 @@ def _sets(args: argparse.Namespace) -> int:
     from ..run.iteration import run
 
     kernels = _kernels(args)  # read first: a bad kernel table fails before minutes of sets
+    comms = _collectives(args)
     rows = read_validation_set(args.data or shipped_dir() / "validation")
     if args.quick:
         rows["megatron"] = [r for r in rows["megatron"] if _gpus(r) <= QUICK_MAX_GPUS]
@@ -165,12 +225,15 @@ def _sets(args: argparse.Namespace) -> int:
                     for name, comparisons in by_set.items()
                 },
                 "kernels": comparison_json(kernels),
+                "collectives": collectives.comparison_json(comms),
             }
         )
     else:
         print(validation_text(by_set, totals))
         print()
         print(kernel_text(kernels, args.kernel_rows))
+        print()
+        print(collective_text(comms, args.kernel_rows))
     if args.out:
         from ..report.figures import validation_figure
 
@@ -178,7 +241,11 @@ def _sets(args: argparse.Namespace) -> int:
         (out / "images").mkdir(parents=True, exist_ok=True)
         validation_figure(by_set).savefig(out / "images" / "validation.png", dpi=110)
         (out / "validation.md").write_text(
-            validation_markdown(by_set, totals, calibrations) + "\n" + kernel_markdown(kernels),
+            validation_markdown(by_set, totals, calibrations)
+            + "\n"
+            + kernel_markdown(kernels)
+            + "\n"
+            + collective_markdown(comms),
             encoding="utf-8",
         )
         if not args.json:  # stdout holds the document alone
@@ -270,3 +337,111 @@ def kernel_markdown(kernels: dict) -> str:
             f"({t.worst.id}: {t.worst.shape}) |"
         )
     return "\n".join(out) + "\n"
+
+
+# -- the collectives: text, markdown and the fits -----------------------------------------
+
+
+def collective_text(comms: dict, rows: bool = False) -> str:
+    """The kernel section's collectives, one line per table (section) as `kernel_text`
+    gives the kernels; with ``rows`` each row's bus bandwidths below it."""
+    from ..calibration.collectives import SECTIONS, collective_summary
+
+    lines = [
+        "  collectives: each published NCCL collective run alone through stepsim's network on "
+        "the node preset, the algorithm NCCL would pick ('auto') unless the table names it "
+        "(error = simulated / published time - 1)",
+        "  role: fit = the node's nvlink_efficiency or nic_efficiency was fitted on its rows "
+        "marked * (their mean under 'fitted'); check = none was. source: vendor or third "
+        "party; assumed = the measured machine's network is not the preset's",
+        "",
+        f"  {'table':44} {'node':12} {'source':19} {'role':6} {'rows':>4} {'mean |err|':>10} "
+        f"{'fitted':>8}  worst",
+    ]
+    for key, comparisons in comms.items():
+        s, t = SECTIONS[key], collective_summary(comparisons)
+        fitted = "" if t.fitted_mean_abs_error is None else f"{100 * t.fitted_mean_abs_error:.1f} %"
+        lines.append(
+            f"  {s.title:44} {s.node:12} {s.label:19} {s.role:6} {t.rows:4d} "
+            f"{100 * t.mean_abs_error:8.1f} % {fitted:>8}  {_percent(t.worst.error)} "
+            f"({t.worst.id}: {t.worst.shape})"
+        )
+        if rows:
+            lines.append(f"      {s.source}: {s.kind}; {s.what}")
+            lines.append(
+                f"      {'id':6}   {'collective':42} {'busbw GB/s: published':>22} "
+                f"{'stepsim':>8} {'time error':>10}  runs"
+            )
+            for c in comparisons:
+                note = f"  [{c.note}]" if c.note else ""
+                lines.append(
+                    f"      {c.id:6} {'*' if c.fitted else ' '} {c.shape:42} "
+                    f"{c.measured_busbw_gbytes_per_s:22.1f} {c.simulated_busbw_gbytes_per_s:8.1f} "
+                    f"{_percent(c.error):>10}  {c.runs}{note}"
+                )
+    return "\n".join(lines)
+
+
+def collective_markdown(comms: dict) -> str:
+    """validation.md's collectives: one row per table (section)."""
+    from ..calibration.collectives import SECTIONS, collective_summary
+
+    out = [
+        "## Collectives: stepsim's network against published NCCL measurements",
+        "",
+        "Each row of the tables in `scenarios/validation/collectives/` (their README.md cites "
+        "every file, its source commit and caveats) run alone through stepsim's network on "
+        "the node preset it was measured on (`stepsim.calibration.collectives`): the same "
+        "collective over the same groups of GPUs, by the algorithm NCCL would run (`auto`) "
+        "or the one the table states. Error = simulated / published time - 1. Role: "
+        "**fit**, the node's `nvlink_efficiency` or `nic_efficiency` was fitted on the rows "
+        'the last-but-one column counts (docs/calibration.md, "Network constants"); '
+        "**check**, no constant was fitted on them. Every row, with both bus bandwidths "
+        "and the algorithm stepsim ran: `stepsim validate --kernels --kernel-rows`.",
+        "",
+        "| table | node | source | role | rows | mean abs error | fitted rows: mean | "
+        "worst (row) |",
+        "|---|---|---|---|---:|---:|---:|---|",
+    ]
+    for key, comparisons in comms.items():
+        s, t = SECTIONS[key], collective_summary(comparisons)
+        fitted = (
+            "—"
+            if t.fitted_mean_abs_error is None
+            else f"{t.fitted_rows}: {100 * t.fitted_mean_abs_error:.1f} %"
+        )
+        out.append(
+            f"| {s.title} | `{s.node}` | {s.kind} | {s.role} | {t.rows} | "
+            f"{100 * t.mean_abs_error:.1f} % | {fitted} | {_percent(t.worst.error)} "
+            f"({t.worst.id}: {t.worst.shape}) |"
+        )
+    return "\n".join(out) + "\n"
+
+
+def network_fits_text(rows: list) -> str:
+    """--network-fits: each fit of COLLECTIVE_FITS, what it gives beside the preset's."""
+    from ..calibration.collectives import COLLECTIVE_FITS, Network, fit_rows, run_fit
+    from ..run.iteration import build_cluster
+
+    network = Network(build_cluster)
+    lines = [
+        "stepsim validate · network fits: each node constant fitted on the large rows of its "
+        "collective tables (least squared relative time error, grid 0.30-1.00 by 0.01)",
+        "",
+        f"  {'node':12} {'constant':18} {'fitted':>6} {'rms':>7} {'preset':>7} {'rms':>7}  "
+        "rows (tables)",
+    ]
+    for fit in COLLECTIVE_FITS:
+        if not [r for r in rows if r.section in fit.sections and r.large]:
+            lines.append(f"  {fit.node:12} {fit.constant:18} no large rows in these tables")
+            continue
+        value, rms, preset_rms, count = run_fit(fit, rows, network)
+        preset = float(NODES[fit.node][fit.constant])  # type: ignore[arg-type]  # a float preset
+        chosen = fit_rows(rows, fit.sections)
+        kept = "" if fit.shipped else "  (not applied: the preset keeps its measured value)"
+        lines.append(
+            f"  {fit.node:12} {fit.constant:18} {value:6.2f} {100 * rms:5.1f} % {preset:7.3f} "
+            f"{100 * preset_rms:5.1f} %  {count}: {chosen[0].id}..{chosen[-1].id} "
+            f"({', '.join(fit.sections)}){kept}"
+        )
+    return "\n".join(lines)

@@ -28,6 +28,7 @@ from ..ir.vocabulary import (
     categories_of,
 )
 from ..scenario import Scenario
+from ..scenario.hardware import NETWORK_SOURCES, NODES
 from ..scenario.precision import fast_accumulation, fp8_enabled, fp8_param_gather, recipe_of
 from ..scenario.softmax import SOURCE as SOFTMAX_SOURCE
 from ..scenario.softmax import scenario_softmax_path
@@ -163,6 +164,11 @@ def summary_text(result: Result) -> str:
         f"{m.gpu_memory_gib:g} GiB (peak on stage {m.memory_peak_stage})",
         f"  kernel constants          {m.calibration}",
     ]
+    network, preset = NETWORK_SOURCES.get(cl.node or ""), NODES.get(cl.node or "", {})
+    if network and all(
+        getattr(cl, k) == preset[k] for k in ("nvlink_efficiency", "nic_efficiency")
+    ):
+        lines.append(f"  network constants         {network}")  # the preset's, not set
     if m.fast_forward is not None:
         lines += fast_forward_lines(m.fast_forward, m.num_microbatches)
     if fp8_enabled(tr):

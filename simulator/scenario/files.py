@@ -1,5 +1,6 @@
 """The files a scenario refers to besides its own TOML: calibration files, custom
-schedule files, the validation tables and a search's journal. Each reader turns what
+schedule files, the validation tables (the calibration sets, the kernel and collective
+tables, raw nccl-tests logs) and a search's journal. Each reader turns what
 it cannot use into a one-line ScenarioError (this layer and the CLI alone touch files).
 """
 
@@ -13,9 +14,9 @@ import os
 import re
 import stat
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from stepsim.schedules import LOOPED, V_SHAPE, Step
 from stepsim.schedules.custom import check_orders, parse_orders
@@ -395,6 +396,46 @@ KERNEL_TEXT_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 
 
+def _checked_rows(
+    path: Path,
+    what: str,
+    numbers: Sequence[str],
+    optional: Sequence[str],
+    text_columns: Sequence[str],
+) -> list[dict[str, str]]:
+    """A CSV table's rows of strings, each numeric cell checked: a one-line ScenarioError
+    names the file, the row (its line and id) and the column of the first that is not a
+    number > 0 (or empty, where ``optional`` allows). Every table has an ``id`` column."""
+    reader = csv.DictReader(io.StringIO(read_text(path, what), newline=""))
+    try:
+        rows = list(reader)
+    except csv.Error as exc:
+        raise ScenarioError(f"{what}: not a CSV table: {exc}") from None
+    needed = ("id", *numbers, *optional, *text_columns)
+    missing = [c for c in needed if c not in (reader.fieldnames or ())]
+    if missing:
+        raise ScenarioError(f"{what} has no column {missing[0]!r}; it needs {', '.join(needed)}")
+    for line, row in enumerate(rows, 2):
+        if None in row or any(v is None for v in row.values()):
+            raise ScenarioError(
+                f"{what}, line {line}: {len(reader.fieldnames or ())} columns expected"
+            )
+        for column in (*numbers, *optional):
+            text = row[column].strip()
+            if not text and column in optional:
+                continue
+            try:
+                value = float(text)
+            except ValueError:
+                value = math.nan
+            if not (math.isfinite(value) and value > 0):
+                raise ScenarioError(
+                    f"{what}, line {line} (id {row['id']!r}), column {column!r}: "
+                    f"{row[column]!r} must be a number > 0"
+                )
+    return rows
+
+
 def read_kernel_tables(folder: str | Path) -> dict[str, list[dict[str, str]]]:
     """The kernel micro-benchmark tables (scenarios/validation/kernels/) as rows of
     strings, by table, each numeric cell checked: a one-line ScenarioError names the
@@ -405,37 +446,138 @@ def read_kernel_tables(folder: str | Path) -> dict[str, list[dict[str, str]]]:
     for table, (name, numbers, optional) in KERNEL_FILES.items():
         path = folder / name
         what = f"kernel table {str(path)!r}"
-        reader = csv.DictReader(io.StringIO(read_text(path, what), newline=""))
-        try:
-            rows = list(reader)
-        except csv.Error as exc:
-            raise ScenarioError(f"{what}: not a CSV table: {exc}") from None
-        needed = ("id", *numbers, *optional, *KERNEL_TEXT_COLUMNS[table])
-        missing = [c for c in needed if c not in (reader.fieldnames or ())]
-        if missing:
-            raise ScenarioError(
-                f"{what} has no column {missing[0]!r}; it needs {', '.join(needed)}"
-            )
-        for line, row in enumerate(rows, 2):
-            if None in row or any(v is None for v in row.values()):
-                raise ScenarioError(
-                    f"{what}, line {line}: {len(reader.fieldnames or ())} columns expected"
-                )
-            for column in (*numbers, *optional):
-                text = row[column].strip()
-                if not text and column in optional:
-                    continue
-                try:
-                    value = float(text)
-                except ValueError:
-                    value = math.nan
-                if not (math.isfinite(value) and value > 0):
-                    raise ScenarioError(
-                        f"{what}, line {line} (id {row['id']!r}), column {column!r}: "
-                        f"{row[column]!r} must be a number > 0"
-                    )
-        out[table] = rows
+        out[table] = _checked_rows(path, what, numbers, optional, KERNEL_TEXT_COLUMNS[table])
     return out
+
+
+# --- the collective tables (scenarios/validation/collectives/, README.md there cites each) --
+
+# table -> (file, its columns that must hold a number > 0, those that may also be empty);
+# as the kernel tables, every table has an ``id`` column and its other columns are text
+COLLECTIVE_FILES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "xla_collectives": (
+        "xla_collectives.csv",
+        ("num_groups", "devices_per_group", "tensor_size_bytes", "algbw_GBps"),
+        (),
+    ),
+    "azure_nccl": (
+        "azure_nccl_allreduce_busbw.csv",
+        ("size_bytes_inferred", "busbw_GBps_inplace"),
+        (),
+    ),
+    "mlengineering": (
+        "mlengineering_allreduce_busbw.csv",
+        ("nodes", "gpus", "payload_bytes", "busbw_GBps"),
+        ("algbw_GBps",),
+    ),
+}
+# the text columns each table's comparison reads (stepsim.calibration.collectives)
+COLLECTIVE_TEXT_COLUMNS: dict[str, tuple[str, ...]] = {
+    "xla_collectives": ("platform_key", "opcode", "replica_groups_iota"),
+    "azure_nccl": ("vm", "gpu", "nccl_algo"),
+    "mlengineering": ("table", "system", "tool"),
+}
+# raw nccl-tests output, verbatim (nccl_logs/): log -> file
+NCCL_LOGS: dict[str, str] = {
+    "nccl_h100_a3mega": "nccl_logs/h100_2node_16gpu_all_reduce_a3mega.txt",
+    "nccl_b200_gke_a4": "nccl_logs/b200_2node_16gpu_all_gather_gke_a4.txt",
+}
+# the columns of an nccl-tests data line: out-of-place, then in-place
+NCCL_TESTS_COLUMNS = (
+    "size",
+    "count",
+    "type",
+    "redop",
+    "root",
+    "time",
+    "algbw",
+    "busbw",
+    "#wrong",
+    "time (in-place)",
+    "algbw (in-place)",
+    "busbw (in-place)",
+    "#wrong (in-place)",
+)
+_NCCL_POSITIVE = ("size", "count", "time", "time (in-place)")
+_NCCL_NOT_NEGATIVE = ("algbw", "busbw", "algbw (in-place)", "busbw (in-place)")
+_NCCL_RANK = re.compile(r"#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+")
+
+
+class NcclTestsLog(NamedTuple):
+    """An nccl-tests run as it printed itself: its ranks (``hosts``: each rank's host, in
+    rank order), the NCCL version where printed ("" if not) and its data lines, each a
+    dict of `NCCL_TESTS_COLUMNS` to the printed strings plus ``line`` (its line number)."""
+
+    hosts: tuple[str, ...]
+    nccl_version: str
+    rows: list[dict[str, str]]
+
+
+def parse_nccl_tests(text: str, what: str) -> NcclTestsLog:
+    """nccl-tests output (`all_reduce_perf`, `all_gather_perf`, ...): the "# Rank ..."
+    lines and the data lines; comment lines and others are skipped. A data line (it
+    starts with a number) that is not 13 fields with a size, count and time > 0 and
+    bandwidths >= 0 is a one-line ScenarioError naming the file, line and column."""
+    hosts: dict[int, str] = {}
+    version = ""
+    rows = []
+    for number, line in enumerate(text.splitlines(), 1):
+        stripped = line.strip()
+        rank = _NCCL_RANK.match(stripped)
+        if rank:
+            hosts[int(rank.group(1))] = rank.group(2)
+            continue
+        if stripped.startswith("NCCL version"):
+            version = stripped.removeprefix("NCCL version").strip()
+            continue
+        fields = stripped.split()
+        if not fields or not fields[0].isdigit():
+            continue
+        if len(fields) != len(NCCL_TESTS_COLUMNS):
+            raise ScenarioError(
+                f"{what}, line {number}: {len(NCCL_TESTS_COLUMNS)} fields expected "
+                f"({' '.join(NCCL_TESTS_COLUMNS[:9])} ...), found {len(fields)}"
+            )
+        row = dict(zip(NCCL_TESTS_COLUMNS, fields, strict=True))
+        for column in (*_NCCL_POSITIVE, *_NCCL_NOT_NEGATIVE):
+            try:
+                value = float(row[column])
+            except ValueError:
+                value = math.nan
+            positive = column in _NCCL_POSITIVE
+            if not (math.isfinite(value) and (value > 0 if positive else value >= 0)):
+                raise ScenarioError(
+                    f"{what}, line {number}, column {column!r}: {row[column]!r} must be a "
+                    f"number {'> 0' if positive else '>= 0'}"
+                )
+        rows.append({**row, "line": str(number)})
+    if not rows:
+        raise ScenarioError(f"{what} holds no nccl-tests data line")
+    if sorted(hosts) != list(range(len(hosts))) or not hosts:
+        raise ScenarioError(f"{what}: its '# Rank N ... on HOST' lines do not number 0 to N-1")
+    return NcclTestsLog(tuple(hosts[r] for r in sorted(hosts)), version, rows)
+
+
+def read_collective_tables(
+    folder: str | Path,
+) -> tuple[dict[str, list[dict[str, str]]], dict[str, NcclTestsLog]]:
+    """The collective measurements (scenarios/validation/collectives/): the CSV tables as
+    rows of strings by table, checked as `read_kernel_tables` checks its own, and the
+    nccl-tests logs parsed (`parse_nccl_tests`); a one-line ScenarioError names the file,
+    the line and the column of the first cell that cannot be used."""
+    folder = Path(folder)
+    tables = {}
+    for table, (name, numbers, optional) in COLLECTIVE_FILES.items():
+        path = folder / name
+        what = f"collective table {str(path)!r}"
+        tables[table] = _checked_rows(path, what, numbers, optional, COLLECTIVE_TEXT_COLUMNS[table])
+    logs = {}
+    for log, name in NCCL_LOGS.items():
+        path = folder / name
+        logs[log] = parse_nccl_tests(
+            read_text(path, f"nccl-tests log {str(path)!r}"), f"nccl-tests log {str(path)!r}"
+        )
+    return tables, logs
 
 
 def read_search_journal(path: str | Path) -> tuple[dict[str, Any] | None, dict[str, dict]]:

@@ -507,9 +507,57 @@ _EFFICIENCY = {
     "h100": {"nvlink_efficiency": 370 / 450, "nic_efficiency": 380 / 400},
     "v100": {"nvlink_efficiency": 122 / 150, "nic_efficiency": 24 / 25},
 }
-# No NCCL bus bandwidth of an H800, B200, GB200 or GB300 machine is in the reference
-# notes: their nodes assume the DGX H100's two fractions (docs/reference.md says so).
+# Today's nodes, fitted on published collective timings alone (scenarios/validation/
+# collectives/, its README.md cites every file; `stepsim validate --kernels` compares
+# every row, `stepsim validate --network-fits` runs each fit;
+# stepsim.calibration.collectives.COLLECTIVE_FITS; docs/calibration.md, "Network
+# constants", has the rows): each row's collective run alone through stepsim's network
+# on the node preset, grid 0.30-1.00 by 0.01, least squared relative time error over the
+# large rows (groups of 8 GPUs or more, 128 MiB or more of the buffer per rank):
+# - DGX B200 NVLink 0.68: OpenXLA's collective table, sm_100_B200, all-gather,
+#   reduce-scatter and all-to-all of 8 GPUs at 1 and 2 GiB, the collectives stepsim runs
+#   as rings or all-to-alls there (XC71, XC72, XC83, XC84, XC95, XC96; rms 3.0 %).
+#   Its all-reduces (NVLS in stepsim) are checks: stepsim is 13-14 % faster than XLA's
+#   at 1 and 2 GiB (XC59, XC60) and 3-20 % slower than ml-engineering's NCCL 2.27 sweep
+#   of one P6-B200 from 1 to 16 GiB (ML7-ML11).
+# - DGX B200 NICs 0.96: ml-engineering's all-reduce over 4 AWS P6-B200 nodes (8 x 400
+#   Gb/s EFA each, modelled as the preset's NICs; a ring across nodes, bound by the
+#   NICs) at 4, 8 and 16 GiB (ML20-ML22; rms 0.2 %).
+# - GB200 NVL72 NVLink 0.75: the same table's sm_100_GB200 rows of those kinds, groups of
+#   8 to 72 GPUs (60 rows, XC160-XC316; rms 3.9 %). GB300 NVL72 NVLink 0.74: its sm_103
+#   rows (60 rows, XC380-XC536; rms 4.3 %).
+# - DGX H200 NVLink 0.80: its only tables are all-reduces by NVLS on one node (NCCL's
+#   nvlsEfficiency 0.85, NVLS_EFFICIENCY below, taken as it is): Azure ND H200 v5 (AZ17-
+#   AZ20) and ml-engineering (ML29-ML33, ML51-ML55, ML62-ML66; rms 1.2 %).
+# The DGX A100, DGX H100 and V100 nodes keep NVIDIA's measured fractions above (the
+# sm_90 rows of the same XLA table would give the DGX H100 0.75, Azure's NVLS rows 0.80:
+# docs/calibration.md). Not fitted, no table: the DGX H200's and GB200 NVL72's NICs (the
+# DGX H100's ConnectX-7 at 400 Gb/s, its 380/400), the GB300 NVL72's ConnectX-8 (800
+# Gb/s; the DGX H100's fraction, assumed) and the HGX H800's NVLink and NICs (the DGX
+# H100's two fractions, assumed: no H800 collective table).
 _ASSUMED_EFFICIENCY = _EFFICIENCY["h100"]
+_NIC_H100 = _EFFICIENCY["h100"]["nic_efficiency"]
+_FITTED_EFFICIENCY = {
+    "dgx-h200": {"nvlink_efficiency": 0.80, "nic_efficiency": _NIC_H100},
+    "dgx-b200": {"nvlink_efficiency": 0.68, "nic_efficiency": 0.96},
+    "gb200-nvl72": {"nvlink_efficiency": 0.75, "nic_efficiency": _NIC_H100},
+    "gb300-nvl72": {"nvlink_efficiency": 0.74, "nic_efficiency": _NIC_H100},
+}
+_COLLECTIVE_TABLES = "scenarios/validation/collectives/"
+# Where these nodes' two fractions came from, for the run summary's "network constants"
+# line; the other nodes' are NVIDIA's measured bus bandwidths above.
+NETWORK_SOURCES: dict[str, str] = {
+    "dgx-h200": "NVLink fit on NVLS all-reduce timings of 8 H200s (Azure, ml-engineering); "
+    f"NICs the DGX H100's measured fraction (same ConnectX-7) ({_COLLECTIVE_TABLES})",
+    "hgx-h800": "uncalibrated: the DGX H100's NVLink and NIC fractions (no H800 collective "
+    "timings)",
+    "dgx-b200": "NVLink fit on OpenXLA's B200 collective timings, NICs on all-reduces over 4 "
+    f"AWS P6-B200 nodes (ml-engineering) ({_COLLECTIVE_TABLES})",
+    "gb200-nvl72": "NVLink fit on OpenXLA's GB200 NVL72 collective timings; NICs the DGX "
+    f"H100's measured fraction (same ConnectX-7) ({_COLLECTIVE_TABLES})",
+    "gb300-nvl72": "NVLink fit on OpenXLA's sm_103 NVL72 collective timings; NICs "
+    f"uncalibrated: the DGX H100's ConnectX-7 fraction ({_COLLECTIVE_TABLES})",
+}
 
 # NVLink figures are per GPU and per direction (the datasheets quote both
 # directions together: 300 / 600 / 900 GB/s). PCIe: Gen3 x16 ~16 GB/s,
@@ -537,7 +585,8 @@ NODES: dict[str, dict[str, object]] = {
         **_EFFICIENCY["h100"],
         **_LATENCIES,
     },
-    # DGX H200: as DGX H100 with H200 GPUs.
+    # DGX H200: as DGX H100 with H200 GPUs. NVLink fraction fitted on its NVLS all-reduce
+    # timings, NICs the DGX H100's (_FITTED_EFFICIENCY above).
     "dgx-h200": {
         "gpu": "h200-sxm-141gb",
         "gpus_per_node": 8,
@@ -545,13 +594,14 @@ NODES: dict[str, dict[str, object]] = {
         "nic_gbps": 400.0,
         "nvlink_gbytes_per_s": 450.0,
         "pcie_gbytes_per_s": 64.0,
-        **_EFFICIENCY["h100"],
+        **_FITTED_EFFICIENCY["dgx-h200"],
         **_LATENCIES,
     },
     # H800 node as DeepSeek-V3 trained on it (DeepSeek-AI 2024, arXiv 2412.19437, Sec 3.1
     # and 3.2.2): 8 x H800 on NVLink + NVSwitch, one 400 Gb/s InfiniBand NIC per GPU
     # (50 GB/s); the H800's NVLink is 400 GB/s both directions together: 200 per
-    # direction (the paper measures about 160 GB/s of it).
+    # direction (the paper measures about 160 GB/s of it). NVLink and NIC fractions: the
+    # DGX H100's, assumed (no H800 collective timings; NETWORK_SOURCES says so).
     "hgx-h800": {
         "gpu": "h800-sxm5-80gb",
         "gpus_per_node": 8,
@@ -565,6 +615,7 @@ NODES: dict[str, dict[str, object]] = {
     # DGX B200: 8 x B200 on two NVLink 5 NVSwitches (14.4 TB/s aggregate: 1.8 TB/s per
     # GPU, 900 per direction), 8 x ConnectX-7 single-port 400 Gb/s for compute
     # (docs.nvidia.com DGX B200 user guide, hardware overview); PCIe Gen5 (its Xeon 8570s).
+    # NVLink and NIC fractions fitted on collective timings (_FITTED_EFFICIENCY above).
     "dgx-b200": {
         "gpu": "b200-sxm-180gb",
         "gpus_per_node": 8,
@@ -572,7 +623,7 @@ NODES: dict[str, dict[str, object]] = {
         "nic_gbps": 400.0,
         "nvlink_gbytes_per_s": 900.0,
         "pcie_gbytes_per_s": 64.0,
-        **_ASSUMED_EFFICIENCY,
+        **_FITTED_EFFICIENCY["dgx-b200"],
         **_LATENCIES,
     },
     # GB200 NVL72: one rack, 72 GPUs in one NVLink domain (9 NVSwitch trays, 130 TB/s:
@@ -580,7 +631,8 @@ NODES: dict[str, dict[str, object]] = {
     # with 4 ConnectX-7 400 Gb/s: one NIC per GPU (nvidia.com GB200 NVL72; the MLPerf
     # v6.1 GB200 NVL72 system description lists 4 ConnectX-7 per 4-GPU tray). Modelled
     # as one 72-GPU node: with a NIC per GPU the trays' borders change no link or route
-    # (topologies.node). ConnectX-7 is PCIe Gen5 x16.
+    # (topologies.node). ConnectX-7 is PCIe Gen5 x16. NVLink fraction fitted on the NVL72's
+    # collective timings, NICs the DGX H100's (_FITTED_EFFICIENCY above).
     "gb200-nvl72": {
         "gpu": "gb200",
         "gpus_per_node": 72,
@@ -588,7 +640,7 @@ NODES: dict[str, dict[str, object]] = {
         "nic_gbps": 400.0,
         "nvlink_gbytes_per_s": 900.0,
         "pcie_gbytes_per_s": 64.0,
-        **_ASSUMED_EFFICIENCY,
+        **_FITTED_EFFICIENCY["gb200-nvl72"],
         **_LATENCIES,
     },
     # GB300 NVL72: the same rack with B300 GPUs; each compute tray has 4 ConnectX-8
@@ -596,6 +648,8 @@ NODES: dict[str, dict[str, object]] = {
     # "NVL72 AI factory" components; nvidia.com GB300 NVL72 lists 72 ConnectX-8).
     # Each B300 reaches its ConnectX-8 over PCIe Gen6 x16 (NVIDIA's Hot Chips 2025
     # ConnectX-8 talk, as ServeTheHome reported it): 128 GB/s per direction, nominal.
+    # NVLink fraction fitted on sm_103 NVL72 collective timings; NICs the DGX H100's
+    # fraction, assumed (_FITTED_EFFICIENCY above).
     "gb300-nvl72": {
         "gpu": "gb300",
         "gpus_per_node": 72,
@@ -603,7 +657,7 @@ NODES: dict[str, dict[str, object]] = {
         "nic_gbps": 800.0,
         "nvlink_gbytes_per_s": 900.0,
         "pcie_gbytes_per_s": 128.0,
-        **_ASSUMED_EFFICIENCY,
+        **_FITTED_EFFICIENCY["gb300-nvl72"],
         **_LATENCIES,
     },
     # Jean Zay V100 node (BigScience): 4 x V100 SXM2 32 GB, 400 Gb/s theoretical

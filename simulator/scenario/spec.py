@@ -112,7 +112,8 @@ class ClusterSpec:
     # the links are built at line rate x efficiency
     nvlink_efficiency: float = key(
         "fraction of the NVLink line rate transfers reach (NCCL's measured bus bandwidth / "
-        "line rate: 0.77 on DGX A100, 0.82 on DGX H100/H200, 0.81 on V100 nodes)",
+        "line rate: 0.77 on DGX A100, 0.82 on DGX H100, 0.80 on DGX H200, 0.68 on DGX B200, "
+        "0.75 on GB200 NVL72, 0.81 on V100 nodes)",
         default=1.0,
         **_EFFICIENCY_RANGE,
     )
