@@ -56,10 +56,11 @@ def test_zero2_keeps_a_share_of_the_gradients_and_one_layer_whole():
     none, zero2 = (_run(s).memory[0] for s in ("none", "gradients"))
     params = none.params
     layer = (12 * 1024 * 1024 + 7 * 1024) / 8 + 6 * 1024  # one layer on one of 8 TP ranks
-    rest = params - 4 * layer  # embedding and final norm: reduced once, kept whole
+    rest = params - 4 * layer  # embedding and final norm: their buffer kept whole too
     assert zero2.optimizer_bytes == pytest.approx(12 * params / 4)
     assert zero2.weights_bytes == none.weights_bytes == 2 * params
-    assert zero2.gradients_bytes == pytest.approx(2 * 4 * layer / 4 + 2 * (layer + rest))
+    # every gradient's 1/D shard, one layer's and the rest's whole buffers
+    assert zero2.gradients_bytes == pytest.approx(2 * params / 4 + 2 * (layer + rest))
 
 
 def test_zero2_reduce_scatters_every_layer_and_the_embedding_of_every_micro_batch():

@@ -374,11 +374,13 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
             weights += fp8_weight_bytes(scenario, 2)  # the FP8 copies of the working set
     else:
         if sharding_of(scenario) == SHARD_GRADIENTS:
-            # ZeRO-2: 1/D of the gradients, plus one layer's full gradients before their
-            # reduce-scatter and the embedding/output weights' (reduced once, at the end)
+            # ZeRO-2 / Megatron-FSDP optim_grads: 1/D of every gradient (the embedding's and
+            # output layer's too: reduce-scattered every micro-batch, emit/dataparallel.py),
+            # plus one layer's and the embedding/output weights' full gradients before
+            # their reduce-scatter (megatron_fsdp.py's per-bucket buffers)
             layer = layer_params_per_rank(scenario)
             rest = params - layer * scenario.rank_layers(stage)
-            gradients = (params - rest) * gradient_bytes / d + (layer + rest) * gradient_bytes
+            gradients = params * gradient_bytes / d + (layer + rest) * gradient_bytes
         if fp8_enabled(scenario.training):
             weights += fp8_weight_bytes(scenario, scenario.rank_layers(stage), stage)
     chunks = scenario.chunk_layers[stage]
