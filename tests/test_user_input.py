@@ -212,7 +212,12 @@ def test_quiet_is_accepted_where_there_is_no_progress_line(argv):
 
 @pytest.mark.parametrize(
     "argv",
-    [("run", TINY), ("sweep", TINY, "--set", "cluster.nic_gbps=100,200"), SCHEDULE],
+    [
+        ("run", TINY),
+        ("sweep", TINY, "--set", "cluster.nic_gbps=100,200"),
+        SCHEDULE,
+        ("validate", "--kernels"),
+    ],
 )
 def test_an_out_that_cannot_be_a_folder_is_one_line_exit_2(tmp_path, argv):
     a_file = tmp_path / "taken"

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..scenario import ScenarioError, read_calibration, read_validation_set, shipped_dir
 from ..scenario.files import read_collective_tables, read_kernel_tables
 from ..scenario.presets import CALIBRATED_GPUS, GPUS, NODES
-from .common import print_json, progress_for, quiet_argument
+from .common import check_out, out_errors, print_json, progress_for, quiet_argument
 
 QUICK_MAX_GPUS = 1_000  # --quick skips the Table 1 rows on more GPUs
 QUICK_MAX_H100_GPUS = 100  # and the H100 rows on more
@@ -142,6 +142,7 @@ def command(args: argparse.Namespace) -> int:
     from ..calibration.kernels import comparison_json
     from ..ir.results import SCHEMA_VERSION
 
+    check_out("--out", args.out)  # before anything is simulated: exit 2 on a bad path
     if args.network_fits:
         print(network_fits_text(_collective_rows(args)))
         return 0
@@ -160,7 +161,8 @@ def command(args: argparse.Namespace) -> int:
             print()
             print(collective_text(comms, args.kernel_rows))
         if args.out:
-            _write_kernels_only(Path(args.out), kernels, comms, quiet=args.json)
+            with out_errors("--out", args.out):
+                _write_kernels_only(Path(args.out), kernels, comms, quiet=args.json)
         return 0
     return _sets(args)
 
@@ -238,16 +240,17 @@ def _sets(args: argparse.Namespace) -> int:
         from ..report.figures import validation_figure
 
         out = Path(args.out)
-        (out / "images").mkdir(parents=True, exist_ok=True)
-        validation_figure(by_set).savefig(out / "images" / "validation.png", dpi=110)
-        (out / "validation.md").write_text(
-            validation_markdown(by_set, totals, calibrations)
-            + "\n"
-            + kernel_markdown(kernels)
-            + "\n"
-            + collective_markdown(comms),
-            encoding="utf-8",
-        )
+        with out_errors("--out", args.out):
+            (out / "images").mkdir(parents=True, exist_ok=True)
+            validation_figure(by_set).savefig(out / "images" / "validation.png", dpi=110)
+            (out / "validation.md").write_text(
+                validation_markdown(by_set, totals, calibrations)
+                + "\n"
+                + kernel_markdown(kernels)
+                + "\n"
+                + collective_markdown(comms),
+                encoding="utf-8",
+            )
         if not args.json:  # stdout holds the document alone
             print(f"\n  wrote {args.out}/validation.md and {args.out}/images/validation.png")
     return 0
