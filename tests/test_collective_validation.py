@@ -17,11 +17,11 @@ from stepsim.calibration.collectives import (
     CollectiveRow,
     Network,
     collective_rows,
-    collective_summary,
     compare_collectives,
     fit_efficiency,
     fit_rows,
 )
+from stepsim.calibration.kernels import summary
 from stepsim.cli import main
 from stepsim.ir.vocabulary import ALL_GATHER, ALL_REDUCE, ALL_TO_ALL, AUTO, NVLS
 from stepsim.run.iteration import build_cluster
@@ -82,7 +82,7 @@ def test_a_row_made_by_stepsim_itself_has_error_zero():
     assert len(errors) == len(CASES) and max(map(abs, errors)) < 1e-12
     assert comparisons["azure-h200"][0].runs == NVLS  # as the table states it
     assert comparisons["xla-b200-all-reduce"][0].runs == NVLS  # NCCL's choice there
-    assert collective_summary(comparisons["xla-gb200-all-to-all"]).mean_abs_error < 1e-12
+    assert summary(comparisons["xla-gb200-all-to-all"]).mean_abs_error < 1e-12
 
 
 def test_large_messages_reach_the_links_rate_and_all_to_all_is_all_gather():

@@ -19,8 +19,8 @@ from stepsim.calibration.kernels import (
     fit_gemm,
     fit_memory,
     kernel_rows,
-    kernel_summary,
     norm_bytes,
+    summary,
 )
 from stepsim.cli import main
 from stepsim.cost.attention import causal_fraction, flash_seconds
@@ -179,7 +179,7 @@ def test_rows_synthesized_from_the_model_compare_with_error_zero():
         "norms-gb200",
     }
     for comparisons in compared.values():
-        totals = kernel_summary(comparisons)
+        totals = summary(comparisons)
         assert totals.mean_abs_error == pytest.approx(0, abs=1e-9)
         assert abs(totals.worst.error) == pytest.approx(0, abs=1e-9)
 

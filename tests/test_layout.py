@@ -76,6 +76,9 @@ def test_an_end_stage_without_layers_waits_for_its_input(p2p):
         ("Ett|tt|tt|tL", {}, "has 7 t; model.num_layers=8"),
         ("Ett|tt|tt|ttmL", {}, "has 1 m; model.mtp_num_layers=0"),
         ("Ett||tttt|ttL", {}, "leaves virtual stage 1 empty"),
+        # checked before the string is built: no gigabytes of letters, no hang
+        ("E(tt|)*999999999|L", {}, "unrolls past 1,000,000 letters"),
+        ("Et*" + "9" * 5000 + "|L", {}, "unrolls past 1,000,000 letters"),
         (
             "Ett|tt|tt|ttL",
             {"parallel": {"decoder_first_pipeline_num_layers": 4}},

@@ -54,11 +54,30 @@ def test_mtp_extras_are_an_embedding_two_norms_a_projection_and_the_output_again
 
 
 def test_mtp_runs_one_more_layer_on_the_last_stage_and_counts_its_flops():
-    base, mtp = run(_scenario()).metrics, run(_scenario(mtp=1)).metrics
-    assert mtp.iteration_time_s > base.iteration_time_s
-    assert mtp.model_tflops_per_gpu * mtp.iteration_time_s > (
-        base.model_tflops_per_gpu * base.iteration_time_s
+    """The run's model FLOPs grow, per micro-batch, by one layer's forward and backward
+    and the MTP extras' (the projection, the logits and loss again)."""
+
+    def model_flops(scenario):
+        m = run(scenario).metrics
+        return m.model_tflops_per_gpu * 1e12 * m.iteration_time_s * scenario.parallel.num_gpus
+
+    base, mtp = _scenario(), _scenario(mtp=1)
+    layer = ComputeModel(mtp).layer()
+    b, m = ComputeModel(base).extras(), ComputeModel(mtp).extras()
+    per_microbatch = (
+        (
+            layer.attention_forward
+            + layer.mlp_forward
+            + layer.attention_backward
+            + layer.mlp_backward
+        ).flops
+        + (m.output_forward.flops + m.output_backward.flops)
+        - (b.output_forward.flops + b.output_backward.flops)
     )
+    assert model_flops(mtp) - model_flops(base) == pytest.approx(
+        base.num_microbatches * per_microbatch, rel=1e-9
+    )
+    assert run(mtp).metrics.iteration_time_s > run(base).metrics.iteration_time_s
 
 
 def test_an_moe_model_predicts_with_an_moe_layer():

@@ -56,6 +56,7 @@ from ..ir.vocabulary import (
 from ..scenario import ClusterSpec
 from ..scenario.files import NcclTestsLog
 from ..scenario.presets import GPUS, NODES
+from .kernels import summary
 
 Row = Mapping[str, str]
 
@@ -600,31 +601,11 @@ def compare_collectives(
     return out
 
 
-class CollectiveTotals(NamedTuple):
-    rows: int
-    mean_abs_error: float
-    worst: CollectiveComparison  # the row of largest |error|
-    fitted_rows: int
-    fitted_mean_abs_error: float | None  # over the rows the constant was fitted on
-
-
-def collective_summary(comparisons: Sequence[CollectiveComparison]) -> CollectiveTotals:
-    errors = [abs(c.error) for c in comparisons]
-    fitted = [abs(c.error) for c in comparisons if c.fitted]
-    return CollectiveTotals(
-        rows=len(comparisons),
-        mean_abs_error=sum(errors) / len(errors),
-        worst=max(comparisons, key=lambda c: abs(c.error)),
-        fitted_rows=len(fitted),
-        fitted_mean_abs_error=sum(fitted) / len(fitted) if fitted else None,
-    )
-
-
 def comparison_json(comparisons: Mapping[str, Sequence[CollectiveComparison]]) -> dict:
     """The collectives as JSON: per section its source, role, totals and rows."""
     out = {}
     for key, rows in comparisons.items():
-        s, t = SECTIONS[key], collective_summary(rows)
+        s, t = SECTIONS[key], summary(rows)
         out[key] = {
             "title": s.title,
             "node": s.node,

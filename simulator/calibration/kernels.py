@@ -33,7 +33,7 @@ import dataclasses
 import functools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import NamedTuple
+from typing import Generic, NamedTuple, Protocol, TypeVar
 
 from ..cost.attention import causal_fraction, flash_seconds
 from ..cost.fp8 import fp8_gemm_seconds
@@ -689,18 +689,33 @@ def compare_kernels(
     return out
 
 
-class KernelTotals(NamedTuple):
+class Compared(Protocol):
+    """What a summary needs of a compared row (kernel or collective)."""
+
+    @property
+    def error(self) -> float: ...
+
+    @property
+    def fitted(self) -> bool: ...
+
+
+C = TypeVar("C", bound=Compared)
+
+
+class Totals(NamedTuple, Generic[C]):
     rows: int
     mean_abs_error: float
-    worst: KernelComparison  # the row of largest |error|
+    worst: C  # the row of largest |error|
     fitted_rows: int
     fitted_mean_abs_error: float | None  # over the rows the constant was fitted on
 
 
-def kernel_summary(comparisons: Sequence[KernelComparison]) -> KernelTotals:
+def summary(comparisons: Sequence[C]) -> Totals[C]:
+    """A table's totals: its rows' mean |error|, the worst row, and the mean over the rows
+    a constant was fitted on (kernels and collectives alike)."""
     errors = [abs(c.error) for c in comparisons]
     fitted = [abs(c.error) for c in comparisons if c.fitted]
-    return KernelTotals(
+    return Totals(
         rows=len(comparisons),
         mean_abs_error=sum(errors) / len(errors),
         worst=max(comparisons, key=lambda c: abs(c.error)),
@@ -713,7 +728,7 @@ def comparison_json(comparisons: Mapping[str, Sequence[KernelComparison]]) -> di
     """The kernel section as JSON: per section its source, role, totals and rows."""
     out = {}
     for key, rows in comparisons.items():
-        s, t = SECTIONS[key], kernel_summary(rows)
+        s, t = SECTIONS[key], summary(rows)
         out[key] = {
             "title": s.title,
             "gpu": s.gpu,

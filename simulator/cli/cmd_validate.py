@@ -274,7 +274,7 @@ def _percent(x: float) -> str:
 def kernel_text(kernels: dict, rows: bool = False) -> str:
     """One line per table (section): rows, mean |error| (over its fitted rows too, where a
     constant was fitted on them) and the worst row; with ``rows`` each row below it."""
-    from ..calibration.kernels import SECTIONS, kernel_summary
+    from ..calibration.kernels import SECTIONS, summary
 
     lines = [
         "stepsim validate · kernels: stepsim's time for each published kernel against the "
@@ -287,7 +287,7 @@ def kernel_text(kernels: dict, rows: bool = False) -> str:
         f"{'fitted':>8}  worst",
     ]
     for key, comparisons in kernels.items():
-        s, t = SECTIONS[key], kernel_summary(comparisons)
+        s, t = SECTIONS[key], summary(comparisons)
         fitted = "" if t.fitted_mean_abs_error is None else f"{100 * t.fitted_mean_abs_error:.1f} %"
         lines.append(
             f"  {s.title:40} {s.gpu:15} {s.label:17} {s.role:12} {t.rows:4d} "
@@ -308,7 +308,7 @@ def kernel_text(kernels: dict, rows: bool = False) -> str:
 
 def kernel_markdown(kernels: dict) -> str:
     """validation.md's kernel section: one row per table (section)."""
-    from ..calibration.kernels import SECTIONS, kernel_summary
+    from ..calibration.kernels import SECTIONS, summary
 
     out = [
         "## Kernels: stepsim against published kernel micro-benchmarks",
@@ -328,7 +328,7 @@ def kernel_markdown(kernels: dict) -> str:
         "|---|---|---|---|---:|---:|---:|---|",
     ]
     for key, comparisons in kernels.items():
-        s, t = SECTIONS[key], kernel_summary(comparisons)
+        s, t = SECTIONS[key], summary(comparisons)
         fitted = (
             "—"
             if t.fitted_mean_abs_error is None
@@ -348,7 +348,8 @@ def kernel_markdown(kernels: dict) -> str:
 def collective_text(comms: dict, rows: bool = False) -> str:
     """The kernel section's collectives, one line per table (section) as `kernel_text`
     gives the kernels; with ``rows`` each row's bus bandwidths below it."""
-    from ..calibration.collectives import SECTIONS, collective_summary
+    from ..calibration.collectives import SECTIONS
+    from ..calibration.kernels import summary
 
     lines = [
         "  collectives: each published NCCL collective run alone through stepsim's network on "
@@ -362,7 +363,7 @@ def collective_text(comms: dict, rows: bool = False) -> str:
         f"{'fitted':>8}  worst",
     ]
     for key, comparisons in comms.items():
-        s, t = SECTIONS[key], collective_summary(comparisons)
+        s, t = SECTIONS[key], summary(comparisons)
         fitted = "" if t.fitted_mean_abs_error is None else f"{100 * t.fitted_mean_abs_error:.1f} %"
         lines.append(
             f"  {s.title:44} {s.node:12} {s.label:19} {s.role:6} {t.rows:4d} "
@@ -387,7 +388,8 @@ def collective_text(comms: dict, rows: bool = False) -> str:
 
 def collective_markdown(comms: dict) -> str:
     """validation.md's collectives: one row per table (section)."""
-    from ..calibration.collectives import SECTIONS, collective_summary
+    from ..calibration.collectives import SECTIONS
+    from ..calibration.kernels import summary
 
     out = [
         "## Collectives: stepsim's network against published NCCL measurements",
@@ -407,7 +409,7 @@ def collective_markdown(comms: dict) -> str:
         "|---|---|---|---|---:|---:|---:|---|",
     ]
     for key, comparisons in comms.items():
-        s, t = SECTIONS[key], collective_summary(comparisons)
+        s, t = SECTIONS[key], summary(comparisons)
         fitted = (
             "—"
             if t.fitted_mean_abs_error is None

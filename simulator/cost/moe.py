@@ -252,14 +252,30 @@ def _unfused_permute(cm: ComputeModel, local: float, experts: int) -> tuple[Work
     return permute, unpermute
 
 
+def _rank_works(cm: ComputeModel) -> list[MoeBlockWork]:
+    """Every EP rank's block work. A rank's work depends on its experts' rows alone, so
+    ranks with the same rows share one computation (imbalanced routing: two kinds)."""
+    done: dict[tuple[float, ...], MoeBlockWork] = {}
+    works = []
+    for rank in range(cm.parallel.ep_size):
+        rows = expert_rows(cm, rank)
+        if rows not in done:
+            done[rows] = _moe_block_work(cm, rank)
+        works.append(done[rows])
+    return works
+
+
+def _busiest(works: Sequence[MoeBlockWork]) -> int:
+    times = [w.experts.duration_s + w.experts_b.duration_s for w in works]
+    return times.index(max(times))
+
+
 def busiest_rank(cm: ComputeModel) -> int:
     """The EP rank whose experts take longest (the first of equals; 0 when balanced):
     the one symmetric mode's representative computes (routing.py)."""
     if not skewed(cm.model):
         return 0
-    works = [_moe_block_work(cm, rank) for rank in range(cm.parallel.ep_size)]
-    times = [w.experts.duration_s + w.experts_b.duration_s for w in works]
-    return times.index(max(times))
+    return _busiest(_rank_works(cm))
 
 
 def moe_block_work(cm: ComputeModel, rank: int | None = None) -> MoeBlockWork:
@@ -269,8 +285,8 @@ def moe_block_work(cm: ComputeModel, rank: int | None = None) -> MoeBlockWork:
     if rank is not None or not skewed(cm.model):
         return _moe_block_work(cm, rank or 0)
     ep = cm.parallel.ep_size
-    works = [_moe_block_work(cm, r) for r in range(ep)]
-    busiest = works[busiest_rank(cm)]
+    works = _rank_works(cm)
+    busiest = works[_busiest(works)]
     fields = {}
     for name in MoeBlockWork._fields:
         mean = math.fsum(getattr(w, name).flops for w in works) / ep

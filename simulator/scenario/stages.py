@@ -21,7 +21,8 @@ LAST_KEY = "parallel.decoder_last_pipeline_num_layers"
 
 
 LAYOUT_KEY = "parallel.pipeline_model_parallel_layout"
-_LAYOUT_LAYERS = {"E": "embedding", "t": "decoder", "m": "mtp", "L": "loss"}
+_LAYOUT_LETTERS = "EtmL"  # embedding, transformer (decoder) layer, MTP layer, loss
+_LAYOUT_MAX_LETTERS = 1_000_000
 
 
 def is_uneven(parallel: ParallelConfig) -> bool:
@@ -182,18 +183,26 @@ def parse_layout(text: str) -> list[str]:
     (megatron/core/transformer/pipeline_parallel_layer_layout.py `parse_str_to_list`):
     commas dropped, ``(...)*n`` then ``x*n`` unrolled, then split at ``|`` into the
     virtual stages' layer letters (E, t, m, L). A one-line error names what is wrong."""
+    too_long = ScenarioError(
+        key=LAYOUT_KEY, value=text, rule=f"unrolls past {_LAYOUT_MAX_LETTERS:,} letters"
+    )
+
+    def repeat(match: re.Match[str]) -> str:
+        # the count checked before the string is built: "t*10**12" must not allocate
+        unit, digits = match.group(1), match.group(2)
+        if len(digits) > 7 or len(unit) * int(digits) > _LAYOUT_MAX_LETTERS:
+            raise too_long
+        return unit * int(digits)
+
     unrolled = text.replace(",", "")
     for pattern in (r"\(([^()]+)\)\*(\d+)", r"(.)\*(\d+)"):
-        try:
-            unrolled = re.sub(pattern, lambda g: g.group(1) * int(g.group(2)), unrolled)
-        except (OverflowError, MemoryError, ValueError):
-            raise ScenarioError(key=LAYOUT_KEY, value=text, rule="repeats too far") from None
-        if len(unrolled) > 1_000_000:
-            raise ScenarioError(key=LAYOUT_KEY, value=text, rule="unrolls past 10^6 letters")
+        unrolled = re.sub(pattern, repeat, unrolled)
+        if len(unrolled) > _LAYOUT_MAX_LETTERS:
+            raise too_long
     stages = unrolled.split("|")
     for stage in stages:
         for letter in stage:
-            if letter not in _LAYOUT_LAYERS:
+            if letter not in _LAYOUT_LETTERS:
                 raise ScenarioError(
                     key=LAYOUT_KEY,
                     value=text,
