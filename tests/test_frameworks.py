@@ -202,6 +202,27 @@ def test_a_scenario_naming_no_version_runs_the_newest_modelled_and_says_so():
     assert load(training={"framework": "deepspeed"}).training.engine_label == "deepspeed 0.5.4"
 
 
+def test_params_dtype_left_out_is_bf16_only_under_todays_megatron_core_on_bf16_gpus():
+    doc = scenario()
+    del doc["training"]["framework_version"]
+    today = scenario_from_dict(doc).training
+    assert today.params_dtype == "bf16"
+    assert today.gradient_bytes == 4  # Megatron forces fp32 accumulation with --bf16
+    assert load(training={"framework_version": "2024"}).training.params_dtype == "fp16"
+    assert load(training={"framework": "deepspeed"}).training.params_dtype == "fp16"
+    v100 = scenario(cluster={"node": "dgx-2", "num_nodes": 1})
+    del v100["training"]["framework_version"]
+    assert scenario_from_dict(v100).training.params_dtype == "fp16"  # no bf16 tensor cores
+    given = scenario(training={"params_dtype": "fp16"})
+    del given["training"]["framework_version"]
+    assert scenario_from_dict(given).training.params_dtype == "fp16"  # as written
+    assert scenario_to_dict(scenario_from_dict(doc))["training"]["params_dtype"] == "bf16"
+    with pytest.raises(ScenarioError, match=r"training.params_dtype='bf16' needs an A100"):
+        scenario_from_dict(
+            scenario(cluster={"node": "dgx-2", "num_nodes": 1}, training={"params_dtype": "bf16"})
+        )
+
+
 def test_the_resolved_toml_writes_the_resolved_mechanisms():
     doc = scenario_to_dict(load(training={"framework": "deepspeed", "framework_version": "0.5.0"}))
     assert doc["training"]["pipeline_p2p"] == "sequential-blocking"

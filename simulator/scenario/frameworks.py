@@ -44,6 +44,14 @@ VERSIONS: tuple[tuple[str, str], ...] = (
 # Megatron-DeepSpeed (the exact commits are not in any source read, docs/frameworks.md
 # "Not verified").
 DEFAULT_VERSION: dict[str, str] = {framework: version for framework, version in VERSIONS}
+# Versions whose runs leave out `params_dtype` train in bf16 (on GPUs that have it):
+# Megatron-Core's examples of today train with --bf16 (examples/llama/
+# train_llama3_8b_h100_fp8.sh, examples/mixtral/train_mixtral_8x7b_distributed.sh,
+# examples/megatron_fsdp/sbatch_mfsdp_deepseek_v3.sh at d98e8a6), while its GPT
+# example still passed --fp16 at core_r0.8.0 (examples/gpt3/
+# train_gpt3_175b_distributed.sh), as Megatron-LM's 2021/2022 scripts and DeepSpeed's
+# pipeline-engine runs did.
+BF16_DEFAULT_VERSIONS: frozenset[str] = frozenset({"2025"})
 
 OVERLAPPED, BATCHED_BLOCKING, SEQUENTIAL_BLOCKING = (
     "overlapped",

@@ -25,7 +25,7 @@ from stepsim.schedules import SCHEDULES as SCHEDULE_INFO
 from stepsim.schedules.custom import sizes_of
 
 from ..ir.vocabulary import SHARD_OPTIMIZER
-from . import hfconfig, presets, rules, schema
+from . import frameworks, hfconfig, presets, rules, schema
 from .errors import ScenarioError
 from .fields import check_value
 from .files import (
@@ -184,6 +184,7 @@ def scenario_from_dict(raw: Mapping[str, Any], base_dir: Path | None = None) -> 
         tables["training"].setdefault("share_embeddings_and_output_weights", not untie)
     if tables["training"].get("use_distributed_optimizer") is True:  # Megatron-Core's switch
         tables["training"].setdefault("data_parallel_sharding", SHARD_OPTIMIZER)
+    tables["training"].setdefault("params_dtype", default_params_dtype(cluster, tables["training"]))
     training = _build_training(tables["training"], base_dir)
     parallel = _build_parallel(tables["parallel"], model, cluster, training)
     _require("network", tables["network"])
@@ -337,6 +338,21 @@ def _build_model(table: dict[str, Any], base_dir: Path | None = None) -> ModelSp
 def _build_cluster(table: dict[str, Any]) -> ClusterSpec:
     values = _with_preset("cluster", table, presets.NODES)
     return ClusterSpec(**{**values, "gpu": presets.GPUS[values["gpu"]]})
+
+
+def default_params_dtype(cluster: ClusterSpec, training: Mapping[str, Any]) -> str:
+    """``training.params_dtype`` when the file leaves it out: bf16 where the GPU has it
+    (compute capability 8.0, the A100, and newer) and the software is today's
+    Megatron-Core (``frameworks.BF16_DEFAULT_VERSIONS``); fp16 otherwise, as the
+    older versions' scripts ran."""
+    framework = training.get("framework", frameworks.MEGATRON)
+    version = training.get("framework_version")
+    if not isinstance(framework, str) or framework not in frameworks.DEFAULT_VERSION:
+        return "fp16"  # the framework's own rule names the bad value
+    if version is None:
+        version = frameworks.DEFAULT_VERSION[framework]
+    modern = framework == frameworks.MEGATRON and version in frameworks.BF16_DEFAULT_VERSIONS
+    return "bf16" if modern and cluster.gpu.compute_capability >= (8, 0) else "fp16"
 
 
 def _build_training(table: dict[str, Any], base_dir: Path | None) -> TrainingConfig:

@@ -251,6 +251,7 @@ def check_scenario(scenario: Scenario) -> None:
     """Every rule across specs, in the order the errors are reported."""
     check_cluster_size(scenario)
     check_name(scenario.name)
+    check_bf16(scenario)
     check_recompute_modules(scenario)
     check_deepspeed_stage2(scenario)
     check_tied_embeddings(scenario.model, scenario.training)
@@ -267,6 +268,18 @@ def check_scenario(scenario: Scenario) -> None:
     check_calibration(scenario)
     check_nvls(scenario)
     check_targets(scenario.perturbations, scenario.cluster)
+
+
+def check_bf16(scenario: Scenario) -> None:
+    """bf16 tensor cores arrived with compute capability 8.0 (the A100)."""
+    gpu = scenario.cluster.gpu
+    if scenario.training.params_dtype == "bf16" and gpu.compute_capability < (8, 0):
+        raise ScenarioError(
+            key="training.params_dtype",
+            value="bf16",
+            rule=f"needs an A100 or newer; the {gpu.name} has no bf16 tensor cores",
+            fix='set training.params_dtype = "fp16"',
+        )
 
 
 def check_cluster_size(scenario: Scenario) -> None:

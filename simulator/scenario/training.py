@@ -137,6 +137,7 @@ class TrainingConfig:
         "16-bit type of weights and activations (`--fp16` / `--bf16`); bf16 needs an A100 or newer",
         default="fp16",
         choices=PARAMS_DTYPES,
+        derived="`bf16` under Megatron-Core 2025 on an A100 or newer, else `fp16`",
     )
     accumulate_allreduce_grads_in_fp32: bool | None = key(
         "Megatron-LM's flag: gradients accumulate (and, unless `communication_data_type` "
