@@ -318,3 +318,36 @@ def test_megatron_2025_weights_the_experts_activation_and_keeps_no_combine_rows(
     local = 1024.0
     assert moe_combine_bytes(old, local, 0.0) == local * 2 * 1024 * 2
     assert moe_combine_bytes(new, local, 0.0) == 0.0
+
+
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("store", [False, True])
+def test_an_moe_layer_keeps_the_dense_layer_plus_its_experts_fc1_input(fp8, store):
+    """Top-1 of 2 experts as wide as the dense MLP, balanced, no shared experts, the
+    probabilities applied in the experts (2025: no combine rows): each local token is
+    one expert row, which keeps what the dense MLP keeps (the activation's input in 2
+    bytes, or 1 with `activation_func_fp8_input_store`; fc2's input in 2, FP8: 1) plus
+    fc1's own input, h x 2 bytes (FP8: 1), which the dense layer counts with the norm."""
+    from stepsim.cost.memory import activation_bytes_per_layer, moe_activation_bytes
+    from tests.test_moe import H, S, moe_scenario
+
+    training = {"framework_version": "2025", "activation_func_fp8_input_store": store}
+    if fp8:
+        training.update(fp8_format="e4m3", params_dtype="bf16")
+    s = moe_scenario(experts=2, topk=1, training=training, model={"moe_ffn_hidden_size": 4 * H})
+    dense = activation_bytes_per_layer(s, dense_mlp=False)
+    assert moe_activation_bytes(s, dense) - dense == S * H * (1 if fp8 else 2)
+
+
+def test_the_fp8_activation_input_store_keeps_the_swiglu_input_in_one_byte():
+    from stepsim.cost.memory import activation_bytes_per_layer
+    from tests.test_moe import H, S
+
+    model = {"swiglu": True, "hidden_size": H, "seq_length": S, "num_attention_heads": 16}
+    plain = load(model=model)
+    stored = load(model=model, training={"activation_func_fp8_input_store": True})
+    fc1_width = 2 * plain.model.ffn_hidden_size
+    saved = activation_bytes_per_layer(plain) - activation_bytes_per_layer(stored)
+    assert saved == S * fc1_width  # one byte per element of the s x b x fc1 input
+    with pytest.raises(Exception, match=r"supported only for SwiGLU"):
+        load(training={"activation_func_fp8_input_store": True})

@@ -68,13 +68,11 @@ from .kernels import (
     Work,
     gemm_seconds,
 )
+from .optimizer import step_bytes_per_param
 
 # MLA's kernels the layer picks out by name (mla.py: its first GEMM's dW and the GEMM
 # the SP all-gather feeds)
 
-# Adam with fp32 master weights reads and writes params, m, v (3 x 8 bytes), reads
-# the fp32 gradient (4) and writes the fp16 weights (2): ~30 bytes, 32 with zeroing.
-OPTIMIZER_BYTES_PER_PARAM = 32.0
 # Embedding lookup + position add + dropout, per output element: read the word and
 # position rows, write the sum, write the mask and the dropped-out result.
 EMBEDDING_BYTES_PER_ELEMENT = 9.0
@@ -471,4 +469,6 @@ class ComputeModel:
         )
 
     def optimizer(self, num_params: float) -> Work:
-        return self.memory_bound(OPTIMIZER_BYTES_PER_PARAM * num_params)
+        # Adam's step: its state read and written, the gradient read, the weights written
+        # (32 bytes per parameter by default; cost/optimizer.py)
+        return self.memory_bound(step_bytes_per_param(self.scenario.training) * num_params)

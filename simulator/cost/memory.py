@@ -60,6 +60,7 @@ from ..scenario.precision import fp8_enabled, fp8_param_gather, recipe_of, secon
 from ..scenario.softmax import scenario_softmax_path
 from .mla import activation_bytes_per_token as mla_activation_bytes_per_token
 from .mla import linear_weights_per_rank as mla_linear_weights_per_rank
+from .optimizer import state_bytes_per_param
 from .orders import stage_orders
 from .params import (
     end_ranks,
@@ -79,7 +80,6 @@ from .routing import rank_loads, skewed
 # PyTorch's allocated peak (docs/memory.md), which the rest of this model is checked on.
 WORKSPACE_BYTES = 2.0 * BYTES_PER_GIB
 WEIGHT_BYTES_PER_PARAM = 2.0
-OPTIMIZER_BYTES_PER_PARAM = 12.0
 # The optimizer's fp32 copy of a 16-bit gradient, per parameter it steps on
 MAIN_GRAD_BYTES_PER_PARAM = 4.0
 # The loss's logits per element: Korthikanti et al. 2022, Sec 4.3, count them in fp32
@@ -177,6 +177,14 @@ def fp8_weight_bytes(scenario: Scenario, layers: float, stage: int | None = None
     return layers * fp8_linear_params_per_rank(scenario) * copies
 
 
+def activation_input_bytes(scenario: Scenario) -> int:
+    """Bytes per element of the activation function's saved input (fc1's output): 2,
+    or 1 with `activation_func_fp8_input_store` (Megatron-Core transformer_config.py:
+    "Store the input of MLP activation function in FP8 for backprop"; the fused
+    `weighted_bias_swiglu_impl` of mlp.py and moe/experts.py keeps an FP8 copy)."""
+    return 1 if scenario.training.activation_func_fp8_input_store else 2
+
+
 def activation_bytes_per_layer(
     scenario: Scenario, recompute: str | None = None, dense_mlp: bool = True
 ) -> float:
@@ -206,10 +214,11 @@ def activation_bytes_per_layer(
     # the activation's input (fc1's output: 2 ffn with SwiGLU) and fc2's input (ffn);
     # 24 h for GPT's shape. The 10 sbh not sharded without SP: the two norms' inputs,
     # QKV's and fc1's inputs, the two dropout masks (RMSNorm keeps the same input).
+    act_input = activation_input_bytes(scenario)
     sharded = (
         4 * m.attention_width
         + 4 * m.query_groups * m.head_size
-        + 2 * m.fc1_width
+        + act_input * m.fc1_width
         + 2 * m.ffn_hidden_size
     ) / h
     latents = 0.0  # MLA's latents, on every tensor rank for all its tokens (mla.py)
@@ -252,7 +261,7 @@ def activation_bytes_per_layer(
         if "mla_up_proj" in modules and m.mla:  # Q, K (qk_dim) and V per head, 2 bytes
             sharded -= 2 * a * (2 * m.qk_dim + m.v_dim) / h
         if "mlp" in modules and dense_mlp:  # fc1's output and fc2's input (FP8: 1 byte)
-            sharded -= (2 * m.fc1_width + (1 if fp8 else 2) * m.ffn_hidden_size) / h
+            sharded -= (act_input * m.fc1_width + (1 if fp8 else 2) * m.ffn_hidden_size) / h
     if sp:
         return sbh * ((replicated + sharded) / t + attention_core + latents)
     return sbh * (replicated + sharded / t + attention_core + latents)
@@ -280,9 +289,10 @@ def moe_activation_bytes(
     # grouped_linear.py `_GroupedLinear.forward` saves the FP8 `inputmats` for wgrad, as
     # `_Linear` does), the activation's input stays 16-bit
     linear_input = 1 if fp8_enabled(scenario.training) else 2
+    act_input = activation_input_bytes(scenario)
     fc1_out, fc2_in = m.expert_fc1_width / par.etp_size, m.expert_ffn / par.etp_size
-    experts = rows * (linear_input * m.hidden_size + 2 * fc1_out + linear_input * fc2_in)
-    shared = local * 2 * ((2 if m.gated else 1) + 1) * m.shared_expert_ffn
+    experts = rows * (linear_input * m.hidden_size + act_input * fc1_out + linear_input * fc2_in)
+    shared = local * (act_input * (2 if m.gated else 1) + 2) * m.shared_expert_ffn
     combine = moe_combine_bytes(scenario, local, rows)
     modules = scenario.training.recomputed  # selective's MoE modules keep less
     if "moe" in modules:  # checkpointed on its input (the norm's output, counted already)
@@ -291,7 +301,9 @@ def moe_activation_bytes(
         experts -= rows * linear_input * fc2_in
     if "shared_experts" in modules:  # checkpointed on the same input
         shared = 0.0
-    return dense_bytes - local * 2 * (m.fc1_width + m.ffn_hidden_size) + experts + shared + combine
+    # the dense MLP's fc1 and fc2 inputs as `activation_bytes_per_layer` counted them
+    dense_mlp = local * (act_input * m.fc1_width + linear_input * m.ffn_hidden_size)
+    return dense_bytes - dense_mlp + experts + shared + combine
 
 
 def moe_combine_bytes(scenario: Scenario, local: float, rows: float) -> float:
@@ -354,12 +366,13 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
     weights = params * WEIGHT_BYTES_PER_PARAM
     gradient_bytes = scenario.training.gradient_bytes
     gradients = params * gradient_bytes
-    optimizer = params * OPTIMIZER_BYTES_PER_PARAM
+    state_bytes = state_bytes_per_param(scenario.training)  # 12, or the dtypes' sum
+    optimizer = params * state_bytes
     experts = stage_expert_params_per_rank(scenario, stage)
     if optimizer_sharded(scenario) and experts:
         # the routed experts' states over the expert-data-parallel group, the rest over D x C
         edp = scenario.parallel.expert_data_parallel_size
-        optimizer = ((params - experts) / d + experts / edp) * OPTIMIZER_BYTES_PER_PARAM
+        optimizer = ((params - experts) / d + experts / edp) * state_bytes
     elif optimizer_sharded(scenario):
         optimizer /= d
     if sharding_of(scenario) == SHARD_FULL:
@@ -414,6 +427,7 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
         megatron_core(scenario)
         and gradient_bytes < MAIN_GRAD_BYTES_PER_PARAM
         and sharding_of(scenario) in (NO_SHARDING, SHARD_OPTIMIZER)
+        and not scenario.training.use_precision_aware_optimizer  # it reads them as they are
     ):
         # 16-bit gradients: the optimizer step casts the gradients it steps on to fp32
         # (Megatron-Core r0.8.0 optimizer/optimizer.py `_copy_model_grads_to_main_grads`:
@@ -422,7 +436,7 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
         # peak is the larger of the two (the docs' table: 20 and 4 + 16/d bytes per
         # parameter for fp16, docs/source/distrib_optimizer.md). Counted with the
         # optimizer, where it exceeds the activations.
-        stepped = optimizer / OPTIMIZER_BYTES_PER_PARAM  # the parameters the replica steps
+        stepped = optimizer / state_bytes  # the parameters the replica steps
         optimizer += max(0.0, MAIN_GRAD_BYTES_PER_PARAM * stepped - activations)
     return StageMemory(
         stage=stage,

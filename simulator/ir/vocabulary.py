@@ -179,6 +179,12 @@ COLLECTIVE_ALGORITHMS: tuple[str, ...] = (*ALL_REDUCE_ALGORITHMS, NVLS)
 DTYPE_BYTES = {"fp16": 2, "bf16": 2, "fp32": 4}
 PARAMS_DTYPES: tuple[str, ...] = ("fp16", "bf16")
 COMMUNICATION_DTYPES: tuple[str, ...] = ("fp16", "bf16", "fp32")
+# Megatron-Core's precision-aware optimizer (--use-precision-aware-optimizer, TE's
+# FusedAdam): the dtypes it may keep its state in (training/arguments.py choices)
+MAIN_PARAMS_DTYPES: tuple[str, ...] = ("fp32", "fp16")
+MAIN_GRADS_DTYPES: tuple[str, ...] = ("fp32", "bf16")
+ADAM_STATE_DTYPES: tuple[str, ...] = ("fp32", "fp16", "bf16", "fp8")
+STATE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 # FP8 training through Transformer Engine: Megatron-Core's --fp8-format and --fp8-recipe
 # (megatron/core/transformer/transformer_config.py: fp8, fp8_recipe)
 FP8_HYBRID, FP8_E4M3 = "hybrid", "e4m3"

@@ -11,6 +11,7 @@ from stepsim.topologies import PLANAR
 
 from ..comm.choice import tp_choice
 from ..comm.placement import placement_of
+from ..cost.optimizer import keeps_remainders, state_bytes_per_param
 from ..cost.params import active_params, model_params
 from ..cost.routing import rank_loads, skewed
 from ..ir.results import Result, StageMetrics
@@ -104,6 +105,17 @@ def fp8_text(scenario: Scenario) -> str:
     )
 
 
+def _optimizer_text(tr) -> str:
+    """The precision-aware optimizer's state dtypes, when it is on."""
+    if not tr.use_precision_aware_optimizer:
+        return ""
+    master = "fp32 as 16-bit remainders" if keeps_remainders(tr) else tr.main_params_dtype
+    return (
+        f" · precision-aware Adam (master {master}, moments {tr.exp_avg_dtype}/"
+        f"{tr.exp_avg_sq_dtype}, {state_bytes_per_param(tr):g} bytes per parameter)"
+    )
+
+
 def summary_text(result: Result) -> str:
     s, m = result.scenario, result.metrics
     par, tr, cl = s.parallel, s.training, s.cluster
@@ -138,6 +150,7 @@ def summary_text(result: Result) -> str:
             else ""
         )
         + (f" · FP8 {tr.fp8_format} ({recipe_of(tr)})" if fp8_enabled(tr) else "")
+        + _optimizer_text(tr)
         + (" · TP comm overlapped with GEMMs" if tr.tp_comm_overlap else "")
         + _grad_reduce_text(tr)
         + (" · overlapped param gather" if tr.overlap_param_gather else "")

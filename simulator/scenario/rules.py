@@ -99,12 +99,16 @@ def check_precision(training: TrainingConfig) -> None:
     """bf16 gradients accumulate in fp32: Megatron-LM's arguments.py forces
     accumulate_allreduce_grads_in_fp32 with --bf16, and DeepSpeed's BF16_Optimizer keeps
     an fp32 gradient buffer (docs/frameworks.md §4)."""
-    if training.params_dtype == "bf16" and training.accumulate_allreduce_grads_in_fp32 is False:
+    if (
+        training.params_dtype == "bf16"
+        and training.accumulate_allreduce_grads_in_fp32 is False
+        and training.main_grads_dtype == "fp32"
+    ):
         raise ScenarioError(
             key="training.accumulate_allreduce_grads_in_fp32",
             value=False,
             rule="must be true with training.params_dtype='bf16' (Megatron-LM forces it)",
-            fix="leave it out or set it true",
+            fix='leave it out or set it true (bf16 gradients: training.main_grads_dtype = "bf16")',
         )
 
 
@@ -252,6 +256,8 @@ def check_scenario(scenario: Scenario) -> None:
     check_cluster_size(scenario)
     check_name(scenario.name)
     check_bf16(scenario)
+    check_precision_aware_optimizer(scenario)
+    check_fp8_input_store(scenario)
     check_recompute_modules(scenario)
     check_deepspeed_stage2(scenario)
     check_tied_embeddings(scenario.model, scenario.training)
@@ -517,3 +523,65 @@ def check_size(model: ModelSpec, parallel: ParallelConfig, training: TrainingCon
         "training.global_batch_size",
         training.global_batch_size,
     )
+
+
+PRECISION_AWARE_KEYS = (
+    "main_params_dtype",
+    "main_grads_dtype",
+    "exp_avg_dtype",
+    "exp_avg_sq_dtype",
+)
+
+
+def check_precision_aware_optimizer(scenario: Scenario) -> None:
+    """Megatron-Core's rules for the precision-aware optimizer (d98e8a6):
+    optimizer_config.py refuses a non-fp32 state dtype without it, optimizer/__init__.py
+    the optimizer without the distributed optimizer, arguments.py fp32 accumulation with
+    bf16 main gradients. stepsim models it for Megatron-Core 2025 (the version it
+    arrived in is not among the modelled ones before)."""
+    training = scenario.training
+    if not training.use_precision_aware_optimizer:
+        for name in PRECISION_AWARE_KEYS:
+            value = getattr(training, name)
+            if value != "fp32":
+                raise ScenarioError(
+                    key=f"training.{name}",
+                    value=value,
+                    rule="can only be fp32 without the precision-aware optimizer",
+                    fix="set training.use_precision_aware_optimizer = true",
+                )
+        return
+    version = training.mechanism("framework_version")
+    if training.framework != frameworks.MEGATRON or version != "2025":
+        raise ScenarioError(
+            key="training.use_precision_aware_optimizer",
+            value=True,
+            rule=f"is Megatron-Core's (megatron 2025); found {training.engine_label}",
+        )
+    if training.data_parallel_sharding != SHARD_OPTIMIZER:
+        raise ScenarioError(
+            key="training.use_precision_aware_optimizer",
+            value=True,
+            rule="only supported with the distributed optimizer "
+            f"(training.data_parallel_sharding = {SHARD_OPTIMIZER!r}; "
+            f"found {training.data_parallel_sharding!r})",
+        )
+    if training.main_grads_dtype == "bf16" and training.accumulate_allreduce_grads_in_fp32:
+        raise ScenarioError(
+            key="training.accumulate_allreduce_grads_in_fp32",
+            value=True,
+            rule="must be false with training.main_grads_dtype='bf16' (Megatron-LM's "
+            "--main-grads-dtype can only be fp32 when --accumulate-allreduce-grads-in-fp32 "
+            "is set)",
+        )
+
+
+def check_fp8_input_store(scenario: Scenario) -> None:
+    """Megatron-Core transformer_config.py: "Storing activation input in FP8 is
+    supported only for SwiGLU."."""
+    if scenario.training.activation_func_fp8_input_store and not scenario.model.gated:
+        raise ScenarioError(
+            key="training.activation_func_fp8_input_store",
+            value=True,
+            rule="is supported only for SwiGLU (model.swiglu = true)",
+        )

@@ -10,6 +10,7 @@ from typing import Any, Literal
 from stepsim import schedules
 
 from ..ir.vocabulary import (
+    ADAM_STATE_DTYPES,
     ATTENTION_BACKENDS,
     ATTENTION_KERNELS,
     COMMUNICATION_DTYPES,
@@ -17,6 +18,8 @@ from ..ir.vocabulary import (
     DTYPE_BYTES,
     FP8_FORMATS,
     FP8_RECIPES,
+    MAIN_GRADS_DTYPES,
+    MAIN_PARAMS_DTYPES,
     MOE_ALLGATHER,
     MOE_DISPATCHERS,
     NO_SHARDING,
@@ -153,6 +156,48 @@ class TrainingConfig:
         default=None,
         choices=COMMUNICATION_DTYPES,
         derived="the accumulation dtype (deepspeed: the params dtype)",
+    )
+    # -- Megatron-Core's precision-aware optimizer (TE FusedAdam; docs/memory.md) -------
+    use_precision_aware_optimizer: bool = key(
+        "Megatron-Core's `--use-precision-aware-optimizer`: Transformer Engine's FusedAdam "
+        "keeps the master weights and Adam moments in the dtypes below (distributed "
+        "optimizer only), and with bf16 weights and fp32 master weights stores only the "
+        "master weights' low 16 bits (`store_param_remainders`)",
+        default=False,
+    )
+    main_params_dtype: str = key(
+        "`--main-params-dtype`: the master weights' dtype (precision-aware optimizer only)",
+        default="fp32",
+        choices=MAIN_PARAMS_DTYPES,
+    )
+    main_grads_dtype: str = key(
+        "`--main-grads-dtype`: the gradient buffer's dtype (precision-aware optimizer "
+        "only; `bf16` accumulates and reduces gradients in bf16)",
+        default="fp32",
+        choices=MAIN_GRADS_DTYPES,
+    )
+    exp_avg_dtype: str = key(
+        "`--exp-avg-dtype`: Adam's first moment (precision-aware optimizer only; DeepSeek-V3 "
+        "keeps it in bf16)",
+        default="fp32",
+        choices=ADAM_STATE_DTYPES,
+    )
+    exp_avg_sq_dtype: str = key(
+        "`--exp-avg-sq-dtype`: Adam's second moment (precision-aware optimizer only)",
+        default="fp32",
+        choices=ADAM_STATE_DTYPES,
+    )
+    store_param_remainders: bool = key(
+        "Megatron-Core's OptimizerConfig.store_param_remainders: with the precision-aware "
+        "optimizer, bf16 weights and fp32 master weights, keep only each master weight's "
+        "16 bits the bf16 weight lacks (2 bytes instead of 4)",
+        default=True,
+    )
+    activation_func_fp8_input_store: bool = key(
+        "Megatron-Core's `--activation-func-fp8-input-store`: the SwiGLU's input (fc1's "
+        "output, dense and experts') kept for the backward in FP8, 1 byte instead of 2 "
+        "(SwiGLU only; DeepSeek-V3 caches it so)",
+        default=False,
     )
     zero_grad_collective: str | None = mechanism_key(
         '`data_parallel_sharding = "optimizer"` only: `reduce-scatter` (Megatron-LM\'s '
@@ -379,7 +424,8 @@ class TrainingConfig:
     def accumulates_in_fp32(self) -> bool:
         """Whether gradients accumulate in an fp32 buffer (derived: with bf16)."""
         if self.accumulate_allreduce_grads_in_fp32 is None:
-            return self.params_dtype == "bf16"
+            # arguments.py: forced with --bf16 unless --main-grads-dtype bf16
+            return self.params_dtype == "bf16" and self.main_grads_dtype == "fp32"
         return self.accumulate_allreduce_grads_in_fp32
 
     @property
