@@ -170,8 +170,51 @@ def test_large_runs_draw_the_timeline_as_an_image(tmp_path, monkeypatch):
     legend = {t.get_text() for t in figure.legends[0].get_texts()}
     assert "weight gradient" not in legend and "tensor-parallel comm" not in legend
     assert {"forward", "optimizer", "idle (bubble)"} <= legend
+    # the title and the legend say that the picture is binned
+    assert "binned:" in axes.get_title() and "time slices" in axes.get_title()
+    assert figure.legends[0].get_title().get_text().startswith("binned")
     figure.savefig(tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 10_000
+    monkeypatch.setattr(figures, "RASTER_ABOVE_SPANS", 10**9)
+    bars = figures.timeline_figure(result)
+    assert "binned" not in bars.axes[0].get_title() and bars.legends[0].get_title().get_text() == ""
+
+
+def test_micro_batch_numbers_are_drawn_only_where_they_fit():
+    """A number needs its digits' width plus a point each side: neighbours never overlap,
+    so a pass at least as wide as its label gets one and a narrower one none."""
+    from stepsim.report import timeline
+
+    end_s = 1.0
+    per_pt = end_s / timeline.AXIS_WIDTH_PT
+    one, three = timeline._label_width_s("7", end_s), timeline._label_width_s("127", end_s)
+    assert one == pytest.approx((timeline.LABEL_FONT_PT * 0.6 + 2) * per_pt)
+    assert three == pytest.approx((3 * timeline.LABEL_FONT_PT * 0.6 + 2) * per_pt)
+    from stepsim.run.iteration import run
+
+    result = run(load_scenario(TINY, ["training.global_batch_size=64"]))  # 32 micro-batches
+    figure = timeline.timeline_figure(result)
+    texts = sorted(figure.axes[0].texts, key=lambda t: (t.get_position()[1], t.get_position()[0]))
+    figure.canvas.draw()
+    boxes = [t.get_window_extent() for t in texts]
+    for a, b in zip(boxes, boxes[1:], strict=False):
+        assert not a.overlaps(b)
+
+
+def test_sweep_panels_start_at_zero():
+    from stepsim.plan.sweep import run_sweep
+    from stepsim.report.figures import sweep_figure
+    from stepsim.run.iteration import run
+
+    done = run_sweep(
+        lambda overrides: load_scenario(TINY, overrides),
+        lambda scenario: run(scenario).metrics,
+        ["cluster.nic_gbps=135,400"],
+    )
+    figure = sweep_figure(done.keys, done.points, "t")
+    for ax in figure.axes:
+        low, high = ax.get_ylim()
+        assert low == 0.0 and high > 0
 
 
 def test_progress_reaches_the_whole_run_in_order():

@@ -41,6 +41,7 @@ def sweep_figure(keys: list[str], points: Sequence[SweepPoint], title: str) -> F
     for point in points:
         series.setdefault(tuple(point.settings[k] for k in other), []).append(point)
     for ax, (metric, label) in zip(axes, panels, strict=True):
+        highest = 0.0
         for j, (name, members) in enumerate(series.items()):
             # side by side at a category, so that equal values do not hide each other
             dodge = (j - (len(series) - 1) / 2) * min(0.08, 0.6 / len(series))
@@ -49,6 +50,7 @@ def sweep_figure(keys: list[str], points: Sequence[SweepPoint], title: str) -> F
                 for p in members
             ]
             y = [metric(p.metrics) for p in members]
+            highest = max(highest, *y)
             legend = ", ".join(f"{k}={v}" for k, v in zip(other, name, strict=True))
             # categories are not a scale: markers only, no line between them
             ax.plot(
@@ -61,7 +63,9 @@ def sweep_figure(keys: list[str], points: Sequence[SweepPoint], title: str) -> F
             )
         ax.set_xlabel(x_key)
         ax.set_ylabel(label)
-        ax.margins(x=0.08, y=0.12)  # the effect fills the panel; markers stay whole
+        ax.margins(x=0.08)  # markers stay whole
+        # from zero: a 2 % difference looks like one, not like the whole panel
+        ax.set_ylim(0.0, 1.1 * highest if highest > 0 else 1.0)
         if not numeric:
             ax.set_xticks(range(len(categories)))
             ax.set_xticklabels([str(c) for c in categories])

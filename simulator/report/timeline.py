@@ -74,7 +74,8 @@ def timeline_figure(result: Result) -> Figure:
     fig = Figure(figsize=(14, height), layout="constrained")
     ax = fig.add_subplot()
     few = len(lanes) <= 16 and result.scenario.num_microbatches <= 32
-    if len(trace.spans) > RASTER_ABOVE_SPANS:
+    binned = len(trace.spans) > RASTER_ABOVE_SPANS
+    if binned:
         drawn = _draw_raster(ax, trace, row_of, scale)
     else:
         drawn = _draw_bars(ax, trace, row_of, scale)
@@ -103,6 +104,12 @@ def timeline_figure(result: Result) -> Figure:
     ax.set_title(
         f"{result.scenario.name}: {what}, {trace.end_s * scale:.4g} {unit}"
         f" (rows: {rows_note}; thin band: background transfers)"
+        + (
+            f"\nbinned: {len(trace.spans):,} spans drawn as {RASTER_COLUMNS:,} time slices, "
+            "each stacked by the share of its time each kind took"
+            if binned
+            else ""
+        )
     )
     # the legend names what is drawn (a wait shares its communication's entry), and idle
     named = drawn | {LEGEND_OF[k] for k in drawn} | {IDLE}
@@ -112,6 +119,8 @@ def timeline_figure(result: Result) -> Figure:
         ncol=4,
         fontsize=8,
         frameon=False,
+        title="binned: share of each time slice" if binned else None,
+        title_fontsize=8,
     )
     return fig
 
@@ -267,6 +276,21 @@ def _merge(bars: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return [(a, b) for a, b in merged]
 
 
+# The time axis spans about this many points of the 14-inch figure (its margins and
+# the stage labels take the rest), and a digit of the 7-point labels about 0.6 of its
+# size in width: a number is drawn only on a pass at least that wide plus a point on
+# each side, so that neighbours never overlap.
+AXIS_WIDTH_PT = 14 * 72 * 0.82
+LABEL_FONT_PT = 7
+DIGIT_WIDTH_EM = 0.6
+
+
+def _label_width_s(text: str, end_s: float) -> float:
+    """The time a label of ``text`` covers on the axis, with a point of margin each side."""
+    width_pt = len(text) * LABEL_FONT_PT * DIGIT_WIDTH_EM + 2.0
+    return width_pt * end_s / AXIS_WIDTH_PT
+
+
 def _label_microbatches(ax, trace: Trace, row_of: dict[int, int], scale: float) -> None:
     """Micro-batch numbers on forward and backward passes, as in the papers' figures."""
     compute = [
@@ -281,15 +305,15 @@ def _label_microbatches(ax, trace: Trace, row_of: dict[int, int], scale: float) 
     for (gpu, _), group in groupby(compute, key=lambda sp: (sp.gpu, sp.label)):
         spans = list(group)
         start, end = spans[0].start_s, max(sp.end_s for sp in spans)
-        if end - start < trace.end_s / 160:
-            continue  # too narrow for a number at the figure's width
+        if end - start < _label_width_s(str(spans[0].microbatch), trace.end_s):
+            continue  # too narrow for its number at the figure's width: it would collide
         ax.text(
             (start + end) / 2 * scale,
             row_of[gpu] - 0.08,
             str(spans[0].microbatch),
             ha="center",
             va="center",
-            fontsize=7,
+            fontsize=LABEL_FONT_PT,
             color="white" if spans[0].kind == FORWARD else "black",
         )
 
