@@ -123,6 +123,40 @@ def showcase(images: Path | None) -> Generated:
     }
 
 
+def scenario_tables(images: Path | None) -> Generated:
+    """README and scenarios/README.md: the shipped scenarios, each described by the first
+    sentence of its own leading comment and the layout it loads to, so the tables cannot
+    drift from the files."""
+    from stepsim.cli.cmd_listing import first_comment
+    from stepsim.scenario import load_scenario, shipped_scenarios
+
+    rows = ["| file | what | GPUs | layout |", "|---|---|---:|---|"]
+    for name, path in shipped_scenarios().items():
+        s = load_scenario(path)
+        par, tr, cl = s.parallel, s.training, s.cluster
+        layout = f"TP {par.tensor_model_parallel_size} x " + (
+            f"CP {par.cp_size} x " if par.cp_size > 1 else ""
+        )
+        layout += f"PP {par.pipeline_model_parallel_size}"
+        if par.virtual_pipeline_model_parallel_size > 1:
+            layout += f" ({par.virtual_pipeline_model_parallel_size} chunks)"
+        layout += f" x DP {par.data_parallel_size}"
+        if s.model.moe:
+            layout += f", EP {par.ep_size}"
+        layout += (
+            f"; {tr.schedule}, recompute {tr.recompute_granularity}, "
+            f"batch {tr.global_batch_size:,} x {s.model.seq_length:,} tokens"
+        )
+        gpus = f"{cl.num_gpus:,} x {cl.gpu.name} ({cl.num_nodes} {cl.node or 'nodes'})"
+        what = first_comment(path.read_text(encoding="utf-8"), None)
+        rows.append(f"| `{name}.toml` | {what} | {gpus} | {layout} |")
+    table = "\n".join(rows)
+    return {
+        ("README.md", "scenario-table"): table,
+        ("scenarios/README.md", "scenario-table"): table,
+    }
+
+
 def calibration(images: Path | None) -> Generated:
     """README: every GPU record's kernel constants and how they were obtained."""
     from stepsim.scenario.presets import GPUS
@@ -640,6 +674,12 @@ def moe_dispatch(images: Path | None) -> Generated:
 SECTIONS = [
     Section("showcase", "README: MT-NLG 530B summary, pictures", showcase, fast=True),
     Section("calibration", "README: kernel constants per GPU", calibration, fast=True),
+    Section(
+        "scenarios",
+        "README, scenarios/README.md: the shipped scenarios",
+        scenario_tables,
+        fast=True,
+    ),
     Section("network", "docs/network.md (whole)", network, fast=True),
     Section(
         "schedules-abstract", "docs/schedules.md: abstract op times", schedules_abstract, fast=True

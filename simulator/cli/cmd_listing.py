@@ -25,8 +25,9 @@ def add_command(sub) -> None:
     listing.set_defaults(handler=command)
 
 
-def _first_comment(text: str, width: int = 90) -> str:
-    """What a scenario file is: the first sentence of its leading comment, shortened."""
+def first_comment(text: str, width: int | None = 90) -> str:
+    """What a scenario file is: the first sentence of its leading comment, shortened to
+    ``width`` characters (None: whole)."""
     words = []
     for line in text.splitlines():
         if not line.startswith("#"):
@@ -35,7 +36,9 @@ def _first_comment(text: str, width: int = 90) -> str:
     text = " ".join(words)
     ends = [m.start() for m in re.finditer(r"(?<!\bal)\. [A-Z]", text)]
     sentence = (text[: ends[0]] if ends else text).rstrip(".")
-    return sentence if len(sentence) <= width else sentence[: width - 3].rstrip() + "..."
+    if width is None or len(sentence) <= width:
+        return sentence
+    return sentence[: width - 3].rstrip() + "..."
 
 
 def _gpu_text(gpu) -> str:
@@ -49,7 +52,7 @@ def _gpu_text(gpu) -> str:
 
 def command(args: argparse.Namespace) -> int:
     scenarios = {
-        name: _first_comment(path.read_text(encoding="utf-8"))
+        name: first_comment(path.read_text(encoding="utf-8"))
         for name, path in shipped_scenarios().items()
     }
     gpus = {name: _gpu_text(gpu) for name, gpu in GPUS.items()}
