@@ -30,7 +30,13 @@ def test_fast_section_is_up_to_date(name):
 
 
 def test_the_fast_sections_are_the_cheap_ones():
-    assert set(docs.FAST) == {"showcase", "calibration", "scenarios", "network", "schedules-abstract"}
+    assert set(docs.FAST) == {
+        "showcase",
+        "calibration",
+        "scenarios",
+        "network",
+        "schedules-abstract",
+    }
     assert {s.name for s in docs.SECTIONS if not s.checked} == {"performance"}
 
 

@@ -129,6 +129,13 @@ class Cluster(Detours):
         """The NIC vertex a GPU reaches other servers through."""
         return self._gpu_nic[gpu]
 
+    def pcie_links(self, gpu: int) -> tuple[int, int]:
+        """The GPU's PCIe link (to its NIC, and back): the GPU's own PCIe lanes, which its
+        copies to and from host memory cross too (activation offloading; no PCIe switch
+        or host vertex is drawn)."""
+        vertex, nic = (GPU, gpu), self._gpu_nic[gpu]
+        return self._index[(vertex, nic)], self._index[(nic, vertex)]
+
     def link_role(self, index: int) -> str:
         """What link ``index`` does (topologies.describe.LINK_ROLES)."""
         link = self.links[index]

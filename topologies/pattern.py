@@ -80,6 +80,8 @@ class _CountedCluster(Detours):
     nvlink_domain_gpus: int
     _graph: nx.DiGraph | None
     num_links: int  # and ``link``, for `Links`
+    unit: Cluster  # servers 0 and 1, drawn
+    block: int  # links from each server's vertices
 
     if TYPE_CHECKING:  # what each subclass has (declared for the type checker only)
 
@@ -102,6 +104,13 @@ class _CountedCluster(Detours):
 
     def nvlink_domain_of(self, gpu: int) -> int:
         return gpu // self.nvlink_domain_gpus
+
+    def pcie_links(self, gpu: int) -> tuple[int, int]:
+        """`Cluster.pcie_links`: the unit's link of the same GPU of server 0, moved to the
+        GPU's server (each server's links are a block of ``block`` in server order)."""
+        server, local = divmod(gpu, self.gpus_per_node)
+        up, down = self.unit.pcie_links(local)
+        return up + server * self.block, down + server * self.block
 
 
 class PatternCluster(_CountedCluster):

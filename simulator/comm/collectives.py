@@ -113,6 +113,9 @@ class Fabric(NamedTuple):
     pattern: Pattern | None = None  # None: the whole graph, every copy enumerated
     nvls_efficiency: float = 0.0  # > 0: the NVSwitch reduces (NVLS), at this fraction
     links: Sequence | None = None  # the cluster's links (topologies.Link), for their ends
+    # a GPU's PCIe link to its NIC and back (topologies.Cluster.pcie_links), which its
+    # copies to host memory cross (emit/offload.py); None: the cluster cannot say
+    pcie_links: Callable[[int], tuple[int, int]] | None = None
 
     @classmethod
     def of(cls, cluster, base_latency_s: float, nvls_efficiency: float = 0.0) -> Fabric:
@@ -138,6 +141,7 @@ class Fabric(NamedTuple):
             ),
             nvls_efficiency=nvls_efficiency,
             links=cluster.links,
+            pcie_links=getattr(cluster, "pcie_links", None),
         )
 
 

@@ -403,6 +403,7 @@ def stage_memory(scenario: Scenario, stage: int, inflight_activations: int) -> S
     else:  # chunks of unequal size (an uneven split with chunks): walk the rank's order
         activations = stage_activation_bytes_per_layer(scenario, stage)
         activations *= inflight_layers(scenario, stage)
+    activations -= offload_saving_bytes(scenario, stage)  # training.cpu_offloading
     if scenario.training.recompute_granularity == RECOMPUTE_FULL:
         # the layer being recomputed holds all its activations during its backward
         whole = activation_bytes_per_layer(scenario, RECOMPUTE_NONE)
@@ -471,6 +472,48 @@ def inflight_layers(scenario: Scenario, stage: int) -> int:
         ):
             alive -= counts[step.chunk]
     return peak
+
+
+def _decoder_layer_bytes(scenario: Scenario) -> list[float]:
+    """Each decoder layer's activations on pipeline rank 0, one micro-batch, in layer
+    order (`activation_bytes_per_layer`, an MoE layer's `moe_activation_bytes`)."""
+    m = scenario.model
+    dense = activation_bytes_per_layer(scenario)
+    if not m.moe:
+        return [dense] * m.num_layers
+    moe = moe_activation_bytes(scenario, activation_bytes_per_layer(scenario, dense_mlp=False))
+    return [moe if flag else dense for flag in rank_moe_flags(scenario, 0)[: m.num_layers]]
+
+
+def offload_layer_bytes(scenario: Scenario) -> list[float]:
+    """Activation offloading (`training.cpu_offloading`, docs/memory.md "Activation
+    offloading"): the activations each offloaded layer copies to host memory and back,
+    one micro-batch on one GPU, in layer order: the first `training.offloaded_layers`
+    decoder layers (Transformer Engine's default scheduling offloads layers 0 to N - 1,
+    transformer_engine/pytorch/cpu_offload.py `DefaultOffloadSynchronizer`, d0067d0), each
+    what this model keeps for it. Offloading needs PP 1 (scenario/offload_rules.py): the
+    rank is pipeline rank 0 and holds every layer."""
+    n = scenario.training.offloaded_layers
+    return _decoder_layer_bytes(scenario)[:n] if n else []
+
+
+def offload_saving_bytes(scenario: Scenario, stage: int) -> float:
+    """What activation offloading takes off a GPU's peak activations. Transformer Engine's
+    default scheduling (cpu_offload.py `_init_offload_synchronization_dicts`, d0067d0)
+    frees offloaded layer i's GPU copy when layer L - N + i's forward starts (its copy
+    to the host done) and reloads it when layer L - N + i's backward is done, so at most
+    L - N consecutive layers' activations are on the GPU at any time (its docstring:
+    "peak memory usage of saving activations is (num_layers - num_offloaded_layers) *
+    T"): the saving is all L decoder layers' activations less the largest L - N
+    consecutive ones' (N layers' when all are alike). One micro-batch's: without
+    pipeline parallelism each forward's backward follows it."""
+    n = scenario.training.offloaded_layers
+    if not n or stage != 0:
+        return 0.0
+    layers = _decoder_layer_bytes(scenario)
+    kept = len(layers) - n
+    peak = max(math.fsum(layers[s : s + kept]) for s in range(n + 1))
+    return math.fsum(layers) - peak
 
 
 @dataclass(frozen=True, slots=True)

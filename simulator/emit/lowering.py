@@ -72,6 +72,7 @@ from ..scenario import Scenario, frameworks
 from .cp_ops import ContextOps
 from .gpuops import GpuOps
 from .moe_ops import MoeBlock
+from .offload import Offload
 from .overlap import Pairing
 from .p2pcalls import blocking_call, p2p_items
 from .strategy import strategy_for
@@ -214,6 +215,8 @@ class _Stage:
         self.moe = MoeBlock(compute, gpu.ep_rank(scenario)) if moe else None
         # F&B pairs with their MoE layers interleaved (overlap_moe_expert_parallel_comm)
         self.pairing = Pairing(gpu, scenario, compute) if training.moe_overlap else None
+        # activation offloading: the copies to host memory and back (offload.py)
+        self.offload = Offload(gpu, scenario) if training.offloaded_layers else None
         self.p2p = training.mechanism("pipeline_p2p")
         self.blocking = self.p2p != frameworks.OVERLAPPED
         # what crosses a stage boundary per tensor rank, and whether the receiver
@@ -428,12 +431,17 @@ class _Stage:
         if first:
             self.gpu.work(FORWARD, label, mb, self.extras.embedding_forward, recv + dp.first())
             recv = []
+        offload = self.offload
         for n, index in enumerate(layers):
             deps = recv + dp.before_layer(index)
+            if offload is not None:
+                deps += offload.before_forward(index)
             if self.pairing is None or pair is None:
                 self.layer_body("F", label, mb, deps, index)
             else:
                 yield from self.pairing.layer(self, "F", label, mb, deps, index)
+            if offload is not None:
+                offload.after_forward(label, mb, index)
             dp.after_layer(n, index)
             recv = []
         if last:  # after the received input when the chunk holds no layer (a layout's "L")
@@ -470,8 +478,11 @@ class _Stage:
             self.gpu.work(BACKWARD, label, mb, output, recv + dp.first())
             recv = []
         pairing = self.pairing if step.overlapped else None
+        offload = self.offload
         for n, index in enumerate(order):
             deps = recv + dp.before_layer(index)
+            if offload is not None:
+                deps += offload.before_backward(label, mb, index)
             if pairing is not None:
                 yield from pairing.layer(self, "B", label, mb, deps, index)
             else:

@@ -21,6 +21,7 @@ from .vocabulary import (
     CP_COMM,
     EP_COMM,
     EXPOSED_COMM_KEYS,
+    OFFLOAD,
 )
 
 # The version of every JSON document stepsim writes (metrics.json and each command's
@@ -181,9 +182,11 @@ class Metrics:
 
     def exposed_comm_s(self) -> float:
         """Exposed tensor-parallel, pipeline and data-parallel communication (and
-        context-parallel, with CP), mean per GPU."""
+        context-parallel, with CP; expert-parallel; activation offloading's host copies),
+        mean per GPU."""
         exposed = sum(self.breakdown_s[key] for key in EXPOSED_COMM_KEYS)
-        return exposed + self.breakdown_s.get(CP_COMM, 0.0) + self.breakdown_s.get(EP_COMM, 0.0)
+        exposed += self.breakdown_s.get(CP_COMM, 0.0) + self.breakdown_s.get(EP_COMM, 0.0)
+        return exposed + self.breakdown_s.get(OFFLOAD, 0.0)
 
     def summary_row(self) -> MetricsRow:
         """The scalars of these metrics with the exposed-communication share and whether

@@ -30,6 +30,7 @@ class OpKind(StrEnum):
     DP_SYNC = "dp_sync"
     CP_COMM = "cp_comm"  # context-parallel attention's K/V exchange (cost/context.py)
     EP_COMM = "ep_comm"  # expert parallelism's token dispatch and combine (emit/moe_ops.py)
+    OFFLOAD = "offload"  # activations copied to host memory and back (emit/offload.py)
     BARRIER = "barrier"  # waits for its dependencies, nothing else
 
 
@@ -37,6 +38,7 @@ FORWARD, BACKWARD, WEIGHT = OpKind.FORWARD, OpKind.BACKWARD, OpKind.WEIGHT
 RECOMPUTE, OPTIMIZER = OpKind.RECOMPUTE, OpKind.OPTIMIZER
 TP_COMM, PP_SEND, DP_SYNC = OpKind.TP_COMM, OpKind.PP_SEND, OpKind.DP_SYNC
 CP_COMM, EP_COMM, BARRIER = OpKind.CP_COMM, OpKind.EP_COMM, OpKind.BARRIER
+OFFLOAD = OpKind.OFFLOAD
 
 COMPUTE_KINDS = frozenset({FORWARD, BACKWARD, WEIGHT, RECOMPUTE, OPTIMIZER})
 # a schedule's passes (F, B, W), drawn as boxes in the schedule study's pictures and trace
@@ -54,16 +56,19 @@ class WaitKind(StrEnum):
     TP_WAIT = "tp_wait"
     CP_WAIT = "cp_wait"
     EP_WAIT = "ep_wait"
+    OFFLOAD_WAIT = "offload_wait"
 
 
 IDLE, PP_WAIT, DP_WAIT = WaitKind.IDLE, WaitKind.PP_WAIT, WaitKind.DP_WAIT
 TP_WAIT, CP_WAIT, EP_WAIT = WaitKind.TP_WAIT, WaitKind.CP_WAIT, WaitKind.EP_WAIT
+OFFLOAD_WAIT = WaitKind.OFFLOAD_WAIT
 WAIT_OF_COMM: dict[str, str] = {
     PP_SEND: PP_WAIT,
     DP_SYNC: DP_WAIT,
     TP_COMM: TP_WAIT,
     CP_COMM: CP_WAIT,
     EP_COMM: EP_WAIT,
+    OFFLOAD: OFFLOAD_WAIT,
 }
 COMM_WAITS = frozenset(WAIT_OF_COMM.values())  # a lane waiting on a transfer in flight
 
@@ -77,17 +82,19 @@ class Stream(StrEnum):
     TP = "tp"
     CP = "cp"
     EP = "ep"
+    OFFLOAD = "offload"  # Transformer Engine's offload stream: host copies in order
 
 
 COMPUTE_STREAM, ITERATION_STREAM = Stream.COMPUTE, Stream.ITERATION
 PP_STREAM, DP_STREAM, TP_STREAM = Stream.PP, Stream.DP, Stream.TP
-CP_STREAM, EP_STREAM = Stream.CP, Stream.EP
+CP_STREAM, EP_STREAM, OFFLOAD_STREAM = Stream.CP, Stream.EP, Stream.OFFLOAD
 STREAM_OF_COMM: dict[str, str] = {
     PP_SEND: PP_STREAM,
     DP_SYNC: DP_STREAM,
     TP_COMM: TP_STREAM,
     CP_COMM: CP_STREAM,
     EP_COMM: EP_STREAM,
+    OFFLOAD: OFFLOAD_STREAM,
 }
 # trace threads
 STREAM_ORDER: dict[str, int] = {
@@ -97,6 +104,7 @@ STREAM_ORDER: dict[str, int] = {
     TP_STREAM: 3,
     CP_STREAM: 4,
     EP_STREAM: 5,
+    OFFLOAD_STREAM: 6,
 }
 
 
@@ -221,6 +229,11 @@ CP_CATEGORY = Category(
 EP_CATEGORY = Category(
     EP_COMM, "expert-parallel comm (exposed)", "#64B5CD", (EP_COMM, EP_WAIT), "ep"
 )
+# activation offloading (training.cpu_offloading): the compute stream waiting for a copy
+# to or from host memory; likewise only in runs that offload
+OFFLOAD_CATEGORY = Category(
+    OFFLOAD, "activation offload (exposed)", "#8C8C3C", (OFFLOAD, OFFLOAD_WAIT), "offload"
+)
 CATEGORIES: tuple[Category, ...] = (
     Category(COMPUTE_TIME, "compute", "#4C72B0", (FORWARD, BACKWARD, WEIGHT, RECOMPUTE), "compute"),
     Category(TP_COMM, "tensor-parallel comm (exposed)", "#55A868", (TP_COMM, TP_WAIT), "tp"),
@@ -230,11 +243,12 @@ CATEGORIES: tuple[Category, ...] = (
     Category(IDLE_TIME, "idle (pipeline bubble)", "#BBBBBB", (IDLE,), "idle"),
 )
 BREAKDOWN_KEYS: tuple[str, ...] = tuple(c.key for c in CATEGORIES)
-# every category, CP's and EP's after TP's: what a run with both would report
+# every category, CP's, EP's and offloading's after TP's: what a run with all would report
 ALL_CATEGORIES: tuple[Category, ...] = (
     *CATEGORIES[:2],
     CP_CATEGORY,
     EP_CATEGORY,
+    OFFLOAD_CATEGORY,
     *CATEGORIES[2:],
 )
 ALL_BREAKDOWN_KEYS: tuple[str, ...] = tuple(c.key for c in ALL_CATEGORIES)
@@ -242,12 +256,17 @@ CATEGORY_OF_KIND: dict[str, str] = {kind: c.key for c in ALL_CATEGORIES for kind
 EXPOSED_COMM_KEYS: tuple[str, ...] = (TP_COMM, PP_P2P_TIME, DP_SYNC)  # and CP's, EP's if any
 
 
-def breakdown_keys(context_parallel: bool, expert_parallel: bool = False) -> tuple[str, ...]:
-    """The breakdown's keys of a run with or without context and expert parallelism."""
+def breakdown_keys(
+    context_parallel: bool, expert_parallel: bool = False, offload: bool = False
+) -> tuple[str, ...]:
+    """The breakdown's keys of a run with or without context and expert parallelism and
+    activation offloading."""
     return tuple(
         k
         for k in ALL_BREAKDOWN_KEYS
-        if (k != CP_COMM or context_parallel) and (k != EP_COMM or expert_parallel)
+        if (k != CP_COMM or context_parallel)
+        and (k != EP_COMM or expert_parallel)
+        and (k != OFFLOAD or offload)
     )
 
 
@@ -276,6 +295,8 @@ KIND_STYLES: dict[str, KindStyle] = {
     CP_WAIT: KindStyle("#8172B3", None),
     EP_COMM: KindStyle("#64B5CD", "expert-parallel comm (dispatch / combine)"),
     EP_WAIT: KindStyle("#64B5CD", None),
+    OFFLOAD: KindStyle("#8C8C3C", "activation offload (host copies / exposed wait)"),
+    OFFLOAD_WAIT: KindStyle("#8C8C3C", None),
     PP_SEND: KindStyle("#C44E52", "pipeline p2p (send / exposed wait)"),
     PP_WAIT: KindStyle("#C44E52", None),
     DP_SYNC: KindStyle("#937860", "data-parallel grad sync"),

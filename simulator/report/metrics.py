@@ -203,7 +203,7 @@ def summarize(
         workload.lanes,
         counted.seconds,
         iteration_s,
-        breakdown_keys(par.cp_size > 1, expert_comm),
+        breakdown_keys(par.cp_size > 1, expert_comm, scenario.training.offloaded_layers > 0),
     )
     lanes = compute_lanes(workload.lanes)
     mean = _mean_breakdown(lanes, rows)

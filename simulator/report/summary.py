@@ -11,6 +11,7 @@ from stepsim.topologies import PLANAR
 
 from ..comm.choice import tp_choice
 from ..comm.placement import placement_of
+from ..cost.memory import offload_layer_bytes
 from ..cost.optimizer import keeps_remainders, state_bytes_per_param
 from ..cost.params import active_params, model_params
 from ..cost.routing import rank_loads, skewed
@@ -25,6 +26,7 @@ from ..ir.vocabulary import (
     MOE_ALLTOALL,
     MOE_FLEX,
     NVLS,
+    OFFLOAD,
     REDUCE_SCATTER,
     categories_of,
 )
@@ -144,6 +146,11 @@ def summary_text(result: Result) -> str:
         )
         + f" · recompute {tr.recompute_granularity}"
         + (
+            f" · activations of {tr.offloaded_layers} layers offloaded to the host"
+            if tr.offloaded_layers
+            else ""
+        )
+        + (
             f" · {'fused (cuDNN, as flash)' if tr.attention_backend == 'fused' else 'flash'} "
             "attention"
             if tr.mechanism("attention_kernel") == ATTENTION_FLASH
@@ -192,6 +199,8 @@ def summary_text(result: Result) -> str:
     softmax = scenario_softmax_path(s)
     if not softmax.fused:
         lines.append(f"  attention softmax unfused: {softmax.reason} ({SOFTMAX_SOURCE})")
+    if tr.offloaded_layers:
+        lines += offload_lines(result)
     if par.cp_size > 1:
         lines += context_parallel_lines(result)
     if s.model.moe:
@@ -272,6 +281,29 @@ def perturbation_lines(result: Result) -> list[str]:
         rest = sum(w.gpu_seconds for w in m.waits[WAIT_CAUSES_SHOWN:])
         lines.append(f"    {rest:>10.4g} GPU-s  {len(m.waits) - WAIT_CAUSES_SHOWN} other causes")
     return lines
+
+
+def offload_lines(result: Result) -> list[str]:
+    """Activation offloading (emit/offload.py): how many layers, the bytes each GPU
+    copies to the host and back per iteration, over which link, and what the compute
+    stream waited for them."""
+    s, m = result.scenario, result.metrics
+    cl = s.cluster
+    copied = 2 * math.fsum(offload_layer_bytes(s)) * s.num_microbatches
+    host = cl.host_link_bytes_per_s
+    link = (
+        f"its own host link ({host / 1e9:g} GB/s per direction)"
+        if host is not None
+        else f"PCIe ({cl.pcie_gbytes_per_s:g} GB/s per direction, shared with its NIC)"
+    )
+    exposed_s = m.breakdown_s.get(OFFLOAD, 0.0)
+    share = 100 * exposed_s / m.iteration_time_s if m.iteration_time_s else 0.0
+    return [
+        f"  activation offload        {s.training.offloaded_layers} of {s.model.num_layers} "
+        f"layers (Transformer Engine's default scheduling): {copied / 1e9:.4g} GB per GPU "
+        f"per iteration to the host and back over {link}, {exposed_s:.4g} s exposed "
+        f"({share:.1f} % of the iteration)",
+    ]
 
 
 def context_parallel_lines(result: Result) -> list[str]:

@@ -34,6 +34,7 @@ from ..ir.vocabulary import (
     DP_STREAM,
     EP_STREAM,
     FORWARD,
+    OFFLOAD_STREAM,
     PASS_KINDS,
     PP_SEND,
     PP_STREAM,
@@ -52,6 +53,7 @@ TRACK_TITLES: dict[str, str] = {
     TP_STREAM: "tp comm",
     CP_STREAM: "cp comm",
     EP_STREAM: "ep dispatch/combine",
+    OFFLOAD_STREAM: "host offload",
 }
 
 

@@ -59,6 +59,9 @@ class JobCluster:
     def node_of(self, gpu: int) -> int:
         return self.cluster.node_of(self.gpus[gpu])
 
+    def pcie_links(self, gpu: int) -> tuple[int, int]:
+        return self.cluster.pcie_links(self.gpus[gpu])
+
     def intra_node_rings(self, members: Sequence[int]) -> list[list[int]]:
         rings = self.cluster.intra_node_rings([self.gpus[g] for g in members])
         return [[self._local[c] for c in ring] for ring in rings]

@@ -724,3 +724,19 @@ NVLS_EFFICIENCY: dict[str, float] = {
     "gb200-nvl72": 0.74,
     "gb300-nvl72": 0.74,
 }
+
+# A GPU's own link to host memory where it has one besides PCIe: NVLink-C2C between each
+# Blackwell GPU and its Grace CPU on the Grace Blackwell superchip, 900 GB/s both
+# directions together per link, one link per GPU (Transformer Engine's CPU offloading
+# guide, docs/features/other_optimizations/cpu_offloading/cpu_offloading.rst and its
+# figure img/pcie_vs_nvlink.svg, "900 GB/s per NVLink-C2C link", NVIDIA/TransformerEngine
+# at d0067d0): 450 per direction, nominal (no measured C2C copy rate read). The GB300
+# NVL72's Grace Blackwell Ultra superchip is taken to have the same C2C link (assumed, no
+# separate source read). Activation offloading (emit/offload.py) copies over it; the other
+# nodes' GPUs reach host memory over their PCIe link (`pcie_gbytes_per_s`), which their
+# NIC traffic shares. Kept out of the NODES records, as NVLS_EFFICIENCY, so that their
+# resolved scenarios stay as they were (`cluster.host_link_gbytes_per_s` overrides it).
+HOST_LINK_GBYTES_PER_S: dict[str, float] = {
+    "gb200-nvl72": 450.0,
+    "gb300-nvl72": 450.0,
+}

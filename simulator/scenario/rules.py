@@ -42,6 +42,7 @@ from .model_rules import check_context_parallel, check_query_groups_split, check
 from .model_rules import check_distributed_optimizer as check_distributed_optimizer
 from .model_rules import check_model as check_model  # these through rules
 from .moe_rules import check_expert_parallel
+from .offload_rules import check_offloading
 from .overlap_rules import check_overlap
 from .perturbation import check_targets
 from .precision import check_fp8
@@ -264,6 +265,7 @@ def check_scenario(scenario: Scenario) -> None:
     check_context_parallel(scenario.model, scenario.parallel, scenario.training)
     check_expert_parallel(scenario)
     check_overlap(scenario)
+    check_offloading(scenario)
     check_layout(scenario.model, scenario.parallel, scenario.cluster, scenario.training.placement)
     check_schedule(scenario.model, scenario.parallel, scenario.training)
     check_size(scenario.model, scenario.parallel, scenario.training)

@@ -21,7 +21,7 @@ from typing import Literal
 
 from stepsim.topologies import FABRICS, NVLINK_TOPOLOGIES, FabricShape
 
-from ..ir.units import us_to_s
+from ..ir.units import gbytes_per_s_to_bytes_per_s, us_to_s
 from ..ir.vocabulary import (
     AUTO,
     COLLECTIVE_ALGORITHMS,
@@ -34,7 +34,7 @@ from . import rules
 from .errors import ScenarioError
 from .fields import KeyRange, KeyUnitRange, check_values, key
 from .gpu import GpuSpec, KernelConstants
-from .hardware import NVLS_EFFICIENCY
+from .hardware import HOST_LINK_GBYTES_PER_S, NVLS_EFFICIENCY
 from .model import ModelSpec
 from .perturbation import PerturbationSpec
 from .presets import GPUS, NODES
@@ -139,6 +139,16 @@ class ClusterSpec:
         high=1.0,
         may_be_zero=True,
     )
+    host_link_gbytes_per_s: float | None = key(
+        "a GPU's own link to host memory, per direction, which activation offloading "
+        "(`training.cpu_offloading`) copies over: NVLink-C2C on Grace superchips; unset: "
+        "the `node` preset's (450 on gb200-nvl72 and gb300-nvl72), else none, and the "
+        "copies cross the GPU's PCIe link (`pcie_gbytes_per_s`) beside its NIC traffic",
+        default=None,
+        unit="10^9 byte/s",
+        low=1e-3,
+        high=1e7,
+    )
     fabric: str = key(
         "how the nodes' NICs are joined, see below", default="switch", choices=FABRICS
     )
@@ -186,6 +196,15 @@ class ClusterSpec:
         GPUs with a NIC each. A domain over servers that share NICs would become a
         cluster key here."""
         return self.gpus_per_node
+
+    @property
+    def host_link_bytes_per_s(self) -> float | None:
+        """A GPU's own link to host memory (`host_link_gbytes_per_s`, or the node
+        preset's: hardware.HOST_LINK_GBYTES_PER_S); None: host copies cross its PCIe link."""
+        gbytes = self.host_link_gbytes_per_s
+        if gbytes is None and self.node is not None:
+            gbytes = HOST_LINK_GBYTES_PER_S.get(self.node)
+        return None if gbytes is None else gbytes_per_s_to_bytes_per_s(gbytes)
 
     @property
     def nvls_fraction(self) -> float:

@@ -91,6 +91,36 @@ class TrainingConfig:
         default=None,
         derived='"core_attn" with `selective`',
     )
+    # -- activation offloading (Megatron-Core's cpu_offloading keys; emit/offload.py,
+    # scenario/offload_rules.py, docs/memory.md "Activation offloading")
+    cpu_offloading: bool = key(
+        "Megatron-Core's `cpu_offloading`: the activations of the first "
+        "`cpu_offloading_num_layers` transformer layers are copied to host memory during "
+        "the forward and back before their backward, on a stream of their own "
+        "(Transformer Engine's offload scheduling); no pipeline parallelism, no "
+        "recomputation",
+        default=False,
+    )
+    cpu_offloading_num_layers: int = key(
+        "Megatron-Core's `cpu_offloading_num_layers`: how many transformer layers (the "
+        "first ones) offload their activations, 0 to `model.num_layers` - 1; more than 0 "
+        "turns `cpu_offloading` on (Megatron-LM's arguments.py)",
+        default=0,
+        low=0,
+        high=1_000_000,
+        may_be_zero=True,
+    )
+    cpu_offloading_activations: bool = key(
+        "Megatron-Core's `cpu_offloading_activations`: offload the activations (`false` "
+        "with `cpu_offloading_weights = true` offloads nothing)",
+        default=True,
+    )
+    cpu_offloading_weights: bool = key(
+        "Megatron-Core's `cpu_offloading_weights`: accepted and without effect, as in "
+        "Transformer Engine since v2.3 (weight offloading is deprecated there and does "
+        "nothing)",
+        default=False,
+    )
     overlap_grad_reduce: bool = key(
         "all-reduce gradients per layer as soon as that layer's last backward is done, "
         "instead of once after the last backward (reduce-scatter under "
@@ -463,6 +493,20 @@ class TrainingConfig:
     def moe_overlap(self) -> bool:
         """Whether F&B pairs run their MoE layers overlapped (the overlap key)."""
         return bool(self.overlap_moe_expert_parallel_comm)
+
+    @property
+    def offloading(self) -> bool:
+        """Whether activation offloading is on: `cpu_offloading`, or a positive
+        `cpu_offloading_num_layers` (Megatron-LM's arguments.py turns it on then)."""
+        return self.cpu_offloading or self.cpu_offloading_num_layers > 0
+
+    @property
+    def offloaded_layers(self) -> int:
+        """How many transformer layers (the first) offload their activations: none unless
+        offloading is on and offloads activations (Transformer Engine ignores weights)."""
+        if not (self.offloading and self.cpu_offloading_activations):
+            return 0
+        return self.cpu_offloading_num_layers
 
     @property
     def recomputed(self) -> frozenset[str]:
