@@ -726,17 +726,20 @@ NVLS_EFFICIENCY: dict[str, float] = {
 }
 
 # A GPU's own link to host memory where it has one besides PCIe: NVLink-C2C between each
-# Blackwell GPU and its Grace CPU on the Grace Blackwell superchip, 900 GB/s both
-# directions together per link, one link per GPU (Transformer Engine's CPU offloading
-# guide, docs/features/other_optimizations/cpu_offloading/cpu_offloading.rst and its
-# figure img/pcie_vs_nvlink.svg, "900 GB/s per NVLink-C2C link", NVIDIA/TransformerEngine
-# at d0067d0): 450 per direction, nominal (no measured C2C copy rate read). The GB300
-# NVL72's Grace Blackwell Ultra superchip is taken to have the same C2C link (assumed, no
-# separate source read). Activation offloading (emit/offload.py) copies over it; the other
+# Blackwell GPU and its Grace CPU on the Grace Blackwell superchip (Transformer Engine's
+# CPU offloading guide, docs/features/other_optimizations/cpu_offloading/
+# cpu_offloading.rst: "900 GB/s per NVLink-C2C link", both directions, NVIDIA/
+# TransformerEngine at d0067d0). A copy reaches less: nvbandwidth on an ND GB200 v6 VM
+# measured 201 GB/s host to device and 193 device to host (Azure/AI-benchmarking-guide,
+# Azure_Results/ND_GB200_v6_results.md at fa799957; ../shared/reference/kernels/
+# azure_microbench_misc.csv), so the link runs at their mean, 197 per direction. (The
+# same tool measured 51-52 GB/s over an ND H100 v5's PCIe, 0.8 of its Gen5 x16 64.) The
+# GB300 NVL72's Grace Blackwell Ultra superchip is taken to have the same (assumed, no
+# measurement read). Activation offloading (emit/offload.py) copies over it; the other
 # nodes' GPUs reach host memory over their PCIe link (`pcie_gbytes_per_s`), which their
 # NIC traffic shares. Kept out of the NODES records, as NVLS_EFFICIENCY, so that their
 # resolved scenarios stay as they were (`cluster.host_link_gbytes_per_s` overrides it).
 HOST_LINK_GBYTES_PER_S: dict[str, float] = {
-    "gb200-nvl72": 450.0,
-    "gb300-nvl72": 450.0,
+    "gb200-nvl72": (201.0 + 193.0) / 2,
+    "gb300-nvl72": (201.0 + 193.0) / 2,
 }

@@ -142,7 +142,7 @@ class ClusterSpec:
     host_link_gbytes_per_s: float | None = key(
         "a GPU's own link to host memory, per direction, which activation offloading "
         "(`training.cpu_offloading`) copies over: NVLink-C2C on Grace superchips; unset: "
-        "the `node` preset's (450 on gb200-nvl72 and gb300-nvl72), else none, and the "
+        "the `node` preset's (197, measured, on gb200-nvl72 and gb300-nvl72), else none, and the "
         "copies cross the GPU's PCIe link (`pcie_gbytes_per_s`) beside its NIC traffic",
         default=None,
         unit="10^9 byte/s",
