@@ -244,3 +244,32 @@ def test_trace_and_no_trace_exclude_each_other(capsys):
     with pytest.raises(SystemExit, match="2"):
         main(["run", str(TINY), "--trace", "gz", "--no-trace"])
     assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_the_text_of_a_microsecond_is_its_float_repr():
+    from stepsim.report.trace import us_text
+
+    rng = random.Random(7)
+    values = [0, 1, 9, 10, 999, 1000, 1001, 1500, 10**12 + 7, 10**15 - 1, 10**15, 10**16 + 3]
+    values += [rng.randrange(10**15) for _ in range(2000)]
+    for n in values:
+        assert us_text(n) == repr(us(n)), n
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [],
+        ["parallel.virtual_pipeline_model_parallel_size=2", 'training.schedule="interleaved"'],
+        ['training.framework="deepspeed"', 'training.framework_version="0.5.4"'],
+    ],
+)
+def test_the_trace_text_is_the_json_of_the_trace_document(overrides):
+    """The CLI writes the trace as text, event by event: the same bytes as the compact
+    json.dumps of `chrome_trace`'s document (flows, counters and metadata included)."""
+    from stepsim.report.trace import chrome_trace_bytes
+
+    result = run(load_scenario(TINY, overrides))
+    document = chrome_trace(result)
+    assert any("bind_id" in event for event in document["traceEvents"])
+    assert chrome_trace_bytes(result) == json.dumps(document, separators=(",", ":")).encode()

@@ -21,7 +21,7 @@ from ..ir.ops import Workload, WorkloadBuilder
 from ..ir.vocabulary import BACKWARD, COMPUTE_STREAM, FORWARD, PP_SEND, WEIGHT
 
 
-def _op_times(
+def step_times(
     order: Sequence[Step], forward_s: float, backward_s: float, weight_s: float
 ) -> Callable[[Step], float]:
     """Each step's own time in a rank's order: a B whose W the order (one with W's)
@@ -49,6 +49,7 @@ def abstract_pipeline(
     placement: str = LOOPED,
     rank_scale: Sequence[float] | None = None,
     overlapped_s: float | None = None,
+    rank_times: Sequence[tuple[float, float, float]] | None = None,
 ) -> Workload:
     """A pipeline with fixed op times and a fixed latency on every rank-to-rank hop.
 
@@ -63,6 +64,9 @@ def abstract_pipeline(
     `schedules.overlapped`) starts when both inputs have arrived and lasts
     ``overlapped_s`` (default: the forward plus the full backward), shared between its
     two ops in proportion to their own times; both outputs leave when it ends.
+
+    ``rank_times``: each rank's own (forward, backward, weight) op times instead of the
+    shared ones (stages of unequal work: the idle they cause apart from the schedule's).
     """
     builder = WorkloadBuilder()
     num_ranks = len(orders)
@@ -79,7 +83,8 @@ def abstract_pipeline(
     for rank, order in enumerate(orders):
         lane = builder.lane(gpu=rank, stream=COMPUTE_STREAM, stage=rank)
         scale = 1 if rank_scale is None else rank_scale[rank]
-        own_time = _op_times(order, forward_s, backward_s, weight_s)
+        times = (forward_s, backward_s, weight_s) if rank_times is None else rank_times[rank]
+        own_time = step_times(order, *times)
 
         pending: list[tuple[int, Step]] = []  # outputs to send once the pair ends
         for position, step in enumerate(order):

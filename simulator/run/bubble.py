@@ -11,6 +11,7 @@ layer and rank r's ops last its layers times as long.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,11 +24,13 @@ from stepsim.schedules import (
     ZbvTimes,
     order_labels,
     peak_inflight,
+    pipeline_ends,
+    stage_of,
 )
 from stepsim.schedules import build as build_schedule
 from stepsim.schedules.custom import sizes_of
 
-from ..emit.abstract import abstract_pipeline
+from ..emit.abstract import abstract_pipeline, step_times
 from ..engine.core import simulate
 from ..ir.results import SCHEMA_VERSION, Trace
 from ..ir.vocabulary import COMPUTE_STREAM, MODEL_KINDS
@@ -354,3 +357,153 @@ def studies_of_schedules(
                 f"--schedule {name} --stages {stages} --microbatches {microbatches}: {exc}"
             ) from None
     return studies
+
+
+# -- the idle of a simulated iteration, by cause -------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class IdleCauses:
+    """A run's mean idle per GPU split by cause, adding up to it: the schedule's own
+    bubble (its idle with every stage's passes as long as the stages' mean and free
+    communication), stage imbalance (what the stages' own pass times add, communication
+    still free) and waits on communication (the rest: transfers and exposed collectives
+    that delay a neighbour's input)."""
+
+    schedule_s: float
+    imbalance_s: float
+    communication_s: float
+
+
+def pass_times(
+    trace: Trace, stages: int, kinds: dict[str, str]
+) -> list[tuple[float, float, float]]:
+    """Each pipeline stage's mean forward, backward (recomputation included) and weight
+    gradient time per micro-batch, from the first simulated GPU of the stage's compute
+    spans. ``kinds`` maps each span kind to "F", "B" or "W"."""
+    first: dict[int, int] = {}
+    for lane in trace.lanes:
+        if lane.stream == COMPUTE_STREAM:
+            first.setdefault(lane.stage, lane.gpu)
+    total = [[0.0, 0.0, 0.0] for _ in range(stages)]
+    batches: list[set[int]] = [set() for _ in range(stages)]
+    stage_of = {gpu: stage for stage, gpu in first.items()}
+    slot = {"F": 0, "B": 1, "W": 2}
+    for span in trace.spans:
+        stage = stage_of.get(span.gpu)
+        if stage is None or span.stream != COMPUTE_STREAM or span.kind not in kinds:
+            continue
+        total[stage][slot[kinds[span.kind]]] += span.end_s - span.start_s
+        if span.microbatch >= 0:
+            batches[stage].add(span.microbatch)
+    return [
+        (f / max(1, len(seen)), b / max(1, len(seen)), w / max(1, len(seen)))
+        for (f, b, w), seen in zip(total, batches, strict=True)
+    ]
+
+
+def free_idle(
+    orders: Sequence[Sequence[Step]],
+    rank_times: Sequence[tuple[float, float, float]],
+    *,
+    num_chunks: int,
+    placement: str,
+) -> list[float]:
+    """Each rank's idle when the orders run with the given per-op (forward, backward,
+    weight) times per rank and free communication: what `abstract_pipeline` run by the
+    engine gives with no latency, computed directly as each op's earliest start (its
+    rank's previous op and its input from the neighbouring stage), with no engine."""
+    ranks = len(orders)
+    ends: dict[tuple[int, str, int], float] = {}
+    clock, busy, position = [0.0] * ranks, [0.0] * ranks, [0] * ranks
+    timers = [step_times(order, *rank_times[r]) for r, order in enumerate(orders)]
+
+    def needed(rank: int, step: Step) -> tuple[int, str, int] | None:
+        stage = stage_of(rank, step.chunk, ranks, placement)
+        first, last = pipeline_ends(stage, ranks, num_chunks, placement)
+        if step.kind == "F" and not first:
+            return (stage - 1, "F", step.microbatch)
+        if step.kind == "B" and not last:
+            return (stage + 1, "B", step.microbatch)
+        return None
+
+    # each rank's passes as (inputs, seconds, outputs); an overlapped pair is one pass
+    plans: list[list[tuple[list, float, list]]] = []
+    for rank, order in enumerate(orders):
+        plan, at = [], 0
+        while at < len(order):
+            pair = order[at + 1] if at + 1 < len(order) and order[at + 1].overlapped else None
+            steps = (order[at],) if pair is None else (order[at], pair)
+            inputs = [key for key in (needed(rank, st) for st in steps) if key is not None]
+            seconds = math.fsum(timers[rank](st) for st in steps)
+            outputs = [
+                (stage_of(rank, st.chunk, ranks, placement), st.kind, st.microbatch) for st in steps
+            ]
+            plan.append((inputs, seconds, outputs))
+            at += len(steps)
+        plans.append(plan)
+    # run each rank as far as its inputs allow; a rank stopped on an input resumes when
+    # that input's pass ends (each pass is visited once or twice: linear in the passes)
+    waiting: dict[tuple[int, str, int], int] = {}
+    ready = list(range(ranks - 1, -1, -1))
+    while ready:
+        rank = ready.pop()
+        plan, at, now = plans[rank], position[rank], clock[rank]
+        while at < len(plan):
+            inputs, seconds, outputs = plan[at]
+            start, missing = now, None
+            for key in inputs:
+                end = ends.get(key)
+                if end is None:
+                    missing = key
+                    break
+                start = max(start, end)
+            if missing is not None:
+                waiting[missing] = rank
+                break
+            now = start + seconds
+            busy[rank] += seconds
+            for key in outputs:
+                ends[key] = now
+                woken = waiting.pop(key, None)
+                if woken is not None:
+                    ready.append(woken)
+            at += 1
+        position[rank], clock[rank] = at, now
+    if any(at < len(plan) for at, plan in zip(position, plans, strict=True)):
+        raise ValueError("the orders deadlock: no rank can run its next op")
+    makespan = max(clock)
+    return [makespan - b for b in busy]
+
+
+def idle_causes(
+    orders: Sequence[Sequence[Step]],
+    times: Sequence[tuple[float, float, float]],
+    idle_s: float,
+    *,
+    num_chunks: int,
+    placement: str,
+) -> IdleCauses:
+    """Split ``idle_s`` (a run's mean idle per GPU) by cause: the orders run on abstract
+    time twice without communication (`free_idle`), once with every rank at the ranks'
+    mean pass times (the schedule's bubble) and once with each rank's own (adding the
+    imbalance); the rest of the run's idle is waiting on communication. Each part is
+    clipped so that the three are non-negative and add up to ``idle_s``."""
+    ranks = len(orders)
+    share = _share(num_chunks, placement)
+    own = [(f / share, b / share, w / share) for f, b, w in times]
+    mean = tuple(math.fsum(t[k] for t in own) / ranks for k in range(3))
+    equal = [(mean[0], mean[1], mean[2])] * ranks
+    schedule = math.fsum(free_idle(orders, equal, num_chunks=num_chunks, placement=placement))
+    schedule /= ranks
+    unequal = math.fsum(free_idle(orders, own, num_chunks=num_chunks, placement=placement))
+    unequal /= ranks
+    schedule_s = min(max(schedule, 0.0), idle_s)
+    imbalance_s = min(max(unequal - schedule, 0.0), idle_s - schedule_s)
+    return IdleCauses(schedule_s, imbalance_s, max(0.0, idle_s - schedule_s - imbalance_s))
+
+
+def _share(num_chunks: int, placement: str) -> int:
+    """How many ops a rank's per-micro-batch pass time is split into (one per chunk;
+    the dual placement's chunks are whole stages)."""
+    return 1 if placement == DUAL else num_chunks
