@@ -25,6 +25,7 @@ micro-batch activations in flight per rank.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 from typing import NamedTuple
 
@@ -275,7 +276,11 @@ def zbv_unit(p: int, m: int, v: int = 2, group_size: int | None = None) -> list[
     orders: list[list[Step]] = [[] for _ in range(p)]
     finished: dict[tuple[int, Step], int] = {}  # (rank, step) -> end time step
     next_mb = [{(kind, k): 0 for kind in "FB" for k in (0, 1)} for _ in range(p)]
-    waiting_w: list[list[Step]] = [[] for _ in range(p)]  # B run, W not yet
+    # B run, W not yet: per rank and chunk, in micro-batch order (a chunk's B's run in
+    # it), so the W's ready at any time are a prefix and each chunk's first is all
+    # a choice needs (the scheduler stays linear in the ops; a sorted list was p x ops)
+    waiting_w: list[tuple[deque[Step], deque[Step]]] = [(deque(), deque()) for _ in range(p)]
+    num_waiting = 0
     inflight = [0] * p
     forwards_left = [2 * m] * p
     backwards_left = [2 * m] * p
@@ -295,20 +300,34 @@ def zbv_unit(p: int, m: int, v: int = 2, group_size: int | None = None) -> list[
     def by_microbatch(step: Step) -> tuple[int, int]:
         return step.microbatch, -step.chunk
 
+    # each rank's next F and B of each chunk with the op it waits for, found once per
+    # micro-batch (a waiting rank asks again every step)
+    next_step: dict[tuple[int, str, int], tuple[Step, tuple[int, Step] | None]] = {}
+    busy_until = [0] * p
     now, stalled = 0, 0
-    while any(forwards_left) or any(backwards_left) or any(waiting_w):
+    while any(forwards_left) or any(backwards_left) or num_waiting:
         progressed = False
         for r in range(p):
-            if orders[r] and finished[(r, orders[r][-1])] > now:
+            if busy_until[r] > now:
                 continue  # still busy
             candidates: dict[str, list[Step]] = {"F": [], "B": []}
             for kind in "FB":
                 for k in (1, 0):
-                    step = Step(kind, next_mb[r][(kind, k)], k)
-                    if step.microbatch < m and ready(r, step, now):
+                    mb = next_mb[r][(kind, k)]
+                    if mb >= m:
+                        continue
+                    known = next_step.get((r, kind, k))
+                    if known is None or known[0].microbatch != mb:
+                        step = Step(kind, mb, k)
+                        known = next_step[(r, kind, k)] = (step, source(r, step))
+                    step, dep = known
+                    if dep is None or finished.get(dep, now + 1) <= now:
                         candidates[kind].append(step)
+            firsts = [chunk[0] for chunk in waiting_w[r] if chunk]
+            if not (candidates["F"] or candidates["B"] or firsts):
+                continue  # nothing to run yet (every choice below would be None)
             forwards, backwards = candidates["F"], sorted(candidates["B"], key=by_microbatch)
-            weights = sorted((w for w in waiting_w[r] if ready(r, w, now)), key=by_microbatch)
+            weights = sorted((w for w in firsts if ready(r, w, now)), key=by_microbatch)
             after_b = bool(orders[r]) and orders[r][-1].kind == "B"
             if inflight[r] >= 2 * p:
                 choice = next(iter(weights or backwards), None)
@@ -326,9 +345,10 @@ def zbv_unit(p: int, m: int, v: int = 2, group_size: int | None = None) -> list[
                 continue
             progressed = True
             orders[r].append(choice)
-            finished[(r, choice)] = now + 1
+            finished[(r, choice)] = busy_until[r] = now + 1
             if choice.kind == "W":
-                waiting_w[r].remove(choice)
+                waiting_w[r][choice.chunk].popleft()  # the first of its chunk's
+                num_waiting -= 1
                 inflight[r] -= 1
                 continue
             next_mb[r][(choice.kind, choice.chunk)] += 1
@@ -337,7 +357,8 @@ def zbv_unit(p: int, m: int, v: int = 2, group_size: int | None = None) -> list[
                 inflight[r] += 1
             else:
                 backwards_left[r] -= 1
-                waiting_w[r].append(Step("W", choice.microbatch, choice.chunk))
+                waiting_w[r][choice.chunk].append(Step("W", choice.microbatch, choice.chunk))
+                num_waiting += 1
         stalled = 0 if progressed else stalled + 1
         if stalled > 2:
             raise RuntimeError(f"zbv list scheduler stalled at step {now} (p={p}, m={m})")

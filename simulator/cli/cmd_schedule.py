@@ -7,11 +7,46 @@ import json
 from pathlib import Path
 
 from stepsim.schedules import DUAL, PLACEMENTS, SCHEDULES
+from stepsim.schedules.custom import sizes_of
 from stepsim.schedules.torch_csv import to_torch_csv
 
 from ..plan.space import int_list
-from ..scenario import read_schedule_file
-from .common import check_out, out_errors, quiet_argument
+from ..scenario import check_limit, read_schedule_file
+from .common import check_out, out_errors, progress_for, quiet_argument
+
+
+def builder_ops(name: str, stages: int, microbatches: int) -> int:
+    """What building a schedule's orders costs beyond the ops built, counted in
+    simulated ops (the ``schedule_ops`` limit's unit). Measured on the 2-core machine of
+    2026-11-28 with F = B = W = 1: `zbv` (its authors' timed greedy, every op placed in
+    each of its eight attempts) took 17-39 us per op built, about as long as simulating
+    one (32-45 us), so it counts once more; `zbv_unit`'s unit-step list scheduler takes
+    2-7 us per rank and step, at most 6m + 4p steps, about a sixth of an op each. The
+    other builders cost under 4 us per op: nothing."""
+    p, m = stages, microbatches
+    if name == "zbv":
+        return 6 * p * m
+    if name == "zbv_unit":
+        return p * (6 * m + 4 * p) // 6
+    return 0
+
+
+# What --out adds, in simulated ops (measured as builder_ops was): drawing schedule.png
+# and writing trace.json took 1.5 times as long as simulating per op (interleaved_zb,
+# 160 stages x 960 micro-batches: 27 s, 67 s with --out) and about 0.3 s per panel
+# (--compare of 60 schedules of 8 x 32: 2 s, 24 s with --out), 10,000 ops' worth.
+DRAWN_OP = 1.5
+PANEL_OPS = 10_000
+
+
+def schedule_work(ops: int, built: list[str], stages: int, microbatches: int, drawn: int) -> int:
+    """The ``schedule_ops`` a run costs: its ops (as run.bubble counts them), what
+    building the named schedules ``built`` costs, and the picture and the trace of
+    ``drawn`` panels (--out; 0 without)."""
+    work = ops + sum(builder_ops(n, stages, microbatches) for n in built)
+    if drawn:
+        work += int(DRAWN_OP * ops) + PANEL_OPS * drawn
+    return work
 
 
 def add_command(sub) -> None:
@@ -98,7 +133,7 @@ def add_command(sub) -> None:
         "layer and rank r's ops last L_r times as long",
     )
     sched.add_argument("--json", action="store_true", help="print the results as JSON")
-    quiet_argument(sched, "accepted as every command takes it (schedule shows no progress line)")
+    quiet_argument(sched, "no progress line on the terminal while it runs and writes")
     sched.add_argument(
         "--out",
         metavar="DIR",
@@ -123,10 +158,19 @@ def command(args: argparse.Namespace) -> int:
     check_sizes({**sizes, "--group-size": args.group_size})
     check_out("--out", args.out)
     weight_given = args.weight is not None
+    progress = progress_for(args)
     if args.schedule_file is not None:
         path = Path(args.schedule_file)
         where = f"--schedule-file {str(path)!r}"
         orders, placement = read_schedule_file(path, where, args.placement)
+        if args.out:  # its ops as study_of_orders counts them, and the picture
+            p, m, v, _ = sizes_of(orders)
+            ops = p * m * v * 3
+            check_limit(
+                "schedule_ops",
+                schedule_work(ops, [], p, m, drawn=1),
+                f"{where}: {p} ranks x {m} micro-batches x {v} chunks, drawn (--out), is",
+            )
         studies = [
             study_of_orders(
                 path.stem,
@@ -145,6 +189,21 @@ def command(args: argparse.Namespace) -> int:
             if args.schedule is not None
             else [n.strip() for n in args.compare.split(",")]
         )
+        if args.stages and args.microbatches:  # else studies_of_schedules says so
+            # the ops as studies_of_schedules counts them (it checks them alone), with what
+            # building zbv's orders and drawing cost
+            p, m = args.stages, args.microbatches
+            ops = p * m * 3 * max(args.chunks or 2, 2) * len(names)
+            work = schedule_work(ops, names, p, m, len(names) if args.out else 0)
+            if work > ops:
+                check_limit(
+                    "schedule_ops",
+                    work,
+                    f"--stages={p} x --microbatches={m} x {len(names)} schedule(s), with "
+                    + ("drawing (--out) and " if args.out else "")
+                    + "what building their orders costs, means",
+                )
+        progress.begin(f"simulating {len(names)} schedule{'s' if len(names) > 1 else ''}")
         studies = studies_of_schedules(
             names,
             args.stages,
@@ -155,6 +214,7 @@ def command(args: argparse.Namespace) -> int:
             group_size=args.group_size,
             stage_layers=stage_layers,
         )
+    progress.clear()
     if args.json:
         dicts = [s.as_dict() for s in studies]
         print(json.dumps(dicts[0] if len(dicts) == 1 else dicts, indent=2))
@@ -164,18 +224,24 @@ def command(args: argparse.Namespace) -> int:
         from ..report.timeline import pipeline_figure
 
         out = Path(args.out)
-        with out_errors("--out", args.out):
-            out.mkdir(parents=True, exist_ok=True)
-            pipeline_figure(studies).savefig(out / "schedule.png", dpi=110)
-            trace = json.dumps(study_trace(studies), separators=(",", ":"))
-            (out / "trace.json").write_text(trace)
-            written = ["schedule.png", "trace.json"]
-            for study in studies:
-                if study.placement == DUAL:  # two model copies: no torch schedule runs them
-                    continue
-                name = f"{study.name}.torch.csv"
-                (out / name).write_text(to_torch_csv(study.orders, study.placement))
-                written.append(name)
+        panels = f"{len(studies)} panel{'s' if len(studies) > 1 else ''}"
+        try:
+            with out_errors("--out", args.out):
+                out.mkdir(parents=True, exist_ok=True)
+                progress.begin(f"drawing {args.out}/schedule.png ({panels})")
+                pipeline_figure(studies).savefig(out / "schedule.png", dpi=110)
+                progress.begin(f"writing {args.out}/trace.json")
+                trace = json.dumps(study_trace(studies), separators=(",", ":"))
+                (out / "trace.json").write_text(trace)
+                written = ["schedule.png", "trace.json"]
+                for study in studies:
+                    if study.placement == DUAL:  # two model copies: no torch schedule runs them
+                        continue
+                    name = f"{study.name}.torch.csv"
+                    (out / name).write_text(to_torch_csv(study.orders, study.placement))
+                    written.append(name)
+        finally:
+            progress.clear()
         if not args.json:
             print(f"\n  wrote {args.out}/: {' '.join(written)}")
     return 0

@@ -54,6 +54,13 @@ def command(args: argparse.Namespace) -> int:
         raise ScenarioError(f"--png {args.png!r} must name a .png file")
     check_out("--png", args.png, folder=False)
     scenario = load(args)
+    if scenario.perturbations:  # checked against the cluster as `run` checks them
+        from ..run.perturb import Perturbation
+
+        checked = build_cluster(scenario.cluster, pattern=scenario.network.symmetry)
+        perturbation = Perturbation.of(scenario, checked)
+        assert perturbation is not None  # the scenario has perturbations
+        perturbation.capacities(checked.capacities)
     cluster = build_cluster(scenario.cluster)
     if args.png and cluster.num_gpus > MAX_DRAWN_GPUS:
         raise ScenarioError(

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import NoReturn
 
 from ..scenario import ScenarioError, read_calibration, read_validation_set, shipped_dir
-from ..scenario.files import read_collective_tables, read_kernel_tables
+from ..scenario.errors import shown
+from ..scenario.files import VALIDATION_FILES, read_collective_tables, read_kernel_tables
 from ..scenario.presets import CALIBRATED_GPUS, GPUS, NODES
 from .common import check_out, out_errors, print_json, progress_for, quiet_argument
 
@@ -107,7 +109,7 @@ def _kernels(args: argparse.Namespace) -> dict:
         return compare_kernels(kernel_rows(tables), GPUS)
     except (KeyError, ValueError) as exc:
         raise ScenarioError(
-            f"kernel tables in {str(folder)!r}: a row cannot be used: {exc}"
+            f"kernel tables in {str(folder)!r}: a row cannot be used: {_problem(exc)}"
         ) from None
 
 
@@ -121,7 +123,7 @@ def _collective_rows(args: argparse.Namespace) -> list:
         return collective_rows(tables, logs)
     except (KeyError, ValueError) as exc:
         raise ScenarioError(
-            f"collective tables in {str(folder)!r}: a row cannot be used: {exc}"
+            f"collective tables in {str(folder)!r}: a row cannot be used: {_problem(exc)}"
         ) from None
 
 
@@ -134,7 +136,9 @@ def _collectives(args: argparse.Namespace) -> dict:
     try:
         return compare_collectives(rows, Network(build_cluster))
     except (KeyError, ValueError) as exc:
-        raise ScenarioError(f"collective tables: a row cannot be simulated: {exc}") from None
+        raise ScenarioError(
+            f"collective tables: a row cannot be simulated: {_problem(exc)}"
+        ) from None
 
 
 def command(args: argparse.Namespace) -> int:
@@ -185,12 +189,15 @@ def _sets(args: argparse.Namespace) -> int:
     from ..report.tables import validation_markdown, validation_text
     from ..run.iteration import run
 
-    kernels = _kernels(args)  # read first: a bad kernel table fails before minutes of sets
-    comms = _collectives(args)
-    rows = read_validation_set(args.data or shipped_dir() / "validation")
+    folder = args.data or shipped_dir() / "validation"
+    rows = read_validation_set(folder)
     if args.quick:
         rows["megatron"] = [r for r in rows["megatron"] if _gpus(r) <= QUICK_MAX_GPUS]
         rows["h100"] = [r for r in rows["h100"] if _gpus(r) <= QUICK_MAX_H100_GPUS]
+    if not any(rows.values()):  # before the kernel section: nothing to score at all
+        _nothing_to_score(folder, {name: _no_rows(name, folder, args.quick) for name in SET_TABLES})
+    kernels = _kernels(args)  # read first: a bad kernel table fails before minutes of sets
+    comms = _collectives(args)
     calibrations = {}
     if args.calibration:
         constants = read_calibration(args.calibration)
@@ -211,10 +218,19 @@ def _sets(args: argparse.Namespace) -> int:
     except ScenarioError:
         raise
     except (KeyError, ValueError) as exc:  # a row's cell that is not a number, or empty
-        raise ScenarioError(f"--data {args.data!r}: a row cannot be used: {exc!r}") from None
+        raise ScenarioError(
+            f"--data {args.data!r}: a row cannot be used: {_problem(exc)}"
+        ) from None
     finally:
         progress.clear()
     totals = {name: summary(comparisons) for name, comparisons in by_set.items()}
+    empty = {
+        name: _no_rows(name, folder, args.quick) for name in by_set if not totals[name]["rows"]
+    }
+    if len(empty) == len(by_set):
+        _nothing_to_score(folder, empty)
+    by_set = {name: c for name, c in by_set.items() if name not in empty}
+    totals = {name: t for name, t in totals.items() if name not in empty}
     if args.json:
         print_json(
             {
@@ -225,6 +241,10 @@ def _sets(args: argparse.Namespace) -> int:
                         "detail": [{**c._asdict(), "error": c.error} for c in comparisons],
                     }
                     for name, comparisons in by_set.items()
+                }
+                | {
+                    name: {"rows": 0, "mean_abs_error": None, "worst_abs_error": None, "why": why}
+                    for name, why in empty.items()
                 },
                 "kernels": comparison_json(kernels),
                 "collectives": collectives.comparison_json(comms),
@@ -232,6 +252,8 @@ def _sets(args: argparse.Namespace) -> int:
         )
     else:
         print(validation_text(by_set, totals))
+        if empty:
+            print("\n" + "\n".join(f"  not scored: {why}" for why in empty.values()))
         print()
         print(kernel_text(kernels, args.kernel_rows))
         print()
@@ -254,6 +276,36 @@ def _sets(args: argparse.Namespace) -> int:
         if not args.json:  # stdout holds the document alone
             print(f"\n  wrote {args.out}/validation.md and {args.out}/images/validation.png")
     return 0
+
+
+# the tables (files.VALIDATION_FILES) each calibration set's rows come from
+SET_TABLES = {"a100": ("megatron", "layers"), "v100": ("dgx2",), "h100": ("h100",)}
+
+
+def _nothing_to_score(folder: str | Path, empty: dict[str, str]) -> NoReturn:
+    """The one-line error of a validation with no row in any set (exit 2)."""
+    raise ScenarioError(
+        f"--data {str(folder)!r}: no calibration set has a row to score ("
+        + "; ".join(empty.values())
+        + "); give tables with rows"
+    )
+
+
+def _no_rows(name: str, folder: str | Path, quick: bool) -> str:
+    """Why a set has nothing to score, naming its tables: no rows in them (or none
+    left by --quick)."""
+    from ..calibration.validation import SETS
+
+    files = " and ".join(str(Path(folder) / VALIDATION_FILES[t]) for t in SET_TABLES[name])
+    left = " left by --quick" if quick else ""
+    return f"{SETS[name].split(' · ')[0]} set: no rows{left} in {files}"
+
+
+def _problem(exc: Exception) -> str:
+    """What a KeyError or ValueError from a table's row says, as words (not a repr)."""
+    if isinstance(exc, KeyError):
+        return f"it has no value for {shown(exc.args[0]) if exc.args else 'a column'}"
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
 def _gpus(row: dict[str, str]) -> int:

@@ -99,6 +99,17 @@ METRIC_HEAD = [
 ]
 
 
+def ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st, ..."""
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def best_of(top: int) -> str:
+    """The words for the top-th best: "best" for the first, "3rd best" for the third."""
+    return "best" if top == 1 else f"{ordinal(top)} best"
+
+
 def search_text(
     base: Scenario,
     params: float,
@@ -122,7 +133,7 @@ def search_text(
         f"  simulated {result.count(SIMULATED):,} ("
         + (f"{resumed:,} of them by the earlier run; the rest " if resumed else "")
         + f"{where}), pruned {result.count(PRUNED):,}: their compute alone (a lower bound) "
-        f"is slower than the {result.top}th best simulated"
+        f"is slower than the {best_of(result.top)} simulated"
     )
     if not ranked:
         lines.append("  no layout fits in GPU memory: more nodes, or widen the search")

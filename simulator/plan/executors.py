@@ -107,7 +107,9 @@ class RayPool:
             try:
                 ray.init(**options)
             except (ConnectionError, RuntimeError, ValueError) as exc:
-                raise ScenarioError(f"--ray {address or ''}: {exc}".strip()) from None
+                first = next((line for line in str(exc).splitlines() if line.strip()), "")
+                why = first.strip() or type(exc).__name__  # Ray's messages run to pages
+                raise ScenarioError(f"--ray {address or ''}".strip() + f": {why}") from None
             self.started = True
         self.task = ray.remote(num_cpus=1)(simulate_row)
 

@@ -7,13 +7,13 @@ from . import frameworks
 from .files import (
     read_calibration,
     read_schedule_file,
-    read_search_journal,
     read_validation_set,
     scenario_path,
     shipped_dir,
     shipped_scenarios,
 )
 from .gpu import GpuSpec, KernelConstants
+from .journal import read_search_journal
 from .limits import LIMITS, limit
 from .limits import check as check_limit
 from .loader import (

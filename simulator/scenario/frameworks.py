@@ -24,6 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from stepsim.schedules import SCHEDULES
+
 MEGATRON, DEEPSPEED = "megatron", "deepspeed"
 FRAMEWORKS: tuple[str, ...] = (MEGATRON, DEEPSPEED)
 
@@ -190,19 +192,38 @@ def p2p_modelled(mode: str, schedule: str) -> bool:
 
 
 def resolve(
-    framework: str, version: str | None, given: Mapping[str, Any], schedule: str
+    framework: str,
+    version: str | None,
+    given: Mapping[str, Any],
+    schedule: str,
+    split_backward: bool | None = None,
 ) -> tuple[str, dict[str, Any], str]:
     """(version, every mechanism key's value, a note) for a scenario that sets
     ``given`` (None: not set). A framework's blocking p2p default on a schedule whose
-    call sites are not modelled falls back to `overlapped`; the note says so."""
+    call sites are not modelled falls back to `overlapped`; the async TP all-reduce is
+    off on a schedule that splits the backward (``split_backward``; None: as the named
+    schedule does), given or not: with the weight gradient deferred there is no GEMM to
+    hide it behind, and the zero-bubble code issues the all-reduce synchronously
+    (sail-sg/zero-bubble-pipeline-parallelism megatron/core/tensor_parallel/layers.py,
+    ``async_op=wgrad_compute``, False under ``WeightGradStore.split_bw()``; 3664da6).
+    The note says what was changed ("; " between two)."""
     version = version or DEFAULT_VERSION[framework]
     table = defaults(framework, version)
     values = {name: table[name] if given.get(name) is None else given[name] for name in table}
-    note = ""
+    notes = []
     if given.get("pipeline_p2p") is None and not p2p_modelled(values["pipeline_p2p"], schedule):
-        note = f"{values['pipeline_p2p']} p2p not modelled for {schedule}: overlapped"
+        notes.append(f"{values['pipeline_p2p']} p2p not modelled for {schedule}: overlapped")
         values["pipeline_p2p"] = OVERLAPPED
-    return version, values, note
+    if split_backward is None:
+        info = SCHEDULES.get(schedule)
+        split_backward = info is not None and info.split_backward
+    if split_backward and values["async_tensor_model_parallel_allreduce"]:
+        notes.append(
+            f"async TP all-reduce off for {schedule}: it splits the backward, so the "
+            "input gradient's all-reduce has no weight gradient to overlap"
+        )
+        values["async_tensor_model_parallel_allreduce"] = False
+    return version, values, "; ".join(notes)
 
 
 def label(framework: str, version: str) -> str:

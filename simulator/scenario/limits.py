@@ -11,6 +11,7 @@ The values were chosen from measurements on a 2-core machine (docs/design.md, "L
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -20,7 +21,9 @@ from stepsim.topologies import cable_count
 from .errors import ScenarioError
 
 if TYPE_CHECKING:
-    from .spec import ClusterSpec
+    from .model import ModelSpec
+    from .spec import ClusterSpec, ParallelConfig
+    from .training import TrainingConfig
 
 ENV_PREFIX = "STEPSIM_MAX_"
 
@@ -84,8 +87,9 @@ LIMITS = {
             "schedule_ops",
             1_000_000,
             "ops",
-            "ops of `stepsim schedule`, over all the schedules it runs and draws: under a "
-            "minute at the limit",
+            "ops of `stepsim schedule`, over all the schedules it runs and draws, zbv's "
+            "builders and --out's picture counted as the ops whose time they take: under a "
+            "minute at the limit on a 2-core machine",
         ),
     )
 }
@@ -107,10 +111,18 @@ def limit(name: str) -> int:
     return value
 
 
-def check(name: str, amount: int, what: str, key: str | None = None, value: object = None) -> None:
+def check(
+    name: str,
+    amount: int,
+    what: str,
+    key: str | None = None,
+    value: object = None,
+    fix: str = "make it smaller",
+) -> None:
     """Raise a one-line ScenarioError when ``amount`` is over the limit ``name``. The
     line reads ``{what} about {amount} {unit}, over the limit ...``, after
-    ``{key}={value!r} `` when a scenario key drives the size."""
+    ``{key}={value!r} `` when a scenario key drives the size; ``fix`` says what to
+    change (the limit's variable follows it)."""
     allowed = limit(name)
     if amount <= allowed:
         return
@@ -119,7 +131,7 @@ def check(name: str, amount: int, what: str, key: str | None = None, value: obje
         f"{what} about {amount:,} {spec.unit}, over the limit of {allowed:,} {spec.unit} "
         f"({spec.reason})"
     )
-    fix = f"make it smaller, or raise the limit with {spec.env}=N"
+    fix = f"{fix}, or raise the limit with {spec.env}=N"
     if key is None:
         raise ScenarioError(f"{rule}; {fix}")
     raise ScenarioError(key=key, value=value, rule=rule, fix=fix)
@@ -145,3 +157,61 @@ def check_cluster(cluster: ClusterSpec, *, whole: bool = True) -> None:
         "cluster.num_nodes",
         nodes,
     )
+
+
+# the bucket keys and the collectives they split (emit/dataparallel.py: a stage's
+# gradients after the flush, the routed experts' gradients, ZeRO-1's parameter gather)
+BUCKET_KEYS = {
+    "reduce_bucket_size": "gradient collectives",
+    "allgather_bucket_size": "parameter all-gathers",
+}
+
+
+def pipeline_params(model: ModelSpec, parallel: ParallelConfig, tied: bool = True) -> float:
+    """About how many parameters one GPU of each pipeline stage holds, summed over the
+    stages: what a bucket key splits into calls. An estimate from the model's widths (the
+    weight matrices, the word embedding and output layer; norms and biases left out;
+    cost/params.py counts them exactly, but the scenario layer may not import cost/):
+    the dense weights over tensor parallelism, the routed experts over expert and expert
+    tensor parallelism. The word embedding counts twice unless ``tied`` on one stage."""
+    h = model.hidden_size
+    attention = h * model.qkv_width + model.attention_width * h
+    dense_mlp = h * model.fc1_width + model.ffn_hidden_size * h
+    experts = 0.0
+    moe = model.num_moe_layers if model.moe else 0
+    if moe:
+        assert model.num_experts is not None
+        one = h * model.expert_fc1_width + model.expert_ffn * h
+        shared = h * (2 if model.gated else 1) * model.shared_expert_ffn
+        shared += model.shared_expert_ffn * h
+        experts = moe * model.num_experts * one / (parallel.ep_size * parallel.etp_size)
+        dense = model.num_layers * attention + (model.num_layers - moe) * dense_mlp
+        dense += moe * shared
+    else:
+        dense = model.num_layers * (attention + dense_mlp)
+    copies = 1 if tied and parallel.pipeline_model_parallel_size == 1 else 2
+    dense += copies * model.vocab_size * h
+    return dense / parallel.tensor_model_parallel_size + experts
+
+
+def check_buckets(model: ModelSpec, parallel: ParallelConfig, training: TrainingConfig) -> None:
+    """A bucket key small enough to split a stage's gradients or parameters into more
+    collectives than the engine is allowed ops (``simulated_ops``) is refused before any
+    op is built: one call per ``bucket`` elements of every stage (symmetric mode's
+    pipeline of one GPU per stage; whether the run's data-parallel mode uses the key is
+    not asked, so the count is an upper bound)."""
+    for name, what in BUCKET_KEYS.items():
+        bucket = training.mechanism(name)
+        if not bucket:
+            continue
+        params = pipeline_params(model, parallel, training.share_embeddings_and_output_weights)
+        calls = math.ceil(params / bucket) + parallel.pipeline_model_parallel_size
+        check(
+            "simulated_ops",
+            calls,
+            f"splits the pipeline's {params:,.0f} parameters per GPU into {what} of at most "
+            f"{bucket:,} elements:",
+            f"training.{name}",
+            bucket,
+            fix="make the buckets larger (0: one call)",
+        )

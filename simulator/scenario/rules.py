@@ -525,6 +525,7 @@ def check_size(model: ModelSpec, parallel: ParallelConfig, training: TrainingCon
         "training.global_batch_size",
         training.global_batch_size,
     )
+    limits.check_buckets(model, parallel, training)
 
 
 PRECISION_AWARE_KEYS = (

@@ -425,7 +425,10 @@ class TrainingConfig:
         )
         version = self.framework_version
         rules.check_framework(self.framework, version, given, self.schedule)
-        version, values, note = frameworks.resolve(self.framework, version, given, self.schedule)
+        split = self.split_backward if self.custom_orders is not None else None  # named: by name
+        version, values, note = frameworks.resolve(
+            self.framework, version, given, self.schedule, split
+        )
         resolved = (("framework_version", version), *values.items())
         object.__setattr__(self, "resolved", resolved)
         object.__setattr__(self, "framework_note", note)
