@@ -18,6 +18,7 @@ from .. import __version__
 from ..engine.core import DeadlockError
 from ..scenario import ScenarioError
 from . import (
+    cmd_calibrate,
     cmd_listing,
     cmd_plan,
     cmd_run,
@@ -44,6 +45,7 @@ COMMANDS = (
     cmd_sweep.add_command,
     cmd_run.add_jobs_command,
     cmd_validate.add_command,
+    cmd_calibrate.add_command,
     cmd_search.add_command,
     cmd_plan.add_command,
     cmd_topology.add_command,

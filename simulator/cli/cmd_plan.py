@@ -23,6 +23,9 @@ from ..scenario import ScenarioError
 from .common import (
     Parser,
     Workers,
+    calibration_columns,
+    calibration_note,
+    calibration_record,
     check_out,
     json_argument,
     load,
@@ -240,9 +243,10 @@ def fit_command(args: argparse.Namespace) -> int:
         if args.json:
             from ..plan.records import min_nodes_record
 
-            print_json(min_nodes_record(base, nodes, fitting, best, args.max_nodes))
+            print_json(labelled(min_nodes_record(base, nodes, fitting, best, args.max_nodes), base))
         else:
             print(min_nodes_text(base, model_params(base), nodes, fitting, best, args.max_nodes))
+            noted(base)
         return 0
     check_family(args.family)
     if args.nodes < 1:
@@ -256,9 +260,10 @@ def fit_command(args: argparse.Namespace) -> int:
     if args.json:
         from ..plan.records import fit_record
 
-        print_json(fit_record(cluster_base, rows, args.nodes, best))
+        print_json(labelled(fit_record(cluster_base, rows, args.nodes, best), base))
     else:
         print(fit_text(cluster_base, rows, args.nodes, best))
+        noted(base)
     return 0
 
 
@@ -305,7 +310,7 @@ def throughput_command(args: argparse.Namespace) -> int:
             from ..plan.records import run_goodput_record
 
             record["goodput"] = run_goodput_record(*reliable, times)
-        print_json(record)
+        print_json(labelled(record, scenario))
     else:
         text = throughput_text(
             scenario, params, metrics, args.tokens, times, estimate, factor, args.question
@@ -315,6 +320,7 @@ def throughput_command(args: argparse.Namespace) -> int:
 
             text += "\n" + run_goodput_text(*reliable, times)
         print(text)
+        noted(scenario)
     return 0
 
 
@@ -350,14 +356,15 @@ def scale_command(args: argparse.Namespace) -> int:
     if args.json:
         from ..plan.records import scale_record
 
-        print_json(scale_record(base, points, args.keep))
+        print_json(labelled(scale_record(base, points, args.keep), base))
     else:
         print(scale_text(base, points, args.keep, args.tokens))
+        noted(base)
     if args.out:
         from ..report.figures import scale_figure
 
         out = Path(args.out)
-        rows = [p.row() for p in points if p.metrics is not None]
+        rows = [{**p.row(), **calibration_columns(base)} for p in points if p.metrics is not None]
         with out_errors("--out", args.out):
             written = write_rows(out, "scale", rows)
             scale_figure(points, f"{base.name}: scaling with data parallelism").savefig(
@@ -400,7 +407,11 @@ def goodput_command(args: argparse.Namespace) -> int:
     if args.json:
         from ..plan.records import goodput_record
 
-        print_json(goodput_record(scenario, params, rel, costs, rows, simulated, args.tokens))
+        print_json(
+            labelled(
+                goodput_record(scenario, params, rel, costs, rows, simulated, args.tokens), scenario
+            )
+        )
     else:
         tokens_per_iteration = scenario.training.global_batch_size * scenario.model.seq_length
         print(
@@ -408,4 +419,19 @@ def goodput_command(args: argparse.Namespace) -> int:
                 scenario, params, rel, costs, rows, simulated, args.tokens, tokens_per_iteration
             )
         )
+        noted(scenario)
     return 0
+
+
+def labelled(record: dict, scenario) -> dict:
+    """A --json answer with the calibration file it used, if any (its fit's measurements
+    and leave-one-out error)."""
+    found = calibration_record(scenario)
+    return record if found is None else {**record, "calibration": found}
+
+
+def noted(scenario) -> None:
+    """A text answer's last line: the calibration file it used, if any."""
+    note = calibration_note(scenario)
+    if note:
+        print(note)

@@ -16,6 +16,9 @@ from pathlib import Path
 
 from ..scenario import ScenarioError, dumps_toml, scenario_to_dict
 from .common import (
+    calibration_argument,
+    calibration_note,
+    calibration_record,
     check_out,
     json_argument,
     load,
@@ -145,6 +148,7 @@ def add_jobs_command(sub) -> None:
     trace = jobs.add_mutually_exclusive_group()
     trace.add_argument("--trace", choices=("json", "gz"), default="json", help="as `run`'s")
     trace.add_argument("--no-trace", dest="trace", action="store_const", const=None)
+    calibration_argument(jobs)
     json_argument(jobs)
     quiet_argument(jobs, "no progress line on the terminal while it runs")
     jobs.set_defaults(handler=jobs_command)
@@ -171,6 +175,8 @@ def jobs_command(args: argparse.Namespace) -> int:
     from ..scenario.jobfile import load_jobs
 
     spec = load_jobs(args.jobs)
+    if args.calibration is not None:
+        spec = calibrated_jobs(spec, args.calibration)
     check_out("--out", args.out)
     progress = progress_for(args)
     progress.begin("simulating the jobs together")
@@ -182,13 +188,34 @@ def jobs_command(args: argparse.Namespace) -> int:
     if args.out:
         with out_errors("--out", args.out):
             written = write_jobs_outputs(result, spec, Path(args.out), args.trace)
+    first = spec.jobs[0].scenario
     if args.json:
-        print_json(result.to_json())
+        document = result.to_json()
+        if args.calibration is not None:
+            document["calibration"] = calibration_record(first)
+        print_json(document)
     else:
         print(jobs_text(result, spec.cluster, cluster_header(spec)))
+        note = calibration_note(first) if args.calibration is not None else None
+        if note:
+            print(f"\n{note}")
         if written:
             print(f"\n  wrote {args.out}/: {' '.join(written)}")
     return 0
+
+
+def calibrated_jobs(spec, calibration: str):
+    """The jobs with a calibration file applied to each one's scenario and to the shared
+    cluster (its NVLink and NIC fractions, when the file's fit moved them)."""
+    from dataclasses import replace
+
+    from ..scenario.jobfile import JobsSpec
+    from ..scenario.loader import apply_calibration
+
+    jobs = tuple(
+        replace(job, scenario=apply_calibration(job.scenario, calibration)) for job in spec.jobs
+    )
+    return JobsSpec(spec.name, jobs[0].scenario.cluster, jobs)
 
 
 def write_jobs_outputs(result, spec, out: Path, trace: str | None) -> list[str]:

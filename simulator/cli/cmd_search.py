@@ -16,6 +16,9 @@ from .common import (
     EXIT_FAILED,
     EXIT_INTERRUPTED,
     Workers,
+    calibration_columns,
+    calibration_note,
+    calibration_record,
     check_out,
     json_argument,
     load,
@@ -147,7 +150,10 @@ def command(args: argparse.Namespace) -> int:
     if args.json:
         from ..plan.records import search_record
 
-        print_json(search_record(base, result, rule_entry, run_command(args)))
+        record = search_record(base, result, rule_entry, run_command(args))
+        if args.calibration is not None:
+            record["calibration"] = calibration_record(base)
+        print_json(record)
     else:
         print(
             search_text(
@@ -160,9 +166,14 @@ def command(args: argparse.Namespace) -> int:
                 run_command(args),
             )
         )
+        note = calibration_note(base)
+        if note:
+            print(note)
     if args.out:
+        extra = calibration_columns(base)
+        rows = [{**row, **extra} for row in result_rows(result)]
         with out_errors("--out", args.out):
-            written = write_rows(Path(args.out), "search", result_rows(result))
+            written = write_rows(Path(args.out), "search", rows)
         if not args.json:
             print(f"\n  wrote {args.out}/: {' '.join(written)} search.jsonl")
     return 0 if result.ranked else EXIT_FAILED

@@ -10,6 +10,9 @@ from ..ir.results import SCHEMA_VERSION
 from .common import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
+    calibration_columns,
+    calibration_note,
+    calibration_record,
     check_out,
     json_argument,
     load,
@@ -59,6 +62,8 @@ def command(args: argparse.Namespace) -> int:
     finally:
         progress.clear()
     keys, points = sweep.keys, sweep.points
+    base = load(args, []) if args.calibration is not None else None  # what the file says
+    extra = calibration_columns(base) if base is not None else {}
     if args.json:
         print_json(
             {
@@ -68,17 +73,21 @@ def command(args: argparse.Namespace) -> int:
                 "swept": keys,
                 "points": [point.row() for point in points],
                 "rejected": [{**settings, "error": reason} for settings, reason in sweep.rejected],
+                **({"calibration": calibration_record(base)} if base is not None else {}),
             }
         )
     else:
         if points:
             print(sweep_table_text(keys, points))
+        note = calibration_note(base) if base is not None else None
+        if note:
+            print(note)
         for settings, reason in sweep.rejected:
             where = ", ".join(f"{k}={v}" for k, v in settings.items())
             print(f"  rejected {where}: {reason}")
     if args.out:
         out = Path(args.out)
-        rows = [{**point.row(), "error": ""} for point in points]
+        rows = [{**point.row(), **extra, "error": ""} for point in points]
         rows += [{**settings, "error": reason} for settings, reason in sweep.rejected]
         name = load(args, []).name if points else ""
         with out_errors("--out", args.out):

@@ -110,11 +110,7 @@ def scenario_arguments(parser: argparse.ArgumentParser, metavar: str, help_text:
     parser.add_argument(
         "scenario", help="scenario file (TOML), or the name of a shipped one (stepsim list)"
     )
-    parser.add_argument(
-        "--calibration",
-        metavar="FILE",
-        help="kernel constants for the scenario's GPU (benchmarks/measure_kernels.py writes it)",
-    )
+    calibration_argument(parser)
     parser.add_argument(
         "--hf-config",
         metavar="FILE",
@@ -129,6 +125,46 @@ def scenario_arguments(parser: argparse.ArgumentParser, metavar: str, help_text:
         metavar=metavar,
         help=f"{help_text} (repeatable)",
     )
+
+
+def calibration_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="a calibration file for the scenario's GPU: kernel constants "
+        "(benchmarks/measure_kernels.py) and/or a fit on measured iterations (stepsim calibrate)",
+    )
+
+
+def calibration_record(scenario: Scenario) -> dict[str, Any] | None:
+    """What a --json document says of the calibration file it used: the fit's record
+    (file, measurements, leave-one-out error, parameters) and the kernel constants' label;
+    None without a file."""
+    if scenario.measured is not None:
+        return {**scenario.measured.record(), "label": scenario.kernel_constants.source}
+    if scenario.calibration is not None:
+        return {"label": scenario.calibration.source}
+    return None
+
+
+def calibration_columns(scenario: Scenario) -> dict[str, Any]:
+    """The columns a CSV row (sweep.csv, search.csv, scale.csv) adds when a calibration
+    file was used: the file's label, and a fit's measurements and leave-one-out error."""
+    if scenario.calibration is None and scenario.measured is None:
+        return {}
+    out: dict[str, Any] = {"calibration": scenario.kernel_constants.source}
+    if scenario.measured is not None:
+        loo = scenario.measured.loo_error
+        out["calibration_measurements"] = scenario.measured.measurements
+        out["calibration_loo_error"] = "" if loo is None else loo
+    return out
+
+
+def calibration_note(scenario: Scenario) -> str | None:
+    """The line a text output ends with when a calibration file was used."""
+    if scenario.calibration is None and scenario.measured is None:
+        return None
+    return f"  calibration: {scenario.kernel_constants.source}"
 
 
 def load(args: argparse.Namespace, overrides: Sequence[str] | None = None) -> Scenario:

@@ -58,6 +58,7 @@ the causal skip and the backward's recomputed scores show in the time alone.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from ..ir.units import gbytes_per_s_to_bytes_per_s, tflops_to_flops_per_s
@@ -111,11 +112,25 @@ def kv_heads_per_rank(cm: ComputeModel) -> float:
     return b * m.query_groups // t
 
 
+def _attention_gemm(cm: ComputeModel) -> Callable[..., Work]:
+    """The unfused core's score and context GEMMs: the layer's GEMMs, their time divided
+    by a measured fit's attention multiplier (scenario/fitted.py; 1 without one)."""
+    scale = cm.scenario.attention_scale
+    if scale == 1.0:
+        return cm.gemm
+
+    def gemm(m: float, n: float, k: float, batch: int = 1) -> Work:
+        work = cm.gemm(m, n, k, batch)
+        return Work(duration_s=work.duration_s / scale, flops=work.flops)
+
+    return gemm
+
+
 def _unfused(cm: ComputeModel) -> tuple[list[Kernel], list[Kernel]]:
     heads, s, _ = _shape(cm)
     qk, v = cm.model.qk_dim, cm.model.v_dim  # the head size both, but under MLA (mla.py)
     scores = heads * s * s  # score elements per rank
-    e, g, mem = BYTES_PER_ELEMENT, cm.gemm, cm.memory_bound
+    e, g, mem = BYTES_PER_ELEMENT, _attention_gemm(cm), cm.memory_bound
     fused = scenario_softmax_path(cm.scenario).fused
     forward_bytes = FUSED_SOFTMAX_BYTES if fused else UNFUSED_SOFTMAX_BYTES
     backward_bytes = FUSED_SOFTMAX_BACKWARD_BYTES if fused else UNFUSED_SOFTMAX_BACKWARD_BYTES
@@ -176,12 +191,14 @@ def flash_seconds(
     d_v: int,
     done: float,
     backward: bool,
+    scale: float = 1.0,
 ) -> float:
     """One flash kernel (forward, or its backward) over ``heads`` (batch x query heads)
     q x k score matrices of which the fraction ``done`` is computed (the causal mask's
     blocks): its matmuls and exponentials at the GPU's flash rate (module docstring),
     or its HBM traffic at the streaming rate if longer. ``c``: the run's GEMM and
-    memory constants (the record's, or a calibration file's)."""
+    memory constants (the record's, or a calibration file's); ``scale``: a fit on measured
+    iterations' attention multiplier (scenario/fitted.py), dividing the compute time."""
     pairs = heads * q * k * done
     executed = flash_matmul_flops(pairs, d_qk, d_v, backward)
     peak = tflops_to_flops_per_s(gpu.peak_tflops)
@@ -194,6 +211,7 @@ def flash_seconds(
         efficiency = a.backward_efficiency if backward else a.forward_efficiency
         rate = peak * efficiency * loop / (loop + a.kv_half)
         compute_s = (executed + a.exp_exposed * exponentials) / rate
+    compute_s /= scale
     stream = gbytes_per_s_to_bytes_per_s(gpu.hbm_gbytes_per_s) * c.memory_efficiency
     memory_s = flash_bytes(heads, kv_heads, q, k, d_qk, d_v, backward) / stream
     return max(compute_s, memory_s)
@@ -215,6 +233,7 @@ def flash_work(cm: ComputeModel, backward: bool) -> Work:
         d_v=d_v,
         done=causal_fraction(s),
         backward=backward,
+        scale=cm.scenario.attention_scale,
     )
     # the model's FLOPs: 4 b s^2 a d / T forward (Q K^T and P V whole), twice backward
     model_flops = flash_matmul_flops(heads * s * s, d_qk, d_v, False) * (2.0 if backward else 1.0)

@@ -95,6 +95,7 @@ def _flash(
         d_v=d,
         done=done,
         backward=backward,
+        scale=cm.scenario.attention_scale,
     )
     return Work(duration_s=duration, flops=model_flops * (2.0 if backward else 1.0))
 

@@ -203,6 +203,8 @@ class _Stage:
             and gpu.comm.tp(ALL_GATHER, gpu.d) is not None
         )
         self.async_count = 0
+        # host time before each pass's compute: a fit on measured iterations (0: none)
+        self.overhead_s = scenario.instruction_overhead_s
         self.layer, self.extras = compute.layer(), compute.extras()
         # context parallelism: the attention core's steps and what surrounds them
         self.cp = None
@@ -244,6 +246,14 @@ class _Stage:
             return deps
         self.gpu.collective(self.gpu.lane, TP_COMM, label, transfer, microbatch=mb, deps=deps)
         return ()
+
+    def host(self, kind: str, label: str, mb: int, deps: Sequence[object]) -> list[object]:
+        """A pass's host overhead (scenario/fitted.py) once its input has come: the
+        compute lane waits that long; returns the deps its next op still needs."""
+        if not self.overhead_s:
+            return list(deps)
+        self.gpu.work(kind, label, mb, Work(duration_s=self.overhead_s, flops=0.0), deps)
+        return []
 
     def block(
         self,
@@ -426,6 +436,7 @@ class _Stage:
         if pair is not None and not self.ends[pair.chunk][1] and not self.blocking:
             after = self.virtual[pair.chunk] + 1
             recv += self.received(after, "B", pair.microbatch)
+        recv = self.host(FORWARD, label, mb, recv)
         layers = self.layers(step.chunk)
         dp = self.dp.forward_pass(label, mb, step.chunk, layers)
         if first:
@@ -468,6 +479,7 @@ class _Stage:
             if self.regather and (self.gather["B"] or self.p2p != frameworks.SEQUENTIAL_BLOCKING):
                 own = list(self.tp(f"{label} regather", mb, ALL_GATHER, own))  # own output
             recv = self.receive(label, mb, "B", own)
+        recv = self.host(BACKWARD, label, mb, recv)
         order = list(reversed(self.layers(step.chunk)))
         dp = self.dp.backward_pass(label, mb, step.chunk, order, last_microbatch)
         split = self.split
@@ -601,7 +613,9 @@ class _Stage:
         """The weight-gradient part (W) of a split backward: no communication but what
         the data-parallel strategy adds after each layer. ``label``: a full backward's."""
         mb = step.microbatch
-        label = label or step_label(step, self.num_chunks)
+        if label is None:  # a pass of its own (a full backward's W had its host time)
+            label = step_label(step, self.num_chunks)
+            self.host(WEIGHT, label, mb, ())
         first, last = self.ends[step.chunk]
         if last:
             self.gpu.work(WEIGHT, label, mb, self.extras.output_weight)

@@ -160,6 +160,9 @@ class Metrics:
     perturbations: tuple[str, ...] = ()  # each perturbation's one-line description
     # the steady-state fast-forward, when it was used (simulator/run/fastforward.py)
     fast_forward: FastForward | None = None
+    # a calibration file's fit on measured iterations (scenario/fitted.py MeasuredFit.record:
+    # the file, its measurements, leave-one-out error, parameters), when the run used one
+    calibration_fit: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """metrics.json as a dict (json.dumps writes the file)."""
@@ -174,6 +177,10 @@ class Metrics:
             del out["fast_forward"]
         else:
             out["fast_forward"] = self.fast_forward._asdict()
+        if self.calibration_fit is None:  # a run without a fitted calibration keeps its keys
+            del out["calibration_fit"]
+        else:
+            out["calibration_fit"] = dict(self.calibration_fit)
         out["breakdown_s"] = dict(self.breakdown_s)
         out["framework_mechanisms"] = dict(self.framework_mechanisms)
         out["stages"] = [stage.to_json() for stage in self.stages]

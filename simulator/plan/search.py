@@ -330,6 +330,8 @@ def journal_header(base: Scenario) -> dict[str, Any]:
     raw.pop("name")
     calibration = asdict(base.calibration) if base.calibration is not None else None
     header = {"version": __version__, "scenario": raw, "calibration": calibration}
+    if base.measured is not None:  # a fit on measured iterations (absent: older journals match)
+        header["measured"] = asdict(base.measured)
     return json.loads(json.dumps(header))
 
 

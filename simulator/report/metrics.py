@@ -247,4 +247,5 @@ def summarize(
         simulated_spans=counted.num_spans,
         out_of_memory=out_of_memory,
         busiest_links=tuple(busiest_links),
+        calibration_fit=None if scenario.measured is None else scenario.measured.record(),
     )

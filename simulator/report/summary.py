@@ -118,6 +118,18 @@ def _optimizer_text(tr) -> str:
     )
 
 
+def _fit_text(fit) -> str:
+    """What a fit on measured iterations rests on, and how well it predicted."""
+    loo = (
+        f"leave-one-out error {100 * fit.loo_error:.1f} %"
+        if fit.loo_error is not None
+        else "no leave-one-out error (one run)"
+    )
+    return (
+        f"{fit.measurements} measured run{'s' if fit.measurements > 1 else ''}, {loo} ({fit.file})"
+    )
+
+
 def summary_text(result: Result) -> str:
     s, m = result.scenario, result.metrics
     par, tr, cl = s.parallel, s.training, s.cluster
@@ -184,6 +196,8 @@ def summary_text(result: Result) -> str:
         f"{m.gpu_memory_gib:g} GiB (peak on stage {m.memory_peak_stage})",
         f"  kernel constants          {m.calibration}",
     ]
+    if s.measured is not None:  # a calibration file's fit on measured iterations
+        lines.append(f"  calibration fit           {_fit_text(s.measured)}")
     network, preset = NETWORK_SOURCES.get(cl.node or ""), NODES.get(cl.node or "", {})
     if network and all(
         getattr(cl, k) == preset[k] for k in ("nvlink_efficiency", "nic_efficiency")

@@ -24,7 +24,9 @@ from stepsim.schedules.torch_csv import looks_like_torch, parse_torch_csv
 
 from . import limits, presets
 from .errors import ScenarioError
+from .fitted import OVERHEAD, PARAMETERS, MeasuredFit
 from .gpu import KERNEL_CONSTANT_RANGES, KernelConstants
+from .suggest import did_you_mean
 
 
 def _known(keys: Iterable[str]) -> str:
@@ -126,8 +128,12 @@ def read_toml(path: Path, what: str) -> dict[str, Any]:
     return parse_toml(read_text(path, where), where)
 
 
-# Calibration files (benchmarks/measure_kernels.py writes them): a [constants] table
-# with KernelConstants' fields; [[gemm]] and [[memory]] rows keep the measurements.
+# Calibration files. Kernel constants (benchmarks/measure_kernels.py writes them): a
+# [constants] table with KernelConstants' fields; [[gemm]] and [[memory]] rows keep the
+# measurements. A fit on measured iterations (`stepsim calibrate --measured`): a [fit]
+# table (scenario/fitted.py) and [[measured]] rows, the runs it was fitted on. One file
+# may hold both (the fit was then made on top of the file's constants); other tables
+# (a later [network] fit from nccl-tests logs, the rows) are evidence the reader skips.
 _CALIBRATION_KEYS: dict[str, type] = {
     "gpu": str,
     "num_sms": int,
@@ -138,22 +144,40 @@ _CALIBRATION_KEYS: dict[str, type] = {
     "memory_efficiency": float,
     "source": str,
 }
+# the [fit] table's keys besides the parameters (fitted.PARAMETERS' keys, floats)
+_FIT_KEYS: dict[str, type] = {
+    "gpu": str,
+    "node": str,
+    "measurements": int,
+    "loo_error": float,
+    "fit_error": float,
+    "freed": list,
+    "at_bound": list,
+    "source": str,
+}
+_FIT_REQUIRED = ("gpu", "node", "measurements", "source")
 
 
-def read_calibration(path: str | Path) -> KernelConstants:
-    """A calibration file's kernel constants, checked key by key."""
-    path = Path(path)
-    raw = read_toml(path, "calibration file")
-    table = raw.get("constants")
-    if not isinstance(table, Mapping):
-        raise ScenarioError(f"calibration file {str(path)!r} needs a [constants] table")
+class CalibrationFile(NamedTuple):
+    """What a calibration file holds: kernel constants, a fit on measured iterations,
+    or both (either may be None, not both)."""
+
+    constants: KernelConstants | None
+    fit: MeasuredFit | None
+
+
+def _typed(value: Any, wanted: type) -> bool:
+    ok = isinstance(value, wanted) or (wanted is float and type(value) is int)
+    return ok and not isinstance(value, bool)
+
+
+def _read_constants(table: Mapping[str, Any], path: Path) -> KernelConstants:
     values: dict[str, Any] = {}
     for key, wanted in _CALIBRATION_KEYS.items():
         if key not in table:
             raise ScenarioError(f"calibration file {str(path)!r}: constants.{key} is missing")
         value = table[key]
-        ok = isinstance(value, wanted) or (wanted is float and type(value) is int)
-        if not ok or isinstance(value, bool):
+        if not _typed(value, wanted):
             raise ScenarioError(
                 f"constants.{key}={value!r} must be {wanted.__name__} (in {str(path)!r})"
             )
@@ -175,6 +199,240 @@ def read_calibration(path: str | Path) -> KernelConstants:
             f"(in {str(path)!r})"
         )
     return KernelConstants(**values)
+
+
+def _read_fit(table: Mapping[str, Any], path: Path) -> MeasuredFit:
+    """A [fit] table, checked key by key (the parameters' bounds by MeasuredFit)."""
+    where = f"(in {str(path)!r})"
+    parameters = {p.key: name for name, p in PARAMETERS.items()}
+    known = {**_FIT_KEYS, **dict.fromkeys(parameters, float)}
+    unknown = sorted(set(table) - set(known))
+    if unknown:
+        raise ScenarioError(f"unknown key fit.{unknown[0]} {where}; known: {_known(known)}")
+    for key in _FIT_REQUIRED:
+        if key not in table:
+            raise ScenarioError(f"calibration file {str(path)!r}: fit.{key} is missing")
+    values: dict[str, Any] = {}
+    for key, value in table.items():
+        wanted = known[key]
+        if not _typed(value, wanted):
+            raise ScenarioError(f"fit.{key}={value!r} must be {wanted.__name__} {where}")
+        if wanted is list:
+            if not all(isinstance(v, str) and v in PARAMETERS for v in value):
+                raise ScenarioError(
+                    f"fit.{key}={value!r} must list parameters of {_known(PARAMETERS)} {where}"
+                )
+            value = tuple(value)
+        elif wanted is float:
+            value = float(value)
+            if not math.isfinite(value) or (key in ("loo_error", "fit_error") and value < 0):
+                raise ScenarioError(f"fit.{key}={value!r} must be a finite number >= 0 {where}")
+        name = parameters.get(key)
+        values["overhead_s" if name == OVERHEAD else name or key] = value
+    if values["measurements"] < 1:
+        raise ScenarioError(f"fit.measurements={values['measurements']!r} must be >= 1 {where}")
+    if values["gpu"] not in presets.GPUS:
+        raise ScenarioError(
+            f"fit.gpu={values['gpu']!r} must be one of {_known(presets.GPUS)} {where}"
+        )
+    try:
+        return MeasuredFit(**values, file=str(path))
+    except ScenarioError as exc:
+        raise ScenarioError(f"{exc} {where}", key=exc.key, value=exc.value, rule=exc.rule) from None
+
+
+def read_calibration_file(path: str | Path) -> CalibrationFile:
+    """A calibration file's kernel constants ([constants]) and fit on measured
+    iterations ([fit]), each checked key by key; one of them at least."""
+    path = Path(path)
+    raw = read_toml(path, "calibration file")
+    constants, fit = raw.get("constants"), raw.get("fit")
+    for name, table in (("constants", constants), ("fit", fit)):
+        if table is not None and not isinstance(table, Mapping):
+            raise ScenarioError(f"calibration file {str(path)!r}: {name} must be a [{name}] table")
+    if constants is None and fit is None:
+        raise ScenarioError(
+            f"calibration file {str(path)!r} needs a [constants] table (kernel constants: "
+            "benchmarks/measure_kernels.py) or a [fit] table (stepsim calibrate --measured)"
+        )
+    return CalibrationFile(
+        _read_constants(constants, path) if constants is not None else None,
+        _read_fit(fit, path) if fit is not None else None,
+    )
+
+
+def read_calibration(path: str | Path) -> KernelConstants:
+    """A calibration file's kernel constants, checked key by key."""
+    path = Path(path)
+    raw = read_toml(path, "calibration file")
+    table = raw.get("constants")
+    if not isinstance(table, Mapping):
+        raise ScenarioError(f"calibration file {str(path)!r} needs a [constants] table")
+    return _read_constants(table, path)
+
+
+def _toml_scalar(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml_scalar(v) for v in value) + "]"
+    return json.dumps(str(value), ensure_ascii=False).replace("\x7f", "\\u007f")
+
+
+def dumps_calibration(
+    fit: MeasuredFit,
+    rows: Sequence[Mapping[str, Any]],
+    constants: KernelConstants | None = None,
+    notes: Sequence[str] = (),
+) -> str:
+    """A calibration file's text: ``notes`` as comments, the kernel constants the fit was
+    made on top of (if any), the [fit] table (each parameter with a comment saying what
+    it scales and its bounds) and one [[measured]] table per run; what
+    `read_calibration_file` reads back."""
+    lines = [f"# {note}" if note else "#" for note in notes]
+    if constants is not None:
+        lines += ["", "[constants]"]
+        lines += [f"{k} = {_toml_scalar(getattr(constants, k))}" for k in _CALIBRATION_KEYS]
+    lines += ["", "[fit]"]
+    head = {
+        "gpu": fit.gpu,
+        "node": fit.node,
+        "measurements": fit.measurements,
+        "loo_error": fit.loo_error,
+        "fit_error": fit.fit_error,
+        "freed": list(fit.freed),
+        "at_bound": list(fit.at_bound),
+        "source": fit.source,
+    }
+    lines += [f"{k} = {_toml_scalar(v)}" for k, v in head.items() if v is not None]
+    if fit.loo_error is None:
+        lines.append("# loo_error: not available, one measurement (nothing to leave out)")
+    for name, p in PARAMETERS.items():
+        unit = "seconds" if p.seconds else "multiplier, 1 = built-in"
+        lines.append(f"# {p.mechanism}: {unit}, scales {p.scales}, bounds {p.low:g}..{p.high:g}")
+        lines.append(f"{p.key} = {_toml_scalar(fit.value(name))}")
+    for row in rows:
+        lines += ["", "[[measured]]"]
+        lines += [f"{k} = {_toml_scalar(v)}" for k, v in row.items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+# A CSV of measured iteration times (`stepsim calibrate --measured`): a header line, then
+# one row per run; lines starting with # are comments.
+MEASURED_COLUMNS = {
+    "scenario": "a scenario file (relative to the CSV's folder, or the working folder) or a "
+    "shipped scenario's name",
+    "overrides": "optional: section.key=value items separated by ';' (as --set takes them)",
+    "measured_iteration_s": "the measured time of one iteration in seconds (> 0)",
+    "id": "optional: the run's name in the tables",
+    "note": "optional: free text, not read",
+}
+_MEASURED_REQUIRED = ("scenario", "measured_iteration_s")
+_OVERRIDE = re.compile(r"\s*[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*\s*=.+", re.DOTALL)
+MAX_MEASURED_S = 1e6  # an iteration longer than 11 days is a unit mistake
+
+
+class MeasuredRun(NamedTuple):
+    """One row of a measured-iterations CSV, as written (its scenario not yet read)."""
+
+    line: int
+    id: str
+    scenario: str
+    overrides: tuple[str, ...]
+    measured_iteration_s: float
+
+
+def read_measured_runs(path: str | Path) -> list[MeasuredRun]:
+    """The rows of a measured-iterations CSV (MEASURED_COLUMNS). What cannot be used is
+    a one-line ScenarioError naming the file, the line, the column and the rule."""
+    path = Path(path)
+    name = str(path)
+    text = read_text(path, f"measured runs {name!r}")
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header: list[str] | None = None
+    runs: list[MeasuredRun] = []
+    line = 0
+    try:
+        for cells in reader:
+            first = line + 1  # the line the record starts on
+            line = reader.line_num
+            if not any(c.strip() for c in cells) or cells[0].lstrip().startswith("#"):
+                continue
+
+            def bad(column: str, rule: str, at: int = first) -> ScenarioError:
+                return ScenarioError(f"{name} line {at}, column {column!r}: {rule}")
+
+            if header is None:
+                header = [c.strip() for c in cells]
+                for column in header:
+                    if column not in MEASURED_COLUMNS:
+                        raise bad(
+                            column,
+                            f"unknown column; known: {', '.join(MEASURED_COLUMNS)}"
+                            + (
+                                f" ({did_you_mean(column, MEASURED_COLUMNS)})"
+                                if did_you_mean(column, MEASURED_COLUMNS)
+                                else ""
+                            ),
+                        )
+                    if header.count(column) > 1:
+                        raise bad(column, "the column is named twice")
+                for column in _MEASURED_REQUIRED:
+                    if column not in header:
+                        raise bad(
+                            column,
+                            f"missing column; the header needs {', '.join(_MEASURED_REQUIRED)}",
+                        )
+                continue
+            if len(cells) > len(header):
+                raise bad(
+                    f"#{len(header) + 1}",
+                    f"{len(cells)} cells where the header has {len(header)} columns "
+                    "(quote a value holding a comma)",
+                )
+            row = {
+                column: (cells[i].strip() if i < len(cells) else "")
+                for i, column in enumerate(header)
+            }
+            for column in _MEASURED_REQUIRED:
+                if not row[column]:
+                    raise bad(column, "is empty")
+            written = row["measured_iteration_s"]
+            try:
+                seconds = float(written)
+            except ValueError:
+                seconds = math.nan
+            if not (math.isfinite(seconds) and 0 < seconds <= MAX_MEASURED_S):
+                raise bad(
+                    "measured_iteration_s",
+                    f"{written!r} must be a number of seconds > 0 and at most {MAX_MEASURED_S:g}",
+                )
+            overrides = tuple(o.strip() for o in row.get("overrides", "").split(";") if o.strip())
+            for item in overrides:
+                if not _OVERRIDE.fullmatch(item):
+                    raise bad(
+                        "overrides",
+                        f"{item[:60]!r} must be section.key=value (items separated by ';')",
+                    )
+            label = row.get("id") or f"line {first}"
+            runs.append(MeasuredRun(first, label, row["scenario"], overrides, seconds))
+    except csv.Error as exc:
+        raise ScenarioError(f"{name} line {reader.line_num}: not valid CSV: {exc}") from None
+    if header is None or not runs:
+        raise ScenarioError(
+            f"{name} holds no measurements: a header line ({', '.join(_MEASURED_REQUIRED)}, "
+            "optionally overrides, id, note), then one row per measured run"
+        )
+    seen: dict[str, int] = {}
+    for run in runs:
+        if run.id in seen:
+            raise ScenarioError(
+                f"{name} line {run.line}, column 'id': {run.id!r} names line {seen[run.id]} too"
+            )
+        seen[run.id] = run.line
+    return runs
 
 
 def read_schedule_file(

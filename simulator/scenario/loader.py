@@ -30,12 +30,13 @@ from .errors import ScenarioError
 from .fields import check_value
 from .files import (
     parse_value,
-    read_calibration,
+    read_calibration_file,
     read_schedule_file,
     read_shares_file,
     read_toml,
     scenario_path,
 )
+from .fitted import MeasuredFit
 from .perturbation import SECTION as PERTURBATION
 from .perturbation import PerturbationSpec, where
 from .spec import (
@@ -50,6 +51,8 @@ from .spec import (
 from .suggest import did_you_mean
 
 __all__ = [
+    "apply_calibration",
+    "apply_fit",
     "apply_override",
     "dumps_toml",
     "load_scenario",
@@ -78,24 +81,92 @@ def load_scenario(
     scenario = scenario_from_dict(raw, base_dir=path.parent)
     if calibration is None:
         return scenario
-    constants = read_calibration(calibration)
-    # the label the run summary and metrics.json carry: which file, and what it says
-    labelled = replace(
-        constants, source=f"calibration file {str(calibration)!r}: {constants.source}"
-    )
-    try:
-        return replace(scenario, calibration=labelled)
-    except ScenarioError as exc:
-        if exc.key != "calibration.gpu":
-            raise
-        # rules.check_calibration; the user gave a file, so the line names it
+    return apply_calibration(scenario, calibration)
+
+
+def apply_calibration(scenario: Scenario, calibration: str | Path) -> Scenario:
+    """The scenario with a calibration file's kernel constants ([constants]) in place of
+    its GPU's, then its fit on measured iterations ([fit], `apply_fit`); a file made for
+    another GPU or node is refused in one line naming it."""
+    constants, fit = read_calibration_file(calibration)
+    if constants is not None:
+        # the label the run summary and metrics.json carry: which file, and what it says
+        labelled = replace(
+            constants, source=f"calibration file {str(calibration)!r}: {constants.source}"
+        )
+        try:
+            scenario = replace(scenario, calibration=labelled)
+        except ScenarioError as exc:
+            if exc.key != "calibration.gpu":
+                raise
+            # rules.check_calibration; the user gave a file, so the line names it
+            raise ScenarioError(
+                f"calibration file {str(calibration)!r} has gpu={constants.gpu!r} but the "
+                f"scenario runs on cluster.gpu={scenario.cluster.gpu.name!r}",
+                key=exc.key,
+                value=exc.value,
+                rule=exc.rule,
+            ) from None
+    if fit is None:
+        return scenario
+    gpu, node = scenario.cluster.gpu.name, node_kind(scenario.cluster)
+    if (fit.gpu, fit.node) != (gpu, node):
+        what = "gpu" if fit.gpu != gpu else "node"
+        mine, theirs = (fit.gpu, gpu) if what == "gpu" else (fit.node, node)
+        key = "cluster.gpu" if what == "gpu" else "cluster.node"
         raise ScenarioError(
-            f"calibration file {str(calibration)!r} has gpu={constants.gpu!r} but the scenario "
-            f"runs on cluster.gpu={scenario.cluster.gpu.name!r}",
-            key=exc.key,
-            value=exc.value,
-            rule=exc.rule,
-        ) from None
+            f"calibration file {str(calibration)!r} was fitted on {what}={mine!r} but the "
+            f"scenario runs on {key}={theirs!r} (a fit holds for the GPU and node it was "
+            "measured on)",
+            key=f"fit.{what}",
+            value=mine,
+            rule=f"must be the scenario's {key}",
+        )
+    label = f"calibration file {str(calibration)!r}: {fit.label()}"
+    if constants is not None:
+        label += f"; on kernel constants {constants.source}"
+    return apply_fit(scenario, fit, label)
+
+
+def node_kind(cluster: ClusterSpec) -> str:
+    """What a calibration calls the cluster's node: its preset's name, or "custom"."""
+    return cluster.node or "custom"
+
+
+def apply_fit(scenario: Scenario, fit: MeasuredFit, label: str | None = None) -> Scenario:
+    """The scenario with a fit on measured iterations applied (scenario/fitted.py): its
+    GEMM and memory fractions (and the FP8 GEMMs') and the cluster's NVLink and NIC
+    fractions multiplied, each capped at 1 (the fit's bounds keep them under it on the
+    GPU and node it was made on; a scenario that sets a fraction itself may reach it),
+    the fit kept on the scenario for the attention multiplier, the host overhead and
+    the reports; ``label`` (default: the constants' own) is what the run summary and
+    metrics.json say of the kernel constants. The identity fit changes no number."""
+    base = scenario.kernel_constants
+    constants = replace(
+        base,
+        gemm_efficiency=min(1.0, base.gemm_efficiency * fit.gemm),
+        memory_efficiency=min(1.0, base.memory_efficiency * fit.memory),
+        source=base.source if label is None else label,
+    )
+    cluster = scenario.cluster
+    gpu = cluster.gpu
+    if gpu.fp8_kernels is not None and fit.gemm != 1.0:
+        fp8 = gpu.fp8_kernels
+        gpu = replace(
+            gpu,
+            fp8_kernels=replace(
+                fp8,
+                gemm_efficiency=min(1.0, fp8.gemm_efficiency * fit.gemm),
+                fast_accum_gemm_efficiency=min(1.0, fp8.fast_accum_gemm_efficiency * fit.gemm),
+            ),
+        )
+    cluster = replace(
+        cluster,
+        gpu=gpu,
+        nvlink_efficiency=min(1.0, cluster.nvlink_efficiency * fit.nvlink),
+        nic_efficiency=min(1.0, cluster.nic_efficiency * fit.nic),
+    )
+    return replace(scenario, cluster=cluster, calibration=constants, measured=fit)
 
 
 def parse_override(item: str) -> tuple[str, str, Any]:

@@ -33,6 +33,7 @@ from ..ir.vocabulary import (
 from . import rules
 from .errors import ScenarioError
 from .fields import KeyRange, KeyUnitRange, check_values, key
+from .fitted import MeasuredFit
 from .gpu import GpuSpec, KernelConstants
 from .hardware import HOST_LINK_GBYTES_PER_S, NVLS_EFFICIENCY
 from .model import ModelSpec
@@ -424,6 +425,10 @@ class Scenario:
     training: TrainingConfig
     network: NetworkConfig
     calibration: KernelConstants | None = None  # None: the GPU's own (cluster.gpu.kernels)
+    # a fit on measured iterations (`stepsim calibrate`, scenario/fitted.py) applied by the
+    # loader (loader.apply_fit): its other multipliers are in the constants and the cluster
+    # already; the attention multiplier and the host overhead are read from here
+    measured: MeasuredFit | None = None
     # [[perturbation]] tables in file order (scenario/perturbation.py); () for a clean run
     perturbations: tuple[PerturbationSpec, ...] = ()
 
@@ -437,6 +442,16 @@ class Scenario:
         if self.calibration is not None:
             return self.calibration
         return self.cluster.gpu.kernels
+
+    @property
+    def attention_scale(self) -> float:
+        """The attention core's matmul rate relative to the model's (1: as modelled)."""
+        return 1.0 if self.measured is None else self.measured.attention
+
+    @property
+    def instruction_overhead_s(self) -> float:
+        """Host seconds before each pipeline instruction's compute (0: none)."""
+        return 0.0 if self.measured is None else self.measured.overhead_s
 
     @property
     def num_microbatches(self) -> int:
