@@ -126,3 +126,15 @@ def test_the_summary_prints_every_part_with_the_same_places(capsys):
 )
 def test_counts_read_as_people_write_them(n, text):
     assert count_text(n) == text
+
+
+def test_docs_lists_and_prints_the_shipped_documents(capsys):
+    from stepsim.cli import main
+
+    assert main(["docs"]) == 0
+    listing = capsys.readouterr().out
+    assert "memory" in listing and "Memory per GPU" in listing
+    assert main(["docs", "docs/memory.md"]) == 0
+    assert capsys.readouterr().out.startswith("# Memory per GPU")
+    assert main(["docs", "memry"]) == 2
+    assert "did you mean 'memory'?" in capsys.readouterr().err

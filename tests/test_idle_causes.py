@@ -91,3 +91,33 @@ def test_the_parts_never_exceed_the_idle_they_split():
     causes = idle_causes(orders, times, 0.5, num_chunks=1, placement="looped")
     assert causes.schedule_s + causes.imbalance_s + causes.communication_s == pytest.approx(0.5)
     assert min(causes.schedule_s, causes.imbalance_s, causes.communication_s) >= 0.0
+
+
+def test_a_run_reports_its_idle_by_cause_adding_up_to_it():
+    from pathlib import Path
+
+    from stepsim.report.summary import summary_text
+    from stepsim.run.iteration import run
+    from stepsim.scenario import load_scenario
+
+    tiny = Path(__file__).resolve().parent.parent / "scenarios" / "tiny-2gpu.toml"
+    result = run(load_scenario(tiny))
+    m = result.metrics
+    assert m.idle_by_cause_s is not None
+    assert math.fsum(m.idle_by_cause_s.values()) == pytest.approx(m.breakdown_s["idle"])
+    assert m.to_json()["idle_by_cause_s"] == m.idle_by_cause_s
+    assert "the schedule's own" in summary_text(result)
+    # p = 2, m = 8: the schedule's own bubble is (p - 1)(F + B) at the stages' mean
+    f = sum(t[0] for t in _times(result)) / 2
+    b = sum(t[1] for t in _times(result)) / 2
+    assert m.idle_by_cause_s["schedule"] == pytest.approx(f + b)
+    one = run(load_scenario(tiny, ["parallel.pipeline_model_parallel_size=1"]))
+    assert one.metrics.idle_by_cause_s is None and "idle_by_cause_s" not in one.metrics.to_json()
+
+
+def _times(result):
+    from stepsim.ir.vocabulary import BACKWARD, FORWARD, RECOMPUTE, WEIGHT
+    from stepsim.run.bubble import pass_times
+
+    kinds = {FORWARD: "F", BACKWARD: "B", RECOMPUTE: "B", WEIGHT: "W"}
+    return pass_times(result.workload, 2, kinds)

@@ -109,6 +109,10 @@ def test_the_wheel_runs_outside_the_checkout(wheel_site, tmp_path):
     assert json.loads(outside("-m", "stepsim", "run", "tiny-2gpu", "--json"))["name"] == "tiny-2gpu"
     listed = json.loads(outside("-m", "stepsim", "list", "--json"))["scenarios"]
     assert "mt-nlg-530b-420nodes" in listed
+    # the documentation the help texts point at ships too (`stepsim docs NAME`)
+    docs = json.loads(outside("-m", "stepsim", "docs", "--json"))["docs"]
+    assert {"design", "memory", "calibration", "moe"} <= set(docs)
+    assert outside("-m", "stepsim", "docs", "memory").startswith("# Memory per GPU")
     rows = outside(
         "-c",
         "from stepsim.scenario import read_validation_set, shipped_dir;"

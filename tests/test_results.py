@@ -39,6 +39,7 @@ JSON_KEYS = [
     "simulated_spans",
     "out_of_memory",
     "busiest_links",
+    "idle_by_cause_s",  # with a pipeline (tiny-2gpu has two stages)
 ]
 ROW_KEYS = [
     "iteration_time_s",

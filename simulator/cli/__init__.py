@@ -19,6 +19,7 @@ from ..engine.core import DeadlockError
 from ..scenario import ScenarioError
 from . import (
     cmd_calibrate,
+    cmd_docs,
     cmd_listing,
     cmd_plan,
     cmd_run,
@@ -51,6 +52,7 @@ COMMANDS = (
     cmd_topology.add_command,
     cmd_schedule.add_command,
     cmd_listing.add_command,
+    cmd_docs.add_command,
 )
 
 

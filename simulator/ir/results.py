@@ -163,6 +163,10 @@ class Metrics:
     # a calibration file's fit on measured iterations (scenario/fitted.py MeasuredFit.record:
     # the file, its measurements, leave-one-out error, parameters), when the run used one
     calibration_fit: dict[str, Any] | None = None
+    # the idle above split by cause (run/bubble.py idle_causes): "schedule" (the
+    # schedule's own bubble), "imbalance" (unequal stages), "communication" (waits on
+    # transfers); seconds per GPU adding up to breakdown_s["idle"]; None without a pipeline
+    idle_by_cause_s: dict[str, float] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """metrics.json as a dict (json.dumps writes the file)."""
@@ -181,6 +185,10 @@ class Metrics:
             del out["calibration_fit"]
         else:
             out["calibration_fit"] = dict(self.calibration_fit)
+        if self.idle_by_cause_s is None:  # no pipeline: idle is not split
+            del out["idle_by_cause_s"]
+        else:
+            out["idle_by_cause_s"] = dict(self.idle_by_cause_s)
         out["breakdown_s"] = dict(self.breakdown_s)
         out["framework_mechanisms"] = dict(self.framework_mechanisms)
         out["stages"] = [stage.to_json() for stage in self.stages]

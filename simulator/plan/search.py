@@ -179,7 +179,7 @@ def simulate_row(scenario: Scenario) -> MetricsRow:
     """Simulate one layout; its row of scalar metrics and breakdown."""
     from ..run.iteration import run
 
-    return run(scenario).metrics.summary_row()
+    return run(scenario, idle_split=False).metrics.summary_row()
 
 
 def serial_executor(batch: Sequence[Scenario], done: Done) -> None:

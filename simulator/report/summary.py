@@ -130,6 +130,18 @@ def _fit_text(fit) -> str:
     )
 
 
+def _idle_causes_text(m) -> str:
+    """The bubble's parts by cause (metrics.idle_by_cause_s), in % of the iteration."""
+    causes = m.idle_by_cause_s
+    if causes is None or m.iteration_time_s <= 0:
+        return ""
+    share = {k: 100 * v / m.iteration_time_s for k, v in causes.items()}
+    return (
+        f": the schedule's own {share['schedule']:.1f} %, stage imbalance "
+        f"{share['imbalance']:.1f} %, waiting on communication {share['communication']:.1f} %"
+    )
+
+
 def summary_text(result: Result) -> str:
     s, m = result.scenario, result.metrics
     par, tr, cl = s.parallel, s.training, s.cluster
@@ -191,7 +203,8 @@ def summary_text(result: Result) -> str:
         f"  model TFLOP/s per GPU     {m.model_tflops_per_gpu:.1f}",
         f"  MFU                       {100 * m.mfu:.1f} %"
         + (f"  (of the BF16 peak, {cl.gpu.peak_tflops:,g} TFLOP/s)" if fp8_enabled(tr) else ""),
-        f"  pipeline bubble           {100 * m.bubble_fraction:.1f} % of the iteration",
+        f"  pipeline bubble           {100 * m.bubble_fraction:.1f} % of the iteration"
+        + _idle_causes_text(m),
         f"  memory per GPU            {m.memory_per_gpu_gib:.1f} GiB of "
         f"{m.gpu_memory_gib:g} GiB (peak on stage {m.memory_peak_stage})",
         f"  kernel constants          {m.calibration}",

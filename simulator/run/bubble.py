@@ -32,6 +32,7 @@ from stepsim.schedules.custom import sizes_of
 
 from ..emit.abstract import abstract_pipeline, step_times
 from ..engine.core import simulate
+from ..ir.ops import Workload
 from ..ir.results import SCHEMA_VERSION, Trace
 from ..ir.vocabulary import COMPUTE_STREAM, MODEL_KINDS
 from ..scenario import ScenarioError, check_limit
@@ -376,30 +377,30 @@ class IdleCauses:
 
 
 def pass_times(
-    trace: Trace, stages: int, kinds: dict[str, str]
+    workload: Workload, stages: int, kinds: dict[str, str]
 ) -> list[tuple[float, float, float]]:
     """Each pipeline stage's mean forward, backward (recomputation included) and weight
-    gradient time per micro-batch, from the first simulated GPU of the stage's compute
-    spans. ``kinds`` maps each span kind to "F", "B" or "W"."""
+    gradient compute time per micro-batch: the durations of the compute ops of the
+    stage's first compute lane, by ``kinds`` (each op kind to "F", "B" or "W"), over the
+    micro-batches they belong to (a fast-forwarded run's simulated ones)."""
     first: dict[int, int] = {}
-    for lane in trace.lanes:
+    for lane in workload.lanes:
         if lane.stream == COMPUTE_STREAM:
-            first.setdefault(lane.stage, lane.gpu)
-    total = [[0.0, 0.0, 0.0] for _ in range(stages)]
-    batches: list[set[int]] = [set() for _ in range(stages)]
-    stage_of = {gpu: stage for stage, gpu in first.items()}
+            first.setdefault(lane.stage, lane.index)
     slot = {"F": 0, "B": 1, "W": 2}
-    for span in trace.spans:
-        stage = stage_of.get(span.gpu)
-        if stage is None or span.stream != COMPUTE_STREAM or span.kind not in kinds:
-            continue
-        total[stage][slot[kinds[span.kind]]] += span.end_s - span.start_s
-        if span.microbatch >= 0:
-            batches[stage].add(span.microbatch)
-    return [
-        (f / max(1, len(seen)), b / max(1, len(seen)), w / max(1, len(seen)))
-        for (f, b, w), seen in zip(total, batches, strict=True)
-    ]
+    times = []
+    for stage in range(stages):
+        total, seen = [0.0, 0.0, 0.0], set()
+        found = first.get(stage)
+        for index in () if found is None else workload.lanes[found].ops:
+            op = workload.ops[index]
+            if op.kind in kinds and op.transfer is None:
+                total[slot[kinds[op.kind]]] += op.duration_s
+                if op.microbatch >= 0:
+                    seen.add(op.microbatch)
+        n = max(1, len(seen))
+        times.append((total[0] / n, total[1] / n, total[2] / n))
+    return times
 
 
 def free_idle(

@@ -24,17 +24,26 @@ from stepsim.topologies.describe import LINK_ROLES, link_name
 from ..comm.collectives import LayoutError
 from ..comm.congruent import collapsible, exact_transfers
 from ..cost.memory import out_of_memory, stage_memory
-from ..cost.orders import inflight_per_stage
+from ..cost.orders import inflight_per_stage, stage_orders
 from ..emit.lowering import lower
 from ..engine.core import simulate, simulate_totals
 from ..engine.network import AnalyticalNetwork, FairShareNetwork
 from ..ir.results import LinkLoad, Result, StageMemory, Trace
 from ..ir.units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
-from ..ir.vocabulary import ANALYTICAL, FAIR_SHARE
+from ..ir.vocabulary import (
+    ANALYTICAL,
+    BACKWARD,
+    FAIR_SHARE,
+    FORWARD,
+    IDLE_TIME,
+    RECOMPUTE,
+    WEIGHT,
+)
 from ..report.linkstats import mean_utilization, utilization_over_time
 from ..report.metrics import summarize, tally
 from ..scenario import ClusterSpec, Scenario, ScenarioError, limits
 from . import fastforward
+from .bubble import idle_causes, pass_times
 from .perturb import Perturbation
 
 # the network model a scenario names (network.model), as the engine's network
@@ -107,6 +116,7 @@ def run(
     progress: Callable[[float], None] | None = None,
     *,
     spans: bool = True,
+    idle_split: bool = True,
 ) -> Result:
     """Simulate one training iteration of the scenario. A layout that does not fit in
     GPU memory is simulated all the same; ``metrics.out_of_memory`` says so.
@@ -114,7 +124,42 @@ def run(
     ``spans`` False: the caller reads only the metrics (`stepsim run --json` without
     --out), and the engine may add the spans up as they end rather than record them
     (`engine.core.simulate_totals`; the result's trace then has no spans); the
-    metrics are the same, bit for bit."""
+    metrics are the same, bit for bit. ``idle_split`` False: leave the idle unsplit by
+    cause (`metrics.idle_by_cause_s` None; a search ranks without it)."""
+    result = _run(scenario, progress, spans=spans)
+    if not idle_split or scenario.parallel.pipeline_model_parallel_size == 1:
+        return result
+    return result._replace(metrics=replace(result.metrics, idle_by_cause_s=idle_split_of(result)))
+
+
+def idle_split_of(result: Result) -> dict[str, float]:
+    """The run's mean idle per GPU by cause (run/bubble.py `idle_causes`), from its
+    pipeline's orders and each stage's compute op times per micro-batch."""
+    scenario, metrics = result.scenario, result.metrics
+    par = scenario.parallel
+    kinds: dict[str, str] = {FORWARD: "F", BACKWARD: "B", RECOMPUTE: "B", WEIGHT: "W"}
+    times = pass_times(result.workload, par.pipeline_model_parallel_size, kinds)
+    causes = idle_causes(
+        stage_orders(scenario),
+        times,
+        metrics.breakdown_s[IDLE_TIME],
+        num_chunks=par.virtual_pipeline_model_parallel_size,
+        placement=scenario.training.placement,
+    )
+    return {
+        "schedule": causes.schedule_s,
+        "imbalance": causes.imbalance_s,
+        "communication": causes.communication_s,
+    }
+
+
+def _run(
+    scenario: Scenario,
+    progress: Callable[[float], None] | None = None,
+    *,
+    spans: bool = True,
+) -> Result:
+    """`run` without the idle split."""
     # symmetric mode simulates the representative GPUs: the pattern is enough
     cluster = build_cluster(scenario.cluster, pattern=scenario.network.symmetry)
     # the scenario's what-ifs, applied at each step below (run/perturb.py)
