@@ -234,12 +234,8 @@ def test_topology_refuses_the_perturbations_run_refuses(tmp_path):
     assert "link=99999 is not a link of the cluster" in err
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="loader.parse_override (owned by another change) does not refuse newlines yet",
-)
 def test_a_set_value_with_a_newline_is_refused():
-    with pytest.raises(ScenarioError, match="newline"):
+    with pytest.raises(ScenarioError, match="line break"):
         load_scenario(TINY, ["cluster.nic_gbps=135\nnum_nodes = 8"])
 
 
@@ -267,3 +263,11 @@ def test_ordinals():
         "111th",
     ]  # fmt: skip
     assert (best_of(1), best_of(3), best_of(10)) == ("best", "3rd best", "10th best")
+
+
+def test_an_os_error_is_a_sentence_and_a_cut_down_name(capsys):
+    from stepsim.cli import main
+
+    assert main(["run", "x" * 5000]) == 1
+    err = capsys.readouterr().err
+    assert "[Errno" not in err and len(err) < 400 and "File name too long" in err

@@ -204,8 +204,8 @@ def test_routing_rules(model, match):
     [
         ("1\n1\n", "one share per expert: 2 given, model.num_experts=8"),
         ("9\n1\n1\n1\n1\n1\n1\n1\n", "no expert may take more than 1/moe_router_topk=0.5"),
-        ("1\nx\n", "line 2: 'x' is not a number"),
-        ("1\n-1\n", "line 2: '-1' must be a share >= 0"),
+        ("1\nx\n", "line 2 is not a number"),
+        ("1\n-1\n", "line 2 must be a share >= 0"),
         ("0\n0\n0\n0\n0\n0\n0\n0\n", "must not all be 0"),
     ],
 )
@@ -230,3 +230,12 @@ def test_the_summary_names_the_routing_and_the_busiest_ranks_load():
     text = summary_text(run(skew))
     assert f"zipf (exponent 1): the busiest EP rank (rank 0) gets {loads[0]:.3g} x" in text
     assert "  routing " not in summary_text(run(moe_scenario(ep=4, dp=4)))
+
+
+def test_a_shares_file_error_never_echoes_the_file(tmp_path):
+    """Pointed at a file that is not a shares file, the error names the line only."""
+    path = tmp_path / "passwd"
+    path.write_text("root:x:0:0:secret-line\n")
+    with pytest.raises(ScenarioError) as caught:
+        moe_scenario(model={"moe_routing": "shares", "moe_routing_shares_file": str(path)})
+    assert "secret" not in str(caught.value) and "line 1 is not a number" in str(caught.value)

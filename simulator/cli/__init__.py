@@ -17,6 +17,7 @@ import sys
 from .. import __version__
 from ..engine.core import DeadlockError
 from ..scenario import ScenarioError
+from ..scenario.errors import elided
 from . import (
     cmd_calibrate,
     cmd_docs,
@@ -81,7 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     except ScenarioError as exc:
         print(f"stepsim: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except (DeadlockError, OSError) as exc:
+    except OSError as exc:
+        # a sentence and a cut-down file name, not Python's "[Errno N] ...: '<100 kB>'"
+        where = f": {elided(str(exc.filename), 200)}" if exc.filename is not None else ""
+        print(f"stepsim: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return EXIT_FAILED
+    except DeadlockError as exc:
         print(f"stepsim: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
     except KeyboardInterrupt:  # commands that keep finished work catch it themselves

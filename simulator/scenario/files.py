@@ -474,9 +474,11 @@ def read_shares_file(path: Path, name: str) -> tuple[float, ...]:
         try:
             share = float(text)
         except ValueError:
-            raise ScenarioError(f"{name}: line {number}: {text!r} is not a number") from None
+            raise ScenarioError(
+                f"{name}: line {number} is not a number (one share per line)"
+            ) from None
         if not math.isfinite(share) or share < 0:
-            raise ScenarioError(f"{name}: line {number}: {text!r} must be a share >= 0")
+            raise ScenarioError(f"{name}: line {number} must be a share >= 0")
         shares.append(share)
     return tuple(shares)
 

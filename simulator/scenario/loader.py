@@ -190,6 +190,10 @@ def parse_override(item: str) -> tuple[str, str, Any]:
         )
     if "." in key:  # no key has a dot; say so before a long dotted key is stored
         raise ScenarioError(f"--set {_shown(target)}: unknown key; keys are section.key")
+    if "\n" in text or "\r" in text:  # TOML would read the first line and drop the rest
+        raise ScenarioError(
+            f"--set {_shown(target)}: the value holds a line break; give one value on one line"
+        )
     return section, key, parse_value(text.strip(), f"--set {_shown(target)}")
 
 
