@@ -26,6 +26,7 @@ in docs/calibration.md with its tables.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -97,7 +98,7 @@ def _fitted_text(fit, freed) -> str:
 
 
 def study(name: str, pool) -> tuple[str, str]:
-    """The set's two tables (markdown) and a few lines of text."""
+    """The set's three tables (markdown) and a line of text."""
     runs = runs_of(name)
 
     def evaluate(scenarios):
@@ -127,6 +128,17 @@ def study(name: str, pool) -> tuple[str, str]:
                 mean_abs_error(predicted, measured),
                 mean_abs_error(builtin, measured),
             )
+        )
+    # two rows fitted (one parameter freed), the others predicted: every pair
+    pairs = []
+    for i, j in itertools.combinations(every, 2):
+        fit = fit_runs(ev, [i, j], J[[i, j]])
+        others = [k for k in every if k not in (i, j)]
+        predicted = ev.times([(k, fit.point) for k in others])
+        measured = [runs[k].measured_s for k in others]
+        builtin = [report.builtin_s[k] for k in others]
+        pairs.append(
+            (fit.freed, mean_abs_error(predicted, measured), mean_abs_error(builtin, measured))
         )
     elapsed = time.monotonic() - started
     measured = [r.measured_s for r in runs]
@@ -162,11 +174,33 @@ def study(name: str, pool) -> tuple[str, str]:
             f"{' (at a bound)' if fit.fit.at_bound else ''} | "
             f"{100 * builtin_error:.1f} % | {100 * predicted_error:.1f} % |"
         )
+    lines += [
+        "",
+        "| two rows fitted, freed | pairs | others, built-in | others, predicted | "
+        "predicted, best .. worst pair |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for freed in sorted({f for f, _, _ in pairs}, key=lambda f: (-len(f), f)):
+        these = [(p, b) for f, p, b in pairs if f == freed]
+        worst = max(p for p, _ in these)
+        best = min(p for p, _ in these)
+        lines.append(
+            f"| {', '.join(freed) or 'none'} | {len(these)} | "
+            f"{100 * sum(b for _, b in these) / len(these):.1f} % | "
+            f"{100 * sum(p for p, _ in these) / len(these):.1f} % | "
+            f"{100 * best:.1f} .. {100 * worst:.1f} % |"
+        )
+    lines.append(
+        f"| all pairs | {len(pairs)} | {100 * sum(b for _, _, b in pairs) / len(pairs):.1f} % | "
+        f"{100 * sum(p for _, p, _ in pairs) / len(pairs):.1f} % | |"
+    )
     text = (
         f"{name}: built-in {100 * report.builtin_error:.1f} %, leave-one-out "
         f"{100 * report.loo_error:.1f} %, one row alone (mean over rows) "
         f"{100 * sum(a[2] for a in alone) / len(alone):.1f} % vs built-in "
-        f"{100 * sum(a[3] for a in alone) / len(alone):.1f} %; "
+        f"{100 * sum(a[3] for a in alone) / len(alone):.1f} %, two rows (mean over pairs) "
+        f"{100 * sum(p for _, p, _ in pairs) / len(pairs):.1f} % vs built-in "
+        f"{100 * sum(b for _, _, b in pairs) / len(pairs):.1f} %; "
         f"{ev.simulations} points simulated in {elapsed:.0f} s"
     )
     return "\n".join(lines), text
