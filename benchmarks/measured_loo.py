@@ -194,6 +194,17 @@ def study(name: str, pool) -> tuple[str, str]:
         f"| all pairs | {len(pairs)} | {100 * sum(b for _, _, b in pairs) / len(pairs):.1f} % | "
         f"{100 * sum(p for _, p, _ in pairs) / len(pairs):.1f} % | |"
     )
+    alone_predicted = sum(a[2] for a in alone) / len(alone)
+    alone_builtin = sum(a[3] for a in alone) / len(alone)
+    pairs_predicted = sum(p for _, p, _ in pairs) / len(pairs)
+    pairs_builtin = sum(b for _, _, b in pairs) / len(pairs)
+    lines += [
+        "",
+        f"Mean absolute error over the set: built-in {100 * report.builtin_error:.1f} %, "
+        f"leave-one-out {100 * report.loo_error:.1f} %; one row fitted, the others predicted "
+        f"{100 * alone_predicted:.1f} % (built-in on the same rows {100 * alone_builtin:.1f} %); "
+        f"two rows fitted {100 * pairs_predicted:.1f} % ({100 * pairs_builtin:.1f} %).",
+    ]
     text = (
         f"{name}: built-in {100 * report.builtin_error:.1f} %, leave-one-out "
         f"{100 * report.loo_error:.1f} %, one row alone (mean over rows) "
