@@ -175,6 +175,57 @@ def calibration(images: Path | None) -> Generated:
     return {("README.md", "calibration"): "\n".join(lines)}
 
 
+# the shipped nccl-tests logs and a scenario whose cluster is the node they ran on
+NCCL_FITS = (
+    ("h100_2node_16gpu_all_reduce_a3mega.txt", "llama2-70b-64nodes-h100"),
+    ("b200_2node_16gpu_all_gather_gke_a4.txt", "qwen3-235b-a22b-64-b200"),
+)
+
+
+def nccl_fits(images: Path | None) -> Generated:
+    """docs/calibration.md: `stepsim calibrate --nccl-tests` on the two shipped logs."""
+    from stepsim.calibration.nccl import (
+        Network,
+        calibrate_network,
+        collective_log,
+        is_large,
+        log_kind,
+    )
+    from stepsim.run.iteration import build_cluster
+    from stepsim.scenario import load_scenario
+    from stepsim.scenario.files import read_nccl_tests_log
+
+    folder = ROOT / "scenarios/validation/collectives/nccl_logs"
+    rows = [
+        "| log | cluster (scenario) | fitted | rms error, built-in -> fitted | "
+        "bandwidth-bound sizes (fitted) | 1-256 MiB (fitted) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, scenario_name in NCCL_FITS:
+        scenario = load_scenario(scenario_name)
+        cluster = scenario.cluster
+        log = read_nccl_tests_log(folder / name)
+        kind = log_kind(log, name)
+        collective = collective_log(log, name, kind, cluster.gpus_per_node)
+        report = calibrate_network(
+            Network(cluster, build_cluster), [collective], cluster.gpu.name, cluster.node or ""
+        )
+        fit = report.full.fit
+        errors = [
+            (p, f / p.measured_s - 1.0)
+            for p, (f, _) in zip(collective.points, report.fitted[0], strict=True)
+        ]
+        large = [e for p, e in errors if is_large(collective, p)]
+        mid = [e for p, e in errors if 2**20 <= p.size_bytes <= 2**28]
+        rows.append(
+            f"| `{name}` | {cluster.node} (`{scenario_name}`) | {fit.describe()} | "
+            f"{100 * report.full.builtin_error:.0f} % -> {100 * report.full.error:.0f} % | "
+            f"{min(large) * 100:+.1f} .. {max(large) * 100:+.1f} % | "
+            f"{min(mid) * 100:+.0f} .. {max(mid) * 100:+.0f} % |"
+        )
+    return {("docs/calibration.md", "nccl-fits"): "\n".join(rows)}
+
+
 def network(images: Path | None) -> Generated:
     """docs/network.md, whole: all-reduce bus bandwidth against NCCL's measured peaks."""
     import collectives
@@ -681,6 +732,9 @@ SECTIONS = [
         fast=True,
     ),
     Section("network", "docs/network.md (whole)", network, fast=True),
+    Section(
+        "nccl-fits", "docs/calibration.md: calibrate --nccl-tests on the shipped logs", nccl_fits
+    ),
     Section(
         "schedules-abstract", "docs/schedules.md: abstract op times", schedules_abstract, fast=True
     ),

@@ -441,6 +441,8 @@ def _nccl_logs(logs: Mapping[str, NcclTestsLog]) -> Iterable[CollectiveRow]:
         if log not in logs:
             continue
         run = logs[log]
+        if not run.hosts:
+            raise ValueError(f"log {log}: it prints no '# Rank N ... on HOST' lines")
         hosts = list(dict.fromkeys(run.hosts))
         per_host = len(run.hosts) // len(hosts)
         preset = NODES[SECTIONS[section].node]["gpus_per_node"]

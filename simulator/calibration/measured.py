@@ -393,21 +393,32 @@ def calibrate(
     *,
     leave_one_out: bool = True,
     progress: Callable[[int], None] | None = None,
+    fixed: Sequence[str] = (),
 ) -> Report:
     """Fit on every run; then, with two runs or more and ``leave_one_out``, each run from
     a fit on the others. ``free``: the parameters to free instead of the greedy choice
-    (the same for the leave-one-out fits)."""
-    return calibrate_on(Evaluator(runs, evaluate, progress), free, leave_one_out=leave_one_out)
+    (the same for the leave-one-out fits); ``fixed``: parameters the choice may not
+    free (what a fit on nccl-tests logs set already)."""
+    return calibrate_on(
+        Evaluator(runs, evaluate, progress), free, leave_one_out=leave_one_out, fixed=fixed
+    )
 
 
 def calibrate_on(
-    ev: Evaluator, free: Sequence[str] | None = None, *, leave_one_out: bool = True
+    ev: Evaluator,
+    free: Sequence[str] | None = None,
+    *,
+    leave_one_out: bool = True,
+    fixed: Sequence[str] = (),
 ) -> Report:
     """`calibrate` with an evaluator of the runs given (its points kept for more fits)."""
     runs = ev.runs
     every = list(range(len(runs)))
     builtin = ev.times([(i, {}) for i in every])
-    J = ev.jacobian(every, list(PARAMETERS), {})
+    sensitivities = ev.jacobian(every, list(PARAMETERS), {})
+    J = sensitivities.copy()  # what the choice sees: a fixed parameter moves nothing
+    for name in fixed:
+        J[:, list(PARAMETERS).index(name)] = 0.0
     full = fit_runs(ev, every, J, free)
     if len(runs) == 1 and full.freed and free is None:
         alike_names: list[str] = []  # what else would explain the one run within its bounds
@@ -445,7 +456,7 @@ def calibrate_on(
             freed_loo.append(loo.freed)
     sensitivity = {}
     for j, (name, p) in enumerate(PARAMETERS.items()):
-        per_u = J[:, j]
+        per_u = sensitivities[:, j]
         sensitivity[name] = [float(x / p.prior) for x in per_u]  # per ln x, or per second
     return Report(
         list(runs), builtin, sensitivity, ev.bounds, full, predicted, freed_loo, ev.simulations

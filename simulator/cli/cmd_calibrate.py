@@ -1,7 +1,10 @@
-"""`stepsim calibrate --measured runs.csv --out cal.toml`: fit a few interpretable
-parameters (scenario/fitted.py) on measured iteration times, print what moved them and
-how well each run is predicted from the others, and write a calibration file that
-`run`, `sweep`, `plan`, `search` and `jobs` take with --calibration."""
+"""`stepsim calibrate`: fit a few interpretable parameters (scenario/fitted.py) on what
+was measured on the user's cluster, print what moved them and how well each measurement
+is predicted from the others, and write a calibration file that `run`, `sweep`, `plan`,
+`search` and `jobs` take with --calibration. Two kinds of evidence, alone or together:
+nccl-tests logs (--nccl-tests: the network's efficiencies and latencies,
+calibration/nccl.py) and measured iteration times (--measured: kernel, network and host
+parameters, calibration/measured.py), the second fitted on top of the first."""
 
 from __future__ import annotations
 
@@ -29,23 +32,51 @@ from .common import (
 def add_command(sub) -> None:
     cal = sub.add_parser(
         "calibrate",
-        help="fit GEMM, attention, memory, network and host-overhead parameters to measured "
-        "iteration times; write a calibration file",
-        description="Fit a few interpretable parameters (multipliers of the built-in GEMM, "
-        "attention, memory-bound, NVLink and NIC efficiencies, and a host overhead per "
-        "pipeline instruction) to the iteration times measured on your cluster, fewer "
-        "parameters than runs, each bounded and pulled toward its built-in value; print "
-        "each run predicted from a fit on the others (leave-one-out) and write a "
+        help="fit network, GEMM, attention, memory and host-overhead parameters to nccl-tests "
+        "logs and measured iteration times; write a calibration file",
+        description="Fit a few interpretable parameters to what was measured on your "
+        "cluster. --nccl-tests: the NVLink and NIC efficiencies on the logs' "
+        "bandwidth-bound sizes and a latency on the others, each size's residual printed. "
+        "--measured: multipliers of the built-in GEMM, attention, memory-bound, NVLink and "
+        "NIC efficiencies and a host overhead per pipeline instruction, fewer than runs, "
+        "each bounded and pulled toward its built-in value, each run predicted from a fit "
+        "on the others (leave-one-out). Both: the second on top of the first. Writes a "
         "calibration file for --calibration (docs/calibration.md, 'Calibrating to your "
         "own cluster').",
     )
     cal.add_argument(
         "--measured",
-        required=True,
         metavar="CSV",
         help="measured runs: columns scenario (a file or a shipped name), overrides "
         "(optional, section.key=value separated by ';'), measured_iteration_s; optional id, "
         "note; one GPU and node kind",
+    )
+    cal.add_argument(
+        "--nccl-tests",
+        nargs="+",
+        metavar="LOG",
+        help="nccl-tests output (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
+        "alltoall_perf, sendrecv_perf) as it printed itself; fits the network's NVLink and "
+        "NIC efficiencies and its latencies on the scenario's cluster",
+    )
+    cal.add_argument(
+        "--scenario",
+        metavar="SCENARIO",
+        help="the cluster the nccl-tests logs ran on: a scenario file or a shipped name "
+        "(default: the first --measured run's)",
+    )
+    cal.add_argument(
+        "--collective",
+        choices=("all_reduce", "all_gather", "reduce_scatter", "alltoall", "sendrecv"),
+        help="what the nccl-tests logs timed, where a log does not say (its command line "
+        "or file name)",
+    )
+    cal.add_argument(
+        "--ranks",
+        type=int,
+        metavar="N",
+        help="the ranks of a log that prints no '# Rank ... on HOST device D' lines: N "
+        "GPUs of consecutive nodes, each node full",
     )
     cal.add_argument("--out", metavar="FILE", help="write the calibration file (TOML) here")
     cal.add_argument(
@@ -145,87 +176,218 @@ def load_runs(args: argparse.Namespace):
     return rows, runs
 
 
-def command(args: argparse.Namespace) -> int:
-    from ..calibration.measured import calibrate, measured_fit, report_text
-    from ..scenario.files import dumps_calibration, read_calibration_file
-
-    free = free_list(args.free)
-    check_out("--out", args.out, folder=False)
-    rows, runs = load_runs(args)
-    progress = progress_for(args)
-    progress.begin("simulating")
-
-    def on_progress(count: int) -> None:
-        progress.task = f"simulated {count} points"
-        progress.update(0.0)
-
-    try:
-        if args.jobs is None and args.ray is None:  # here, through run --json's totals path
-            from ..run.iteration import run
-
-            def here(scenarios):
-                return [simulated_s(run, s) for s in scenarios]
-
-            report = calibrate(
-                runs, here, free, leave_one_out=not args.no_loo, progress=on_progress
-            )
-        else:
-            with Workers(args) as workers:
-
-                def pooled(scenarios):
-                    times = [0.0] * len(scenarios)
-
-                    def done(i: int, metrics) -> None:
-                        times[i] = metrics.iteration_time_s
-
-                    workers.executor(scenarios, done)
-                    return times
-
-                report = calibrate(
-                    runs, pooled, free, leave_one_out=not args.no_loo, progress=on_progress
-                )
-    finally:
-        progress.clear()
-    digest = hashlib.sha256(Path(args.measured).read_bytes()).hexdigest()[:16]
-    source = (
-        f"stepsim {__version__} calibrate --measured {Path(args.measured).name} "
-        f"({len(runs)} runs, sha256 {digest})"
+def network_report(args: argparse.Namespace, runs):
+    """The fit on the --nccl-tests logs, on the cluster of --scenario (or of the first
+    measured run)."""
+    from ..calibration.nccl import (
+        KINDS,
+        Network,
+        calibrate_network,
+        check_device,
+        collective_log,
+        log_kind,
     )
-    fit = measured_fit(report, source)
+    from ..run.iteration import build_cluster
+    from ..scenario.files import NcclTestsLog, read_nccl_tests_log
+    from ..scenario.loader import node_kind
+
+    if args.scenario is not None:
+        scenario = load_scenario(args.scenario)
+    elif runs:
+        scenario = runs[0].scenario
+    else:
+        raise ScenarioError(
+            "--nccl-tests needs the cluster the logs ran on: give --scenario (a scenario "
+            "file or a shipped name whose cluster is that cluster)"
+        )
+    cluster = scenario.cluster
+    given = None if args.collective is None else KINDS[f"{args.collective}_perf"]
+    if args.ranks is not None and args.ranks < 2:
+        raise ScenarioError(f"--ranks {args.ranks} must be 2 or more")
+    logs = []
+    for path in args.nccl_tests:
+        log = read_nccl_tests_log(path)
+        name = str(path)
+        if not log.hosts:
+            if args.ranks is None:
+                raise ScenarioError(
+                    f"nccl-tests log {name!r} prints no '# Rank N ... on HOST device D' lines; "
+                    "give --ranks N (N GPUs on consecutive full nodes)"
+                )
+            per = cluster.gpus_per_node
+            hosts = tuple(f"node{r // per}" for r in range(args.ranks))
+            log = NcclTestsLog(hosts, log.nccl_version, log.rows, (), (), log.binaries)
+            log = log._replace(devices=tuple(r % per for r in range(args.ranks)))
+        elif args.ranks is not None and args.ranks != len(log.hosts):
+            raise ScenarioError(
+                f"--ranks {args.ranks}: nccl-tests log {name!r} prints {len(log.hosts)} ranks"
+            )
+        kind = log_kind(log, f"nccl-tests log {name!r}", given)
+        check_device(log, f"nccl-tests log {name!r}", cluster.gpu.name)
+        logs.append(collective_log(log, name, kind, cluster.gpus_per_node))
+    return calibrate_network(
+        Network(cluster, build_cluster), logs, cluster.gpu.name, node_kind(cluster)
+    )
+
+
+def _source(option: str, paths, count: str) -> str:
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(Path(path).read_bytes())
+    names = " ".join(Path(p).name for p in paths)
+    sha = digest.hexdigest()[:16]
+    return f"stepsim {__version__} calibrate {option} {names} ({count}, sha256 {sha})"
+
+
+def command(args: argparse.Namespace) -> int:
+    from ..calibration.measured import measured_fit, report_text
+    from ..calibration.nccl import collective_rows, merged, report_json
+    from ..calibration.nccl import report_text as network_text
+    from ..scenario.files import dumps_calibration, read_calibration_file
+    from ..scenario.loader import apply_fit, node_kind
+
+    if args.measured is None and not args.nccl_tests:
+        raise ScenarioError(
+            "stepsim calibrate needs evidence: --measured CSV (iteration times), "
+            "--nccl-tests LOG ... (collective timings), or both"
+        )
+    free = free_list(args.free)
+    if free is not None and args.measured is None:
+        raise ScenarioError("--free chooses among the --measured fit's parameters; give --measured")
+    check_out("--out", args.out, folder=False)
+    rows, runs = load_runs(args) if args.measured is not None else ([], [])
+    progress = progress_for(args)
+    network = network_fit = None
+    fixed: list[str] = []
+    if args.nccl_tests:
+        progress.begin("fitting the network on the nccl-tests logs")
+        try:
+            network = network_report(args, runs)
+        finally:
+            progress.clear()
+        network_fit = network.measured_fit(
+            _source("--nccl-tests", args.nccl_tests, f"{network.sizes} sizes")
+        )
+        if runs:
+            scenario = runs[0].scenario
+            mine = (scenario.cluster.gpu.name, node_kind(scenario.cluster))
+            if mine != (network.gpu, network.node):
+                raise ScenarioError(
+                    f"--measured runs on gpu={mine[0]!r}, node={mine[1]!r} but --scenario on "
+                    f"gpu={network.gpu!r}, node={network.node!r}; one calibration is for one "
+                    "GPU and node kind"
+                )
+            fixed = [n for n in ("nvlink", "nic") if n in network_fit.collective_freed]
+            clash = [n for n in free or () if n in fixed]
+            if clash:
+                raise ScenarioError(
+                    f"--free {clash[0]}: the nccl-tests logs fitted it already; free the "
+                    "--measured fit's other parameters"
+                )
+            runs = [r._replace(scenario=apply_fit(r.scenario, network_fit)) for r in runs]
+    report = None
+    if runs:
+        progress.begin("simulating")
+
+        def on_progress(count: int) -> None:
+            progress.task = f"simulated {count} points"
+            progress.update(0.0)
+
+        try:
+            report = _fit_runs(args, runs, free, fixed, on_progress)
+        finally:
+            progress.clear()
+        fit = measured_fit(report, _source("--measured", [args.measured], f"{len(runs)} runs"))
+        if network_fit is not None:
+            fit = merged(network_fit, fit)
+    else:
+        assert network_fit is not None
+        fit = network_fit
     if args.out:
         constants = None
         if args.calibration is not None:
             constants = read_calibration_file(args.calibration).constants
-        loo = report.loo_predicted_s
-        written = [
-            {
-                "id": row.id,
-                "scenario": row.scenario,
-                "overrides": "; ".join(row.overrides),
-                "measured_iteration_s": row.measured_iteration_s,
-                "builtin_s": builtin,
-                "fitted_s": fitted,
-                "loo_predicted_s": None if loo is None else loo[i],
-            }
-            for i, (row, builtin, fitted) in enumerate(
-                zip(rows, report.builtin_s, report.full.simulated_s, strict=True)
-            )
-        ]
+        written = []
+        if report is not None:
+            loo = report.loo_predicted_s
+            written = [
+                {
+                    "id": row.id,
+                    "scenario": row.scenario,
+                    "overrides": "; ".join(row.overrides),
+                    "measured_iteration_s": row.measured_iteration_s,
+                    "builtin_s": builtin,
+                    "fitted_s": fitted,
+                    "loo_predicted_s": None if loo is None else loo[i],
+                }
+                for i, (row, builtin, fitted) in enumerate(
+                    zip(rows, report.builtin_s, report.full.simulated_s, strict=True)
+                )
+            ]
         notes = [
-            "stepsim calibration file: a fit on measured iterations (stepsim calibrate).",
+            "stepsim calibration file: a fit on what was measured (stepsim calibrate).",
             "Use it with --calibration on run, sweep, plan, search, jobs; it holds for the",
-            f"GPU and node below only. Made by: {source}.",
-            *(f"note: {n}" for n in report.full.notes),
+            f"GPU and node below only. Made by: {fit.source}.",
+            *(f"note: {n}" for n in (network.full.notes if network else [])),
+            *(f"note: {n}" for n in (report.full.notes if report else [])),
         ]
         with out_errors("--out", args.out):
             Path(args.out).write_text(
-                dumps_calibration(fit, written, constants, notes), encoding="utf-8"
+                dumps_calibration(
+                    fit, written, constants, notes, collective_rows(network) if network else ()
+                ),
+                encoding="utf-8",
             )
     if args.json:
-        print_json(json_record(report, fit, args.out))
+        document = (
+            json_record(report, fit, args.out)
+            if report is not None
+            else {
+                "schema_version": SCHEMA_VERSION,
+                "command": "calibrate",
+                "gpu": fit.gpu,
+                "node": fit.node,
+                "calibration_file": args.out,
+            }
+        )
+        if network is not None:
+            document["network"] = report_json(network)
+        print_json(document)
     else:
-        print(report_text(report, args.out))
+        parts = []
+        if network is not None:
+            parts.append(network_text(network))
+        if report is not None:
+            parts.append(report_text(report, args.out))
+        elif args.out:
+            parts.append(f"calibration file written: {args.out}")
+        print("\n\n".join(parts))
     return 0
+
+
+def _fit_runs(args, runs, free, fixed, on_progress):
+    from ..calibration.measured import calibrate
+
+    loo = not args.no_loo
+    if args.jobs is None and args.ray is None:  # here, through run --json's totals path
+        from ..run.iteration import run
+
+        def here(scenarios):
+            return [simulated_s(run, s) for s in scenarios]
+
+        return calibrate(runs, here, free, leave_one_out=loo, progress=on_progress, fixed=fixed)
+    with Workers(args) as workers:
+
+        def pooled(scenarios):
+            times = [0.0] * len(scenarios)
+
+            def done(i: int, metrics) -> None:
+                times[i] = metrics.iteration_time_s
+
+            workers.executor(scenarios, done)
+            return times
+
+        return calibrate(runs, pooled, free, leave_one_out=loo, progress=on_progress, fixed=fixed)
 
 
 def json_record(report, fit, out: str | None) -> dict:

@@ -157,6 +157,9 @@ def calibration_columns(scenario: Scenario) -> dict[str, Any]:
         loo = scenario.measured.loo_error
         out["calibration_measurements"] = scenario.measured.measurements
         out["calibration_loo_error"] = "" if loo is None else loo
+        if scenario.measured.collective_logs:
+            out["calibration_collective_sizes"] = scenario.measured.collective_sizes
+            out["calibration_collective_error"] = scenario.measured.collective_error
     return out
 
 

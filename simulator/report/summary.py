@@ -119,15 +119,8 @@ def _optimizer_text(tr) -> str:
 
 
 def _fit_text(fit) -> str:
-    """What a fit on measured iterations rests on, and how well it predicted."""
-    loo = (
-        f"leave-one-out error {100 * fit.loo_error:.1f} %"
-        if fit.loo_error is not None
-        else "no leave-one-out error (one run)"
-    )
-    return (
-        f"{fit.measurements} measured run{'s' if fit.measurements > 1 else ''}, {loo} ({fit.file})"
-    )
+    """What a calibration file's fit rests on, and how well it predicted."""
+    return f"{fit.evidence()}, {fit.errors()} ({fit.file})"
 
 
 def _idle_causes_text(m) -> str:

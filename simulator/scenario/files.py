@@ -24,7 +24,7 @@ from stepsim.schedules.torch_csv import looks_like_torch, parse_torch_csv
 
 from . import limits, presets
 from .errors import ScenarioError
-from .fitted import OVERHEAD, PARAMETERS, MeasuredFit
+from .fitted import LATENCIES, NETWORK_PARAMETERS, OVERHEAD, PARAMETERS, MeasuredFit
 from .gpu import KERNEL_CONSTANT_RANGES, KernelConstants
 from .suggest import did_you_mean
 
@@ -153,6 +153,12 @@ _FIT_KEYS: dict[str, type] = {
     "fit_error": float,
     "freed": list,
     "at_bound": list,
+    "collective_logs": int,
+    "collective_sizes": int,
+    "collective_error": float,
+    "collective_loo_error": float,
+    "collective_freed": list,
+    "collective_at_bound": list,
     "source": str,
 }
 _FIT_REQUIRED = ("gpu", "node", "measurements", "source")
@@ -205,7 +211,8 @@ def _read_fit(table: Mapping[str, Any], path: Path) -> MeasuredFit:
     """A [fit] table, checked key by key (the parameters' bounds by MeasuredFit)."""
     where = f"(in {str(path)!r})"
     parameters = {p.key: name for name, p in PARAMETERS.items()}
-    known = {**_FIT_KEYS, **dict.fromkeys(parameters, float)}
+    latencies = {la.key for la in LATENCIES.values()}
+    known = {**_FIT_KEYS, **dict.fromkeys(parameters, float), **dict.fromkeys(latencies, float)}
     unknown = sorted(set(table) - set(known))
     if unknown:
         raise ScenarioError(f"unknown key fit.{unknown[0]} {where}; known: {_known(known)}")
@@ -218,19 +225,27 @@ def _read_fit(table: Mapping[str, Any], path: Path) -> MeasuredFit:
         if not _typed(value, wanted):
             raise ScenarioError(f"fit.{key}={value!r} must be {wanted.__name__} {where}")
         if wanted is list:
-            if not all(isinstance(v, str) and v in PARAMETERS for v in value):
+            names = NETWORK_PARAMETERS if key.startswith("collective_") else PARAMETERS
+            if not all(isinstance(v, str) and v in names for v in value):
                 raise ScenarioError(
-                    f"fit.{key}={value!r} must list parameters of {_known(PARAMETERS)} {where}"
+                    f"fit.{key}={value!r} must list parameters of {_known(names)} {where}"
                 )
             value = tuple(value)
         elif wanted is float:
             value = float(value)
-            if not math.isfinite(value) or (key in ("loo_error", "fit_error") and value < 0):
+            errors = ("loo_error", "fit_error", "collective_error", "collective_loo_error")
+            if not math.isfinite(value) or (key in errors and value < 0):
                 raise ScenarioError(f"fit.{key}={value!r} must be a finite number >= 0 {where}")
+        elif wanted is int and value < 0:
+            raise ScenarioError(f"fit.{key}={value!r} must be >= 0 {where}")
         name = parameters.get(key)
         values["overhead_s" if name == OVERHEAD else name or key] = value
-    if values["measurements"] < 1:
-        raise ScenarioError(f"fit.measurements={values['measurements']!r} must be >= 1 {where}")
+    if values["measurements"] + values.get("collective_sizes", 0) < 1:
+        raise ScenarioError(
+            f"fit.measurements={values['measurements']!r} and fit.collective_sizes="
+            f"{values.get('collective_sizes', 0)!r}: a fit rests on one measurement at least "
+            f"{where}"
+        )
     if values["gpu"] not in presets.GPUS:
         raise ScenarioError(
             f"fit.gpu={values['gpu']!r} must be one of {_known(presets.GPUS)} {where}"
@@ -286,11 +301,13 @@ def dumps_calibration(
     rows: Sequence[Mapping[str, Any]],
     constants: KernelConstants | None = None,
     notes: Sequence[str] = (),
+    collective_rows: Sequence[Mapping[str, Any]] = (),
 ) -> str:
     """A calibration file's text: ``notes`` as comments, the kernel constants the fit was
     made on top of (if any), the [fit] table (each parameter with a comment saying what
-    it scales and its bounds) and one [[measured]] table per run; what
-    `read_calibration_file` reads back."""
+    it scales and its bounds), one [[measured]] table per run and one [[collective]]
+    table per nccl-tests size; what `read_calibration_file` reads back (it reads the
+    [fit] and [constants]; the rows are the record)."""
     lines = [f"# {note}" if note else "#" for note in notes]
     if constants is not None:
         lines += ["", "[constants]"]
@@ -304,18 +321,35 @@ def dumps_calibration(
         "fit_error": fit.fit_error,
         "freed": list(fit.freed),
         "at_bound": list(fit.at_bound),
+        "collective_logs": fit.collective_logs,
+        "collective_sizes": fit.collective_sizes,
+        "collective_error": fit.collective_error,
+        "collective_loo_error": fit.collective_loo_error,
+        "collective_freed": list(fit.collective_freed),
+        "collective_at_bound": list(fit.collective_at_bound),
         "source": fit.source,
     }
     lines += [f"{k} = {_toml_scalar(v)}" for k, v in head.items() if v is not None]
-    if fit.loo_error is None:
-        lines.append("# loo_error: not available, one measurement (nothing to leave out)")
+    if fit.measurements and fit.loo_error is None:
+        lines.append("# loo_error: not available, one measured run (nothing to leave out)")
+    if fit.collective_logs == 1:
+        lines.append("# collective_loo_error: not available, one nccl-tests log")
     for name, p in PARAMETERS.items():
         unit = "seconds" if p.seconds else "multiplier, 1 = built-in"
         lines.append(f"# {p.mechanism}: {unit}, scales {p.scales}, bounds {p.low:g}..{p.high:g}")
         lines.append(f"{p.key} = {_toml_scalar(fit.value(name))}")
-    for row in rows:
-        lines += ["", "[[measured]]"]
-        lines += [f"{k} = {_toml_scalar(v)}" for k, v in row.items() if v is not None]
+    for name, la in LATENCIES.items():
+        value = fit.latency_us(name)
+        bounds = f"bounds {la.low_us:g}..{la.high_us:g}"
+        if value is None:
+            lines.append(f"# {la.key}: not fitted ({la.replaces} as the scenario sets it)")
+        else:
+            lines.append(f"# {la.mechanism}: microseconds, replaces {la.replaces}, {bounds}")
+            lines.append(f"{la.key} = {_toml_scalar(value)}")
+    for table, items in (("measured", rows), ("collective", collective_rows)):
+        for row in items:
+            lines += ["", f"[[{table}]]"]
+            lines += [f"{k} = {_toml_scalar(v)}" for k, v in row.items() if v is not None]
     return "\n".join(lines) + "\n"
 
 
@@ -760,7 +794,19 @@ NCCL_TESTS_COLUMNS = (
 )
 _NCCL_POSITIVE = ("size", "count", "time", "time (in-place)")
 _NCCL_NOT_NEGATIVE = ("algbw", "busbw", "algbw (in-place)", "busbw (in-place)")
-_NCCL_RANK = re.compile(r"#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+\d+")
+_NCCL_RANK = re.compile(
+    r"#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device\s+(\d+)"
+    r"(?:\s+\[[^\]]*\])?\s*(.*)"
+)
+# the nccl-tests binaries, as a log may name them (an echoed command line)
+NCCL_TESTS_BINARIES = (
+    "all_reduce_perf",
+    "all_gather_perf",
+    "reduce_scatter_perf",
+    "alltoall_perf",
+    "sendrecv_perf",
+)
+_NCCL_BINARY = re.compile(r"\b(" + "|".join(NCCL_TESTS_BINARIES) + r")\b")
 
 
 class NcclTestsLog(NamedTuple):
@@ -771,22 +817,29 @@ class NcclTestsLog(NamedTuple):
     hosts: tuple[str, ...]
     nccl_version: str
     rows: list[dict[str, str]]
+    devices: tuple[int, ...] = ()  # each rank's device index on its host
+    device_names: tuple[str, ...] = ()  # each rank's GPU as printed ("NVIDIA H100 80GB HBM3")
+    binaries: tuple[str, ...] = ()  # the nccl-tests binaries the log names (NCCL_TESTS_BINARIES)
 
 
 def parse_nccl_tests(text: str, what: str) -> NcclTestsLog:
     """nccl-tests output (`all_reduce_perf`, `all_gather_perf`, ...): the "# Rank ..."
     lines and the data lines; comment lines and others are skipped. A data line (it
     starts with a number) that is not 13 fields with a size, count and time > 0 and
-    bandwidths >= 0 is a one-line ScenarioError naming the file, line and column."""
-    hosts: dict[int, str] = {}
+    bandwidths >= 0 is a one-line ScenarioError naming the file, line and column. A log
+    without rank lines has no hosts (the caller says where its ranks ran); rank lines
+    that do not number 0 to N-1 are an error."""
+    hosts: dict[int, tuple[str, int, str]] = {}
     version = ""
     rows = []
+    binaries: list[str] = []
     for number, line in enumerate(text.splitlines(), 1):
         stripped = line.strip()
         rank = _NCCL_RANK.match(stripped)
         if rank:
-            hosts[int(rank.group(1))] = rank.group(2)
+            hosts[int(rank.group(1))] = (rank.group(2), int(rank.group(3)), rank.group(4).strip())
             continue
+        binaries += _NCCL_BINARY.findall(stripped)
         if stripped.startswith("NCCL version"):
             version = stripped.removeprefix("NCCL version").strip()
             continue
@@ -813,9 +866,23 @@ def parse_nccl_tests(text: str, what: str) -> NcclTestsLog:
         rows.append({**row, "line": str(number)})
     if not rows:
         raise ScenarioError(f"{what} holds no nccl-tests data line")
-    if sorted(hosts) != list(range(len(hosts))) or not hosts:
+    if sorted(hosts) != list(range(len(hosts))):
         raise ScenarioError(f"{what}: its '# Rank N ... on HOST' lines do not number 0 to N-1")
-    return NcclTestsLog(tuple(hosts[r] for r in sorted(hosts)), version, rows)
+    ranks = [hosts[r] for r in sorted(hosts)]
+    return NcclTestsLog(
+        tuple(h for h, _, _ in ranks),
+        version,
+        rows,
+        tuple(d for _, d, _ in ranks),
+        tuple(n for _, _, n in ranks),
+        tuple(dict.fromkeys(binaries)),
+    )
+
+
+def read_nccl_tests_log(path: str | Path) -> NcclTestsLog:
+    """A user's nccl-tests log (`stepsim calibrate --nccl-tests`), parsed."""
+    what = f"nccl-tests log {str(path)!r}"
+    return parse_nccl_tests(read_text(Path(path), what), what)
 
 
 def read_collective_tables(

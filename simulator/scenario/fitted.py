@@ -128,6 +128,60 @@ PARAMETERS: dict[str, Parameter] = {
 }
 
 
+class Latency(NamedTuple):
+    """A latency a fit on nccl-tests logs (`stepsim calibrate --nccl-tests`) may set, in
+    microseconds, in place of the cluster's: its name, the calibration file's key, the
+    cluster key it replaces, the mechanism, its bounds and its prior spread (linear,
+    around the cluster's own value)."""
+
+    name: str
+    key: str
+    replaces: str
+    mechanism: str
+    low_us: float
+    high_us: float
+    prior_us: float
+
+
+# nccl-tests' smallest messages take 10-150 us across 2-16 nodes (the logs under
+# scenarios/validation/collectives/nccl_logs/); the bounds are wide of that, the priors
+# about a built-in value's size
+LATENCIES: dict[str, Latency] = {
+    la.name: la
+    for la in (
+        Latency(
+            "base_latency",
+            "collective_base_latency_us",
+            "cluster.collective_base_latency_us",
+            "a collective's fixed software cost: launch, NCCL's proxy and protocol set-up",
+            0.0,
+            1000.0,
+            20.0,
+        ),
+        Latency(
+            "nvlink_latency",
+            "nvlink_latency_us",
+            "cluster.nvlink_latency_us",
+            "one NVLink hop's latency (each ring or tree step inside a node)",
+            0.0,
+            50.0,
+            2.0,
+        ),
+        Latency(
+            "ib_latency",
+            "ib_latency_us",
+            "cluster.ib_latency_us",
+            "one InfiniBand / RoCE hop's latency (each step between nodes)",
+            0.0,
+            100.0,
+            5.0,
+        ),
+    )
+}
+# what a fit on nccl-tests logs may free: the network's multipliers and the latencies
+NETWORK_PARAMETERS: tuple[str, ...] = ("nvlink", "nic", *LATENCIES)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MeasuredFit:
     """A fit on measured iterations: the parameters (multipliers, 1 the built-in;
@@ -143,6 +197,10 @@ class MeasuredFit:
     nvlink: float = 1.0
     nic: float = 1.0
     overhead_s: float = 0.0
+    # latencies fitted on nccl-tests logs (LATENCIES), microseconds; None: the cluster's
+    collective_base_latency_us: float | None = None
+    nvlink_latency_us: float | None = None
+    ib_latency_us: float | None = None
     gpu: str = ""
     node: str = ""
     measurements: int = 0
@@ -150,6 +208,15 @@ class MeasuredFit:
     fit_error: float | None = None
     freed: tuple[str, ...] = ()
     at_bound: tuple[str, ...] = ()
+    # the nccl-tests evidence: logs, message sizes, the rms of ln(simulated / measured)
+    # over the sizes at the fit, the same of each log predicted from a fit on the others
+    # (None: one log), and what that fit freed and left on a bound (NETWORK_PARAMETERS)
+    collective_logs: int = 0
+    collective_sizes: int = 0
+    collective_error: float | None = None
+    collective_loo_error: float | None = None
+    collective_freed: tuple[str, ...] = ()
+    collective_at_bound: tuple[str, ...] = ()
     source: str = ""
     file: str = ""
 
@@ -163,11 +230,43 @@ class MeasuredFit:
                     value=value,
                     rule=f"must be between {p.low:g} and {p.high:g}",
                 )
+        for la in LATENCIES.values():
+            latency = self.latency_us(la.name)
+            ok = latency is None or (
+                isinstance(latency, int | float)
+                and not isinstance(latency, bool)
+                and math.isfinite(latency)
+                and la.low_us <= latency <= la.high_us
+            )
+            if not ok:
+                raise ScenarioError(
+                    key=f"fit.{la.key}",
+                    value=latency,
+                    rule=f"must be between {la.low_us:g} and {la.high_us:g} microseconds",
+                )
         for name in (*self.freed, *self.at_bound):
             if name not in PARAMETERS:
                 raise ScenarioError(
                     key="fit.freed", value=name, rule=f"must be one of {', '.join(PARAMETERS)}"
                 )
+        for name in (*self.collective_freed, *self.collective_at_bound):
+            if name not in NETWORK_PARAMETERS:
+                raise ScenarioError(
+                    key="fit.collective_freed",
+                    value=name,
+                    rule=f"must be one of {', '.join(NETWORK_PARAMETERS)}",
+                )
+        if self.measurements < 0 or self.collective_sizes < 0 or self.collective_logs < 0:
+            raise ScenarioError(
+                key="fit.measurements",
+                value=min(self.measurements, self.collective_sizes, self.collective_logs),
+                rule="counts must be >= 0",
+            )
+
+    def latency_us(self, name: str) -> float | None:
+        """A fitted latency by its name (LATENCIES), microseconds; None: the cluster's."""
+        value: float | None = getattr(self, LATENCIES[name].key)
+        return value
 
     def value(self, name: str) -> float:
         """A parameter's value by its name (PARAMETERS)."""
@@ -185,20 +284,49 @@ class MeasuredFit:
                 parts.append(f"overhead {value * 1e6:.4g} us")
             elif name != OVERHEAD and value != 1.0:
                 parts.append(f"{name} x{value:.3g}")
+        for name in LATENCIES:
+            latency = self.latency_us(name)
+            if latency is not None:
+                parts.append(f"{name.replace('_', ' ')} {latency:.3g} us")
         return ", ".join(parts) or "no parameter moved"
+
+    def evidence(self) -> str:
+        """What the fit rests on: ``2 nccl-tests logs (62 sizes) and 3 measured runs``."""
+        parts = []
+        if self.collective_logs:
+            logs = "log" if self.collective_logs == 1 else "logs"
+            parts.append(
+                f"{self.collective_logs} nccl-tests {logs} ({self.collective_sizes} sizes)"
+            )
+        if self.measurements:
+            runs = "run" if self.measurements == 1 else "runs"
+            parts.append(f"{self.measurements} measured {runs}")
+        return " and ".join(parts) or "nothing measured"
 
     def label(self) -> str:
         """One line for the run summary and metrics.json: the evidence and its error."""
-        loo = (
-            f"leave-one-out error {100 * self.loo_error:.1f} %"
-            if self.loo_error is not None
-            else "no leave-one-out error (one measurement)"
-        )
-        runs = "run" if self.measurements == 1 else "runs"
         return (
-            f"fitted on {self.measurements} measured {runs} ({self.gpu}, {self.node}): "
-            f"{self.describe()}; {loo}"
+            f"fitted on {self.evidence()} ({self.gpu}, {self.node}): "
+            f"{self.describe()}; {self.errors()}"
         )
+
+    def errors(self) -> str:
+        """How well the fit predicts: the measured runs' leave-one-out error, the
+        collectives' rms error (and from the other logs)."""
+        errors = []
+        if self.measurements:
+            errors.append(
+                f"leave-one-out error {100 * self.loo_error:.1f} %"
+                if self.loo_error is not None
+                else "no leave-one-out error (one run)"
+            )
+        if self.collective_logs:
+            error = self.collective_error or 0.0
+            text = f"collectives within {100 * error:.1f} % rms"
+            if self.collective_loo_error is not None:
+                text += f" ({100 * self.collective_loo_error:.1f} % from the other logs)"
+            errors.append(text)
+        return ", ".join(errors) or "no error measured"
 
     def record(self) -> dict[str, object]:
         """The fit as metrics.json and the --json documents carry it."""
@@ -209,7 +337,16 @@ class MeasuredFit:
             "measurements": self.measurements,
             "loo_error": self.loo_error,
             "fit_error": self.fit_error,
-            "parameters": {PARAMETERS[n].key: v for n, v in self.values().items()},
+            "parameters": {
+                **{PARAMETERS[n].key: v for n, v in self.values().items()},
+                **{la.key: self.latency_us(n) for n, la in LATENCIES.items()},
+            },
             "freed": list(self.freed),
             "at_bound": list(self.at_bound),
+            "collective_logs": self.collective_logs,
+            "collective_sizes": self.collective_sizes,
+            "collective_error": self.collective_error,
+            "collective_loo_error": self.collective_loo_error,
+            "collective_freed": list(self.collective_freed),
+            "collective_at_bound": list(self.collective_at_bound),
         }

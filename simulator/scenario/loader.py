@@ -36,7 +36,7 @@ from .files import (
     read_toml,
     scenario_path,
 )
-from .fitted import MeasuredFit
+from .fitted import LATENCIES, MeasuredFit
 from .perturbation import SECTION as PERTURBATION
 from .perturbation import PerturbationSpec, where
 from .spec import (
@@ -53,6 +53,7 @@ from .suggest import did_you_mean
 __all__ = [
     "apply_calibration",
     "apply_fit",
+    "fitted_network",
     "apply_override",
     "dumps_toml",
     "load_scenario",
@@ -160,13 +161,25 @@ def apply_fit(scenario: Scenario, fit: MeasuredFit, label: str | None = None) ->
                 fast_accum_gemm_efficiency=min(1.0, fp8.fast_accum_gemm_efficiency * fit.gemm),
             ),
         )
-    cluster = replace(
+    cluster = fitted_network(replace(cluster, gpu=gpu), fit)
+    return replace(scenario, cluster=cluster, calibration=constants, measured=fit)
+
+
+def fitted_network(cluster: ClusterSpec, fit: MeasuredFit) -> ClusterSpec:
+    """The cluster with a fit's network parameters applied: its NVLink and NIC fractions
+    multiplied (each capped at 1) and the latencies a fit on nccl-tests logs set in place
+    of its own (LATENCIES; None keeps the cluster's)."""
+    latencies: dict[str, Any] = {}
+    for name, la in LATENCIES.items():
+        value = fit.latency_us(name)
+        if value is not None:
+            latencies[la.replaces.removeprefix("cluster.")] = value
+    return replace(
         cluster,
-        gpu=gpu,
         nvlink_efficiency=min(1.0, cluster.nvlink_efficiency * fit.nvlink),
         nic_efficiency=min(1.0, cluster.nic_efficiency * fit.nic),
+        **latencies,
     )
-    return replace(scenario, cluster=cluster, calibration=constants, measured=fit)
 
 
 def parse_override(item: str) -> tuple[str, str, Any]:
