@@ -20,6 +20,7 @@ from ..scenario import ScenarioError
 from ..scenario.errors import elided
 from . import (
     cmd_calibrate,
+    cmd_compare,
     cmd_docs,
     cmd_listing,
     cmd_plan,
@@ -48,6 +49,7 @@ COMMANDS = (
     cmd_run.add_jobs_command,
     cmd_validate.add_command,
     cmd_calibrate.add_command,
+    cmd_compare.add_command,
     cmd_search.add_command,
     cmd_plan.add_command,
     cmd_topology.add_command,

@@ -7,6 +7,7 @@ it cannot use into a one-line ScenarioError (this layer and the CLI alone touch 
 from __future__ import annotations
 
 import csv
+import gzip
 import io
 import json
 import math
@@ -883,6 +884,40 @@ def read_nccl_tests_log(path: str | Path) -> NcclTestsLog:
     """A user's nccl-tests log (`stepsim calibrate --nccl-tests`), parsed."""
     what = f"nccl-tests log {str(path)!r}"
     return parse_nccl_tests(read_text(Path(path), what), what)
+
+
+def read_profiler_trace(path: str | Path) -> dict[str, Any]:
+    """A PyTorch profiler (Kineto / Chrome) trace, ``.json`` or ``.json.gz``, parsed: a
+    JSON object with a ``traceEvents`` list. Over the trace_bytes limit (decompressed,
+    counted as it is read), not gzip or JSON, or not such an object is a one-line
+    ScenarioError (a JSON error names its line and column)."""
+    path = Path(path)
+    what = f"profiler trace {str(path)!r}"
+    cap = limits.limit("trace_bytes")
+    raw = read_bytes(path, what, "trace_bytes")
+    if raw[:2] == b"\x1f\x8b":
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(raw)) as stream:
+                raw = stream.read(cap + 1)
+        except (OSError, EOFError) as exc:
+            raise ScenarioError(f"{what} is not a readable gzip file ({exc})") from None
+        limits.check("trace_bytes", len(raw), f"{what} holds, decompressed,")
+    try:
+        document = json.loads(raw.decode("utf-8").removeprefix("\ufeff"))
+    except UnicodeDecodeError:
+        raise ScenarioError(f"{what} is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise ScenarioError(
+            f"{what}, line {exc.lineno}, column {exc.colno}: not JSON ({exc.msg})"
+        ) from None
+    except RecursionError:
+        raise ScenarioError(f"{what}: JSON nested too deep") from None
+    if not isinstance(document, dict) or not isinstance(document.get("traceEvents"), list):
+        raise ScenarioError(
+            f"{what} is not a profiler trace: a JSON object with a traceEvents list "
+            "(torch.profiler's export_chrome_trace writes one)"
+        )
+    return document
 
 
 def read_collective_tables(

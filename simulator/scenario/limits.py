@@ -57,6 +57,14 @@ LIMITS = {
             "a search journal (search.jsonl) read back to resume; about 1 kB per layout",
         ),
         Limit(
+            "trace_bytes",
+            1024 * 2**20,
+            "bytes",
+            "a PyTorch profiler trace (stepsim compare), after decompression: a few "
+            "iterations of one rank are tens to hundreds of MB, parsed whole into memory "
+            "(about ten times its size)",
+        ),
+        Limit(
             "toml_depth",
             32,
             "levels",
