@@ -40,6 +40,7 @@ JSON_KEYS = [
     "out_of_memory",
     "busiest_links",
     "idle_by_cause_s",  # with a pipeline (tiny-2gpu has two stages)
+    "assumptions",  # report/labels.py; none on one node
 ]
 ROW_KEYS = [
     "iteration_time_s",
@@ -144,7 +145,7 @@ def test_an_out_of_memory_run_does_not_fit_in_its_row(result):
 
 def test_a_sweep_point_row_puts_the_swept_keys_first(result):
     point = SweepPoint({"cluster.nic_gbps": 135.0}, result.metrics.summary_row())
-    assert list(point.row()) == ["cluster.nic_gbps", *ROW_KEYS]
+    assert list(point.row()) == ["cluster.nic_gbps", *ROW_KEYS, "calibration", "assumptions"]
 
 
 def _row(tokens_per_s: float, num_gpus: int) -> MetricsRow:

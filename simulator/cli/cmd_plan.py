@@ -24,7 +24,6 @@ from .common import (
     Parser,
     Workers,
     calibration_columns,
-    calibration_note,
     calibration_record,
     check_out,
     json_argument,
@@ -424,14 +423,10 @@ def goodput_command(args: argparse.Namespace) -> int:
 
 
 def labelled(record: dict, scenario) -> dict:
-    """A --json answer with the calibration file it used, if any (its fit's measurements
-    and leave-one-out error)."""
-    found = calibration_record(scenario)
-    return record if found is None else {**record, "calibration": found}
+    """A --json answer with what it rests on: the calibration label, the assumptions and
+    a calibration file's fit, if any (report/labels.py)."""
+    return {**record, "calibration": calibration_record(scenario)}
 
 
 def noted(scenario) -> None:
-    """A text answer's last line: the calibration file it used, if any."""
-    note = calibration_note(scenario)
-    if note:
-        print(note)
+    """Nothing: a text answer's header carries the labels (plan.answers.describe_base)."""

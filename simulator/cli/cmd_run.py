@@ -17,10 +17,10 @@ from pathlib import Path
 from ..scenario import ScenarioError, dumps_toml, scenario_to_dict
 from .common import (
     calibration_argument,
-    calibration_note,
     calibration_record,
     check_out,
     json_argument,
+    label_lines,
     load,
     out_errors,
     print_json,
@@ -191,14 +191,11 @@ def jobs_command(args: argparse.Namespace) -> int:
     first = spec.jobs[0].scenario
     if args.json:
         document = result.to_json()
-        if args.calibration is not None:
-            document["calibration"] = calibration_record(first)
+        document["calibration"] = calibration_record(first)
         print_json(document)
     else:
         print(jobs_text(result, spec.cluster, cluster_header(spec)))
-        note = calibration_note(first) if args.calibration is not None else None
-        if note:
-            print(f"\n{note}")
+        print("\n" + "\n".join(label_lines(first)))
         if written:
             print(f"\n  wrote {args.out}/: {' '.join(written)}")
     return 0

@@ -17,7 +17,6 @@ from .common import (
     EXIT_INTERRUPTED,
     Workers,
     calibration_columns,
-    calibration_note,
     calibration_record,
     check_out,
     json_argument,
@@ -151,8 +150,7 @@ def command(args: argparse.Namespace) -> int:
         from ..plan.records import search_record
 
         record = search_record(base, result, rule_entry, run_command(args))
-        if args.calibration is not None:
-            record["calibration"] = calibration_record(base)
+        record["calibration"] = calibration_record(base)
         print_json(record)
     else:
         print(
@@ -166,9 +164,6 @@ def command(args: argparse.Namespace) -> int:
                 run_command(args),
             )
         )
-        note = calibration_note(base)
-        if note:
-            print(note)
     if args.out:
         extra = calibration_columns(base)
         rows = [{**row, **extra} for row in result_rows(result)]

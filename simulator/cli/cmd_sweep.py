@@ -11,10 +11,10 @@ from .common import (
     EXIT_INTERRUPTED,
     EXIT_USAGE,
     calibration_columns,
-    calibration_note,
     calibration_record,
     check_out,
     json_argument,
+    label_lines,
     load,
     out_errors,
     print_json,
@@ -41,7 +41,7 @@ def add_command(sub) -> None:
 
 
 def command(args: argparse.Namespace) -> int:
-    from ..plan.sweep import run_sweep
+    from ..plan.sweep import run_sweep, split_axes
     from ..report.figures import sweep_figure
     from ..report.tables import sweep_table_text
     from ..run.iteration import run
@@ -62,8 +62,9 @@ def command(args: argparse.Namespace) -> int:
     finally:
         progress.clear()
     keys, points = sweep.keys, sweep.points
-    base = load(args, []) if args.calibration is not None else None  # what the file says
-    extra = calibration_columns(base) if base is not None else {}
+    # the scenario with the fixed --set values: its calibration and assumptions
+    base = load(args, split_axes(args.overrides)[0])
+    extra = calibration_columns(base)
     if args.json:
         print_json(
             {
@@ -73,21 +74,22 @@ def command(args: argparse.Namespace) -> int:
                 "swept": keys,
                 "points": [point.row() for point in points],
                 "rejected": [{**settings, "error": reason} for settings, reason in sweep.rejected],
-                **({"calibration": calibration_record(base)} if base is not None else {}),
+                "calibration": calibration_record(base),
             }
         )
     else:
+        print("\n".join(sweep_header(base, points)))
         if points:
             print(sweep_table_text(keys, points))
-        note = calibration_note(base) if base is not None else None
-        if note:
-            print(note)
         for settings, reason in sweep.rejected:
             where = ", ".join(f"{k}={v}" for k, v in settings.items())
             print(f"  rejected {where}: {reason}")
     if args.out:
         out = Path(args.out)
-        rows = [{**point.row(), **extra, "error": ""} for point in points]
+        rows = []
+        for point in points:
+            row = point.row()
+            rows.append({**row, **{k: v for k, v in extra.items() if k not in row}, "error": ""})
         rows += [{**settings, "error": reason} for settings, reason in sweep.rejected]
         name = load(args, []).name if points else ""
         with out_errors("--out", args.out):
@@ -115,3 +117,20 @@ def command(args: argparse.Namespace) -> int:
         )
         return EXIT_USAGE
     return 0
+
+
+def sweep_header(base, points) -> list[str]:
+    """The sweep's title and what its points rest on: each calibration label and each
+    assumption once, in the points' order (a swept key may change them: more nodes on
+    one switch, another GPU)."""
+    calibrations = list(dict.fromkeys(p.calibration for p in points)) or [
+        base.kernel_constants.source
+    ]
+    said = list(dict.fromkeys(a for p in points for a in p.assumptions))
+    if not points:
+        return [f"stepsim sweep · {base.name}", *label_lines(base)]
+    return [
+        f"stepsim sweep · {base.name}",
+        *(f"  calibration: {c}" for c in calibrations),
+        *(f"  assumes: {a}" for a in said),
+    ]

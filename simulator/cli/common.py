@@ -136,23 +136,29 @@ def calibration_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def calibration_record(scenario: Scenario) -> dict[str, Any] | None:
-    """What a --json document says of the calibration file it used: the fit's record
-    (file, measurements, leave-one-out error, parameters) and the kernel constants' label;
-    None without a file."""
+def calibration_record(scenario: Scenario) -> dict[str, Any]:
+    """What a --json document says of what its numbers rest on (report/labels.py): the
+    kernel constants' label, whether they are uncalibrated, the assumptions that may
+    flatter the result, and a calibration file's fit record (file, measurements,
+    leave-one-out error, parameters) when one was used."""
+    from ..report.labels import labels
+
+    out = labels(scenario)
     if scenario.measured is not None:
-        return {**scenario.measured.record(), "label": scenario.kernel_constants.source}
-    if scenario.calibration is not None:
-        return {"label": scenario.calibration.source}
-    return None
+        return {**scenario.measured.record(), **out}
+    return out
 
 
 def calibration_columns(scenario: Scenario) -> dict[str, Any]:
-    """The columns a CSV row (sweep.csv, search.csv, scale.csv) adds when a calibration
-    file was used: the file's label, and a fit's measurements and leave-one-out error."""
-    if scenario.calibration is None and scenario.measured is None:
-        return {}
-    out: dict[str, Any] = {"calibration": scenario.kernel_constants.source}
+    """The columns every CSV row (sweep.csv, search.csv, scale.csv) adds: the kernel
+    constants' label and the assumptions (report/labels.py); with a calibration file's
+    fit, its measurements and errors."""
+    from ..report.labels import assumptions
+
+    out: dict[str, Any] = {
+        "calibration": scenario.kernel_constants.source,
+        "assumptions": "; ".join(assumptions(scenario)),
+    }
     if scenario.measured is not None:
         loo = scenario.measured.loo_error
         out["calibration_measurements"] = scenario.measured.measurements
@@ -163,11 +169,11 @@ def calibration_columns(scenario: Scenario) -> dict[str, Any]:
     return out
 
 
-def calibration_note(scenario: Scenario) -> str | None:
-    """The line a text output ends with when a calibration file was used."""
-    if scenario.calibration is None and scenario.measured is None:
-        return None
-    return f"  calibration: {scenario.kernel_constants.source}"
+def label_lines(scenario: Scenario) -> list[str]:
+    """The lines a text header adds: the calibration and the assumptions."""
+    from ..report.labels import label_lines as lines
+
+    return lines(scenario)
 
 
 def load(args: argparse.Namespace, overrides: Sequence[str] | None = None) -> Scenario:

@@ -167,6 +167,9 @@ class Metrics:
     # schedule's own bubble), "imbalance" (unequal stages), "communication" (waits on
     # transfers); seconds per GPU adding up to breakdown_s["idle"]; None without a pipeline
     idle_by_cause_s: dict[str, float] | None = None
+    # what the result assumes that may flatter it (report/labels.py: one non-blocking
+    # switch for a whole cluster, links at line rate, borrowed network constants)
+    assumptions: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """metrics.json as a dict (json.dumps writes the file)."""
@@ -189,6 +192,7 @@ class Metrics:
             del out["idle_by_cause_s"]
         else:
             out["idle_by_cause_s"] = dict(self.idle_by_cause_s)
+        out["assumptions"] = list(self.assumptions)
         out["breakdown_s"] = dict(self.breakdown_s)
         out["framework_mechanisms"] = dict(self.framework_mechanisms)
         out["stages"] = [stage.to_json() for stage in self.stages]
@@ -264,10 +268,18 @@ class SweepPoint(NamedTuple):
 
     settings: dict[str, Any]
     metrics: MetricsRow
+    calibration: str = ""  # the kernel constants' label (report/labels.py)
+    assumptions: tuple[str, ...] = ()  # what may flatter the point (Metrics.assumptions)
 
     def row(self) -> dict[str, Any]:
-        """The point's row of sweep.csv: the swept keys, then the metrics."""
-        return {**self.settings, **self.metrics.row()}
+        """The point's row of sweep.csv: the swept keys, the metrics, then what they
+        rest on (the calibration label and the assumptions, joined by '; ')."""
+        return {
+            **self.settings,
+            **self.metrics.row(),
+            "calibration": self.calibration,
+            "assumptions": "; ".join(self.assumptions),
+        }
 
 
 class Result(NamedTuple):

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from ..ir.results import MetricsRow
 from ..ir.units import count_text
 from ..ir.vocabulary import CATEGORIES, SHARDING_NAMES
+from ..report.labels import fabric_text, label_lines
 from ..scenario import Scenario
 from .goodput import (
     CHECKPOINT_BYTES_PER_PARAM,
@@ -55,7 +56,8 @@ def describe_base(base: Scenario, params: float) -> list[str]:
         f"{m.seq_length} tokens",
         f"  cluster: {c.num_nodes} x {c.node or 'custom node'} = {c.num_gpus} GPUs "
         f"({c.gpu.name}, {c.gpu.memory_gib:g} GiB), {c.nics_per_node} x {c.nic_gbps:g} Gb/s "
-        "per node",
+        f"per node; {fabric_text(c)}",
+        *label_lines(base),
     ]
 
 
@@ -186,7 +188,8 @@ def fit_text(base: Scenario, rows: Sequence[FitRow], nodes: int, best: Candidate
     c = base.cluster
     lines = [
         f"stepsim plan fit · {nodes} x {c.node or 'custom node'} = {c.num_gpus} GPUs "
-        f"({c.gpu.name}, {c.gpu.memory_gib:g} GiB each)",
+        f"({c.gpu.name}, {c.gpu.memory_gib:g} GiB each); {fabric_text(c)}",
+        *label_lines(base),
         "  a model fits when some layout of the search space fits every GPU's memory "
         "(weights, gradients, optimizer, activations, workspace)",
         "",
@@ -235,6 +238,7 @@ def min_nodes_text(
     max_nodes: int,
 ) -> str:
     lines = [f"stepsim plan fit · {base.name}", describe_base(base, params)[0]]
+    lines += label_lines(base)
     if nodes == 0:
         lines.append(
             f"  does not fit on up to {max_nodes} nodes of {base.cluster.node or 'this node'} "

@@ -90,7 +90,15 @@ def run_sweep(
         for i, (settings, scenario) in enumerate(valid):
             if on_point is not None:
                 on_point(i, len(valid), " ".join(f"{k}={v}" for k, v in settings.items()))
-            done.append(SweepPoint(settings, simulate(scenario).summary_row()))
+            metrics = simulate(scenario)
+            done.append(
+                SweepPoint(
+                    settings,
+                    metrics.summary_row(),
+                    scenario.kernel_constants.source,
+                    metrics.assumptions,
+                )
+            )
     except KeyboardInterrupt:
         return Sweep(keys, done, rejected, interrupted=True)
     return Sweep(keys, done, rejected)

@@ -34,6 +34,7 @@ from ..ir.vocabulary import (
     breakdown_keys,
 )
 from ..scenario import Scenario
+from .labels import assumptions
 
 
 def compute_lanes(lanes: Sequence[Lane]) -> list[Lane]:
@@ -248,4 +249,5 @@ def summarize(
         out_of_memory=out_of_memory,
         busiest_links=tuple(busiest_links),
         calibration_fit=None if scenario.measured is None else scenario.measured.record(),
+        assumptions=assumptions(scenario),
     )

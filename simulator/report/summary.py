@@ -36,6 +36,7 @@ from ..scenario.precision import fast_accumulation, fp8_enabled, fp8_param_gathe
 from ..scenario.softmax import SOURCE as SOFTMAX_SOURCE
 from ..scenario.softmax import scenario_softmax_path
 from ..scenario.stages import is_uneven
+from .labels import assumptions, fabric_text
 from .metrics import compute_lanes, spans_per_gpu
 
 
@@ -146,7 +147,7 @@ def summary_text(result: Result) -> str:
     lines = [
         f"stepsim · {s.name}",
         f"  {used} ({cl.num_nodes} {node}, {cl.gpu.name}, {cl.nics_per_node} x "
-        f"{cl.nic_gbps:g} Gb/s NICs per node)",
+        f"{cl.nic_gbps:g} Gb/s NICs per node; {fabric_text(cl)})",
         f"  TP {par.tensor_model_parallel_size} x "
         + (f"CP {par.cp_size} x " if par.cp_size > 1 else "")
         + f"PP {par.pipeline_model_parallel_size} x DP {par.data_parallel_size}"
@@ -201,6 +202,7 @@ def summary_text(result: Result) -> str:
         f"  memory per GPU            {m.memory_per_gpu_gib:.1f} GiB of "
         f"{m.gpu_memory_gib:g} GiB (peak on stage {m.memory_peak_stage})",
         f"  kernel constants          {m.calibration}",
+        *(f"  assumes                   {a}" for a in assumptions(s)),
     ]
     if s.measured is not None:  # a calibration file's fit on measured iterations
         lines.append(f"  calibration fit           {_fit_text(s.measured)}")

@@ -23,7 +23,7 @@ def sweep_table_text(keys: list[str], points: Sequence[SweepPoint]) -> str:
             f"{100 * m.exposed_comm_fraction:.1f}",
             f"{m.memory_per_gpu_gib:.1f}" + ("" if m.fits_in_memory else " OOM"),
         ]
-        for settings, m in points
+        for settings, m, *_ in points
     ]
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     lines = [
