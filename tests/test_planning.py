@@ -86,8 +86,8 @@ def test_memory_filter_drops_what_does_not_fit():
     found, _, _ = candidates(base, SearchSpace(micro_batch=(1,), schedules=("1f1b",)))
     fitting = [c for c in found if c.status != OUT_OF_MEMORY]
     assert fitting and len(fitting) < len(found)
-    assert all(c.memory_gib <= 80 for c in fitting)
-    assert all(c.memory_gib > 80 for c in found if c.status == OUT_OF_MEMORY)
+    assert all(c.memory_gib <= 80 * 0.95 for c in fitting)  # 5 % kept free by default
+    assert all(c.memory_gib > 80 * 0.95 for c in found if c.status == OUT_OF_MEMORY)
     # the model state alone, 175B x 16 bytes (ZeRO-1: 4 + 12 / DP), must fit in 80 GiB
     for c in fitting:
         per_param = 16 if c.layout.sharding == "none" else 4 + 12 / c.layout.dp

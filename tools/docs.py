@@ -365,7 +365,7 @@ def bandwidth(images: Path | None) -> Generated:
     lines = []
     for name, points in results.items():
         layout = name.split(":")[0]
-        for settings, m in points:
+        for settings, m, *_ in points:
             time_of[(layout, settings[bandwidth_study.NIC_KEY])] = m.iteration_time_s
         m = full[name][0]  # 135 Gb/s
         compute = [stage.breakdown_s["compute"] for stage in m.stages]

@@ -242,10 +242,11 @@ def fit_command(args: argparse.Namespace) -> int:
         if args.json:
             from ..plan.records import min_nodes_record
 
-            print_json(labelled(min_nodes_record(base, nodes, fitting, best, args.max_nodes), base))
+            record = min_nodes_record(base, nodes, fitting, best, args.max_nodes)
+            print_json(labelled({**record, "memory_headroom": space.memory_headroom}, base))
         else:
             print(min_nodes_text(base, model_params(base), nodes, fitting, best, args.max_nodes))
-            noted(base)
+            print(f"  memory headroom: {100 * space.memory_headroom:g} % of each GPU kept free")
         return 0
     check_family(args.family)
     if args.nodes < 1:
@@ -259,10 +260,10 @@ def fit_command(args: argparse.Namespace) -> int:
     if args.json:
         from ..plan.records import fit_record
 
-        print_json(labelled(fit_record(cluster_base, rows, args.nodes, best), base))
+        record = fit_record(cluster_base, rows, args.nodes, best)
+        print_json(labelled({**record, "memory_headroom": space.memory_headroom}, base))
     else:
-        print(fit_text(cluster_base, rows, args.nodes, best))
-        noted(base)
+        print(fit_text(cluster_base, rows, args.nodes, best, space.memory_headroom))
     return 0
 
 

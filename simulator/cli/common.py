@@ -32,6 +32,7 @@ from ..ir.vocabulary import (
 )
 from ..plan.space import (
     DEFAULT_CHUNKS,
+    DEFAULT_MEMORY_HEADROOM,
     DEFAULT_MICRO_BATCHES,
     DEFAULT_SCHEDULES,
     DEFAULT_SHARDING,
@@ -294,6 +295,16 @@ def _listed(values: tuple) -> str:
 def space_arguments(parser: argparse.ArgumentParser) -> None:
     """The search-space flags; their defaults are plan.space's, the names vocabulary's."""
     space = parser.add_argument_group("search space (comma-separated values)")
+    space.add_argument(
+        "--memory-headroom",
+        type=float,
+        default=DEFAULT_MEMORY_HEADROOM,
+        metavar="FRACTION",
+        help="the fraction of each GPU's memory a layout must leave free to count as fitting "
+        f"(default {DEFAULT_MEMORY_HEADROOM:g}: allocator fragmentation, CUDA context and "
+        "NCCL buffers the memory model leaves out; 0: the bare capacity); layouts within "
+        "twice it are marked '!'",
+    )
     space.add_argument("--tp", metavar="LIST", help="tensor parallel (default: divisors of a node)")
     space.add_argument("--pp", metavar="LIST", help="pipeline parallel (default: layer divisors)")
     micro_batches, schedules = _listed(DEFAULT_MICRO_BATCHES), _listed(DEFAULT_SCHEDULES)
@@ -337,6 +348,7 @@ def space_arguments(parser: argparse.ArgumentParser) -> None:
 def space_of(args: argparse.Namespace):
     """The search space the flags of space_arguments give."""
     return space_from_flags(
+        memory_headroom=args.memory_headroom,
         tp=args.tp,
         pp=args.pp,
         micro_batch=args.micro_batch,

@@ -80,13 +80,15 @@ def layout_cells(layout: Layout) -> list[str]:
 LAYOUT_HEAD = ["TP", "PP", "DP", "mb", "schedule", "v", "recompute", "shard", "SP"]
 
 
-def metric_cells(m: MetricsRow, memory_gib: float) -> list[str]:
+def metric_cells(m: MetricsRow, memory_gib: float, tight_gib: float | None = None) -> list[str]:
+    """A layout's metrics; its memory marked '!' above ``tight_gib`` (SearchSpace.tight_gib)."""
+    tight = tight_gib is not None and memory_gib > tight_gib
     return [
         f"{m.iteration_time_s:.3f}",
         f"{m.tokens_per_s:,.0f}",
         f"{m.hardware_tflops_per_gpu:.1f}",
         f"{100 * m.mfu:.1f}",
-        f"{memory_gib:.1f}",
+        f"{memory_gib:.1f}" + (" !" if tight else ""),
         *(f"{100 * m.breakdown_s[c.key] / m.iteration_time_s:.1f}" for c in CATEGORIES),
     ]
 
@@ -99,6 +101,13 @@ METRIC_HEAD = [
     "mem GiB",
     *(f"{category.short}%" for category in CATEGORIES),
 ]
+
+
+def headroom_text(result: SearchResult) -> str:
+    """`` (5 % of each GPU kept free)``: the search's memory headroom, when it has one."""
+    if result.space is None or not result.space.memory_headroom:
+        return ""
+    return f" ({100 * result.space.memory_headroom:g} % of each GPU kept free)"
 
 
 def ordinal(n: int) -> str:
@@ -129,7 +138,8 @@ def search_text(
     lines.append(
         f"  layouts: {result.enumerated:,} enumerated; {result.num_invalid:,} break a rule"
         + (f" ({invalid})" if invalid else "")
-        + f"; {result.count(OUT_OF_MEMORY):,} do not fit in memory; {fitting:,} fit"
+        + f"; {result.count(OUT_OF_MEMORY):,} do not fit in memory{headroom_text(result)}; "
+        f"{fitting:,} fit"
     )
     lines.append(
         f"  simulated {result.count(SIMULATED):,} ("
@@ -145,11 +155,22 @@ def search_text(
         f"  top {min(show, len(ranked))} by simulated throughput; compute% .. idle%: where a "
         "GPU's iteration goes (mean over GPUs; tp, pp, dp: exposed communication)"
     )
+    capacity = base.cluster.gpu.memory_gib
+    tight = result.space.tight_gib(capacity) if result.space is not None else None
     body = [
-        [str(i + 1), *layout_cells(c.layout), *metric_cells(c.simulated_metrics, c.memory_gib)]
+        [
+            str(i + 1),
+            *layout_cells(c.layout),
+            *metric_cells(c.simulated_metrics, c.memory_gib, tight),
+        ]
         for i, c in enumerate(ranked[:show])
     ]
     lines.append(table(["#", *LAYOUT_HEAD, *METRIC_HEAD], body))
+    if tight is not None and any(c.memory_gib > tight for c in ranked[:show]):
+        lines.append(
+            f"  !: over {tight:.1f} of the GPU's {capacity:g} GiB, within twice the headroom "
+            "kept free (--memory-headroom): one allocation the model does not see from failing"
+        )
     best = ranked[0]
     if rule is not None:
         layout, m, rank = rule
@@ -184,14 +205,21 @@ def search_text(
     return "\n".join(lines)
 
 
-def fit_text(base: Scenario, rows: Sequence[FitRow], nodes: int, best: Candidate | None) -> str:
+def fit_text(
+    base: Scenario,
+    rows: Sequence[FitRow],
+    nodes: int,
+    best: Candidate | None,
+    headroom: float = 0.0,
+) -> str:
     c = base.cluster
     lines = [
         f"stepsim plan fit · {nodes} x {c.node or 'custom node'} = {c.num_gpus} GPUs "
         f"({c.gpu.name}, {c.gpu.memory_gib:g} GiB each); {fabric_text(c)}",
         *label_lines(base),
         "  a model fits when some layout of the search space fits every GPU's memory "
-        "(weights, gradients, optimizer, activations, workspace)",
+        "(weights, gradients, optimizer, activations, workspace)"
+        + (f" with {100 * headroom:g} % of it kept free" if headroom else ""),
         "",
     ]
     body = []

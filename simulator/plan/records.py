@@ -44,6 +44,7 @@ def search_record(
         "enumerated": result.enumerated,
         "break_a_rule": dict(result.invalid),
         "out_of_memory": result.count(OUT_OF_MEMORY),
+        "memory_headroom": None if result.space is None else result.space.memory_headroom,
         "simulated": result.count(SIMULATED),
         "pruned": result.count(PRUNED),
         "layouts": result_rows(result),

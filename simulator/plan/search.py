@@ -82,6 +82,7 @@ class SearchResult:
     invalid: dict[str, int] = field(default_factory=dict)  # rule -> layouts it rejected
     top: int = 10
     enumerated: int = 0
+    space: SearchSpace | None = None  # what was searched (its memory headroom)
 
     @property
     def ranked(self) -> list[Candidate]:
@@ -135,7 +136,7 @@ def candidates(base: Scenario, space: SearchSpace) -> tuple[list[Candidate], dic
     """(fitting and non-fitting candidates, invalid layouts by rule, number enumerated)."""
     space.check()
     inflight = Inflight()
-    capacity = base.cluster.gpu.memory_gib
+    capacity = space.usable_gib(base.cluster.gpu.memory_gib)
     found: list[Candidate] = []
     invalid: dict[str, int] = {}
     enumerated = layouts(base, space)
@@ -247,7 +248,9 @@ def search(
             if c.status != SIMULATED:
                 raise RuntimeError(f"the executor returned no result for {c.layout.key}")
         best = sorted(best + [c.simulated_metrics.iteration_time_s for c in batch])
-    return SearchResult(candidates=found, invalid=invalid, top=top, enumerated=enumerated)
+    return SearchResult(
+        candidates=found, invalid=invalid, top=top, enumerated=enumerated, space=space
+    )
 
 
 def result_rows(result: SearchResult) -> list[dict[str, Any]]:
@@ -269,6 +272,7 @@ def result_rows(result: SearchResult) -> list[dict[str, Any]]:
             row["last_layers"] = c.layout.last_layers
         row["status"] = c.status
         row["memory_per_gpu_gib"] = c.memory_gib
+        row["memory_free_fraction"] = 1.0 - c.memory_gib / c.scenario.cluster.gpu.memory_gib
         row["lower_bound_s"] = c.bound_s if c.status != OUT_OF_MEMORY else None
         metrics = c.metrics.row() if c.metrics is not None else {}
         for key in metric_keys:

@@ -24,6 +24,13 @@ DEFAULT_MICRO_BATCHES = (1, 2, 4, 8)
 DEFAULT_SCHEDULES = (schedules.ONE_F_ONE_B, schedules.INTERLEAVED)
 DEFAULT_CHUNKS = (2,)  # chunks per rank for chunked schedules other than ZB-V (always 2)
 DEFAULT_SHARDING = (NO_SHARDING, SHARD_OPTIMIZER)  # FSDP on request
+# The fraction of a GPU's memory a layout must leave free to count as fitting. A
+# judgment, not a fit: what the memory model leaves out (the caching allocator's
+# fragmentation, the CUDA context, NCCL's buffers, a framework's own tensors) takes a
+# few per cent of 80 GiB in practice, and a layout at 99.9 % of the memory is one
+# allocation away from failing. --memory-headroom sets it (0: the bare capacity).
+DEFAULT_MEMORY_HEADROOM = 0.05
+MAX_MEMORY_HEADROOM = 0.5
 # training keys that belong to one schedule and go when a layout replaces it
 SCHEDULE_BOUND_KEYS = ("schedule_file", "schedule_placement", "microbatch_group_size_per_vp_stage")
 
@@ -109,9 +116,28 @@ class SearchSpace:
     recompute: tuple[str, ...] = RECOMPUTE_GRANULARITIES
     sharding: tuple[str, ...] = DEFAULT_SHARDING
     sequence_parallel: tuple[bool, ...] = (False, True)
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM  # kept free of each GPU's memory
+
+    def usable_gib(self, capacity_gib: float) -> float:
+        """What a layout may use of a GPU's ``capacity_gib``."""
+        return capacity_gib * (1.0 - self.memory_headroom)
+
+    def tight_gib(self, capacity_gib: float) -> float:
+        """Above this a fitting layout is marked tight: within twice the headroom."""
+        return capacity_gib * (1.0 - 2.0 * self.memory_headroom)
 
     def check(self) -> None:
         """One-line ScenarioError for a value no layout could take."""
+        h = self.memory_headroom
+        if (
+            isinstance(h, bool)
+            or not isinstance(h, int | float)
+            or not 0.0 <= h < MAX_MEMORY_HEADROOM
+        ):
+            raise ScenarioError(
+                f"search memory_headroom={h!r} must be a fraction from 0 to under "
+                f"{MAX_MEMORY_HEADROOM:g} of the GPU's memory"
+            )
         for name in ("tp", "pp", "micro_batch", "chunks"):
             values = getattr(self, name)
             for value in values or ():
@@ -223,7 +249,7 @@ def layouts(base: Scenario, space: SearchSpace) -> list[Layout]:
 
 SEQUENCE_PARALLEL_CHOICES = {"both": (False, True), "on": (True,), "off": (False,)}
 # SearchSpace fields named by another flag than --FIELD
-_FLAG_OF = {"micro_batch": "--micro-batch"}
+_FLAG_OF = {"micro_batch": "--micro-batch", "memory_headroom": "--memory-headroom"}
 
 
 @overload
@@ -261,6 +287,7 @@ def space_from_flags(
     recompute: str,
     sharding: str,
     sequence_parallel: str,
+    memory_headroom: float = DEFAULT_MEMORY_HEADROOM,
 ) -> SearchSpace:
     """The search space the command-line flags give (comma-separated lists), checked;
     an error names the flag, not the field."""
@@ -273,6 +300,7 @@ def space_from_flags(
         recompute=name_list(recompute),
         sharding=name_list(sharding),
         sequence_parallel=SEQUENCE_PARALLEL_CHOICES[sequence_parallel],
+        memory_headroom=memory_headroom,
     )
     try:
         space.check()
