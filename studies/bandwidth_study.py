@@ -73,7 +73,7 @@ def table(results: dict[str, list[SweepPoint]]) -> str:
     )
     lines = [head, "|---|---:|" + "---:|" * (4 + len(BREAKDOWN_KEYS))]
     for name, points in results.items():
-        for settings, m in points:
+        for settings, m, *_ in points:
             cells = [
                 name.split(":")[0],
                 f"{settings[NIC_KEY]:g}",

@@ -145,7 +145,14 @@ def test_an_out_of_memory_run_does_not_fit_in_its_row(result):
 
 def test_a_sweep_point_row_puts_the_swept_keys_first(result):
     point = SweepPoint({"cluster.nic_gbps": 135.0}, result.metrics.summary_row())
-    assert list(point.row()) == ["cluster.nic_gbps", *ROW_KEYS, "calibration", "assumptions"]
+    causes = [f"idle_by_cause_s.{k}" for k in ("schedule", "imbalance", "communication")]
+    assert list(point.row()) == [
+        "cluster.nic_gbps",
+        *ROW_KEYS,
+        *causes,
+        "calibration",
+        "assumptions",
+    ]
 
 
 def _row(tokens_per_s: float, num_gpus: int) -> MetricsRow:

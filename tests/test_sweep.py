@@ -56,6 +56,12 @@ def test_sweep_writes_csv_with_swept_and_metric_columns(tmp_path, capsys):
     small, large = by_point[("8", "1f1b")], by_point[("32", "1f1b")]
     assert float(large["bubble_fraction"]) < float(small["bubble_fraction"])
     assert (tmp_path / "sweep.png").read_bytes().startswith(b"\x89PNG")
+    # the idle by cause adds up to the idle, per point (run/bubble.py)
+    for row in rows:
+        causes = [
+            float(row[f"idle_by_cause_s.{k}"]) for k in ("schedule", "imbalance", "communication")
+        ]
+        assert sum(causes) == pytest.approx(float(row["breakdown_s.idle"]), rel=1e-9, abs=1e-12)
 
 
 def test_a_bad_point_is_kept_with_its_reason_and_the_others_run(tmp_path, capsys):

@@ -263,6 +263,10 @@ class MetricsRow:
         return cls(**values, breakdown_s=breakdown)
 
 
+IDLE_CAUSES = ("schedule", "imbalance", "communication")  # run/bubble.py idle_causes
+IDLE_CAUSE_COLUMN = "idle_by_cause_s.{}"
+
+
 class SweepPoint(NamedTuple):
     """One point of a sweep: the swept keys' values (parsed) and what it measured."""
 
@@ -270,13 +274,19 @@ class SweepPoint(NamedTuple):
     metrics: MetricsRow
     calibration: str = ""  # the kernel constants' label (report/labels.py)
     assumptions: tuple[str, ...] = ()  # what may flatter the point (Metrics.assumptions)
+    # the idle split by cause (Metrics.idle_by_cause_s); None without a pipeline
+    idle_by_cause_s: dict[str, float] | None = None
 
     def row(self) -> dict[str, Any]:
-        """The point's row of sweep.csv: the swept keys, the metrics, then what they
-        rest on (the calibration label and the assumptions, joined by '; ')."""
+        """The point's row of sweep.csv: the swept keys, the metrics, the idle by cause
+        (idle_by_cause_s.schedule, .imbalance, .communication; empty without a pipeline),
+        then what they rest on (the calibration label and the assumptions, joined by
+        '; ')."""
+        causes = self.idle_by_cause_s or {}
         return {
             **self.settings,
             **self.metrics.row(),
+            **{IDLE_CAUSE_COLUMN.format(k): causes.get(k, "") for k in IDLE_CAUSES},
             "calibration": self.calibration,
             "assumptions": "; ".join(self.assumptions),
         }

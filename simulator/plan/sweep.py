@@ -97,6 +97,7 @@ def run_sweep(
                     metrics.summary_row(),
                     scenario.kernel_constants.source,
                     metrics.assumptions,
+                    metrics.idle_by_cause_s,
                 )
             )
     except KeyboardInterrupt:

@@ -7,28 +7,48 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..ir.results import SweepPoint
+from ..ir.results import IDLE_CAUSES, SweepPoint
 from ..scenario.presets import CALIBRATED_GPUS, GPUS
 
 
 def sweep_table_text(keys: list[str], points: Sequence[SweepPoint]) -> str:
-    head = [*keys, "iteration s", "HW TFLOP/s", "MFU %", "bubble %", "exposed comm %", "mem GiB"]
-    body = [
-        [
-            *(str(settings[k]) for k in keys),
+    """The sweep's table; the bubble split by cause (the schedule's own, stage imbalance,
+    communication waits: run/bubble.py) where the points have a pipeline."""
+    split = any(p.idle_by_cause_s for p in points)
+    head = [*keys, "iteration s", "HW TFLOP/s", "MFU %", "bubble %"]
+    if split:
+        head += ["own %", "imbal %", "comm %"]
+    head += ["exposed comm %", "mem GiB"]
+    body = []
+    for p in points:
+        m = p.metrics
+        row = [
+            *(str(p.settings[k]) for k in keys),
             f"{m.iteration_time_s:.4g}",
             f"{m.hardware_tflops_per_gpu:.1f}",
             f"{100 * m.mfu:.1f}",
             f"{100 * m.bubble_fraction:.1f}",
+        ]
+        if split:
+            causes = p.idle_by_cause_s or {}
+            row += [
+                f"{100 * causes[k] / m.iteration_time_s:.1f}" if k in causes else "-"
+                for k in IDLE_CAUSES
+            ]
+        row += [
             f"{100 * m.exposed_comm_fraction:.1f}",
             f"{m.memory_per_gpu_gib:.1f}" + ("" if m.fits_in_memory else " OOM"),
         ]
-        for settings, m, *_ in points
-    ]
+        body.append(row)
     widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
     lines = [
         "  ".join(cell.rjust(w) for cell, w in zip(r, widths, strict=True)) for r in [head, *body]
     ]
+    if split:
+        lines.append(
+            "  bubble % = own % (the schedule's, with equal stages and free communication) "
+            "+ imbal % (unequal stages) + comm % (waits on transfers)"
+        )
     if not all(point.metrics.fits_in_memory for point in points):
         lines.append("  OOM: does not fit in GPU memory (simulated all the same)")
     return "\n".join(lines)
