@@ -1,5 +1,6 @@
 """The stepsim command as a user runs it, and every shipped scenario."""
 
+import io
 import json
 import subprocess
 import sys
@@ -246,6 +247,22 @@ def test_progress_line_only_on_a_terminal_and_cleared_after(capsys):
     assert main(["run", TINY]) == 0
     assert capsys.readouterr().err == ""
     assert main(["run", TINY, "--quiet", "--json"]) == 0
+
+
+def test_progress_says_the_time_left_at_the_pace_so_far_over_a_sweeps_points():
+    from stepsim.cli import Progress
+
+    stream = io.StringIO()
+    shown = Progress(True, stream)
+    shown.started -= 2.0  # two seconds in
+    shown.part = (1, 4)  # the second of four points, half done: 3/8 of the sweep
+    shown.update(0.5, force=True)
+    assert stream.getvalue().endswith("2.0 s, ~3 s left")  # 2 s x (5/8) / (3/8)
+    shown.part = None
+    shown.update(0.05, force=True)  # under a tenth done: no guess yet
+    assert stream.getvalue().endswith("2.0 s")
+    shown.stage("writing out/")
+    assert stream.getvalue().endswith("writing out/    2.0 s")
 
 
 def test_ctrl_c_of_run_is_one_line_and_status_130(monkeypatch, capsys):

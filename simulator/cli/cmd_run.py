@@ -91,11 +91,12 @@ def command(args: argparse.Namespace) -> int:
     try:
         # only the metrics printed: the engine may add spans up rather than keep them
         result = run(scenario, progress.update, spans=bool(args.out) or not args.json)
+        if args.out:  # the trace and pictures of a large run take seconds: say so
+            progress.stage(f"writing {args.out}/: metrics, trace, pictures")
+            with out_errors("--out", args.out):
+                written = write_outputs(result, Path(args.out), TRACE_FILES[args.trace])
     finally:
         progress.clear()
-    if args.out:
-        with out_errors("--out", args.out):
-            written = write_outputs(result, Path(args.out), TRACE_FILES[args.trace])
     if args.json:
         print(json.dumps(result.metrics.to_json(), indent=2))
     else:

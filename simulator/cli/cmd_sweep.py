@@ -50,6 +50,7 @@ def command(args: argparse.Namespace) -> int:
     progress = progress_for(args)
 
     def on_point(i: int, n: int, where: str) -> None:
+        progress.part = (i, n)
         progress.begin(f"point {i + 1}/{n} ({where})")
 
     try:
@@ -85,6 +86,7 @@ def command(args: argparse.Namespace) -> int:
             where = ", ".join(f"{k}={v}" for k, v in settings.items())
             print(f"  rejected {where}: {reason}")
     if args.out:
+        progress.stage(f"writing {args.out}/")
         out = Path(args.out)
         rows = []
         for point in points:
@@ -92,13 +94,17 @@ def command(args: argparse.Namespace) -> int:
             rows.append({**row, **{k: v for k, v in extra.items() if k not in row}, "error": ""})
         rows += [{**settings, "error": reason} for settings, reason in sweep.rejected]
         name = load(args, []).name if points else ""
-        with out_errors("--out", args.out):
-            out.mkdir(parents=True, exist_ok=True)
-            write_csv(out / "sweep.csv", rows)
-            written = "sweep.csv"
-            if points:
-                sweep_figure(keys, points, f"{name}: sweep").savefig(out / "sweep.png", dpi=110)
-                written += " sweep.png"
+        try:
+            with out_errors("--out", args.out):
+                out.mkdir(parents=True, exist_ok=True)
+                write_csv(out / "sweep.csv", rows)
+                written = "sweep.csv"
+                if points:
+                    figure = sweep_figure(keys, points, f"{name}: sweep")
+                    figure.savefig(out / "sweep.png", dpi=110)
+                    written += " sweep.png"
+        finally:
+            progress.clear()
         if not args.json:
             print(f"\n  wrote {args.out}/: {written}")
     if sweep.interrupted:

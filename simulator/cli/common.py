@@ -65,9 +65,12 @@ class Parser(argparse.ArgumentParser):
 
 
 class Progress:
-    """One self-overwriting line on stderr while a long simulation or sweep runs.
-    Silent unless ``enabled`` (stderr is a terminal and no --quiet); redrawn at most
-    ten times a second, so it costs nothing measurable."""
+    """One self-overwriting line on stderr while a long simulation or sweep runs: the
+    task, the fraction done, the time so far and, once a tenth is done and a second has
+    passed, the time left at the pace so far (``~12 s left``; a sweep's over all its
+    points: ``part`` says which of how many the current fraction belongs to). Silent
+    unless ``enabled`` (stderr is a terminal and no --quiet); redrawn at most ten times
+    a second, so it costs nothing measurable."""
 
     def __init__(self, enabled: bool, stream: TextIO | None = None) -> None:
         self.enabled = enabled
@@ -76,10 +79,21 @@ class Progress:
         self.started = time.monotonic()
         self.drawn_at = -1.0
         self.shown = False
+        self.part: tuple[int, int] | None = None  # (index, count) of a sweep's points
 
     def begin(self, task: str) -> None:
         self.task = task
         self.update(0.0, force=True)
+
+    def stage(self, task: str) -> None:
+        """A step with no fraction (writing the outputs): its name and the time so far."""
+        self.part = None
+        self.task = task
+        if not self.enabled:
+            return
+        self.stream.write(f"\r\x1b[K  {task}  {time.monotonic() - self.started:5.1f} s")
+        self.stream.flush()
+        self.shown = True
 
     def update(self, fraction: float, force: bool = False) -> None:
         if not self.enabled:
@@ -88,7 +102,11 @@ class Progress:
         if not force and now - self.drawn_at < 0.1:
             return
         self.drawn_at = now
-        line = f"  {self.task} {fraction:4.0%}  {now - self.started:5.1f} s"
+        elapsed = now - self.started
+        line = f"  {self.task} {fraction:4.0%}  {elapsed:5.1f} s"
+        done = fraction if self.part is None else (self.part[0] + fraction) / self.part[1]
+        if done >= 0.1 and elapsed >= 1.0:
+            line += f", ~{elapsed * (1.0 - done) / done:.0f} s left"
         self.stream.write("\r\x1b[K" + line)
         self.stream.flush()
         self.shown = True
