@@ -275,3 +275,21 @@ def test_ctrl_c_of_run_is_one_line_and_status_130(monkeypatch, capsys):
     assert main(["run", TINY, "--quiet"]) == 130
     captured = capsys.readouterr()
     assert captured.err == "stepsim: interrupted\n" and captured.out == ""
+
+
+def test_stepsim_killed_with_sigterm_says_so_in_one_line_and_exits_143():
+    """The installed program turns SIGTERM into the Ctrl-C path (cli.program)."""
+    import signal
+    import time
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "stepsim", "run", "mt-nlg-530b-280nodes", "--json"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(2.0)  # imported and simulating (a run of this size takes several seconds)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 128 + signal.SIGTERM, err
+    assert err.strip() == "stepsim: terminated by SIGTERM"

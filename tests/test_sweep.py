@@ -130,3 +130,38 @@ def test_ctrl_c_keeps_the_finished_points(tmp_path, capsys):
     ]
     with (tmp_path / "sweep.csv").open() as f:
         assert [r["cluster.nic_gbps"] for r in csv.DictReader(f)] == ["100"]
+
+
+def test_sigterm_keeps_the_finished_points_as_ctrl_c_does(tmp_path, capsys):
+    """SIGTERM during the second of three points: exit 143, the first is written."""
+    import os
+    import signal
+    import unittest.mock
+
+    from stepsim.cli.common import on_terminate
+    from stepsim.run import iteration as run_module
+
+    real_run = run_module.run
+    calls = []
+
+    def run_or_terminate(scenario, progress=None):
+        calls.append(scenario.cluster.nic_gbps)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here, as in stepsim
+        return real_run(scenario)
+
+    argv = ["sweep", TINY, "--set", "cluster.nic_gbps=100,200,300", "--out", str(tmp_path)]
+    previous = signal.signal(signal.SIGTERM, on_terminate)
+    try:
+        with unittest.mock.patch.object(run_module, "run", run_or_terminate):
+            assert main(argv) == 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert calls == [100, 200]
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        f"stepsim: terminated by SIGTERM after 1 simulated point(s); they are in the table "
+        f"and {tmp_path}/sweep.csv"
+    ]
+    with (tmp_path / "sweep.csv").open() as f:
+        assert [r["cluster.nic_gbps"] for r in csv.DictReader(f)] == ["100"]

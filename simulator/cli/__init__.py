@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import signal
 import sys
 
 from .. import __version__
@@ -34,10 +35,12 @@ from . import (
 from .common import (
     EXIT_BROKEN_PIPE,
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
     EXIT_USAGE,
     Parser,
     Progress,
+    interrupted_status,
+    interrupted_word,
+    on_terminate,
 )
 
 __all__ = ["EXIT_USAGE", "Progress", "build_parser", "main", "program"]
@@ -92,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     except DeadlockError as exc:
         print(f"stepsim: error: {exc}", file=sys.stderr)
         return EXIT_FAILED
-    except KeyboardInterrupt:  # commands that keep finished work catch it themselves
-        print("stepsim: interrupted", file=sys.stderr)
-        return EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:  # commands that keep finished work catch it themselves
+        print(f"stepsim: {interrupted_word(exc)}", file=sys.stderr)
+        return interrupted_status(exc)
 
 
 def program(argv: list[str] | None = None) -> int:
@@ -105,6 +108,9 @@ def program(argv: list[str] | None = None) -> int:
     would walk and free every one of them for nothing: a fifth of a large run's whole
     process (docs/performance.md). Frozen, they are left to the operating system; exit
     handlers still run. In-process callers of `main` (tests, sweeps) keep collecting."""
+    for name in ("SIGTERM", "SIGHUP"):  # as SIGINT: finished work kept, one line
+        if hasattr(signal, name):
+            signal.signal(getattr(signal, name), on_terminate)
     code = main(argv)
     gc.freeze()
     return code

@@ -14,11 +14,12 @@ from ..plan.planning import model_params
 from ..scenario import ScenarioError, read_search_journal
 from .common import (
     EXIT_FAILED,
-    EXIT_INTERRUPTED,
     Workers,
     calibration_columns,
     calibration_record,
     check_out,
+    interrupted_status,
+    interrupted_word,
     json_argument,
     load,
     out_errors,
@@ -133,15 +134,15 @@ def command(args: argparse.Namespace) -> int:
                 on_start=on_start,
             )
             rule_entry = rule_of_thumb_entry(base, result, known)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (common.Terminated)
         progress.clear()
         kept = f"; finished results are in {args.out}/search.jsonl: run the same command to "
         print(
-            "stepsim: interrupted"
+            f"stepsim: {interrupted_word(exc)}"
             + (kept + "resume" if journal is not None else " (use --out DIR to keep results)"),
             file=sys.stderr,
         )
-        return EXIT_INTERRUPTED
+        return interrupted_status(exc)
     finally:
         progress.clear()
         if journal is not None:

@@ -8,11 +8,12 @@ from pathlib import Path
 
 from ..ir.results import SCHEMA_VERSION
 from .common import (
-    EXIT_INTERRUPTED,
     EXIT_USAGE,
     calibration_columns,
     calibration_record,
     check_out,
+    interrupted_status,
+    interrupted_word,
     json_argument,
     label_lines,
     load,
@@ -109,11 +110,12 @@ def command(args: argparse.Namespace) -> int:
             print(f"\n  wrote {args.out}/: {written}")
     if sweep.interrupted:
         print(
-            f"stepsim: interrupted after {len(points)} simulated point(s); "
+            f"stepsim: {interrupted_word(sweep.stopped_by)} after {len(points)} simulated "
+            "point(s); "
             "they are in the table" + (f" and {args.out}/sweep.csv" if args.out else ""),
             file=sys.stderr,
         )
-        return EXIT_INTERRUPTED
+        return interrupted_status(sweep.stopped_by)
     if sweep.rejected:
         total = len(points) + len(sweep.rejected)
         print(

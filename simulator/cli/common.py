@@ -44,6 +44,37 @@ from ..scenario.suggest import did_you_mean
 EXIT_USAGE = 2  # bad input: one line naming the key, the value and the rule
 EXIT_FAILED = 1  # a deadlock or a file that cannot be read or written
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP (what schedulers, `timeout` and a closed terminal send), raised
+    where SIGINT raises KeyboardInterrupt, so that every command keeps its finished work
+    as it does on Ctrl-C; the exit status is 128 + the signal's number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def on_terminate(signum: int, frame: object) -> None:
+    """The handler `stepsim` (cli.program) installs for SIGTERM and SIGHUP."""
+    raise Terminated(signum)
+
+
+def interrupted_status(exc: BaseException | None) -> int:
+    """The exit status of a command stopped by ``exc``: 128 + N for signal N."""
+    return 128 + exc.signum if isinstance(exc, Terminated) else EXIT_INTERRUPTED
+
+
+def interrupted_word(exc: BaseException | None) -> str:
+    """``interrupted`` (Ctrl-C) or ``terminated by SIGTERM``."""
+    if isinstance(exc, Terminated):
+        import signal
+
+        return f"terminated by {signal.Signals(exc.signum).name}"
+    return "interrupted"
+
+
 EXIT_BROKEN_PIPE = 141  # stdout's reader went away (128 + SIGPIPE, as Unix tools exit)
 
 

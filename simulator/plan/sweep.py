@@ -60,6 +60,7 @@ class Sweep(NamedTuple):
     points: list[SweepPoint]
     rejected: list[tuple[dict[str, Any], str]]
     interrupted: bool = False
+    stopped_by: BaseException | None = None  # what interrupted it
 
 
 def run_sweep(
@@ -100,6 +101,6 @@ def run_sweep(
                     metrics.idle_by_cause_s,
                 )
             )
-    except KeyboardInterrupt:
-        return Sweep(keys, done, rejected, interrupted=True)
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (cli.common.Terminated)
+        return Sweep(keys, done, rejected, interrupted=True, stopped_by=exc)
     return Sweep(keys, done, rejected)
