@@ -237,7 +237,13 @@ def test_run_writes_a_gzipped_trace_or_none(tmp_path, capsys):
     assert main(["run", str(TINY), "--out", str(tmp_path / "none"), "--no-trace"]) == 0
     assert "trace" not in capsys.readouterr().out.split("wrote")[-1]
     written = sorted(p.name for p in (tmp_path / "none").iterdir())
-    assert written == ["breakdown.png", "metrics.json", "scenario.resolved.toml", "timeline.png"]
+    assert written == [
+        "breakdown.png",
+        "metrics.json",
+        "scenario.resolved.toml",
+        "stepsim-manifest.json",  # cli/outfolder.py: the folder is complete
+        "timeline.png",
+    ]
 
 
 def test_trace_and_no_trace_exclude_each_other(capsys):

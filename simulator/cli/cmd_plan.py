@@ -39,6 +39,7 @@ from .common import (
     worker_arguments,
     write_rows,
 )
+from .outfolder import out_folder
 
 
 def add_command(sub) -> None:
@@ -365,11 +366,10 @@ def scale_command(args: argparse.Namespace) -> int:
 
         out = Path(args.out)
         rows = [{**p.row(), **calibration_columns(base)} for p in points if p.metrics is not None]
-        with out_errors("--out", args.out):
-            written = write_rows(out, "scale", rows)
-            scale_figure(points, f"{base.name}: scaling with data parallelism").savefig(
-                out / "scale.png", dpi=110
-            )
+        with out_errors("--out", args.out), out_folder(out, f"plan scale {base.name}") as folder:
+            written = write_rows(folder, "scale", rows)
+            figure = scale_figure(points, f"{base.name}: scaling with data parallelism")
+            folder.figure("scale.png", figure, dpi=110)
         if not args.json:
             print(f"\n  wrote {args.out}/: {' '.join(written)} scale.png")
     return 0

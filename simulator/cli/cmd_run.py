@@ -28,6 +28,7 @@ from .common import (
     quiet_argument,
     scenario_arguments,
 )
+from .outfolder import out_folder
 
 TRACE_FILES = {"json": "trace.json", "gz": "trace.json.gz", None: None}  # --trace, --no-trace
 
@@ -114,17 +115,17 @@ def write_outputs(result, out: Path, trace_file: str | None = "trace.json") -> l
     from ..report.timeline import breakdown_figure, timeline_figure
     from ..report.trace import chrome_trace_bytes
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "metrics.json").write_text(json.dumps(result.metrics.to_json(), indent=2) + "\n")
-    (out / "scenario.resolved.toml").write_text(dumps_toml(scenario_to_dict(result.scenario)))
-    if trace_file is not None:
-        # the compact JSON of chrome_trace's document, written as text span by span
-        text = chrome_trace_bytes(result)
-        if trace_file.endswith(".gz"):
-            text = gzip.compress(text, mtime=0)  # no time stamp: the same bytes every run
-        (out / trace_file).write_bytes(text)
-    timeline_figure(result).savefig(out / "timeline.png", dpi=110)
-    breakdown_figure(result).savefig(out / "breakdown.png", dpi=110)
+    with out_folder(out, f"run {result.scenario.name}") as folder:
+        folder.text("metrics.json", json.dumps(result.metrics.to_json(), indent=2) + "\n")
+        folder.text("scenario.resolved.toml", dumps_toml(scenario_to_dict(result.scenario)))
+        if trace_file is not None:
+            # the compact JSON of chrome_trace's document, written as text span by span
+            text = chrome_trace_bytes(result)
+            if trace_file.endswith(".gz"):
+                text = gzip.compress(text, mtime=0)  # no time stamp: the same bytes every run
+            folder.bytes(trace_file, text)
+        folder.figure("timeline.png", timeline_figure(result), dpi=110)
+        folder.figure("breakdown.png", breakdown_figure(result), dpi=110)
     names = ["metrics.json", "timeline.png", "breakdown.png", trace_file, "scenario.resolved.toml"]
     return [name for name in names if name is not None]
 
@@ -219,14 +220,14 @@ def calibrated_jobs(spec, calibration: str):
 def write_jobs_outputs(result, spec, out: Path, trace: str | None) -> list[str]:
     from ..report.jobreport import jobs_trace
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "jobs.json").write_text(json.dumps(result.to_json(), indent=2) + "\n")
     names = ["jobs.json"]
-    if trace is not None:
-        text = json.dumps(jobs_trace(result, spec), separators=(",", ":")).encode()
-        name = "trace.json"
-        if trace == "gz":
-            text, name = gzip.compress(text, mtime=0), "trace.json.gz"
-        (out / name).write_bytes(text)
-        names.append(name)
+    with out_folder(out, f"jobs {spec.name}") as folder:
+        folder.text("jobs.json", json.dumps(result.to_json(), indent=2) + "\n")
+        if trace is not None:
+            text = json.dumps(jobs_trace(result, spec), separators=(",", ":")).encode()
+            name = "trace.json"
+            if trace == "gz":
+                text, name = gzip.compress(text, mtime=0), "trace.json.gz"
+            folder.bytes(name, text)
+            names.append(name)
     return names

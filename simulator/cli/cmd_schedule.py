@@ -13,6 +13,7 @@ from stepsim.schedules.torch_csv import to_torch_csv
 from ..plan.space import int_list
 from ..scenario import check_limit, read_schedule_file
 from .common import check_out, out_errors, progress_for, quiet_argument
+from .outfolder import out_folder
 
 
 def builder_ops(name: str, stages: int, microbatches: int) -> int:
@@ -226,19 +227,17 @@ def command(args: argparse.Namespace) -> int:
         out = Path(args.out)
         panels = f"{len(studies)} panel{'s' if len(studies) > 1 else ''}"
         try:
-            with out_errors("--out", args.out):
-                out.mkdir(parents=True, exist_ok=True)
+            with out_errors("--out", args.out), out_folder(out, "schedule") as folder:
                 progress.begin(f"drawing {args.out}/schedule.png ({panels})")
-                pipeline_figure(studies).savefig(out / "schedule.png", dpi=110)
+                folder.figure("schedule.png", pipeline_figure(studies), dpi=110)
                 progress.begin(f"writing {args.out}/trace.json")
-                trace = json.dumps(study_trace(studies), separators=(",", ":"))
-                (out / "trace.json").write_text(trace)
+                folder.text("trace.json", json.dumps(study_trace(studies), separators=(",", ":")))
                 written = ["schedule.png", "trace.json"]
                 for study in studies:
                     if study.placement == DUAL:  # two model copies: no torch schedule runs them
                         continue
                     name = f"{study.name}.torch.csv"
-                    (out / name).write_text(to_torch_csv(study.orders, study.placement))
+                    folder.text(name, to_torch_csv(study.orders, study.placement))
                     written.append(name)
         finally:
             progress.clear()

@@ -31,6 +31,7 @@ from .common import (
     worker_arguments,
     write_rows,
 )
+from .outfolder import out_folder
 
 
 def add_command(sub) -> None:
@@ -168,8 +169,12 @@ def command(args: argparse.Namespace) -> int:
     if args.out:
         extra = calibration_columns(base)
         rows = [{**row, **extra} for row in result_rows(result)]
-        with out_errors("--out", args.out):
-            written = write_rows(Path(args.out), "search", rows)
+        folder_path = Path(args.out)
+        with (
+            out_errors("--out", args.out),
+            out_folder(folder_path, f"search {base.name}") as folder,
+        ):
+            written = write_rows(folder, "search", rows)
         if not args.json:
             print(f"\n  wrote {args.out}/: {' '.join(written)} search.jsonl")
     return 0 if result.ranked else EXIT_FAILED

@@ -12,6 +12,7 @@ from .common import (
     calibration_columns,
     calibration_record,
     check_out,
+    csv_text,
     interrupted_status,
     interrupted_word,
     json_argument,
@@ -22,8 +23,8 @@ from .common import (
     progress_for,
     quiet_argument,
     scenario_arguments,
-    write_csv,
 )
+from .outfolder import out_folder
 
 
 def add_command(sub) -> None:
@@ -96,13 +97,12 @@ def command(args: argparse.Namespace) -> int:
         rows += [{**settings, "error": reason} for settings, reason in sweep.rejected]
         name = load(args, []).name if points else ""
         try:
-            with out_errors("--out", args.out):
-                out.mkdir(parents=True, exist_ok=True)
-                write_csv(out / "sweep.csv", rows)
+            with out_errors("--out", args.out), out_folder(out, f"sweep {base.name}") as folder:
+                folder.text("sweep.csv", csv_text(rows))
                 written = "sweep.csv"
                 if points:
                     figure = sweep_figure(keys, points, f"{name}: sweep")
-                    figure.savefig(out / "sweep.png", dpi=110)
+                    folder.figure("sweep.png", figure, dpi=110)
                     written += " sweep.png"
         finally:
             progress.clear()

@@ -16,6 +16,7 @@ from ..scenario.errors import shown
 from ..scenario.files import VALIDATION_FILES, read_collective_tables, read_kernel_tables
 from ..scenario.presets import CALIBRATED_GPUS, GPUS, NODES
 from .common import check_out, out_errors, print_json, progress_for, quiet_argument
+from .outfolder import out_folder
 
 QUICK_MAX_GPUS = 1_000  # --quick skips the Table 1 rows on more GPUs
 QUICK_MAX_H100_GPUS = 100  # and the H100 rows on more
@@ -173,10 +174,10 @@ def command(args: argparse.Namespace) -> int:
 
 def _write_kernels_only(out: Path, kernels: dict, comms: dict, quiet: bool) -> None:
     """--kernels --out DIR: the kernel section's markdown alone, DIR/validation-kernels.md."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "validation-kernels.md").write_text(
-        kernel_markdown(kernels) + "\n" + collective_markdown(comms), encoding="utf-8"
-    )
+    with out_folder(out, "validate --kernels") as folder:
+        folder.text(
+            "validation-kernels.md", kernel_markdown(kernels) + "\n" + collective_markdown(comms)
+        )
     if not quiet:  # --json: stdout holds the document alone
         print(f"\n  wrote {out}/validation-kernels.md")
 
@@ -262,16 +263,15 @@ def _sets(args: argparse.Namespace) -> int:
         from ..report.figures import validation_figure
 
         out = Path(args.out)
-        with out_errors("--out", args.out):
-            (out / "images").mkdir(parents=True, exist_ok=True)
-            validation_figure(by_set).savefig(out / "images" / "validation.png", dpi=110)
-            (out / "validation.md").write_text(
+        with out_errors("--out", args.out), out_folder(out, "validate") as folder:
+            folder.figure("images/validation.png", validation_figure(by_set), dpi=110)
+            folder.text(
+                "validation.md",
                 validation_markdown(by_set, totals, calibrations)
                 + "\n"
                 + kernel_markdown(kernels)
                 + "\n"
                 + collective_markdown(comms),
-                encoding="utf-8",
             )
         if not args.json:  # stdout holds the document alone
             print(f"\n  wrote {args.out}/validation.md and {args.out}/images/validation.png")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
+import io
 import json
 import math
 import os
@@ -40,6 +41,7 @@ from ..plan.space import (
 )
 from ..scenario import Scenario, ScenarioError, load_scenario
 from ..scenario.suggest import did_you_mean
+from .outfolder import OutFolder
 
 EXIT_USAGE = 2  # bad input: one line naming the key, the value and the rule
 EXIT_FAILED = 1  # a deadlock or a file that cannot be read or written
@@ -472,25 +474,28 @@ def ray_package_dir(tmp: Path) -> str:
     return str(staged)
 
 
-def write_csv(path: Path, rows: list[dict[str, Any]], empty_head: str = "layout") -> None:
+def csv_text(rows: list[dict[str, Any]], empty_head: str = "layout") -> str:
     """rows under a header of every row's keys in the order they first appear (a row
     without a column leaves it empty; ``empty_head`` alone when there are no rows)."""
     fieldnames = list(dict.fromkeys(key for row in rows for key in row)) or [empty_head]
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=fieldnames)
-        writer.writeheader()
-        writer.writerows(rows)
+    buffer = io.StringIO(newline="")
+    writer = csv.DictWriter(buffer, fieldnames=fieldnames)
+    writer.writeheader()
+    writer.writerows(rows)
+    return buffer.getvalue()
 
 
-def write_rows(out: Path, stem: str, rows: list[dict[str, Any]]) -> list[str]:
-    """rows as STEM.csv, and STEM.parquet when pyarrow is installed; the names written."""
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(out / f"{stem}.csv", rows)
+def write_rows(folder: OutFolder, stem: str, rows: list[dict[str, Any]]) -> list[str]:
+    """rows as STEM.csv, and STEM.parquet when pyarrow is installed, into an output
+    folder (cli/outfolder.py); the names written."""
+    folder.text(f"{stem}.csv", csv_text(rows))
     written = [f"{stem}.csv"]
     try:
         import pyarrow
         import pyarrow.parquet
     except ImportError:
         return written
-    pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), out / f"{stem}.parquet")
+    buffer = pyarrow.BufferOutputStream()
+    pyarrow.parquet.write_table(pyarrow.Table.from_pylist(rows), buffer)
+    folder.bytes(f"{stem}.parquet", buffer.getvalue().to_pybytes())
     return [*written, f"{stem}.parquet"]

@@ -1,0 +1,128 @@
+"""The folders `--out` names: every file written atomically, a manifest written last,
+never one run's files beside another's.
+
+Each file goes to a temporary name in the folder and is renamed over its own name
+(``os.replace``): a reader sees the old file or the new one, never half of either, and
+a name that was a symbolic link is replaced as a link, so its target is never written.
+A folder is begun by removing what the previous manifest listed (and the manifest
+itself, and temporary files a killed run left), then filled, then closed by writing
+``stepsim-manifest.json``: the command, stepsim's version and every file written with
+its size and sha256. A folder without a manifest is incomplete (a run stopped while
+writing it) and holds no other run's files; one with a manifest holds exactly what it
+lists. Files the manifest does not list (a search's journal, the user's own) are left
+alone."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .. import __version__
+from ..scenario import ScenarioError
+
+MANIFEST = "stepsim-manifest.json"
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.stepsim-\d+\.tmp$")
+
+
+def _temporary(path: Path) -> Path:
+    return path.with_name(f".{path.name}.stepsim-{os.getpid()}.tmp")
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """``data`` as ``path``, by a temporary file in its folder renamed over it."""
+    tmp = _temporary(path)
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _inside(name: object) -> bool:
+    """A name of a file inside the folder: plain names joined by '/', none empty, . or
+    .. (what a manifest may list; anything else is ignored)."""
+    return isinstance(name, str) and all(
+        part not in ("", ".", "..") and os.sep not in part for part in name.split("/")
+    )
+
+
+class OutFolder:
+    """One command's writes into a folder (module docstring): ``bytes``, ``text`` and
+    ``figure`` write a file atomically and record it; ``close`` writes the manifest."""
+
+    def __init__(self, path: Path, command: str) -> None:
+        self.path = path
+        self.command = command
+        self.files: dict[str, dict[str, Any]] = {}
+
+    def begin(self) -> None:
+        """Make the folder, and remove the previous manifest, the files it listed and
+        the temporary files of a killed run (none of them followed if a link)."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        manifest = self.path / MANIFEST
+        listed: list[str] = []
+        if manifest.is_file() and not manifest.is_symlink():
+            try:
+                old = json.loads(manifest.read_text(encoding="utf-8"))
+                listed = [n for n in old.get("files", {}) if _inside(n)]
+            except (OSError, ValueError, AttributeError, UnicodeDecodeError):
+                listed = []  # a damaged manifest: the files it named cannot be known
+        if manifest.exists() or manifest.is_symlink():
+            manifest.unlink()
+        for name in listed:
+            old_file = self.path / name
+            if old_file.is_symlink() or old_file.is_file():
+                old_file.unlink()
+        for entry in self.path.iterdir():
+            if _TEMPORARY.match(entry.name) and (entry.is_file() or entry.is_symlink()):
+                entry.unlink()
+
+    def _record(self, name: str, data: bytes) -> None:
+        self.files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+    def bytes(self, name: str, data: bytes) -> None:
+        if not _inside(name):
+            raise ScenarioError(f"--out: {name!r} is not a file name inside the folder")
+        target = self.path / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(target, data)
+        self._record(name, data)
+
+    def text(self, name: str, text: str) -> None:
+        self.bytes(name, text.encode("utf-8"))
+
+    def figure(self, name: str, figure: Any, **options: Any) -> None:
+        """A matplotlib figure as PNG (``figure.savefig`` into memory first)."""
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png", **options)
+        self.bytes(name, buffer.getvalue())
+
+    def close(self) -> None:
+        """The manifest, last: the folder is complete."""
+        document = {
+            "stepsim": __version__,
+            "command": self.command,
+            "complete": True,
+            "files": self.files,
+        }
+        atomic_write_bytes(
+            self.path / MANIFEST, (json.dumps(document, indent=2) + "\n").encode("utf-8")
+        )
+
+
+@contextmanager
+def out_folder(path: Path, command: str) -> Iterator[OutFolder]:
+    """An OutFolder begun; its manifest written only if the block ends normally."""
+    folder = OutFolder(path, command)
+    folder.begin()
+    yield folder
+    folder.close()
