@@ -27,6 +27,7 @@ from .common import (
     progress_for,
     quiet_argument,
 )
+from .outfolder import atomic_write_bytes
 
 
 def add_command(sub) -> None:
@@ -331,13 +332,11 @@ def command(args: argparse.Namespace) -> int:
             *(f"note: {n}" for n in (network.full.notes if network else [])),
             *(f"note: {n}" for n in (report.full.notes if report else [])),
         ]
-        with out_errors("--out", args.out):
-            Path(args.out).write_text(
-                dumps_calibration(
-                    fit, written, constants, notes, collective_rows(network) if network else ()
-                ),
-                encoding="utf-8",
-            )
+        text = dumps_calibration(
+            fit, written, constants, notes, collective_rows(network) if network else ()
+        )
+        with out_errors("--out", args.out):  # atomically: a link there is replaced, not followed
+            atomic_write_bytes(Path(args.out), text.encode("utf-8"))
     if args.json:
         document = (
             json_record(report, fit, args.out)

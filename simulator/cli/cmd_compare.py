@@ -21,6 +21,7 @@ from .common import (
     quiet_argument,
     scenario_arguments,
 )
+from .outfolder import atomic_write_figure
 
 
 def add_command(sub) -> None:
@@ -117,9 +118,8 @@ def command(args: argparse.Namespace) -> int:
     comparison = compare(result, measured, stage, Path(args.trace).name, notes)
     if args.png:
         with out_errors("--png", args.png):
-            figure(comparison, measured, result, args.iteration).savefig(
-                args.png, dpi=110, format="png"
-            )
+            picture = figure(comparison, measured, result, args.iteration)
+            atomic_write_figure(Path(args.png), picture, dpi=110)
     if args.json:
         print_json(
             {

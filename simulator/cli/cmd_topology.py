@@ -20,6 +20,7 @@ from .common import (
     quiet_argument,
     scenario_arguments,
 )
+from .outfolder import atomic_write_figure
 
 
 def add_command(sub) -> None:
@@ -85,7 +86,7 @@ def command(args: argparse.Namespace) -> int:
         planes = planes_of(spec.fabric_shape(), spec.nics_per_node) if spec.fabric in PLANAR else 1
         figure = topology_figure(cluster.graph, scenario.name, planes)
         with out_errors("--png", args.png):
-            figure.savefig(args.png, dpi=110, format="png")
+            atomic_write_figure(Path(args.png), figure, dpi=110)
         if not args.json:
             print(f"\n  wrote {args.png}")
     return 0

@@ -47,6 +47,13 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def atomic_write_figure(path: Path, figure: Any, **options: Any) -> None:
+    """A matplotlib figure as PNG at ``path``, atomically (`atomic_write_bytes`)."""
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", **options)
+    atomic_write_bytes(path, buffer.getvalue())
+
+
 def _inside(name: object) -> bool:
     """A name of a file inside the folder: plain names joined by '/', none empty, . or
     .. (what a manifest may list; anything else is ignored)."""
@@ -104,7 +111,7 @@ class OutFolder:
         """A matplotlib figure as PNG (``figure.savefig`` into memory first)."""
         buffer = io.BytesIO()
         figure.savefig(buffer, format="png", **options)
-        self.bytes(name, buffer.getvalue())
+        self.bytes(name, buffer.getvalue())  # as atomic_write_figure, and recorded
 
     def close(self) -> None:
         """The manifest, last: the folder is complete."""
