@@ -103,6 +103,8 @@ class RayPool:
                 if package_dir is not None:  # the stepsim package, as the tasks import it
                     options["runtime_env"] = {"py_modules": [package_dir]}
             else:
+                # Ray listens on every interface; from Ray 2.59 (what stepsim[ray]
+                # requires) a local start makes and requires its own token by default
                 options["num_cpus"] = jobs
             try:
                 ray.init(**options)
