@@ -25,7 +25,8 @@ NO_ORDERS = "no op orders found: write one line per rank, e.g. 'F0 F1 B0 B1'"
 
 
 def parse_orders(text: str) -> list[list[Step]]:
-    """Per-rank orders from text; ValueError naming the line and label if one is not an op."""
+    """Per-rank orders from text; ValueError naming the line and the op's position (not
+    its text) if one is not an op."""
     orders: list[list[Step]] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0]
@@ -41,11 +42,14 @@ def parse_orders(text: str) -> list[list[Step]]:
         if not labels:
             continue
         order = []
-        for label in labels:
+        for position, label in enumerate(labels, start=1):
             try:
                 order.extend(parse_labels(label))
-            except ValueError as exc:
-                raise ValueError(f"line {number}: {exc}") from None
+            except ValueError:  # its text is not echoed: a file's contents stay out of errors
+                raise ValueError(
+                    f"line {number}, op {position}: not an op label like F3, B3, W3, F3.1 "
+                    "or F3&B1 (F, B or W, a micro-batch, optionally .chunk)"
+                ) from None
         orders.append(order)
     if not orders:
         raise ValueError(NO_ORDERS)

@@ -59,20 +59,20 @@ def _actions(cell: str, where: str) -> list[tuple[int, str, int, bool]]:
         parts = [a for part in overlap.group(1).split(";") for a in _actions(part, where)]
         kinds = [kind for _, kind, _, _ in parts]
         if len(parts) != 2 or kinds[0] != "F" or kinds[1] not in ("B", "I"):
-            raise ValueError(f"{where}: {cell!r} overlaps other than one forward and one backward")
+            raise ValueError(f"{where}: an overlap of other than one forward and one backward")
         (stage_a, kind_a, mb_a, _), (stage_b, kind_b, mb_b, _) = parts
         return [(stage_a, kind_a, mb_a, False), (stage_b, kind_b, mb_b, True)]
     match = _ACTION.match(cell)
     if not match:
         raise ValueError(
-            f"{where}: {cell!r} is not a torch.distributed.pipelining action like 2F0, "
+            f"{where}: not a torch.distributed.pipelining action like 2F0, "
             "1I3, 0W1, 3SEND_F2 or (0F3;5B1)OVERLAP_F_B"
         )
     stage, kind, mb = match.groups()
     if kind not in COMPUTE:
         return []
     if not mb:
-        raise ValueError(f"{where}: {cell!r} names no micro-batch")
+        raise ValueError(f"{where}: an action that names no micro-batch")
     return [(int(stage), kind, int(mb), False)]
 
 

@@ -91,7 +91,7 @@ def test_parse_accepts_commas_comments_and_rank_prefixes():
         ("F0 B1 F1 B0\nF0 B0 F1 B1", "rank 0: B1 comes before F1"),
         ("F0 F1 B0 W0 B1 W1\nF0 B0 F1 W1 B1 W0", "rank 1: W1 comes before B1"),
         ("F0 B0 F1 B1\nB0 F0 F1 B1", "rank 1: B0 comes before F0"),
-        ("F0 Q1", "line 1: 'Q1' is not an op label"),
+        ("F0 Q1", "line 1, op 2: not an op label"),  # its text is not echoed
         ("# nothing\n", "no op orders found"),
         (None, "No such file or directory"),
         ("rank 1: F0 B0\nrank 0: F0 B0", "line 1: 'rank 1:' where rank 0 is next"),
