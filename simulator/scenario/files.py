@@ -942,32 +942,6 @@ def read_collective_tables(
     return tables, logs
 
 
-def read_search_journal(path: str | Path) -> tuple[dict[str, Any] | None, dict[str, dict]]:
-    """(header, {layout key: row}) of a search's results file (stepsim search --out);
-    (None, {}) when there is none. A line cut short by an interrupted write is skipped."""
-    path = Path(path)
-    if not path.exists():
-        return None, {}
-    what = f"search journal {str(path)!r}"
-    text = read_text(path, what, "journal_bytes")
-    header, rows = None, {}
-    for n, line in enumerate(text.splitlines()):
-        try:
-            entry = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):
-            continue
-        if n == 0:
-            header = entry.get("search") if isinstance(entry, dict) else None
-            if header is None:
-                raise ScenarioError(f"{what} is not a stepsim search journal")
-        elif isinstance(entry, dict) and isinstance(entry.get("layout"), str) and "row" in entry:
-            rows[entry["layout"]] = entry["row"]
-    return header, rows
-
-
-# -- the scenarios stepsim ships (package data of stepsim.scenarios) ---------------------
-
-
 def shipped_dir() -> Path:
     """Where the shipped scenarios and calibration sets lie: the checkout's scenarios/
     in an editable install, the installed package's data from a wheel."""
