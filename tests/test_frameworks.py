@@ -239,6 +239,15 @@ def test_an_unmodelled_schedule_falls_back_to_overlapped_and_says_so():
     assert "not modelled for zbh1" in t.framework_note
 
 
+def test_the_run_header_names_every_change_the_framework_made():
+    """Both of zbh1's changes (p2p overlapped, async TP all-reduce off) reach the header."""
+    from stepsim.report.summary import _p2p_text
+    from stepsim.scenario import load_scenario
+
+    text = _p2p_text(load_scenario("tiny-2gpu", ["training.schedule=zbh1"]).training)
+    assert "not modelled for zbh1" in text and "async TP all-reduce off for zbh1" in text
+
+
 @pytest.mark.parametrize(
     "training, message",
     [

@@ -85,8 +85,8 @@ def _p2p_text(training) -> str:
     """How the run's pipeline p2p and scatter-gather were simulated, in a few words."""
     mode = training.mechanism("pipeline_p2p")
     text = f"{mode} p2p"
-    if training.framework_note:
-        text += f", {training.framework_note.split(':')[0].replace(' p2p', '')}"
+    for note in filter(None, training.framework_note.split("; ")):  # each change, its head
+        text += f", {note.split(':')[0].replace(' p2p', '')}"
     if not training.mechanism("scatter_gather_tensors_in_pipeline"):
         text += ", whole tensors"
     return text
