@@ -48,6 +48,12 @@ IN_PROCESS = {
     "png_extension",
     "binary_journal",
     "validation_table",
+    "calibration_file",
+    "jobs_file",
+    "set_value",
+    "shares_file",
+    "nccl_log",
+    "profiler_trace",
 }
 
 

@@ -254,7 +254,8 @@ def test_command_prints_the_slowdown_and_writes_json_and_a_trace(tmp_path):
     code, stdout, stderr = main_in_process("jobs", str(bad), cwd=ROOT)
     assert code == 2 and stdout == ""
     assert stderr.strip().splitlines() == [
-        "stepsim: error: job 'a': give either nodes or placement (packed, spread, random), not both"
+        f"stepsim: error: jobs file {str(bad)!r}: job 'a': give either nodes or placement "
+        "(packed, spread, random), not both"
     ]
 
 

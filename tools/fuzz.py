@@ -208,6 +208,121 @@ def cluster_size(rng: random.Random, big: bool) -> Case:
     )
 
 
+def _junk(rng: random.Random, big: bool) -> bytes:
+    """Bytes a damaged file may hold: random binary, or text cut at a random place."""
+    return bytes(rng.randrange(256) for _ in range(rng.randint(1, 5000 if big else 300)))
+
+
+JOBS = ROOT / "scenarios" / "jobs" / "two-jobs-packed.toml"
+MIXTRAL = str(ROOT / "scenarios" / "mixtral-8x7b-16-h100.toml")
+_FIT_HEAD = '[fit]\ngpu = "a100-sxm4-80gb"\nnode = "dgx-a100"\nmeasurements = 2\nsource = "x"\n'
+
+
+def calibration_file(rng: random.Random, big: bool) -> Case:
+    """A damaged calibration file: binary, a wrong type, a value out of bounds, an
+    unknown key, a fit without measurements, a cut table."""
+    text = rng.choice(
+        (
+            _junk(rng, big),
+            (_FIT_HEAD + 'gemm_scale = "fast"\n').encode(),
+            (_FIT_HEAD + f"nic_scale = {rng.choice((0.0, 99.0, -1.0))}\n").encode(),
+            (_FIT_HEAD + f"ib_latency_us = {rng.choice((1e9, -3.0))}\n").encode(),
+            (_FIT_HEAD + "speedup = 2\n").encode(),
+            _FIT_HEAD.replace("measurements = 2", "measurements = 0").encode(),
+            _FIT_HEAD.encode()[: rng.randint(1, len(_FIT_HEAD) - 1)],
+        )
+    )
+    return Case(
+        "calibration_file",
+        ("run", TINY, "--calibration", "{dir}/c.toml"),
+        "c.toml",
+        {"c.toml": text},
+    )
+
+
+def jobs_file(rng: random.Random, big: bool) -> Case:
+    """A damaged jobs file: the shipped one cut, a job's key of the wrong type or
+    unknown, a job without a scenario, binary."""
+    shipped = JOBS.read_text(encoding="utf-8")
+    text = rng.choice(
+        (
+            shipped[: rng.randint(1, len(shipped) - 1)] + "\n[[job]]\nname = 3\n",
+            shipped.replace('placement = "packed"', "placement = 7", 1),
+            shipped.replace('placement = "packed"', 'placing = "packed"', 1),
+            shipped.replace('scenario = "gpt-1.3b-64gpu.toml"', "", 1),
+            _junk(rng, big).decode("latin-1"),
+        )
+    )
+    files = {"j.toml": text.encode("utf-8", "surrogateescape")}
+    files["gpt-1.3b-64gpu.toml"] = (JOBS.parent / "gpt-1.3b-64gpu.toml").read_bytes()
+    return Case("jobs_file", ("jobs", "{dir}/j.toml"), "j", files)
+
+
+def set_value(rng: random.Random, big: bool) -> Case:
+    """--set values with a line break, or huge (a 100 kB string where a name goes)."""
+    key = rng.choice(("training.schedule", "training.micro_batch_size", "cluster.node"))
+    value = rng.choice(
+        (
+            "1\n2",
+            f"'{'x' * rng.randint(10_000, 100_000)}'",
+            f"'a{chr(10)}b'",
+            "[" * 5 + "1",
+        )
+    )
+    return Case("set_value", ("run", TINY, "--set", f"{key}={value}"), key)
+
+
+def shares_file(rng: random.Random, big: bool) -> Case:
+    """A routing-shares file that is not one share per line (never echoed back)."""
+    text = rng.choice(
+        (
+            b"root:x:0:0:root:/root:/bin/bash\n",
+            _junk(rng, big),
+            b"0.5\n-1\n",
+            b"nan\n1\n",
+            b"",
+        )
+    )
+    sets = ("--set", "model.moe_routing_shares_file='{dir}/s.txt'")
+    return Case("shares_file", ("run", MIXTRAL, *sets), "moe_routing_shares_file", {"s.txt": text})
+
+
+def nccl_log(rng: random.Random, big: bool) -> Case:
+    """A damaged nccl-tests log: a data line cut, a time that is not a number, junk."""
+    good = (
+        "#  Rank  0 Group  0 Pid 1 on h0 device  0 [0000:01:00] NVIDIA A100-SXM4-80GB\n"
+        "#  Rank  1 Group  0 Pid 2 on h0 device  1 [0000:02:00] NVIDIA A100-SXM4-80GB\n"
+        "     1048576    262144  float  sum  -1  100.0  10.49  10.49  0  100.0  10.49  10.49  0\n"
+    )
+    text = rng.choice(
+        (
+            good[: rng.randint(1, len(good) - 2)] + "\n",
+            good.replace("100.0  10.49", "fast  10.49", 1),
+            good.replace("100.0", "-3", 1),
+            _junk(rng, big).decode("latin-1"),
+        )
+    )
+    argv = ("calibrate", "--nccl-tests", "{dir}/all_reduce.txt", "--scenario", TINY)
+    return Case("nccl_log", argv, "all_reduce.txt", {"all_reduce.txt": text.encode("latin-1")})
+
+
+def profiler_trace(rng: random.Random, big: bool) -> Case:
+    """A damaged profiler trace: not JSON, cut gzip, not an object, no GPU events."""
+    import gzip
+
+    data = rng.choice(
+        (
+            b'{"traceEvents": [\n {"ph": "X",, }]}',
+            gzip.compress(b'{"traceEvents": []}')[: rng.randint(1, 20)],
+            b"[1, 2, 3]",
+            b'{"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "a", "ts": 1, "dur": 1}]}',
+            b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k", "ts": "x", "dur": 1}]}',
+            _junk(rng, big),
+        )
+    )
+    return Case("profiler_trace", ("compare", TINY, "{dir}/t.json"), "t.json", {"t.json": data})
+
+
 CLASSES: dict[str, Callable[[random.Random, bool], Case]] = {
     f.__name__: f
     for f in (
@@ -225,6 +340,12 @@ CLASSES: dict[str, Callable[[random.Random, bool], Case]] = {
         oversized_file,
         schedule_size,
         cluster_size,
+        calibration_file,
+        jobs_file,
+        set_value,
+        shares_file,
+        nccl_log,
+        profiler_trace,
     )
 }
 

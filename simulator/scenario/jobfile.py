@@ -261,7 +261,14 @@ def jobs_path(text: str | Path) -> Path:
 def load_jobs(text: str | Path) -> JobsSpec:
     path = jobs_path(text)
     raw = read_toml(path, "jobs file")
-    return jobs_from_dict(raw, path.parent, default_name=path.stem)
+    try:
+        return jobs_from_dict(raw, path.parent, default_name=path.stem)
+    except ScenarioError as exc:  # the one line names the file it is about
+        if str(path) in str(exc):
+            raise
+        raise ScenarioError(
+            f"jobs file {str(path)!r}: {exc}", key=exc.key, value=exc.value, rule=exc.rule
+        ) from None
 
 
 def jobs_from_dict(raw: Mapping[str, Any], base_dir: Path, default_name: str = "jobs") -> JobsSpec:
