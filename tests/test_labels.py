@@ -12,7 +12,7 @@ from tests.helpers import main_in_process
 
 TWO_NODES = ("--set", "cluster.num_nodes=2")  # tiny-2gpu on two nodes of one switch
 SMALLER = ("--set", "cluster.gpu=a100-sxm4-40gb")  # its constants are scaled, uncalibrated
-SWITCH = "one non-blocking switch joins all 2 nodes"
+SWITCH = "one non-blocking switch joins all the nodes"
 
 
 def test_one_node_assumes_nothing_two_on_one_switch_say_so():

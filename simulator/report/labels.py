@@ -36,8 +36,8 @@ def assumptions(scenario: Scenario) -> tuple[str, ...]:
     out = []
     if c.fabric == "switch" and c.num_nodes > 1:
         out.append(
-            f"one non-blocking switch joins all {c.num_nodes} nodes (no oversubscription, "
-            "one hop between any two; cluster.fabric sets a fat tree or rails)"
+            "one non-blocking switch joins all the nodes (no oversubscription, one hop "
+            "between any two; cluster.fabric sets a fat tree or rails)"
         )
     preset = NODES.get(c.node or "")
     if preset is None and c.nvlink_efficiency == 1.0 and c.nic_efficiency == 1.0:
