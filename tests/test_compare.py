@@ -227,3 +227,48 @@ def test_bad_traces_are_one_line_errors(tmp_path):
     assert code == 2 and "stages 0 to 1" in stderr
     with pytest.raises(ScenarioError, match="traceEvents"):
         measure({"x": 1})
+
+
+def class_times(scenario, stage=0):
+    """stepsim's kernel seconds per iteration by class for one stage (what calibrate
+    --trace compares a trace's classes with)."""
+    from stepsim.cost.compute import ComputeModel
+    from stepsim.report.compare import layer_shares
+
+    compute = run(scenario, spans=False).metrics.stages[stage].breakdown_s["compute"]
+    return {c: compute * s for c, s in layer_shares(ComputeModel(scenario)).items()}
+
+
+def test_a_trace_of_stepsims_own_kernel_classes_is_fitted_back_to_the_multipliers(tmp_path):
+    from stepsim.scenario.files import read_calibration_file
+    from stepsim.scenario.fitted import MeasuredFit
+    from stepsim.scenario.loader import apply_fit
+
+    truth = MeasuredFit(gemm=0.8, attention=1.3, memory=0.9)
+    times = class_times(apply_fit(load_scenario("tiny-2gpu"), truth))
+    names = {GEMM: "sm90_xmma_gemm", ATTENTION: "flash_fwd_kernel", MEMORY: "elementwise_kernel"}
+    events, at = [], 0.0
+    for cls, seconds in times.items():
+        events.append((names[cls], 7, at, at + seconds * 1e6))
+        at += seconds * 1e6
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(trace_of(events, steps=((0.0, at + 10.0),))))
+    out = tmp_path / "c.toml"
+    code, stdout, stderr = main_in_process(
+        "calibrate",
+        "--trace",
+        str(path),
+        "--scenario",
+        "tiny-2gpu",
+        "--trace-stage",
+        "0",
+        "--out",
+        str(out),
+        "--quiet",
+    )
+    assert code == 0, stderr
+    fit = read_calibration_file(out).fit
+    assert (fit.gemm, fit.attention, fit.memory) == pytest.approx((0.8, 1.3, 0.9), rel=1e-6)
+    assert fit.trace_iterations == 1 and fit.trace_freed == ("gemm", "attention", "memory")
+    assert "a profiler trace (1 iteration)" in fit.label()
+    assert "kernel classes fitted on t.json" in stdout

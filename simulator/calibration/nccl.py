@@ -577,27 +577,6 @@ def calibrate_network(
     return NcclReport(list(logs), full, builtin, fitted, errors, gpu, node)
 
 
-def merged(network: MeasuredFit, measured: MeasuredFit) -> MeasuredFit:
-    """One [fit] from a fit on nccl-tests logs and one on measured iterations made on
-    top of it: the network's latencies and evidence, the measured fit's kernel
-    parameters and errors, the NVLink and NIC multipliers of both multiplied."""
-    return replace(
-        measured,
-        nvlink=network.nvlink * measured.nvlink,
-        nic=network.nic * measured.nic,
-        collective_base_latency_us=network.collective_base_latency_us,
-        nvlink_latency_us=network.nvlink_latency_us,
-        ib_latency_us=network.ib_latency_us,
-        collective_logs=network.collective_logs,
-        collective_sizes=network.collective_sizes,
-        collective_error=network.collective_error,
-        collective_loo_error=network.collective_loo_error,
-        collective_freed=network.collective_freed,
-        collective_at_bound=network.collective_at_bound,
-        source=f"{network.source}; {measured.source}",
-    )
-
-
 # -- what the report says -------------------------------------------------------------------
 
 

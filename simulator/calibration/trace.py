@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from ..scenario import ScenarioError
@@ -310,3 +310,109 @@ def _step_index(steps: Sequence[tuple[float, float, str]], when_us: float) -> in
     if index == len(steps) - 1 and when_us > last_start + last_dur:
         return None
     return index
+
+
+# -- the kernel classes as calibration targets (`stepsim calibrate --trace`) ------------------
+
+# a trace's compute kernel classes and the fitted parameter (scenario/fitted.py) each sets
+TRACE_PARAMETERS = {GEMM: "gemm", ATTENTION: "attention", MEMORY: "memory"}
+MIN_SHARE = 0.01  # a class under this share of the kernel time (either side) is not fitted
+TRACE_ROUNDS = 30
+TRACE_TOLERANCE = 1e-9
+
+Simulate = Callable[[Mapping[str, float]], Mapping[str, float]]
+
+
+class TraceFit(NamedTuple):
+    """The GEMM, attention and memory-bound multipliers set from a trace: the values,
+    the measured kernel seconds per iteration by class, the simulated ones at the
+    built-in values and at the fit, what was freed, what ended on a bound, notes."""
+
+    values: dict[str, float]
+    measured_s: dict[str, float]
+    builtin_s: dict[str, float]
+    fitted_s: dict[str, float]
+    freed: tuple[str, ...]
+    at_bound: tuple[str, ...]
+    notes: tuple[str, ...]
+    iterations: int
+
+
+def fit_trace(
+    measured: TraceMeasurement,
+    simulate: Simulate,
+    bounds: Mapping[str, tuple[float, float]],
+) -> TraceFit:
+    """Multipliers of the GEMM, attention and memory-bound efficiencies that make the
+    simulated kernel time of each class (``simulate(values)``: seconds per iteration by
+    class for the traced rank's stage) equal the trace's mean: each multiplier is
+    updated by simulated / measured (a kernel's time is its work over the efficiency
+    times the multiplier) until no class moves by more than 1e-9, within ``bounds`` (by
+    parameter). A class with under 1 % of the kernel time on either side is not fitted
+    (said in a note)."""
+    kernels = measured.mean_kernel_s()
+    target = {c: kernels.get(c, 0.0) for c in TRACE_PARAMETERS}
+    builtin = dict(simulate({}))
+    notes = []
+    freed = []
+    for cls, name in TRACE_PARAMETERS.items():
+        share_measured = target[cls] / (sum(target.values()) or 1.0)
+        share_simulated = builtin.get(cls, 0.0) / (sum(builtin.values()) or 1.0)
+        if share_measured < MIN_SHARE or share_simulated < MIN_SHARE:
+            notes.append(
+                f"{name}: {100 * share_measured:.1f} % of the trace's compute kernel time, "
+                f"{100 * share_simulated:.1f} % of the simulated; too little to fit, kept"
+            )
+        else:
+            freed.append(cls)
+    values = {TRACE_PARAMETERS[c]: 1.0 for c in freed}
+    simulated = builtin
+    for _ in range(TRACE_ROUNDS if freed else 0):
+        moved = 0.0
+        for cls in freed:
+            name = TRACE_PARAMETERS[cls]
+            low, high = bounds[name]
+            ratio = simulated[cls] / target[cls]
+            value = min(max(values[name] * ratio, low), high)
+            moved = max(moved, abs(value / values[name] - 1.0))
+            values[name] = value
+        simulated = dict(simulate(values))
+        if moved < TRACE_TOLERANCE:
+            break
+    at_bound = tuple(
+        TRACE_PARAMETERS[c]
+        for c in freed
+        if values[TRACE_PARAMETERS[c]] in bounds[TRACE_PARAMETERS[c]]
+    )
+    for name in at_bound:
+        notes.append(
+            f"{name} ended on a bound ({values[name]:.3g}): the trace asks for more than it "
+            "may give; what it stands for does not explain the kernel time alone"
+        )
+    return TraceFit(
+        values,
+        target,
+        builtin,
+        simulated,
+        tuple(TRACE_PARAMETERS[c] for c in freed),
+        at_bound,
+        tuple(notes),
+        len(measured.iterations),
+    )
+
+
+def trace_fit_text(fit: TraceFit, trace: str, stage: int) -> str:
+    lines = [
+        f"stepsim calibrate · kernel classes fitted on {trace} (stage {stage}; mean of "
+        f"{fit.iterations} iteration{'s' if fit.iterations > 1 else ''})",
+        f"  {'class':<24}{'measured':>12}{'built-in':>12}{'fitted':>12}  parameter",
+    ]
+    for cls, name in TRACE_PARAMETERS.items():
+        value = f"x{fit.values[name]:.4g}" if name in fit.values else "kept"
+        lines.append(
+            f"  {CLASS_LABELS[cls]:<24}{1e3 * fit.measured_s[cls]:>10.2f}ms"
+            f"{1e3 * fit.builtin_s.get(cls, 0.0):>10.2f}ms"
+            f"{1e3 * fit.fitted_s.get(cls, 0.0):>10.2f}ms  {name} {value}"
+        )
+    lines += [f"  note: {n}" for n in fit.notes]
+    return "\n".join(lines)

@@ -73,6 +73,19 @@ def add_command(sub) -> None:
         "or file name)",
     )
     cal.add_argument(
+        "--trace",
+        metavar="TRACE",
+        help="a PyTorch profiler trace (.json or .json.gz) of one rank of the real job: its "
+        "GEMM, attention and memory-bound kernel time per iteration set those multipliers "
+        "(stepsim compare shows the same classes)",
+    )
+    cal.add_argument(
+        "--trace-stage",
+        type=int,
+        metavar="N",
+        help="the pipeline stage the traced rank ran (default: from its rank, as compare)",
+    )
+    cal.add_argument(
         "--ranks",
         type=int,
         metavar="N",
@@ -231,6 +244,74 @@ def network_report(args: argparse.Namespace, runs):
     )
 
 
+def trace_report(args: argparse.Namespace, runs):
+    """The kernel classes of --trace fitted on the scenario's GPU of the traced stage:
+    (the fit, the stage, the fit as a calibration file's [fit] holds it)."""
+    from ..calibration.measured import MeasuredRun, bounds_of
+    from ..calibration.trace import fit_trace, measure
+    from ..cost.compute import ComputeModel
+    from ..report.compare import layer_shares
+    from ..run.iteration import run
+    from ..scenario.files import read_profiler_trace
+    from ..scenario.fitted import MeasuredFit
+    from ..scenario.loader import apply_fit, node_kind
+    from .cmd_compare import stage_of
+
+    if args.scenario is not None:
+        scenario = load_scenario(args.scenario)
+    elif runs:
+        scenario = runs[0].scenario
+    else:
+        raise ScenarioError(
+            "--trace needs the scenario the traced job ran: give --scenario (a scenario file "
+            "or a shipped name)"
+        )
+    measured = measure(read_profiler_trace(args.trace), f"profiler trace {args.trace!r}")
+    stage, _ = stage_of(argparse.Namespace(stage=args.trace_stage), scenario, measured.rank)
+
+    def simulate(values):
+        fitted = apply_fit(
+            scenario,
+            MeasuredFit(
+                gemm=values.get("gemm", 1.0),
+                attention=values.get("attention", 1.0),
+                memory=values.get("memory", 1.0),
+            ),
+        )
+        metrics = run(fitted, spans=False, idle_split=False).metrics
+        compute = metrics.stages[stage].breakdown_s["compute"]
+        return {c: compute * share for c, share in layer_shares(ComputeModel(fitted)).items()}
+
+    bounds = bounds_of([MeasuredRun("trace", scenario, 1.0)])
+    traced = fit_trace(measured, simulate, bounds)
+    fit = MeasuredFit(
+        gemm=traced.values.get("gemm", 1.0),
+        attention=traced.values.get("attention", 1.0),
+        memory=traced.values.get("memory", 1.0),
+        gpu=scenario.cluster.gpu.name,
+        node=node_kind(scenario.cluster),
+        trace_iterations=traced.iterations,
+        trace_freed=traced.freed,
+        trace_at_bound=traced.at_bound,
+        source=_source("--trace", [args.trace], f"{traced.iterations} iterations"),
+    )
+    return traced, stage, fit
+
+
+def trace_json(traced, stage: int) -> dict:
+    return {
+        "stage": stage,
+        "iterations": traced.iterations,
+        "measured_s": traced.measured_s,
+        "builtin_s": traced.builtin_s,
+        "fitted_s": traced.fitted_s,
+        "parameters": traced.values,
+        "freed": list(traced.freed),
+        "at_bound": list(traced.at_bound),
+        "notes": list(traced.notes),
+    }
+
+
 def _source(option: str, paths, count: str) -> str:
     digest = hashlib.sha256()
     for path in paths:
@@ -242,15 +323,17 @@ def _source(option: str, paths, count: str) -> str:
 
 def command(args: argparse.Namespace) -> int:
     from ..calibration.measured import measured_fit, report_text
-    from ..calibration.nccl import collective_rows, merged, report_json
+    from ..calibration.nccl import collective_rows, report_json
     from ..calibration.nccl import report_text as network_text
+    from ..calibration.trace import trace_fit_text
     from ..scenario.files import dumps_calibration, read_calibration_file
     from ..scenario.loader import apply_fit, node_kind
 
-    if args.measured is None and not args.nccl_tests:
+    if args.measured is None and not args.nccl_tests and args.trace is None:
         raise ScenarioError(
             "stepsim calibrate needs evidence: --measured CSV (iteration times), "
-            "--nccl-tests LOG ... (collective timings), or both"
+            "--nccl-tests LOG ... (collective timings), --trace TRACE (a profiler trace), "
+            "or several"
         )
     free = free_list(args.free)
     if free is not None and args.measured is None:
@@ -258,7 +341,8 @@ def command(args: argparse.Namespace) -> int:
     check_out("--out", args.out, folder=False)
     rows, runs = load_runs(args) if args.measured is not None else ([], [])
     progress = progress_for(args)
-    network = network_fit = None
+    network = traced = None
+    prior = None  # what the logs and the trace fitted: the runs are fitted on top of it
     fixed: list[str] = []
     if args.nccl_tests:
         progress.begin("fitting the network on the nccl-tests logs")
@@ -266,26 +350,34 @@ def command(args: argparse.Namespace) -> int:
             network = network_report(args, runs)
         finally:
             progress.clear()
-        network_fit = network.measured_fit(
+        prior = network.measured_fit(
             _source("--nccl-tests", args.nccl_tests, f"{network.sizes} sizes")
         )
-        if runs:
-            scenario = runs[0].scenario
-            mine = (scenario.cluster.gpu.name, node_kind(scenario.cluster))
-            if mine != (network.gpu, network.node):
-                raise ScenarioError(
-                    f"--measured runs on gpu={mine[0]!r}, node={mine[1]!r} but --scenario on "
-                    f"gpu={network.gpu!r}, node={network.node!r}; one calibration is for one "
-                    "GPU and node kind"
-                )
-            fixed = [n for n in ("nvlink", "nic") if n in network_fit.collective_freed]
-            clash = [n for n in free or () if n in fixed]
-            if clash:
-                raise ScenarioError(
-                    f"--free {clash[0]}: the nccl-tests logs fitted it already; free the "
-                    "--measured fit's other parameters"
-                )
-            runs = [r._replace(scenario=apply_fit(r.scenario, network_fit)) for r in runs]
+        fixed += [n for n in ("nvlink", "nic") if n in prior.collective_freed]
+    if args.trace is not None:
+        progress.begin("fitting the kernel classes on the profiler trace")
+        try:
+            traced, stage, trace_fit = trace_report(args, runs)
+        finally:
+            progress.clear()
+        prior = trace_fit if prior is None else prior.then(trace_fit)
+        fixed += list(trace_fit.trace_freed)
+    if runs and prior is not None:
+        scenario = runs[0].scenario
+        mine = (scenario.cluster.gpu.name, node_kind(scenario.cluster))
+        if mine != (prior.gpu, prior.node):
+            raise ScenarioError(
+                f"--measured runs on gpu={mine[0]!r}, node={mine[1]!r} but --scenario on "
+                f"gpu={prior.gpu!r}, node={prior.node!r}; one calibration is for one "
+                "GPU and node kind"
+            )
+        clash = [n for n in free or () if n in fixed]
+        if clash:
+            raise ScenarioError(
+                f"--free {clash[0]}: the nccl-tests logs or the trace fitted it already; "
+                "free the --measured fit's other parameters"
+            )
+        runs = [r._replace(scenario=apply_fit(r.scenario, prior)) for r in runs]
     report = None
     if runs:
         progress.begin("simulating")
@@ -299,11 +391,11 @@ def command(args: argparse.Namespace) -> int:
         finally:
             progress.clear()
         fit = measured_fit(report, _source("--measured", [args.measured], f"{len(runs)} runs"))
-        if network_fit is not None:
-            fit = merged(network_fit, fit)
+        if prior is not None:
+            fit = prior.then(fit)
     else:
-        assert network_fit is not None
-        fit = network_fit
+        assert prior is not None
+        fit = prior
     if args.out:
         constants = None
         if args.calibration is not None:
@@ -330,6 +422,7 @@ def command(args: argparse.Namespace) -> int:
             "Use it with --calibration on run, sweep, plan, search, jobs; it holds for the",
             f"GPU and node below only. Made by: {fit.source}.",
             *(f"note: {n}" for n in (network.full.notes if network else [])),
+            *(f"note: {n}" for n in (traced.notes if traced else [])),
             *(f"note: {n}" for n in (report.full.notes if report else [])),
         ]
         text = dumps_calibration(
@@ -351,11 +444,15 @@ def command(args: argparse.Namespace) -> int:
         )
         if network is not None:
             document["network"] = report_json(network)
+        if traced is not None:
+            document["trace"] = trace_json(traced, stage)
         print_json(document)
     else:
         parts = []
         if network is not None:
             parts.append(network_text(network))
+        if traced is not None:
+            parts.append(trace_fit_text(traced, Path(args.trace).name, stage))
         if report is not None:
             parts.append(report_text(report, args.out))
         elif args.out:

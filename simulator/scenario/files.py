@@ -160,6 +160,9 @@ _FIT_KEYS: dict[str, type] = {
     "collective_loo_error": float,
     "collective_freed": list,
     "collective_at_bound": list,
+    "trace_iterations": int,
+    "trace_freed": list,
+    "trace_at_bound": list,
     "source": str,
 }
 _FIT_REQUIRED = ("gpu", "node", "measurements", "source")
@@ -241,7 +244,8 @@ def _read_fit(table: Mapping[str, Any], path: Path) -> MeasuredFit:
             raise ScenarioError(f"fit.{key}={value!r} must be >= 0 {where}")
         name = parameters.get(key)
         values["overhead_s" if name == OVERHEAD else name or key] = value
-    if values["measurements"] + values.get("collective_sizes", 0) < 1:
+    evidence = values.get("collective_sizes", 0) + values.get("trace_iterations", 0)
+    if values["measurements"] + evidence < 1:
         raise ScenarioError(
             f"fit.measurements={values['measurements']!r} and fit.collective_sizes="
             f"{values.get('collective_sizes', 0)!r}: a fit rests on one measurement at least "
@@ -328,6 +332,9 @@ def dumps_calibration(
         "collective_loo_error": fit.collective_loo_error,
         "collective_freed": list(fit.collective_freed),
         "collective_at_bound": list(fit.collective_at_bound),
+        "trace_iterations": fit.trace_iterations,
+        "trace_freed": list(fit.trace_freed),
+        "trace_at_bound": list(fit.trace_at_bound),
         "source": fit.source,
     }
     lines += [f"{k} = {_toml_scalar(v)}" for k, v in head.items() if v is not None]

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from .errors import ScenarioError
 
@@ -217,6 +217,11 @@ class MeasuredFit:
     collective_loo_error: float | None = None
     collective_freed: tuple[str, ...] = ()
     collective_at_bound: tuple[str, ...] = ()
+    # the profiler-trace evidence (`stepsim calibrate --trace`): its iterations, and the
+    # kernel classes it set (gemm, attention, memory) and left on a bound
+    trace_iterations: int = 0
+    trace_freed: tuple[str, ...] = ()
+    trace_at_bound: tuple[str, ...] = ()
     source: str = ""
     file: str = ""
 
@@ -244,7 +249,7 @@ class MeasuredFit:
                     value=latency,
                     rule=f"must be between {la.low_us:g} and {la.high_us:g} microseconds",
                 )
-        for name in (*self.freed, *self.at_bound):
+        for name in (*self.freed, *self.at_bound, *self.trace_freed, *self.trace_at_bound):
             if name not in PARAMETERS:
                 raise ScenarioError(
                     key="fit.freed", value=name, rule=f"must be one of {', '.join(PARAMETERS)}"
@@ -262,6 +267,44 @@ class MeasuredFit:
                 value=min(self.measurements, self.collective_sizes, self.collective_logs),
                 rule="counts must be >= 0",
             )
+
+    def then(self, top: MeasuredFit) -> MeasuredFit:
+        """This fit with ``top``, a fit made on scenarios this one was applied to, on top:
+        the multipliers multiplied, ``top``'s overhead, this fit's latencies unless
+        ``top`` sets its own, each fit's evidence and errors kept (``top``'s measured
+        runs, this fit's collectives and trace unless ``top`` has its own)."""
+        values: dict[str, Any] = {
+            name: self.value(name) * top.value(name) for name in PARAMETERS if name != OVERHEAD
+        }
+        latencies: dict[str, Any] = {
+            la.key: top.latency_us(n) if top.latency_us(n) is not None else self.latency_us(n)
+            for n, la in LATENCIES.items()
+        }
+        mine = self if not top.collective_logs else top
+        traced = self if not top.trace_iterations else top
+        runs = top if top.measurements else self
+        return MeasuredFit(
+            **values,
+            overhead_s=top.overhead_s or self.overhead_s,
+            **latencies,
+            gpu=top.gpu or self.gpu,
+            node=top.node or self.node,
+            measurements=runs.measurements,
+            loo_error=runs.loo_error,
+            fit_error=runs.fit_error,
+            freed=runs.freed,
+            at_bound=runs.at_bound,
+            collective_logs=mine.collective_logs,
+            collective_sizes=mine.collective_sizes,
+            collective_error=mine.collective_error,
+            collective_loo_error=mine.collective_loo_error,
+            collective_freed=mine.collective_freed,
+            collective_at_bound=mine.collective_at_bound,
+            trace_iterations=traced.trace_iterations,
+            trace_freed=traced.trace_freed,
+            trace_at_bound=traced.trace_at_bound,
+            source="; ".join(x for x in (self.source, top.source) if x),
+        )
 
     def latency_us(self, name: str) -> float | None:
         """A fitted latency by its name (LATENCIES), microseconds; None: the cluster's."""
@@ -298,6 +341,9 @@ class MeasuredFit:
             parts.append(
                 f"{self.collective_logs} nccl-tests {logs} ({self.collective_sizes} sizes)"
             )
+        if self.trace_iterations:
+            its = "iteration" if self.trace_iterations == 1 else "iterations"
+            parts.append(f"a profiler trace ({self.trace_iterations} {its})")
         if self.measurements:
             runs = "run" if self.measurements == 1 else "runs"
             parts.append(f"{self.measurements} measured {runs}")
@@ -349,4 +395,7 @@ class MeasuredFit:
             "collective_loo_error": self.collective_loo_error,
             "collective_freed": list(self.collective_freed),
             "collective_at_bound": list(self.collective_at_bound),
+            "trace_iterations": self.trace_iterations,
+            "trace_freed": list(self.trace_freed),
+            "trace_at_bound": list(self.trace_at_bound),
         }
