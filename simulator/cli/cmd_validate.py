@@ -193,8 +193,10 @@ def _sets(args: argparse.Namespace) -> int:
     folder = args.data or shipped_dir() / "validation"
     rows = read_validation_set(folder)
     if args.quick:
-        rows["megatron"] = [r for r in rows["megatron"] if _gpus(r) <= QUICK_MAX_GPUS]
-        rows["h100"] = [r for r in rows["h100"] if _gpus(r) <= QUICK_MAX_H100_GPUS]
+        quick = {"megatron": QUICK_MAX_GPUS, "h100": QUICK_MAX_H100_GPUS}
+        for table, most in quick.items():
+            path = Path(folder) / VALIDATION_FILES[table]
+            rows[table] = [r for r in rows[table] if _gpus(r, path) <= most]
     if not any(rows.values()):  # before the kernel section: nothing to score at all
         _nothing_to_score(folder, {name: _no_rows(name, folder, args.quick) for name in SET_TABLES})
     kernels = _kernels(args)  # read first: a bad kernel table fails before minutes of sets
@@ -308,11 +310,13 @@ def _problem(exc: Exception) -> str:
     return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
 
 
-def _gpus(row: dict[str, str]) -> int:
-    """A row's num_gpus (0 when empty), or a one-line error naming it."""
+def _gpus(row: dict[str, str], path: Path) -> int:
+    """A row's num_gpus (0 when empty), or a one-line error naming the file and the row."""
     text = row["num_gpus"] or "0"
     if not text.strip().isdigit():
-        raise ScenarioError(f"--data: row {row.get('id')!r} has num_gpus={text!r}, not a count")
+        raise ScenarioError(
+            f"--data {str(path)!r}: row {row.get('id')!r} has num_gpus={text!r}, not a count"
+        )
     return int(text)
 
 
