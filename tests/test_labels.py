@@ -74,3 +74,13 @@ def test_plan_and_search_say_it_in_their_header_and_json():
         code, stdout, _ = main_in_process(*args, "--json", "--quiet")
         record = json.loads(stdout)["calibration"]
         assert record["uncalibrated"] and record["assumptions"][0].startswith(SWITCH), args
+
+
+def test_a_layout_simulated_out_of_memory_says_so_among_its_assumptions():
+    from stepsim.run.iteration import run
+
+    grown = ["model.seq_length=8192", "training.micro_batch_size=64"]
+    grown += ["training.global_batch_size=512"]
+    metrics = run(load_scenario("tiny-2gpu", grown), spans=False).metrics
+    assert metrics.out_of_memory is not None
+    assert "does not fit in GPU memory, simulated anyway" in metrics.assumptions

@@ -249,5 +249,8 @@ def summarize(
         out_of_memory=out_of_memory,
         busiest_links=tuple(busiest_links),
         calibration_fit=None if scenario.measured is None else scenario.measured.record(),
-        assumptions=assumptions(scenario),
+        assumptions=(
+            *assumptions(scenario),
+            *(() if out_of_memory is None else ("does not fit in GPU memory, simulated anyway",)),
+        ),
     )

@@ -233,7 +233,12 @@ def _fast_forwarded(scenario: Scenario, cluster, plan: fastforward.Plan) -> Resu
         busiest_links=links,
         counted=fastforward.tally(plan),
     )
-    metrics = replace(metrics, fast_forward=fastforward.summary(plan))
+    summary = fastforward.summary(plan)
+    said = (
+        f"fast-forwarded: {summary.simulated_microbatches} of {metrics.num_microbatches} "
+        "micro-batches simulated, the rest added as a steady state proved to repeat"
+    )
+    metrics = replace(metrics, fast_forward=summary, assumptions=(*metrics.assumptions, said))
     return Result(scenario, cluster, plan.workload, plan.trace, memory, metrics)
 
 
