@@ -190,6 +190,16 @@ def load_runs(args: argparse.Namespace):
     return rows, runs
 
 
+def evidence_scenario(args: argparse.Namespace, runs, need: str):
+    """The scenario nccl-tests logs or a trace are read against: --scenario, else the
+    first --measured run's; without either, a one-line error starting with ``need``."""
+    if args.scenario is not None:
+        return load_scenario(args.scenario)
+    if runs:
+        return runs[0].scenario
+    raise ScenarioError(f"{need}: give --scenario (a scenario file or a shipped name)")
+
+
 def network_report(args: argparse.Namespace, runs):
     """The fit on the --nccl-tests logs, on the cluster of --scenario (or of the first
     measured run)."""
@@ -205,15 +215,7 @@ def network_report(args: argparse.Namespace, runs):
     from ..scenario.files import NcclTestsLog, read_nccl_tests_log
     from ..scenario.loader import node_kind
 
-    if args.scenario is not None:
-        scenario = load_scenario(args.scenario)
-    elif runs:
-        scenario = runs[0].scenario
-    else:
-        raise ScenarioError(
-            "--nccl-tests needs the cluster the logs ran on: give --scenario (a scenario "
-            "file or a shipped name whose cluster is that cluster)"
-        )
+    scenario = evidence_scenario(args, runs, "--nccl-tests needs the cluster the logs ran on")
     cluster = scenario.cluster
     given = None if args.collective is None else KINDS[f"{args.collective}_perf"]
     if args.ranks is not None and args.ranks < 2:
@@ -257,15 +259,7 @@ def trace_report(args: argparse.Namespace, runs):
     from ..scenario.loader import apply_fit, node_kind
     from .cmd_compare import stage_of
 
-    if args.scenario is not None:
-        scenario = load_scenario(args.scenario)
-    elif runs:
-        scenario = runs[0].scenario
-    else:
-        raise ScenarioError(
-            "--trace needs the scenario the traced job ran: give --scenario (a scenario file "
-            "or a shipped name)"
-        )
+    scenario = evidence_scenario(args, runs, "--trace needs the scenario the traced job ran")
     measured = measure(read_profiler_trace(args.trace), f"profiler trace {args.trace!r}")
     stage, _ = stage_of(argparse.Namespace(stage=args.trace_stage), scenario, measured.rank)
 
