@@ -84,3 +84,9 @@ def test_a_layout_simulated_out_of_memory_says_so_among_its_assumptions():
     metrics = run(load_scenario("tiny-2gpu", grown), spans=False).metrics
     assert metrics.out_of_memory is not None
     assert "does not fit in GPU memory, simulated anyway" in metrics.assumptions
+
+
+def test_what_the_framework_turned_off_is_among_the_assumptions():
+    """zbh1 splits the backward, so the async TP all-reduce is off (frameworks.resolve)."""
+    said = assumptions(load_scenario("tiny-2gpu", ["training.schedule=zbh1"]))
+    assert any("async TP all-reduce off for zbh1" in a for a in said)

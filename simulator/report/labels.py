@@ -1,8 +1,9 @@
 """What a result rests on, said wherever a planner reads one: the kernel constants'
 provenance (fitted on a calibration set, a user's file or fit, or "uncalibrated: scaled
-from ..."), and the assumptions that may flatter it (one non-blocking switch for the
-whole cluster, network links at line rate, network constants borrowed from another
-node). Every command's text header, JSON document and CSV rows carry them
+from ..."), and the assumptions that may flatter it or that differ from what was asked
+(one non-blocking switch for the whole cluster, network links at line rate, network
+constants borrowed from another node, a mechanism the framework's rules turned off or
+changed). Every command's text header, JSON document and CSV rows carry them
 (cli/common.py, plan/answers.py, report/summary.py)."""
 
 from __future__ import annotations
@@ -51,6 +52,9 @@ def assumptions(scenario: Scenario) -> tuple[str, ...]:
     )
     if as_preset and "uncalibrated" in network:
         out.append(f"network constants {network}")
+    # what the framework's rules changed from what the scenario asked (frameworks.resolve)
+    for note in filter(None, scenario.training.framework_note.split("; ")):
+        out.append(f"changed by the framework's rules: {note}")
     return tuple(out)
 
 
