@@ -232,11 +232,9 @@ def test_bad_traces_are_one_line_errors(tmp_path):
 def class_times(scenario, stage=0):
     """stepsim's kernel seconds per iteration by class for one stage (what calibrate
     --trace compares a trace's classes with)."""
-    from stepsim.cost.compute import ComputeModel
-    from stepsim.report.compare import layer_shares
+    from stepsim.report.compare import stage_class_s
 
-    compute = run(scenario, spans=False).metrics.stages[stage].breakdown_s["compute"]
-    return {c: compute * s for c, s in layer_shares(ComputeModel(scenario)).items()}
+    return stage_class_s(scenario, run(scenario, spans=False).metrics, stage)
 
 
 def test_a_trace_of_stepsims_own_kernel_classes_is_fitted_back_to_the_multipliers(tmp_path):

@@ -38,7 +38,6 @@ builder is passed in (calibration/ imports no run/).
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, NamedTuple
@@ -55,6 +54,7 @@ from ..scenario.fitted import LATENCIES, NETWORK_PARAMETERS, PARAMETERS, Measure
 from ..scenario.loader import fitted_network
 from .collectives import LARGE_SHARE_BYTES, alone_s
 from .measured import choose
+from .trace import other_gpu
 
 SENDRECV = "sendrecv"
 # nccl-tests' binaries and the collective each times
@@ -165,15 +165,10 @@ def log_kind(log: NcclTestsLog, name: str, given: str | None = None) -> str:
     )
 
 
-_GPU_FAMILY = re.compile(r"\b([A-Z]{1,2}\d{2,3})\b")
-
-
 def check_device(log: NcclTestsLog, name: str, gpu: str) -> None:
     """A log whose ranks ran on another GPU than the scenario's is refused: the GPU
     family its device names print (H100, B200, ...) must be in the scenario's GPU name."""
-    families = {m for n in log.device_names for m in _GPU_FAMILY.findall(n.upper())}
-    families -= {"HBM", "PCIE", "SXM"}
-    if families and not any(f.lower() in gpu.lower() for f in families):
+    if other_gpu(log.device_names, gpu):
         printed = next(n for n in log.device_names if n)
         raise ScenarioError(
             f"{name} ran on {printed!r} but the scenario's cluster.gpu is {gpu!r}; a "

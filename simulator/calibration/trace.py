@@ -86,6 +86,42 @@ def kernel_class(name: str, category: str = "kernel") -> str:
     return MEMORY
 
 
+_GPU_FAMILY = re.compile(r"\b([A-Z]{1,2}\d{2,3})\b")
+
+
+def other_gpu(device_names: Iterable[str], gpu: str) -> bool:
+    """Whether devices printed as ``device_names`` ("NVIDIA H100 80GB HBM3") are of
+    another GPU family (H100, B200, ...) than the one a scenario's ``gpu`` names; False
+    when the names say no family."""
+    families = {m for n in device_names for m in _GPU_FAMILY.findall(n.upper())}
+    families -= {"HBM", "PCIE", "SXM"}
+    return bool(families) and not any(f.lower() in gpu.lower() for f in families)
+
+
+def stage_of(
+    stage: int | None, scenario: Any, rank: int | None, flag: str = "--stage"
+) -> tuple[int, list[str]]:
+    """The pipeline stage a traced rank ran, and a note on how it was chosen: ``stage``
+    as given (``flag`` names it in the error when it is not a stage), else the trace's
+    rank placed in Megatron-Core's default order (tp-cp-ep-dp-pp), else stage 0."""
+    par = scenario.parallel
+    stages = par.pipeline_model_parallel_size
+    if stage is not None:
+        if not 0 <= stage < stages:
+            raise ScenarioError(f"{flag} {stage}: the scenario has stages 0 to {stages - 1}")
+        return stage, []
+    if rank is None:
+        return 0, [f"the trace names no rank: stage 0 compared ({flag} sets it)"]
+    per_stage = par.tensor_model_parallel_size * par.cp_size * par.data_parallel_size
+    found = rank // per_stage
+    if found >= stages:
+        return 0, [
+            f"the trace's rank {rank} is not a rank of the scenario ({stages * per_stage} "
+            f"GPUs): stage 0 compared ({flag} sets it)"
+        ]
+    return found, [f"stage {found}: rank {rank} in Megatron-Core's order (tp-cp-ep-dp-pp)"]
+
+
 def is_communication(cls: str) -> bool:
     return cls.startswith("nccl")
 

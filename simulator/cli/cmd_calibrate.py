@@ -212,7 +212,7 @@ def network_report(args: argparse.Namespace, runs):
         log_kind,
     )
     from ..run.iteration import build_cluster
-    from ..scenario.files import NcclTestsLog, read_nccl_tests_log
+    from ..scenario.files import read_nccl_tests_log
     from ..scenario.loader import node_kind
 
     scenario = evidence_scenario(args, runs, "--nccl-tests needs the cluster the logs ran on")
@@ -232,8 +232,7 @@ def network_report(args: argparse.Namespace, runs):
                 )
             per = cluster.gpus_per_node
             hosts = tuple(f"node{r // per}" for r in range(args.ranks))
-            log = NcclTestsLog(hosts, log.nccl_version, log.rows, (), (), log.binaries)
-            log = log._replace(devices=tuple(r % per for r in range(args.ranks)))
+            log = log._replace(hosts=hosts, devices=tuple(r % per for r in range(args.ranks)))
         elif args.ranks is not None and args.ranks != len(log.hosts):
             raise ScenarioError(
                 f"--ranks {args.ranks}: nccl-tests log {name!r} prints {len(log.hosts)} ranks"
@@ -250,18 +249,16 @@ def trace_report(args: argparse.Namespace, runs):
     """The kernel classes of --trace fitted on the scenario's GPU of the traced stage:
     (the fit, the stage, the fit as a calibration file's [fit] holds it)."""
     from ..calibration.measured import MeasuredRun, bounds_of
-    from ..calibration.trace import fit_trace, measure
-    from ..cost.compute import ComputeModel
-    from ..report.compare import layer_shares
+    from ..calibration.trace import fit_trace, measure, stage_of
+    from ..report.compare import stage_class_s
     from ..run.iteration import run
     from ..scenario.files import read_profiler_trace
     from ..scenario.fitted import MeasuredFit
     from ..scenario.loader import apply_fit, node_kind
-    from .cmd_compare import stage_of
 
     scenario = evidence_scenario(args, runs, "--trace needs the scenario the traced job ran")
     measured = measure(read_profiler_trace(args.trace), f"profiler trace {args.trace!r}")
-    stage, _ = stage_of(argparse.Namespace(stage=args.trace_stage), scenario, measured.rank)
+    stage, _ = stage_of(args.trace_stage, scenario, measured.rank, "--trace-stage")
 
     def simulate(values):
         fitted = apply_fit(
@@ -272,9 +269,7 @@ def trace_report(args: argparse.Namespace, runs):
                 memory=values.get("memory", 1.0),
             ),
         )
-        metrics = run(fitted, spans=False, idle_split=False).metrics
-        compute = metrics.stages[stage].breakdown_s["compute"]
-        return {c: compute * share for c, share in layer_shares(ComputeModel(fitted)).items()}
+        return stage_class_s(fitted, run(fitted, spans=False, idle_split=False).metrics, stage)
 
     bounds = bounds_of([MeasuredRun("trace", scenario, 1.0)])
     traced = fit_trace(measured, simulate, bounds)

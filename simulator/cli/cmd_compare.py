@@ -5,7 +5,6 @@ picture."""
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 from ..ir.results import SCHEMA_VERSION
@@ -59,31 +58,8 @@ def add_command(sub) -> None:
     cmp.set_defaults(handler=command)
 
 
-_FAMILY = re.compile(r"\b([A-Z]{1,2}\d{2,3})\b")
-
-
-def stage_of(args: argparse.Namespace, scenario, rank: int | None) -> tuple[int, list[str]]:
-    """The stage to compare, and a note on how it was chosen."""
-    par = scenario.parallel
-    stages = par.pipeline_model_parallel_size
-    if args.stage is not None:
-        if not 0 <= args.stage < stages:
-            raise ScenarioError(f"--stage {args.stage}: the scenario has stages 0 to {stages - 1}")
-        return args.stage, []
-    if rank is None:
-        return 0, ["the trace names no rank: stage 0 compared (--stage sets it)"]
-    per_stage = par.tensor_model_parallel_size * par.cp_size * par.data_parallel_size
-    stage = rank // per_stage
-    if stage >= stages:
-        return 0, [
-            f"the trace's rank {rank} is not a rank of the scenario ({stages * per_stage} "
-            "GPUs): stage 0 compared (--stage sets it)"
-        ]
-    return stage, [f"stage {stage}: rank {rank} in Megatron-Core's order (tp-cp-ep-dp-pp)"]
-
-
 def command(args: argparse.Namespace) -> int:
-    from ..calibration.trace import measure
+    from ..calibration.trace import measure, other_gpu, stage_of
     from ..report.compare import compare, figure, record, text
     from ..run.iteration import run
     from ..scenario.files import read_profiler_trace
@@ -102,10 +78,9 @@ def command(args: argparse.Namespace) -> int:
                 f"--iteration {args.iteration}: the trace holds iterations 0 to "
                 f"{len(measured.iterations) - 1}"
             )
-        stage, notes = stage_of(args, scenario, measured.rank)
-        families = set(_FAMILY.findall(measured.device.upper())) - {"HBM", "SXM", "PCIE"}
+        stage, notes = stage_of(args.stage, scenario, measured.rank)
         gpu = scenario.cluster.gpu.name
-        if families and not any(f.lower() in gpu.lower() for f in families):
+        if other_gpu([measured.device], gpu):
             notes.append(
                 f"the trace ran on {measured.device!r}, the scenario on {gpu!r}: the two "
                 "sides are different GPUs"

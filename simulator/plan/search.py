@@ -29,8 +29,10 @@ result found in an earlier, interrupted search is used instead of simulating aga
 
 from __future__ import annotations
 
+import gc
 import json
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
@@ -186,9 +188,6 @@ def simulate_row(scenario: Scenario) -> MetricsRow:
     a run leaves its ops and spans in cycles the collector was paused for
     (run.iteration.gc_paused), and a worker that simulates a hundred layouts would
     otherwise hold them all (3.7 GiB on the 175B search; issue 34)."""
-    import gc
-    import time
-
     from ..run.iteration import run
 
     started = time.monotonic()

@@ -88,6 +88,14 @@ def layer_shares(model: ComputeModel) -> dict[str, float]:
     return {c: t / whole for c, t in totals.items()}
 
 
+def stage_class_s(scenario: Any, metrics: Any, stage: int) -> dict[str, float]:
+    """A stage's simulated compute seconds per iteration by kernel class: its compute
+    time split by one layer's kernel mix (`layer_shares`); what `calibrate --trace`
+    matches a trace's classes to."""
+    compute = metrics.stages[stage].breakdown_s[COMPUTE_TIME]
+    return {c: compute * share for c, share in layer_shares(ComputeModel(scenario)).items()}
+
+
 def simulated_side(result: Result, stage: int) -> tuple[int, dict[str, float], dict[str, float]]:
     """(the GPU standing for ``stage``, its breakdown in ROWS, its communication ops'
     whole time by kind)."""
