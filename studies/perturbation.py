@@ -5,7 +5,9 @@ what the fast path costs (docs/performance.md).
     python studies/perturbation.py --speed [--repeat 3] [--write]  # wall times
 
 The perturbations (`CASES`): a 5 % straggler (one GPU of data-parallel replica 5, stage 0,
-its compute ops 1.05 x as long), the NIC of that GPU at half rate, the cable from that
+its compute ops 1.05 x as long), the same straggler on the last stage (same tensor rank and
+replica: where 1F1B's steady state is set when the last stage also runs the output layer and
+the loss), the NIC of that GPU at half rate, the cable from that
 NIC to its leaf switch failed (the job after its restart without the NIC: GPU 43 uses
 NIC 2), and a switch uplink failed. The first three touch replica 5 only, so symmetric
 mode simulates that replica besides the representatives (simulator/run/perturb.py); a
@@ -36,6 +38,8 @@ STRAGGLER_GPU, NODE, NIC = 43, 5, 3
 CASES = {
     "clean": (),
     "5 % straggler (GPU 43)": (PerturbationSpec(kind="slow_gpu", gpu=STRAGGLER_GPU, factor=1.05),),
+    # filled in per scenario: GPU 43's tensor rank and replica on the last stage
+    "5 % straggler, last stage": (),
     "NIC 3 of node 5 at half rate": (
         PerturbationSpec(kind="slow_nic", node=NODE, nic=NIC, bandwidth_factor=0.5),
     ),
@@ -46,6 +50,7 @@ CASES = {
     "a switch uplink failed": (),
 }
 UPLINK = "a switch uplink failed"
+LAST_STAGE = "5 % straggler, last stage"
 SPEED_SCENARIOS = ("dense-16k-h100", "llama3.1-405b-16k-h100")
 SPEED_BLOCK = "perturbation-speed"  # docs/performance.md's block
 SPEED_CASES = ("clean", "5 % straggler (GPU 43)", "NIC 3 of node 5 at half rate")
@@ -53,6 +58,15 @@ SPEED_CASES = ("clean", "5 % straggler (GPU 43)", "NIC 3 of node 5 at half rate"
 
 def perturbed(scenario, perturbations):
     return dataclasses.replace(scenario, perturbations=perturbations)
+
+
+def last_stage_gpu(scenario) -> int:
+    """GPU 43's tensor rank and data-parallel replica on the last pipeline stage: the
+    pipeline dimension is the outermost of the rank order (tp-cp-ep-dp-pp), so it is GPU 43
+    plus (stages - 1) stages' worth of GPUs."""
+    stages = scenario.parallel.pipeline_model_parallel_size
+    per_stage = scenario.parallel.num_gpus // stages
+    return STRAGGLER_GPU + (stages - 1) * per_stage
 
 
 def first_uplink(scenario) -> int | None:
@@ -84,6 +98,10 @@ def what_if_table(path: str) -> str:
                 rows.append(f"| {name} | | | | | | none in this fabric (one switch) |")
                 continue
             perturbations = (PerturbationSpec(kind="slow_link", link=link, down=True),)
+        if name == LAST_STAGE:
+            gpu = last_stage_gpu(base)
+            name = f"{name} (GPU {gpu})"
+            perturbations = (PerturbationSpec(kind="slow_gpu", gpu=gpu, factor=1.05),)
         try:
             m = run(perturbed(base, perturbations)).metrics
         except ScenarioError as exc:
