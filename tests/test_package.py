@@ -41,6 +41,16 @@ def test_a_name_that_is_neither_file_nor_shipped_is_one_line(capsys):
     assert "tiny-2gpu" in err and "stepsim list" in err
 
 
+def test_a_readme_path_outside_the_checkout_names_the_shipped_scenario(
+    capsys, tmp_path, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # scenarios/tiny-2gpu.toml is not here
+    assert main(["run", "scenarios/tiny-2gpu.toml"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "a shipped scenario has that name" in err and "`stepsim run tiny-2gpu`" in err
+
+
 def test_list_shows_scenarios_and_presets(capsys):
     assert main(["list", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)

@@ -971,6 +971,12 @@ def scenario_path(text: str | Path) -> Path:
     shipped = shipped_scenarios()
     if str(text) in shipped:  # before the suffix test: "llama3.1-405b-..." has a dot
         return shipped[str(text)]
+    if path.stem in shipped and path.suffix in ("", ".toml"):
+        # a README's path-style example run outside the checkout
+        raise ScenarioError(
+            f"no scenario file {str(text)!r}; a shipped scenario has that name: give it "
+            f"without the path ({path.stem!r}, e.g. `stepsim run {path.stem}`) from anywhere"
+        )
     if path.suffix or len(path.parts) > 1:
         return path
     raise ScenarioError(
