@@ -90,3 +90,23 @@ def test_what_the_framework_turned_off_is_among_the_assumptions():
     """zbh1 splits the backward, so the async TP all-reduce is off (frameworks.resolve)."""
     said = assumptions(load_scenario("tiny-2gpu", ["training.schedule=zbh1"]))
     assert any("async TP all-reduce off for zbh1" in a for a in said)
+
+
+def test_an_overlap_the_framework_offers_and_the_scenario_leaves_off_is_labelled():
+    # DeepSeek-V3 runs DualPipe with its expert all-to-all overlap off (its file says why)
+    (said,) = [
+        a for a in assumptions(load_scenario("deepseek-v3-2048-h800")) if "not overlapped" in a
+    ]
+    assert "training.overlap_moe_expert_parallel_comm" in said
+    # Mixtral on Megatron-Core 2025 with SP and tp_comm_overlap off: labelled; on
+    # Megatron-LM 2022, which has no userbuffers overlap, not
+    mixtral = load_scenario("mixtral-8x7b-16-h100")
+    assert any("training.tp_comm_overlap" in a for a in assumptions(mixtral))
+    on = load_scenario("mixtral-8x7b-16-h100", ["training.tp_comm_overlap=true"])
+    assert not any("training.tp_comm_overlap" in a for a in assumptions(on))
+    old = load_scenario("mixtral-8x7b-16-h100", ['training.framework_version="2022"'])
+    assert not any("not overlapped" in a for a in assumptions(old))
+    # DeepSpeed's pipeline engine offers none of them
+    assert not any(
+        "not overlapped" in a for a in assumptions(load_scenario("mt-nlg-530b-420nodes"))
+    )

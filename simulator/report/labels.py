@@ -3,16 +3,48 @@ provenance (fitted on a calibration set, a user's file or fit, or "uncalibrated:
 from ..."), and the assumptions that may flatter it or that differ from what was asked
 (one non-blocking switch for the whole cluster, network links at line rate, network
 constants borrowed from another node, a mechanism the framework's rules turned off or
-changed). Every command's text header, JSON document and CSV rows carry them
-(cli/common.py, plan/answers.py, report/summary.py)."""
+changed, an overlap the framework offers that the scenario leaves off). Every command's
+text header, JSON document and CSV rows carry them (cli/common.py, plan/answers.py,
+report/summary.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..ir.vocabulary import SHARD_FULL
 from ..scenario import ClusterSpec, Scenario
+from ..scenario.frameworks import MEGATRON
 from ..scenario.hardware import NETWORK_SOURCES
+from ..scenario.overlap_rules import OVERLAP_SCHEDULES
 from ..scenario.presets import NODES
+
+# Megatron versions (frameworks.VERSIONS) whose Megatron-Core has --overlap-grad-reduce,
+# --overlap-param-gather, --tp-comm-overlap and (2025) the expert all-to-all overlap;
+# Megatron-LM 2021/2022 and DeepSpeed's pipeline engine have none of them.
+OVERLAP_VERSIONS = ("2024", "2025")
+
+
+def overlaps_left_off(scenario: Scenario) -> tuple[str, ...]:
+    """The overlaps the scenario's framework offers for its layout that it leaves off: a
+    result without them is slower than the same run tuned, which a planner should know
+    (DeepSeek-V3's DualPipe exists to hide the expert all-to-alls)."""
+    t, par, model = scenario.training, scenario.parallel, scenario.model
+    if t.framework != MEGATRON or t.mechanism("framework_version") not in OVERLAP_VERSIONS:
+        return ()  # none of these exists there
+    dp = par.data_parallel_size
+    off = []
+    version = t.mechanism("framework_version")
+    pairs = par.pipeline_model_parallel_size == 1 or t.schedule in OVERLAP_SCHEDULES
+    if model.moe and par.ep_size > 1 and not t.moe_overlap and version == "2025" and pairs:
+        off.append(
+            "expert all-to-alls with the paired micro-batch's compute "
+            "(training.overlap_moe_expert_parallel_comm)"
+        )
+    if dp > 1 and t.data_parallel_sharding != SHARD_FULL and not t.overlap_grad_reduce:
+        off.append("gradient reduction with the backward (training.overlap_grad_reduce)")
+    if par.tensor_model_parallel_size > 1 and par.sequence_parallel and not t.tp_comm_overlap:
+        off.append("sequence-parallel collectives with their GEMMs (training.tp_comm_overlap)")
+    return tuple(off)
 
 
 def fabric_text(cluster: ClusterSpec) -> str:
@@ -32,7 +64,8 @@ def fabric_text(cluster: ClusterSpec) -> str:
 
 
 def assumptions(scenario: Scenario) -> tuple[str, ...]:
-    """What the result assumes that may make it faster than the real cluster."""
+    """What the result assumes that may make it faster than the real cluster, or that
+    leaves it slower than the framework could run it."""
     c = scenario.cluster
     out = []
     if c.fabric == "switch" and c.num_nodes > 1:
@@ -55,6 +88,11 @@ def assumptions(scenario: Scenario) -> tuple[str, ...]:
     # what the framework's rules changed from what the scenario asked (frameworks.resolve)
     for note in filter(None, scenario.training.framework_note.split("; ")):
         out.append(f"changed by the framework's rules: {note}")
+    off = overlaps_left_off(scenario)
+    if off:
+        out.append(
+            f"not overlapped, as the scenario asks (the framework offers it): {'; '.join(off)}"
+        )
     return tuple(out)
 
 
