@@ -54,6 +54,20 @@ def test_search_json_ranks_what_the_text_ranks(capsys):
     assert first[:4] == ["1", str(layouts[0]["tp"]), str(layouts[0]["pp"]), str(layouts[0]["dp"])]
 
 
+def test_search_splits_each_pipelined_layouts_idle_by_cause(capsys):
+    args = ["search", TINY, "--pp", "2", "--micro-batch", "1", "--recompute", "none"]
+    args += ["--jobs", "1", "--quiet"]
+    assert main([*args, "--json"]) == 0
+    ranked = [r for r in json.loads(capsys.readouterr().out)["layouts"] if r["rank"]]
+    assert ranked
+    for row in ranked:  # the three causes add up to the layout's idle (run/bubble.py)
+        causes = [row[f"idle_by_cause_s.{k}"] for k in ("schedule", "imbalance", "communication")]
+        assert min(causes) >= 0 and sum(causes) == pytest.approx(row["breakdown_s.idle"])
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "idle%  own%  imbal%  comm%" in text and "idle% = own% (the schedule's bubble" in text
+
+
 def test_time_to_train_has_its_own_header_and_readable_tokens(capsys):
     assert main(["plan", "time-to-train", TINY, "--tokens", "3e11", "--quiet"]) == 0
     out = capsys.readouterr().out

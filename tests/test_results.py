@@ -55,6 +55,7 @@ ROW_KEYS = [
     *(f"breakdown_s.{key}" for key in BREAKDOWN_KEYS),
     "exposed_comm_fraction",
     "fits_in_memory",
+    *(f"idle_by_cause_s.{k}" for k in ("schedule", "imbalance", "communication")),
 ]
 
 
@@ -133,6 +134,12 @@ def test_row_is_flat_in_csv_order_and_reads_back_equal(result):
     assert summary.fits_in_memory is True
     # the search journal: JSON out and back
     assert MetricsRow.from_row(json.loads(json.dumps(row))) == summary
+    # the idle split is in the row (tiny-2gpu has two stages) and adds up to the idle
+    causes = [row[f"idle_by_cause_s.{k}"] for k in ("schedule", "imbalance", "communication")]
+    assert sum(causes) == pytest.approx(row["breakdown_s.idle"])
+    # a journal written before the split: its rows read back with none
+    older = {k: v for k, v in row.items() if not k.startswith("idle_by_cause_s.")}
+    assert MetricsRow.from_row(older).idle_by_cause_s is None
 
 
 def test_an_out_of_memory_run_does_not_fit_in_its_row(result):
@@ -145,11 +152,9 @@ def test_an_out_of_memory_run_does_not_fit_in_its_row(result):
 
 def test_a_sweep_point_row_puts_the_swept_keys_first(result):
     point = SweepPoint({"cluster.nic_gbps": 135.0}, result.metrics.summary_row())
-    causes = [f"idle_by_cause_s.{k}" for k in ("schedule", "imbalance", "communication")]
     assert list(point.row()) == [
         "cluster.nic_gbps",
         *ROW_KEYS,
-        *causes,
         "calibration",
         "assumptions",
     ]

@@ -223,6 +223,10 @@ class Metrics:
         return self.summary_row().row()
 
 
+IDLE_CAUSES = ("schedule", "imbalance", "communication")  # run/bubble.py idle_causes
+IDLE_CAUSE_COLUMN = "idle_by_cause_s.{}"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MetricsRow:
     """The scalar metrics of one simulated point and its mean breakdown: one row of
@@ -241,12 +245,21 @@ class MetricsRow:
     breakdown_s: dict[str, float]
     exposed_comm_fraction: float
     fits_in_memory: bool
+    # the idle split by cause (Metrics.idle_by_cause_s); None without a pipeline, or
+    # when the run left it unsplit
+    idle_by_cause_s: dict[str, float] | None = None
 
     def row(self) -> dict[str, Any]:
+        """The flat row: breakdown_s.KEY columns for the breakdown, and
+        idle_by_cause_s.schedule, .imbalance, .communication (None, an empty CSV cell,
+        where the idle is not split)."""
         out: dict[str, Any] = {}
         for f in fields(self):
             if f.name == "breakdown_s":
                 out.update({BREAKDOWN_COLUMN.format(k): v for k, v in self.breakdown_s.items()})
+            elif f.name == "idle_by_cause_s":
+                causes = self.idle_by_cause_s or {}
+                out.update({IDLE_CAUSE_COLUMN.format(k): causes.get(k) for k in IDLE_CAUSES})
             else:
                 out[f.name] = getattr(self, f.name)
         return out
@@ -254,17 +267,21 @@ class MetricsRow:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> MetricsRow:
         """Read back what ``row()`` wrote (the search journal)."""
-        values = {f.name: row[f.name] for f in fields(cls) if f.name != "breakdown_s"}
+        skip = ("breakdown_s", "idle_by_cause_s")
+        values = {f.name: row[f.name] for f in fields(cls) if f.name not in skip}
         breakdown = {
             key: row[BREAKDOWN_COLUMN.format(key)]
             for key in ALL_BREAKDOWN_KEYS
             if key in BREAKDOWN_KEYS or BREAKDOWN_COLUMN.format(key) in row
         }
-        return cls(**values, breakdown_s=breakdown)
-
-
-IDLE_CAUSES = ("schedule", "imbalance", "communication")  # run/bubble.py idle_causes
-IDLE_CAUSE_COLUMN = "idle_by_cause_s.{}"
+        split: dict[str, float] | None = {}
+        for k in IDLE_CAUSES:
+            value = row.get(IDLE_CAUSE_COLUMN.format(k))
+            if value is None or split is None:  # a journal written before the split
+                split = None
+            else:
+                split[k] = float(value)
+        return cls(**values, breakdown_s=breakdown, idle_by_cause_s=split)
 
 
 class SweepPoint(NamedTuple):
@@ -274,19 +291,14 @@ class SweepPoint(NamedTuple):
     metrics: MetricsRow
     calibration: str = ""  # the kernel constants' label (report/labels.py)
     assumptions: tuple[str, ...] = ()  # what may flatter the point (Metrics.assumptions)
-    # the idle split by cause (Metrics.idle_by_cause_s); None without a pipeline
-    idle_by_cause_s: dict[str, float] | None = None
 
     def row(self) -> dict[str, Any]:
-        """The point's row of sweep.csv: the swept keys, the metrics, the idle by cause
-        (idle_by_cause_s.schedule, .imbalance, .communication; empty without a pipeline),
-        then what they rest on (the calibration label and the assumptions, joined by
-        '; ')."""
-        causes = self.idle_by_cause_s or {}
+        """The point's row of sweep.csv: the swept keys, the metrics (the idle by cause
+        among them, empty without a pipeline), then what they rest on (the calibration
+        label and the assumptions, joined by '; ')."""
         return {
             **self.settings,
             **self.metrics.row(),
-            **{IDLE_CAUSE_COLUMN.format(k): causes.get(k, "") for k in IDLE_CAUSES},
             "calibration": self.calibration,
             "assumptions": "; ".join(self.assumptions),
         }

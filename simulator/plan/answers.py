@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from ..ir.results import MetricsRow
+from ..ir.results import IDLE_CAUSES, MetricsRow
 from ..ir.units import count_text
 from ..ir.vocabulary import CATEGORIES, SHARDING_NAMES
 from ..report.labels import fabric_text, label_lines
@@ -103,6 +103,18 @@ METRIC_HEAD = [
 ]
 
 
+IDLE_HEAD = ["own%", "imbal%", "comm%"]
+
+
+def idle_cells(m: MetricsRow) -> list[str]:
+    """A layout's idle split by cause in % of its iteration (run/bubble.py); '-' without
+    a pipeline."""
+    causes = m.idle_by_cause_s
+    if causes is None:
+        return ["-"] * len(IDLE_CAUSES)
+    return [f"{100 * causes[k] / m.iteration_time_s:.1f}" for k in IDLE_CAUSES]
+
+
 def headroom_text(result: SearchResult) -> str:
     """`` (5 % of each GPU kept free)``: the search's memory headroom, when it has one."""
     if result.space is None or not result.space.memory_headroom:
@@ -157,15 +169,22 @@ def search_text(
     )
     capacity = base.cluster.gpu.memory_gib
     tight = result.space.tight_gib(capacity) if result.space is not None else None
+    split = any(c.simulated_metrics.idle_by_cause_s for c in ranked[:show])
     body = [
         [
             str(i + 1),
             *layout_cells(c.layout),
             *metric_cells(c.simulated_metrics, c.memory_gib, tight),
+            *(idle_cells(c.simulated_metrics) if split else []),
         ]
         for i, c in enumerate(ranked[:show])
     ]
-    lines.append(table(["#", *LAYOUT_HEAD, *METRIC_HEAD], body))
+    lines.append(table(["#", *LAYOUT_HEAD, *METRIC_HEAD, *(IDLE_HEAD if split else [])], body))
+    if split:
+        lines.append(
+            "  idle% = own% (the schedule's bubble, with equal stages and free communication) "
+            "+ imbal% (unequal stages) + comm% (waits on transfers); - : no pipeline"
+        )
     if tight is not None and any(c.memory_gib > tight for c in ranked[:show]):
         lines.append(
             f"  !: over {tight:.1f} of the GPU's {capacity:g} GiB, within twice the headroom "

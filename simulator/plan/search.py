@@ -184,14 +184,14 @@ GC_AFTER_S = 0.2  # a layout that took longer than this leaves enough cycles to 
 def simulate_row(scenario: Scenario) -> MetricsRow:
     """Simulate one layout; its row of scalar metrics and breakdown. Through the totals
     path (`run(spans=False)`: the engine adds spans up instead of keeping them; the
-    metrics are the same bit for bit), and with the collector run after a large layout:
-    a run leaves its ops and spans in cycles the collector was paused for
-    (run.iteration.gc_paused), and a worker that simulates a hundred layouts would
-    otherwise hold them all (3.7 GiB on the 175B search; issue 34)."""
+    metrics are the same bit for bit), with the idle split by cause, and with the
+    collector run after a large layout: a run leaves its ops and spans in cycles the
+    collector was paused for (run.iteration.gc_paused), and a worker that simulates a
+    hundred layouts would otherwise hold them all (3.7 GiB on the 175B search; issue 34)."""
     from ..run.iteration import run
 
     started = time.monotonic()
-    row = run(scenario, spans=False, idle_split=False).metrics.summary_row()
+    row = run(scenario, spans=False).metrics.summary_row()
     if time.monotonic() - started > GC_AFTER_S:
         gc.collect()
     return row

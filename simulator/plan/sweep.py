@@ -98,7 +98,6 @@ def run_sweep(
                     metrics.summary_row(),
                     scenario.kernel_constants.source,
                     metrics.assumptions,
-                    metrics.idle_by_cause_s,
                 )
             )
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM / SIGHUP (cli.common.Terminated)

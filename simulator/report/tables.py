@@ -14,7 +14,7 @@ from ..scenario.presets import CALIBRATED_GPUS, GPUS
 def sweep_table_text(keys: list[str], points: Sequence[SweepPoint]) -> str:
     """The sweep's table; the bubble split by cause (the schedule's own, stage imbalance,
     communication waits: run/bubble.py) where the points have a pipeline."""
-    split = any(p.idle_by_cause_s for p in points)
+    split = any(p.metrics.idle_by_cause_s for p in points)
     head = [*keys, "iteration s", "HW TFLOP/s", "MFU %", "bubble %"]
     if split:
         head += ["own %", "imbal %", "comm %"]
@@ -30,7 +30,7 @@ def sweep_table_text(keys: list[str], points: Sequence[SweepPoint]) -> str:
             f"{100 * m.bubble_fraction:.1f}",
         ]
         if split:
-            causes = p.idle_by_cause_s or {}
+            causes = m.idle_by_cause_s or {}
             row += [
                 f"{100 * causes[k] / m.iteration_time_s:.1f}" if k in causes else "-"
                 for k in IDLE_CAUSES
@@ -196,12 +196,17 @@ def _validation_rows(comparisons) -> list[list[str]]:
             c.what,
             c.model,
             c.setting,
-            _seconds(c.measured_s),
-            _seconds(c.simulated_s),
+            _figure(c.measured, c.unit),
+            _figure(c.simulated, c.unit),
             f"{100 * c.error:+.1f} %",
         ]
         for c in comparisons
     ]
+
+
+def _figure(value: float, unit: str) -> str:
+    """A row's measured or simulated figure in the row's unit (Comparison.unit)."""
+    return _seconds(value) if unit == "s" else f"{value:.1f} {unit}"
 
 
 def _seconds(value_s: float) -> str:
@@ -231,22 +236,49 @@ def _totals_line(totals: dict) -> str:
     )
 
 
-def validation_text(by_set: dict, totals: dict) -> str:
-    """One table per calibration set, each with its mean and worst error."""
-    from ..calibration.validation import SETS
+def _target_line(totals: dict) -> str:
+    """A set against the target (calibration.validation.verdict): "target (every row
+    within 8 %, mean at most 4 %): met", or missed and why."""
+    from ..calibration.validation import Target, target_text
 
-    lines = ["stepsim validate · the calibration sets"]
+    v = totals["target"]
+    limits = Target(v["row_abs_error"], v["mean_abs_error"])
+    head = f"target ({target_text(limits)}): "
+    if v["met"]:
+        return head + "met"
+    why = []
+    if not totals["rows"]:
+        why.append("no scored rows")
+    if not v["mean_met"]:
+        why.append(
+            f"mean {100 * totals['mean_abs_error']:.1f} % over {100 * limits.mean_abs_error:g} %"
+        )
+    if v["rows_over"]:
+        why.append(
+            f"{len(v['rows_over'])} of {totals['rows']} rows over "
+            f"{100 * limits.row_abs_error:g} % ({', '.join(v['rows_over'])})"
+        )
+    return head + "missed: " + "; ".join(why)
+
+
+def validation_text(by_set: dict, totals: dict) -> str:
+    """One table per calibration set, each with how its published figures were
+    converted, its mean and worst error and its verdict against the target."""
+    from ..calibration.validation import CONVERSIONS, ERROR_CONVENTION, SETS
+
+    lines = ["stepsim validate · the calibration sets", f"  {ERROR_CONVENTION}"]
     for name, comparisons in by_set.items():
-        lines += ["", f"  {SETS[name]}", *_validation_table_text(comparisons)]
-        lines += ["", f"  {_totals_line(totals[name])}"]
+        lines += ["", f"  {SETS[name]}", *_validation_table_text(comparisons), ""]
+        if name in CONVERSIONS:
+            lines.append(f"  {CONVERSIONS[name]}")
+        lines += [f"  {_totals_line(totals[name])}", f"  {_target_line(totals[name])}"]
     return "\n".join(lines)
 
 
 _SET_NOTES = {
     "a100": [
-        "- Table 1 rows (Narayanan et al. 2021, arXiv 2104.04473): measured time = "
-        "96 B s l h² (1 + s/6h + V/16lh) / (GPUs × measured TFLOP/s); full "
-        "recomputation; the schedule of NVIDIA's reproduction script "
+        "- Table 1 rows (Narayanan et al. 2021, arXiv 2104.04473): full recomputation; "
+        "the schedule of NVIDIA's reproduction script "
         "(examples/sc21/run_table_1.sh): 39B and 1T without interleaving, the others "
         "with the chunks per stage shown as v; no gradient-accumulation fusion "
         "(Megatron-LM 2021).",
@@ -259,14 +291,12 @@ _SET_NOTES = {
         "measured iteration time as printed.",
     ],
     "h100": [
-        "- Megatron-Core r0.8.0 weak scaling (NVIDIA/Megatron-LM README, 2024), compared "
-        "as model TFLOP/s per GPU: the times shown are the table's FLOPs "
-        "72 B s l h² (1 + s/6h + V/12lh) (stepsim's model FLOPs count the same) over GPUs × "
-        "TFLOP/s, measured and simulated. As Megatron-Core r0.8.0 runs (its source and "
-        "the table's notes): Transformer Engine's fused attention (`attention_kernel = "
-        '"flash"`), --tp-comm-overlap, overlapped gradient reduce, distributed optimizer. '
-        "Assumed (unpublished): micro-batch 1, no recomputation, sequence parallelism, "
-        "no interleaving (calibration.md).",
+        "- Megatron-Core r0.8.0 weak scaling (NVIDIA/Megatron-LM README, 2024). As "
+        "Megatron-Core r0.8.0 runs (its source and the table's notes): Transformer "
+        'Engine\'s fused attention (`attention_kernel = "flash"`), --tp-comm-overlap, '
+        "overlapped gradient reduce, distributed optimizer. Assumed (unpublished): "
+        "micro-batch 1, no recomputation, sequence parallelism, no interleaving "
+        "(calibration.md).",
     ],
 }
 
@@ -274,7 +304,7 @@ _SET_NOTES = {
 def validation_markdown(by_set: dict, totals: dict, calibrations=None) -> str:
     """docs/validation.md: one table per calibration set and the plot; how the constants
     were chosen is in docs/calibration.md (written by hand)."""
-    from ..calibration.validation import SETS
+    from ..calibration.validation import CONVERSIONS, ERROR_CONVENTION, SETS, target_text
 
     calibrations = calibrations or {}
     out = [
@@ -282,22 +312,23 @@ def validation_markdown(by_set: dict, totals: dict, calibrations=None) -> str:
         "",
         "Written by `stepsim validate --out docs` (do not edit by hand). How each GPU's "
         "constants were chosen, what the rows assume and why the worst rows are off: "
-        "[calibration.md](calibration.md). Target per set: every row within 8 %, mean "
-        "at most 4 %.",
+        f"[calibration.md](calibration.md). Target per set: {target_text()}. "
+        f"{ERROR_CONVENTION[0].upper()}{ERROR_CONVENTION[1:]}.",
         "",
-        "| set | scored rows | mean abs error | worst abs error |",
-        "|---|---:|---:|---:|",
+        "| set | scored rows | mean abs error | worst abs error | target |",
+        "|---|---:|---:|---:|---|",
     ]
     for name in by_set:
         t = totals[name]
         out.append(
             f"| {SETS[name]} | {t['rows']} | {100 * t['mean_abs_error']:.1f} % | "
-            f"{100 * t['worst_abs_error']:.1f} % |"
+            f"{100 * t['worst_abs_error']:.1f} % | {'met' if t['target']['met'] else 'missed'} |"
         )
     for name, comparisons in by_set.items():
         c = calibrations.get(name) or GPUS[CALIBRATED_GPUS[name]].kernels
         t = totals[name]
         rows = _validation_rows(comparisons)
+        conversion = [f"- {CONVERSIONS[name]}"] if name in CONVERSIONS else []
         out += [
             "",
             f"## {SETS[name]}",
@@ -308,7 +339,10 @@ def validation_markdown(by_set: dict, totals: dict, calibrations=None) -> str:
             "",
             f"**{_totals_line(t).capitalize()}.**",
             "",
+            f"T{_target_line(t)[1:]}.",  # "target ..." as a sentence (ids keep their case)
+            "",
             *_SET_NOTES[name],
+            *conversion,
             "",
             "| " + " | ".join(_VALIDATION_HEAD) + " |",
             "|" + "---|" * 7,

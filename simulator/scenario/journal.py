@@ -24,7 +24,7 @@ from typing import Any
 
 from stepsim.schedules import SCHEDULES
 
-from ..ir.results import MetricsRow
+from ..ir.results import IDLE_CAUSE_COLUMN, IDLE_CAUSES, MetricsRow
 from ..ir.vocabulary import (
     ALL_BREAKDOWN_KEYS,
     BREAKDOWN_COLUMN,
@@ -50,12 +50,16 @@ LAYOUT_KEY = re.compile(
 )
 
 _INTS = {"num_gpus", "num_microbatches"}
+_SPREAD = ("breakdown_s", "idle_by_cause_s")  # fields a row holds as columns of their own
 _FLAGS = {"fits_in_memory"}
 _POSITIVE = {"iteration_time_s"}
-_REQUIRED = [f.name for f in fields(MetricsRow) if f.name != "breakdown_s"] + [
+_REQUIRED = [f.name for f in fields(MetricsRow) if f.name not in _SPREAD] + [
     BREAKDOWN_COLUMN.format(k) for k in BREAKDOWN_KEYS
 ]
 _OPTIONAL = [BREAKDOWN_COLUMN.format(k) for k in ALL_BREAKDOWN_KEYS if k not in BREAKDOWN_KEYS]
+# the idle split: null without a pipeline, absent from journals written before it
+_NULLABLE = {IDLE_CAUSE_COLUMN.format(k) for k in IDLE_CAUSES}
+_OPTIONAL += sorted(_NULLABLE)
 
 
 _DAMAGED = object()  # what _load returns for a line that is not JSON
@@ -75,6 +79,8 @@ def row_problem(row: Any) -> str | None:
         if name not in row:
             return f"its row has no {name}"
         value = row[name]
+        if value is None and name in _NULLABLE:
+            continue
         if name in _FLAGS:
             if not isinstance(value, bool):
                 return f"{name}={_shown(value)} must be true or false"
