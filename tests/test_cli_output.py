@@ -152,3 +152,10 @@ def test_docs_lists_and_prints_the_shipped_documents(capsys):
     assert capsys.readouterr().out.startswith("# Memory per GPU")
     assert main(["docs", "memry"]) == 2
     assert "did you mean 'memory'?" in capsys.readouterr().err
+
+
+def test_an_answer_that_names_a_layout_says_how_to_read_its_name(capsys):
+    assert main(["plan", "fit", TINY, "--min-nodes", "--no-simulate", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "leanest layout: tp" in out
+    assert "layout names: tp<N>-pp<N>" in out and "-sp|nosp (sequence parallelism)" in out

@@ -103,6 +103,14 @@ METRIC_HEAD = [
 ]
 
 
+# what a layout's name (space.Layout.key) spells, said under every answer that shows one
+LAYOUT_NAMES = (
+    "  layout names: tp<N>-pp<N>[-first<L>-last<L>]-dp<N> (tensor, pipeline, data parallel; "
+    "layers on the first and last stage when uneven) -mb<N> (micro-batch) -<schedule> "
+    "-v<N> (chunks per rank) -<recompute> -<data-parallel sharding: none, optimizer = ZeRO-1, "
+    "gradients = ZeRO-2, full = FSDP> -sp|nosp (sequence parallelism)"
+)
+
 IDLE_HEAD = ["own%", "imbal%", "comm%"]
 
 
@@ -211,6 +219,7 @@ def search_text(
                 if ratio == 1
                 else "slower (the rule lies outside the searched space)"
             ),
+            LAYOUT_NAMES,
         ]
     elif result.candidates:
         lines += ["", "  Megatron-LM's rule of thumb: no layout it allows fits in memory"]
@@ -265,6 +274,7 @@ def fit_text(
     lines.append(f"  largest that fits: {largest.name} ({params_text(largest.params)} parameters)")
     if best is not None:
         lines.append(f"  its fastest layout (simulated): {_fastest_text(best)}")
+    lines.append(LAYOUT_NAMES)
     return "\n".join(lines)
 
 
@@ -307,6 +317,7 @@ def min_nodes_text(
         "  fewer nodes fail on memory, or on the global batch: data parallel x micro-batch "
         "must divide it"
     )
+    lines.append(LAYOUT_NAMES)
     return "\n".join(lines)
 
 
