@@ -588,6 +588,57 @@ def performance(images: Path | None) -> Generated:
     return {}
 
 
+def readme_timings(images: Path | None) -> Generated:
+    """The README's speed and suite figures, measured on this machine now: the main
+    command's wall time with and without its files (median of three, each a fresh
+    process), and the test suite's size and time as the README's test command runs it
+    (machine-dependent: rewritten by a full run, never checked)."""
+    if images is None:
+        return {}
+    import platform
+    import re
+    import statistics
+
+    stepsim = [sys.executable, "-m", "stepsim"]
+    scenario = "scenarios/mt-nlg-530b-420nodes.toml"
+
+    def wall_s(args: list[str]) -> float:
+        times = []
+        for _ in range(3):
+            started = time.perf_counter()
+            subprocess.run(args, check=True, cwd=ROOT, capture_output=True)
+            times.append(time.perf_counter() - started)
+        return statistics.median(times)
+
+    with tempfile.TemporaryDirectory() as out:
+        with_files = wall_s([*stepsim, "run", scenario, "--out", out, "--quiet"])
+    alone = wall_s([*stepsim, "run", scenario, "--json"])
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    suite_s = time.perf_counter() - started
+    found = re.search(r"(\d+) passed", done.stdout)
+    passed = int(found.group(1)) if found else 0
+    machine = f"{os.cpu_count()} cores, Python {platform.python_version()}"
+    when = time.strftime("%Y-%m-%d")
+    return {
+        ("README.md", "readme-run-time"): (
+            f"It takes {with_files:.0f} s in all on this project's {machine} machine "
+            f"({alone:.1f} s for `--json` alone, without the trace and pictures; median of "
+            f"three, {when}; `python tools/docs.py --only readme-timings` measures it again)."
+        ),
+        ("README.md", "readme-suite-time"): (
+            f"The suite has {passed:,} tests and took {suite_s:.0f} s on two workers on a "
+            f"{machine} machine ({when}; `python tools/docs.py --only readme-timings` "
+            "measures it again)."
+        ),
+    }
+
+
 def frameworks(images: Path | None) -> Generated:
     """docs/frameworks.md: what DeepSpeed's engine changes against Megatron's, one
     mechanism at a time, on the MT-NLG and BigScience scenarios."""
@@ -789,6 +840,12 @@ SECTIONS = [
     ),
     Section("moe-dispatch", "docs/moe.md: alltoall vs flex, EP in or across nodes", moe_dispatch),
     Section("performance", "docs/performance.md timings (not checked)", performance, checked=False),
+    Section(
+        "readme-timings",
+        "README: the main command's and the suite's times (not checked)",
+        readme_timings,
+        checked=False,
+    ),
 ]
 FAST = [s.name for s in SECTIONS if s.fast]
 
