@@ -144,6 +144,7 @@ def summary_text(result: Result) -> str:
     used = f"{m.num_gpus} GPUs"
     if m.num_gpus < cl.num_gpus:
         used += f" of {cl.num_gpus}"
+    places = decimal_places(m.iteration_time_s)  # 4 digits, a trailing 0 kept (35.20 s)
     lines = [
         f"stepsim · {s.name}",
         f"  {used} ({cl.num_nodes} {node}, {cl.gpu.name}, {cl.nics_per_node} x "
@@ -191,7 +192,7 @@ def summary_text(result: Result) -> str:
         )
         + ("" if s.network.symmetry else " · exact mode (every GPU simulated)"),
         "",
-        f"  iteration time            {m.iteration_time_s:.4g} s",
+        f"  iteration time            {m.iteration_time_s:.{places}f} s",
         f"  throughput                {m.tokens_per_s:,.0f} tokens/s",
         f"  hardware TFLOP/s per GPU  {m.hardware_tflops_per_gpu:.1f}  (recomputation included)",
         f"  model TFLOP/s per GPU     {m.model_tflops_per_gpu:.1f}",

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 
 from ..ir.results import IDLE_CAUSES, SweepPoint
 from ..scenario.presets import CALIBRATED_GPUS, GPUS
+from .summary import decimal_places
 
 
 def sweep_table_text(keys: list[str], points: Sequence[SweepPoint]) -> str:
@@ -20,11 +21,13 @@ def sweep_table_text(keys: list[str], points: Sequence[SweepPoint]) -> str:
         head += ["own %", "imbal %", "comm %"]
     head += ["exposed comm %", "mem GiB"]
     body = []
+    # one number of places for the column, so 97.70 stands under 99.88 (not 97.7)
+    places = decimal_places(max((p.metrics.iteration_time_s for p in points), default=0.0))
     for p in points:
         m = p.metrics
         row = [
             *(str(p.settings[k]) for k in keys),
-            f"{m.iteration_time_s:.4g}",
+            f"{m.iteration_time_s:.{places}f}",
             f"{m.hardware_tflops_per_gpu:.1f}",
             f"{100 * m.mfu:.1f}",
             f"{100 * m.bubble_fraction:.1f}",
