@@ -29,7 +29,9 @@ def add_command(sub) -> None:
         description="Simulate every row of each GPU's calibration set (A100: Narayanan et al. "
         "2021 Table 1 and Korthikanti et al. 2022 Table 4; V100: the Megatron-LM README's "
         "DGX-2 table; H100: Megatron-Core r0.8.0's weak scaling) and print measured, "
-        "simulated and error, one table per set with its mean and worst; then the kernel "
+        "simulated and error (iteration and layer times; the H100 rows in the model "
+        "TFLOP/s per GPU its table publishes), one table per set with its mean, worst and "
+        "verdict against the project's accuracy target; then the kernel "
         "section: each published kernel micro-benchmark (GEMMs, flash attention, norms; "
         "scenarios/validation/kernels/) against stepsim's time for that kernel, and each "
         "published NCCL collective (scenarios/validation/collectives/) against stepsim's "
@@ -185,7 +187,7 @@ def _write_kernels_only(out: Path, kernels: dict, comms: dict, quiet: bool) -> N
 def _sets(args: argparse.Namespace) -> int:
     from ..calibration import collectives
     from ..calibration.kernels import comparison_json
-    from ..calibration.validation import compare, summary
+    from ..calibration.validation import CONVERSIONS, TARGET, compare, summary
     from ..ir.results import SCHEMA_VERSION
     from ..report.tables import validation_markdown, validation_text
     from ..run.iteration import run
@@ -238,15 +240,24 @@ def _sets(args: argparse.Namespace) -> int:
         print_json(
             {
                 "schema_version": SCHEMA_VERSION,
+                # the target every set is held to (calibration.validation.TARGET)
+                "target": TARGET._asdict(),
                 "sets": {
                     name: {
                         **totals[name],
-                        "detail": [{**c._asdict(), "error": c.error} for c in comparisons],
+                        "conversion": CONVERSIONS.get(name),
+                        "detail": [c.as_json() for c in comparisons],
                     }
                     for name, comparisons in by_set.items()
                 }
                 | {
-                    name: {"rows": 0, "mean_abs_error": None, "worst_abs_error": None, "why": why}
+                    name: {
+                        "rows": 0,
+                        "mean_abs_error": None,
+                        "worst_abs_error": None,
+                        "target": None,
+                        "why": why,
+                    }
                     for name, why in empty.items()
                 },
                 "kernels": comparison_json(kernels),
@@ -266,7 +277,8 @@ def _sets(args: argparse.Namespace) -> int:
 
         out = Path(args.out)
         with out_errors("--out", args.out), out_folder(out, "validate") as folder:
-            folder.figure("images/validation.png", validation_figure(by_set), dpi=110)
+            figure = validation_figure(by_set, TARGET.row_abs_error)
+            folder.figure("images/validation.png", figure, dpi=110)
             folder.text(
                 "validation.md",
                 validation_markdown(by_set, totals, calibrations)
