@@ -95,16 +95,18 @@ def showcase(images: Path | None) -> Generated:
     """README: the MT-NLG 530B summary and its pictures, and the tiny timeline."""
     from stepsim.report.summary import summary_text
     from stepsim.report.timeline import breakdown_figure, timeline_figure
+    from stepsim.run.idlemap import idle_pieces
     from stepsim.run.iteration import run
     from stepsim.scenario import load_scenario
 
     result = run(load_scenario(ROOT / "scenarios" / "mt-nlg-530b-420nodes.toml"))
     m = result.metrics
-    if images is not None:
-        timeline_figure(result).savefig(images / "mt-nlg-420-timeline.png", dpi=110)
+    if images is not None:  # the idle by cause, as `stepsim run --out` draws it
+        timeline = timeline_figure(result, idle_pieces(result))
+        timeline.savefig(images / "mt-nlg-420-timeline.png", dpi=110)
         breakdown_figure(result).savefig(images / "mt-nlg-420-breakdown.png", dpi=110)
         tiny = run(load_scenario(ROOT / "scenarios" / "tiny-2gpu.toml"))
-        timeline_figure(tiny).savefig(images / "tiny-timeline.png", dpi=110)
+        timeline_figure(tiny, idle_pieces(tiny)).savefig(images / "tiny-timeline.png", dpi=110)
     gap = "\n".join(
         [
             "| | simulated by stepsim |",

@@ -114,17 +114,19 @@ def write_outputs(result, out: Path, trace_file: str | None = "trace.json") -> l
     trace.json.gz or None for none); return their names in the order printed."""
     from ..report.timeline import breakdown_figure, timeline_figure
     from ..report.trace import chrome_trace_bytes
+    from ..run.idlemap import idle_pieces
 
+    idle = idle_pieces(result)  # the idle by cause, drawn in the trace and the timeline
     with out_folder(out, f"run {result.scenario.name}") as folder:
         folder.text("metrics.json", json.dumps(result.metrics.to_json(), indent=2) + "\n")
         folder.text("scenario.resolved.toml", dumps_toml(scenario_to_dict(result.scenario)))
         if trace_file is not None:
             # the compact JSON of chrome_trace's document, written as text span by span
-            text = chrome_trace_bytes(result)
+            text = chrome_trace_bytes(result, idle)
             if trace_file.endswith(".gz"):
                 text = gzip.compress(text, mtime=0)  # no time stamp: the same bytes every run
             folder.bytes(trace_file, text)
-        folder.figure("timeline.png", timeline_figure(result), dpi=110)
+        folder.figure("timeline.png", timeline_figure(result, idle), dpi=110)
         folder.figure("breakdown.png", breakdown_figure(result), dpi=110)
     names = ["metrics.json", "timeline.png", "breakdown.png", trace_file, "scenario.resolved.toml"]
     return [name for name in names if name is not None]

@@ -15,10 +15,7 @@ hidden or not)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
-
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ..calibration.trace import (
     ATTENTION,
@@ -39,6 +36,9 @@ from ..ir.vocabulary import (
     OPTIMIZER,
     WAIT_OF_COMM,
 )
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 COMPUTE_TIME = "compute"
 EXPOSED = "exposed communication"
@@ -235,7 +235,11 @@ def record(c: Comparison) -> dict[str, Any]:
 def figure(c: Comparison, measured: TraceMeasurement, result: Result, iteration: int = 0) -> Figure:
     """The measured iteration's GPU timeline (a row per stream, kernels coloured by
     class) over the simulated GPU's (a row per stream, spans coloured by category), on
-    one time scale from each one's start."""
+    one time scale from each one's start. Each row is one collection of bars in time
+    order, a colour per bar (what a call per bar drew, at a fraction of the time)."""
+    from matplotlib.figure import Figure  # a picture's import: compare's text needs none
+    from matplotlib.patches import Patch
+
     it = measured.iterations[iteration]
     streams = sorted({e.stream for e in it.events})
     sim_spans = [s for s in result.trace.spans if s.gpu == c.gpu]
@@ -247,16 +251,15 @@ def figure(c: Comparison, measured: TraceMeasurement, result: Result, iteration:
     )
     scale = 1e3
     for row, number in enumerate(streams):
+        bars, shades = [], []
         for e in it.events:
             if e.stream != number:
                 continue
-            color = COMM_COLOR if is_communication(e.cls) else CLASS_COLORS.get(e.cls, "#999999")
-            top.broken_barh(
-                [((e.start_s - it.start_s) * scale, (e.end_s - e.start_s) * scale)],
-                (row - 0.4, 0.8),
-                facecolors=color,
-                linewidth=0,
+            bars.append(((e.start_s - it.start_s) * scale, (e.end_s - e.start_s) * scale))
+            shades.append(
+                COMM_COLOR if is_communication(e.cls) else CLASS_COLORS.get(e.cls, "#999999")
             )
+        _bars(top, row, bars, shades)
     top.set_yticks(range(len(streams)), [f"stream {s}" for s in streams])
     top.set_title(
         f"measured: {c.trace}, {it.step} ({who(c)}), GPU time from its first kernel",
@@ -265,17 +268,14 @@ def figure(c: Comparison, measured: TraceMeasurement, result: Result, iteration:
     )
     colors = {cat.key: cat.color for cat in ALL_CATEGORIES}
     for row, stream in enumerate(sim_streams):
+        bars, shades = [], []
         for s in sim_spans:
             if str(s.stream) != stream or s.kind == IDLE:
                 continue
             category = CATEGORY_OF_KIND.get(s.kind)
-            color = colors.get(category, COMM_COLOR) if category else COMM_COLOR
-            bottom.broken_barh(
-                [(s.start_s * scale, (s.end_s - s.start_s) * scale)],
-                (row - 0.4, 0.8),
-                facecolors=color,
-                linewidth=0,
-            )
+            bars.append((s.start_s * scale, (s.end_s - s.start_s) * scale))
+            shades.append(colors.get(category, COMM_COLOR) if category else COMM_COLOR)
+        _bars(bottom, row, bars, shades)
     bottom.set_yticks(range(len(sim_streams)), sim_streams)
     bottom.set_title(
         f"simulated: {c.scenario}, stage {c.stage} (GPU {c.gpu}), one iteration",
@@ -297,6 +297,13 @@ def figure(c: Comparison, measured: TraceMeasurement, result: Result, iteration:
     fig.legend(handles=legend, loc="lower center", ncol=4, fontsize=8, frameon=False)
     fig.subplots_adjust(left=0.1, right=0.98, top=0.9, bottom=0.28, hspace=0.5)
     return fig
+
+
+def _bars(ax, row: int, bars: list[tuple[float, float]], colors: list[str]) -> None:
+    """A row's bars as one collection, drawn in the order given (overlapping bars cover
+    each other as one call per bar did); nothing for an empty row."""
+    if bars:
+        ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=colors, linewidth=0)
 
 
 def who(c: Comparison) -> str:

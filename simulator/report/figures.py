@@ -8,8 +8,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import networkx as nx
-from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
 
 from stepsim.topologies import GPU, NIC, NVSWITCH, SWITCH
 
@@ -17,7 +15,9 @@ from ..ir.results import MetricsRow, SweepPoint
 from ..ir.vocabulary import BACKWARD, FORWARD, PP_SEND, TP_COMM
 from .timeline import COLORS
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # matplotlib is imported where a picture is drawn (start-up time)
+    from matplotlib.figure import Figure
+
     from ..plan.questions import ScalePoint
 
 MAX_DRAWN_GPUS = 288  # topology_figure draws clusters up to this size (four NVL72 racks)
@@ -26,6 +26,8 @@ MAX_DRAWN_GPUS = 288  # topology_figure draws clusters up to this size (four NVL
 def sweep_figure(keys: list[str], points: Sequence[SweepPoint], title: str) -> Figure:
     """Iteration time, TFLOP/s per GPU and exposed-communication share against the
     first swept key; one line per combination of the other swept keys."""
+    from matplotlib.figure import Figure
+
     x_key, other = keys[0], keys[1:]
     xs = [point.settings[x_key] for point in points]
     numeric = all(isinstance(x, int | float) and not isinstance(x, bool) for x in xs)
@@ -80,6 +82,8 @@ def topology_figure(graph, title: str, planes: int = 1) -> Figure:
     """The cluster graph, by layer: GPUs, NVSwitches, NICs, then switch levels. With
     ``planes`` > 1 (rail-only, multi-plane) the leaves are drawn plane by plane (leaf i
     is on plane i mod planes), each plane's above its own spines."""
+    from matplotlib.figure import Figure
+
     layer = {GPU: 0, NVSWITCH: 1, NIC: 2}
 
     def layer_of(n: tuple) -> int:
@@ -151,6 +155,8 @@ def topology_figure(graph, title: str, planes: int = 1) -> Figure:
 def validation_figure(by_set, band: float):
     """Simulated against measured, one panel per table, on log axes, with the band of
     ± ``band`` (the target's row limit, 0.08 for ±8 %)."""
+    from matplotlib.figure import Figure
+
     groups = (
         ("A100 · Narayanan et al. 2021 Table 1: iteration", "a100", ("iteration",), 1.0, "s"),
         (
@@ -222,6 +228,9 @@ def validation_figure(by_set, band: float):
 def scale_figure(points: Sequence[ScalePoint], title: str) -> Figure:
     """Throughput against nodes with the ideal line through the first point, and the
     scaling efficiency."""
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
+
     done = [
         (p.nodes, p.metrics, p.scaled)
         for p in points

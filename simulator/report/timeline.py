@@ -6,11 +6,9 @@ figures.py."""
 from __future__ import annotations
 
 from itertools import groupby
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.colors import to_rgb
-from matplotlib.figure import Figure
-from matplotlib.patches import Patch
 
 from stepsim.schedules import parse_label
 
@@ -41,7 +39,11 @@ from ..ir.vocabulary import (
     WEIGHT,
     categories_of,
 )
+from .idle import IDLE_CAUSE_STYLES, IdleMap
 from .metrics import compute_lanes
+
+if TYPE_CHECKING:  # matplotlib is imported where a picture is drawn (start-up time)
+    from matplotlib.figure import Figure
 
 # One colour per span kind; waits share their communication's colour, hatched.
 COLORS = {kind: style.color for kind, style in KIND_STYLES.items()}
@@ -53,9 +55,13 @@ LEGEND_OF = {
 }
 
 
-def timeline_figure(result: Result) -> Figure:
+def timeline_figure(result: Result, idle: IdleMap | None = None) -> Figure:
     """A Gantt chart: one row per simulated GPU (one per pipeline stage), its compute
-    stream on top and its background transfers in a thin band below."""
+    stream on top and its background transfers in a thin band below. With ``idle``
+    (run/idlemap.py) the idle is drawn by cause, each in a light colour of its own."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
     trace = result.trace
     lanes = compute_lanes(trace.lanes)
     rows_note = "one GPU per pipeline stage"
@@ -68,6 +74,8 @@ def timeline_figure(result: Result) -> Figure:
         rows_note = "the first GPU of each stage, all simulated"
         shown = {lane.gpu for lane in lanes}
         trace = trace._replace(spans=[sp for sp in trace.spans if sp.gpu in shown])
+    if idle is not None:
+        idle = {gpu: idle[gpu] for gpu in (lane.gpu for lane in lanes) if gpu in idle}
     row_of = {lane.gpu: i for i, lane in enumerate(lanes)}
     scale, unit = _time_unit(trace.end_s)
     height = min(max(2.0 + 0.45 * len(lanes), 3.0), 16.0)
@@ -76,9 +84,9 @@ def timeline_figure(result: Result) -> Figure:
     few = len(lanes) <= 16 and result.scenario.num_microbatches <= 32
     binned = len(trace.spans) > RASTER_ABOVE_SPANS
     if binned:
-        drawn = _draw_raster(ax, trace, row_of, scale)
+        drawn = _draw_raster(ax, trace, row_of, scale, idle)
     else:
-        drawn = _draw_bars(ax, trace, row_of, scale)
+        drawn = _draw_bars(ax, trace, row_of, scale, idle)
     if few:
         _label_microbatches(ax, trace, row_of, scale)
     ax.set_yticks(range(len(lanes)))
@@ -101,29 +109,45 @@ def timeline_figure(result: Result) -> Figure:
         f"{result.metrics.num_microbatches:,} (fast-forward: the iteration is "
         f"{result.metrics.iteration_time_s * scale:.4g} {unit})"
     )
+    head = f"{result.scenario.name}: {what}, {trace.end_s * scale:.4g} {unit}"
+    rows = f"(rows: {rows_note}; thin band: background transfers)"
     ax.set_title(
-        f"{result.scenario.name}: {what}, {trace.end_s * scale:.4g} {unit}"
-        f" (rows: {rows_note}; thin band: background transfers)"
+        # on one line while it fits the figure's width (about 130 characters)
+        head
+        + (" " if len(head) + len(rows) < TITLE_CHARS else "\n")
+        + rows
         + (
             f"\nbinned: {len(trace.spans):,} spans drawn as {RASTER_COLUMNS:,} time slices, "
             "each stacked by the share of its time each kind took"
+            + (" (idle: each cause's share)" if idle is not None else "")
             if binned
             else ""
         )
     )
-    # the legend names what is drawn (a wait shares its communication's entry), and idle
-    named = drawn | {LEGEND_OF[k] for k in drawn} | {IDLE}
+    # the legend names what is drawn (a wait shares its communication's entry), and idle:
+    # as one entry, or by cause (all three, so that a cause absent is seen to be)
+    named = drawn | {LEGEND_OF[k] for k in drawn} | ({IDLE} if idle is None else set())
+    handles = [Patch(facecolor=COLORS[k], label=name) for k, name in LEGEND if k in named]
+    if idle is not None:
+        handles += [
+            Patch(facecolor=style.color, label=style.legend) for style in IDLE_CAUSE_STYLES.values()
+        ]
+    title = None
+    if binned:
+        title = "binned: share of each time slice" + ("" if idle is None else ", idle by cause")
     fig.legend(
-        handles=[Patch(facecolor=COLORS[k], label=name) for k, name in LEGEND if k in named],
+        handles=handles,
         loc="outside lower center",
         ncol=4,
         fontsize=8,
         frameon=False,
-        title="binned: share of each time slice" if binned else None,
+        title=title,
         title_fontsize=8,
     )
     return fig
 
+
+TITLE_CHARS = 130  # a title line longer than this is cut off at the 14-inch figure's edge
 
 # Above this many spans the timeline is drawn as an image, one pixel column per time
 # slice coloured by what took most of it: faster, and finer than the eye anyway.
@@ -164,14 +188,33 @@ def _band(row: int, stream: str) -> tuple[float, float]:
     return (row - 0.38, 0.6) if stream == COMPUTE_STREAM else (row + 0.26, 0.14)
 
 
-def _draw_bars(ax, trace: Trace, row_of: dict[int, int], scale: float) -> set[str]:
-    """Each span group as bars, over an idle background from 0 to the end: the kinds drawn."""
+def _draw_bars(
+    ax, trace: Trace, row_of: dict[int, int], scale: float, idle: IdleMap | None = None
+) -> set[str]:
+    """Each span group as bars, over an idle background from 0 to the end, and the idle
+    pieces by cause over it (``idle``; then the idle spans are not drawn): the kinds drawn."""
     for row in row_of.values():
         ax.broken_barh(
             [(0, trace.end_s * scale)], _band(row, COMPUTE_STREAM), facecolors=COLORS[IDLE]
         )
+    for gpu, pieces in (idle or {}).items():
+        for cause, style in IDLE_CAUSE_STYLES.items():
+            bars = [
+                (p.start_s * scale, (p.end_s - p.start_s) * scale)
+                for p in pieces
+                if p.cause == cause
+            ]
+            if bars:
+                ax.broken_barh(
+                    bars,
+                    _band(row_of[gpu], COMPUTE_STREAM),
+                    facecolors=style.color,
+                    edgecolor="none",
+                )
     drawn = set()
     for (gpu, stream, kind), spans in _sorted_groups(trace):
+        if idle is not None and kind == IDLE:
+            continue  # drawn by cause
         drawn.add(kind)
         bars = _merge([(sp.start_s * scale, sp.end_s * scale) for sp in spans])
         ax.broken_barh(
@@ -184,21 +227,40 @@ def _draw_bars(ax, trace: Trace, row_of: dict[int, int], scale: float) -> set[st
     return drawn
 
 
-def _draw_raster(ax, trace: Trace, row_of: dict[int, int], scale: float) -> set[str]:
+def _draw_raster(
+    ax, trace: Trace, row_of: dict[int, int], scale: float, idle: IdleMap | None = None
+) -> set[str]:
     """Each band as an image whose pixel columns are time slices, each column stacked
     from the kinds that ran in it in proportion to their time (a kind with at least
     2 % of the slice gets a pixel row), the rest idle: at the scale of a large run a
-    1-in-20 share such as tensor-parallel comm stays visible. The kinds drawn."""
+    1-in-20 share such as tensor-parallel comm stays visible. With ``idle`` the idle
+    causes stack below the kinds, each by its share. The kinds drawn."""
+    from matplotlib.colors import to_rgb
+
     edges = np.linspace(0.0, trace.end_s, RASTER_COLUMNS + 1)
     # time per (row band, kind, column); bands: 2 per GPU (compute, background)
-    kinds = [kind for kind in STACK_ORDER if kind in COLORS]
+    kinds: list[str] = [kind for kind in STACK_ORDER if kind in COLORS]
+    colors = [COLORS[kind] for kind in kinds]
+    groups = [
+        (
+            2 * row_of[gpu] + (stream != COMPUTE_STREAM),
+            kind,
+            [(sp.start_s, sp.end_s) for sp in spans],
+        )
+        for (gpu, stream, kind), spans in _sorted_groups(trace)
+        if kind in kinds
+    ]
+    if idle is not None:
+        for cause, style in IDLE_CAUSE_STYLES.items():
+            kinds.append(cause)
+            colors.append(style.color)
+            for gpu, pieces in idle.items():
+                bars = [(p.start_s, p.end_s) for p in pieces if p.cause == cause]
+                if bars:
+                    groups.append((2 * row_of[gpu], cause, bars))
     time = np.zeros((2 * len(row_of), len(kinds), RASTER_COLUMNS))
-    for (gpu, stream, kind), spans in _sorted_groups(trace):
-        if kind not in kinds:
-            continue
-        spans = list(spans)
-        band = 2 * row_of[gpu] + (stream != COMPUTE_STREAM)
-        times = np.array([sp.start_s for sp in spans] + [sp.end_s for sp in spans])
+    for band, kind, spans in groups:
+        times = np.array([start for start, _ in spans] + [end for _, end in spans])
         steps = np.repeat([1.0, -1.0], len(spans))
         order = np.argsort(times, kind="stable")
         times, level = times[order], np.cumsum(steps[order])
@@ -207,8 +269,8 @@ def _draw_raster(ax, trace: Trace, row_of: dict[int, int], scale: float) -> set[
         at_edges = np.interp(edges, times, covered)
         time[band, kinds.index(kind)] += np.diff(at_edges)
     share = np.clip(time / np.diff(edges)[None, None, :], 0.0, 1.0)
-    palette = np.array([to_rgb(COLORS[k]) for k in kinds])
-    idle = np.array(to_rgb(COLORS[IDLE]))
+    palette = np.array([to_rgb(color) for color in colors])
+    blank = np.array(to_rgb(COLORS[IDLE]))  # what no kind (or cause) covers
     for band in range(share.shape[0]):
         row, background = divmod(band, 2)
         pixels = RASTER_PIXELS[background]
@@ -219,7 +281,7 @@ def _draw_raster(ax, trace: Trace, row_of: dict[int, int], scale: float) -> set[
             counts[np.argmax(counts[:, column]), column] -= overflow[column]
         top_of = np.concatenate([np.zeros((1, RASTER_COLUMNS), int), np.cumsum(counts, axis=0)])
         rows = np.arange(pixels)[:, None]
-        image = np.ones((pixels, RASTER_COLUMNS, 3)) * (1.0 if background else idle)
+        image = np.ones((pixels, RASTER_COLUMNS, 3)) * (1.0 if background else blank)
         for k in range(len(kinds)):
             inside = (rows >= top_of[k]) & (rows < top_of[k + 1])
             image[inside] = palette[k]
@@ -231,11 +293,13 @@ def _draw_raster(ax, trace: Trace, row_of: dict[int, int], scale: float) -> set[
             extent=(0, trace.end_s * scale, top + height, top),
         )
     drawn = share.reshape(-1, len(kinds), RASTER_COLUMNS).max(axis=(0, 2)) >= 0.02
-    return {kind for kind, on in zip(kinds, drawn, strict=True) if on}
+    return {kind for kind, on in zip(kinds, drawn, strict=True) if on and kind in COLORS}
 
 
 def breakdown_figure(result: Result) -> Figure:
     """Stacked bars: where each pipeline stage's iteration goes."""
+    from matplotlib.figure import Figure
+
     stages = result.metrics.stages
     scale, unit = _time_unit(result.trace.end_s)
     fig = Figure(figsize=(max(6.0, 0.3 * len(stages) + 3), 4.5), layout="constrained")
@@ -321,6 +385,10 @@ def _label_microbatches(ax, trace: Trace, row_of: dict[int, int], scale: float) 
 def pipeline_figure(studies: list) -> Figure:
     """The papers' pipeline picture: one row per rank, one box per op with its
     micro-batch number; later chunks in lighter shades; one panel per schedule."""
+    from matplotlib.colors import to_rgb
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
     ranks = max(s.num_ranks for s in studies)
     height = sum(0.32 * s.num_ranks + 0.9 for s in studies) + 0.6
     fig = Figure(figsize=(12, min(max(height, 2.5), 40)), layout="constrained")

@@ -16,6 +16,9 @@ Written so that Perfetto shows every slice (docs/design.md, "Traces"):
   transfers at once (gradient collectives of different buckets on the data-parallel
   stream, overlapping pipeline sends) is split into one track per concurrent slot:
   each span takes the lowest-numbered slot free at its start.
+- A run whose idle is split by cause (report/idle.py) has its idle pieces as slices on
+  a track of their own per GPU, "idle by cause" under its compute track, named by
+  cause: they never overlap the compute stream's slices.
 """
 
 from __future__ import annotations
@@ -44,8 +47,10 @@ from ..ir.vocabulary import (
     TP_STREAM,
     WEIGHT,
 )
+from .idle import IDLE_CAUSE_STYLES, IdleMap
 from .metrics import compute_lanes, spans_per_gpu
 
+IDLE_TRACK = "idle"  # the track of a GPU's idle pieces by cause, under its compute track
 # the name of a stream's track in the trace (its first slot; the next are "#2", "#3"...)
 TRACK_TITLES: dict[str, str] = {
     COMPUTE_STREAM: "compute",
@@ -55,6 +60,7 @@ TRACK_TITLES: dict[str, str] = {
     CP_STREAM: "cp comm",
     EP_STREAM: "ep dispatch/combine",
     OFFLOAD_STREAM: "host offload",
+    IDLE_TRACK: "idle by cause",
 }
 
 
@@ -101,9 +107,10 @@ class TraceView(NamedTuple):
     capacities: Sequence[float]
     busiest_links: Sequence[LinkLoad | SharedLink]  # the links drawn as counter tracks
     fast_forward: str | None  # what a fast-forwarded run's trace shows, None: all of it
+    idle: IdleMap | None = None  # each GPU's idle pieces by cause; None: not split
 
     @classmethod
-    def of(cls, result: Result) -> TraceView:
+    def of(cls, result: Result, idle: IdleMap | None = None) -> TraceView:
         m, ff = result.metrics, result.metrics.fast_forward
         note = None
         if ff is not None:  # the short run's spans (run/fastforward.py)
@@ -119,13 +126,15 @@ class TraceView(NamedTuple):
             result.cluster.capacities,
             m.busiest_links,
             note,
+            idle,
         )
 
 
-def chrome_trace(result: Result) -> dict:
+def chrome_trace(result: Result, idle: IdleMap | None = None) -> dict:
     """Chrome trace event format: a process per simulated GPU, a thread per stream and
-    concurrent slot. Opens in Perfetto (ui.perfetto.dev) and chrome://tracing."""
-    return view_trace(TraceView.of(result))
+    concurrent slot, and ``idle``'s pieces (run/idlemap.py) on a track of their own.
+    Opens in Perfetto (ui.perfetto.dev) and chrome://tracing."""
+    return view_trace(TraceView.of(result, idle))
 
 
 def us_text(nanoseconds: int) -> str:
@@ -140,11 +149,11 @@ def us_text(nanoseconds: int) -> str:
     return f"{whole}.{part:03d}".rstrip("0")
 
 
-def chrome_trace_bytes(result: Result) -> bytes:
+def chrome_trace_bytes(result: Result, idle: IdleMap | None = None) -> bytes:
     """`chrome_trace` as the compact JSON the CLI writes (``json.dumps`` with separators
     ``(",", ":")``), byte for byte, but written as text event by event: no dict per
     span, which at MT-NLG's 311,348 spans cost more than the run."""
-    return view_trace_text(TraceView.of(result)).encode()
+    return view_trace_text(TraceView.of(result, idle)).encode()
 
 
 def view_trace_text(result: TraceView) -> str:
@@ -173,6 +182,15 @@ def view_trace_text(result: TraceView) -> str:
         if flow is not None:
             text += f',"bind_id":{flow[0]},"{flow[1]}":true'
         parts.append(text + "}")
+    causes = {
+        cause: (dumps(style.legend), dumps(cause)) for cause, style in IDLE_CAUSE_STYLES.items()
+    }
+    for gpu, tid, cause, start, end in _idle_slices(result, tid_of):
+        name, key = causes[cause]
+        parts.append(
+            f'{{"ph":"X","name":{name},"cat":"idle_by_cause","pid":{gpu},"tid":{tid},'
+            f'"ts":{us_text(start)},"dur":{us_text(end - start)},"args":{{"cause":{key}}}}}'
+        )
     parts += [dumps(event) for event in _link_counters(result)]
     return (
         '{"traceEvents":['
@@ -200,6 +218,7 @@ def _layout(result: TraceView):
     lanes = compute_lanes(result.trace.lanes)
     tracks: set[tuple[int, str, int]] = {(lane.gpu, COMPUTE_STREAM, 0) for lane in lanes}
     tracks |= {(sp.gpu, sp.stream, slot) for sp, slot in zip(spans, slot_of, strict=True)}
+    tracks |= {(gpu, IDLE_TRACK, 0) for gpu, pieces in (result.idle or {}).items() if pieces}
     tid_of = _thread_ids(tracks)
     events: list[dict] = []
     for lane in lanes:
@@ -235,6 +254,19 @@ def view_trace(result: TraceView) -> dict:
             event["bind_id"] = bind_id
             event[direction] = True
         events.append(event)
+    for gpu, tid, cause, start, end in _idle_slices(result, tid_of):
+        events.append(
+            {
+                "ph": "X",
+                "name": IDLE_CAUSE_STYLES[cause].legend,
+                "cat": "idle_by_cause",
+                "pid": gpu,
+                "tid": tid,
+                "ts": us(start),
+                "dur": us(end - start),
+                "args": {"cause": cause},
+            }
+        )
     events += _link_counters(result)
     return {
         "traceEvents": events,
@@ -248,9 +280,23 @@ def _meta(pid: int, tid: int, event: str, **args) -> dict:
     return {"ph": "M", "name": event, "pid": pid, "tid": tid, "args": args}
 
 
+def _idle_slices(result: TraceView, tid_of: dict) -> list[tuple[int, int, str, int, int]]:
+    """(GPU, tid, cause, start ns, end ns) of each idle piece, GPU by GPU in time order;
+    pieces shorter than a nanosecond once rounded are left out."""
+    out = []
+    for gpu, pieces in sorted((result.idle or {}).items()):
+        for piece in pieces:
+            start, end = to_ns(piece.start_s), to_ns(piece.end_s)
+            if end > start:
+                out.append((gpu, tid_of[(gpu, IDLE_TRACK, 0)], piece.cause, start, end))
+    return out
+
+
 def _thread_ids(tracks: set[tuple[int, str, int]]) -> dict[tuple[int, str, int], int]:
-    """Thread ids per GPU, numbered in stream order (compute first, tid 0), slots in order."""
-    ordered = sorted(tracks, key=lambda t: (t[0], STREAM_ORDER.get(t[1], 9), t[1], t[2]))
+    """Thread ids per GPU, numbered in stream order (compute first, tid 0, then its idle
+    by cause), slots in order."""
+    order = {**STREAM_ORDER, IDLE_TRACK: 0.5}
+    ordered = sorted(tracks, key=lambda t: (t[0], order.get(t[1], 9), t[1], t[2]))
     tid_of: dict[tuple[int, str, int], int] = {}
     next_tid: defaultdict[int, int] = defaultdict(int)
     for track in ordered:

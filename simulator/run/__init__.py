@@ -3,7 +3,8 @@ iteration (cluster, lowering, engine, metrics: `run`); fastforward.py proves a l
 pipeline's steady state and skips its repeats; perturb.py applies what-if
 perturbations as one `Perturbation` the run asks at each step; multijob.py runs several
 jobs on one fabric; bubble.py simulates schedules in abstract time (`stepsim
-schedule`). A new run mode is a module here and its command in cli/.
+schedule`, and the idle split by cause); idlemap.py cuts a run's idle into pieces by
+cause for its timeline and trace. A new run mode is a module here and its command in cli/.
 
 ``from stepsim.run import run`` is the Python entry point (README, "How it works"). It
 is looked up when first asked for, so that importing one run mode (bubble.py for

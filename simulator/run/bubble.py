@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from stepsim.schedules import (
     DUAL,
@@ -34,7 +35,7 @@ from ..emit.abstract import abstract_pipeline, step_times
 from ..engine.core import simulate
 from ..ir.ops import Workload
 from ..ir.results import SCHEMA_VERSION, Trace
-from ..ir.vocabulary import COMPUTE_STREAM, MODEL_KINDS
+from ..ir.vocabulary import BACKWARD, COMPUTE_STREAM, FORWARD, MODEL_KINDS, RECOMPUTE, WEIGHT
 from ..scenario import ScenarioError, check_limit
 
 
@@ -376,6 +377,10 @@ class IdleCauses:
     communication_s: float
 
 
+# the pass each compute op kind belongs to (recomputation runs in the backward's)
+PASS_OF_KIND: dict[str, str] = {FORWARD: "F", BACKWARD: "B", RECOMPUTE: "B", WEIGHT: "W"}
+
+
 def pass_times(
     workload: Workload, stages: int, kinds: dict[str, str]
 ) -> list[tuple[float, float, float]]:
@@ -403,6 +408,27 @@ def pass_times(
     return times
 
 
+def rank_passes(order: Sequence[Step]) -> list[tuple[Step, ...]]:
+    """A rank's passes in order: each step alone, or an overlapped pair (a step and the
+    one marked as overlapping it) as one pass."""
+    out: list[tuple[Step, ...]] = []
+    at = 0
+    while at < len(order):
+        paired = at + 1 < len(order) and order[at + 1].overlapped
+        out.append((order[at], order[at + 1]) if paired else (order[at],))
+        at += 2 if paired else 1
+    return out
+
+
+class FreeRun(NamedTuple):
+    """The orders run on abstract time with free communication (`free_run`): per rank,
+    the idle before each of its passes (`rank_passes`), counted from the start, and its
+    idle over the whole run (the tail after its last pass included)."""
+
+    idle_before: list[list[float]]
+    idle: list[float]
+
+
 def free_idle(
     orders: Sequence[Sequence[Step]],
     rank_times: Sequence[tuple[float, float, float]],
@@ -411,12 +437,25 @@ def free_idle(
     placement: str,
 ) -> list[float]:
     """Each rank's idle when the orders run with the given per-op (forward, backward,
-    weight) times per rank and free communication: what `abstract_pipeline` run by the
-    engine gives with no latency, computed directly as each op's earliest start (its
-    rank's previous op and its input from the neighbouring stage), with no engine."""
+    weight) times per rank and free communication (`free_run`)."""
+    return free_run(orders, rank_times, num_chunks=num_chunks, placement=placement).idle
+
+
+def free_run(
+    orders: Sequence[Sequence[Step]],
+    rank_times: Sequence[tuple[float, float, float]],
+    *,
+    num_chunks: int,
+    placement: str,
+) -> FreeRun:
+    """The orders run with the given per-op (forward, backward, weight) times per rank
+    and free communication: what `abstract_pipeline` run by the engine gives with no
+    latency, computed directly as each op's earliest start (its rank's previous op and
+    its input from the neighbouring stage), with no engine."""
     ranks = len(orders)
     ends: dict[tuple[int, str, int], float] = {}
     clock, busy, position = [0.0] * ranks, [0.0] * ranks, [0] * ranks
+    idle_before: list[list[float]] = [[] for _ in range(ranks)]
     timers = [step_times(order, *rank_times[r]) for r, order in enumerate(orders)]
 
     def needed(rank: int, step: Step) -> tuple[int, str, int] | None:
@@ -431,17 +470,14 @@ def free_idle(
     # each rank's passes as (inputs, seconds, outputs); an overlapped pair is one pass
     plans: list[list[tuple[list, float, list]]] = []
     for rank, order in enumerate(orders):
-        plan, at = [], 0
-        while at < len(order):
-            pair = order[at + 1] if at + 1 < len(order) and order[at + 1].overlapped else None
-            steps = (order[at],) if pair is None else (order[at], pair)
+        plan = []
+        for steps in rank_passes(order):
             inputs = [key for key in (needed(rank, st) for st in steps) if key is not None]
             seconds = math.fsum(timers[rank](st) for st in steps)
             outputs = [
                 (stage_of(rank, st.chunk, ranks, placement), st.kind, st.microbatch) for st in steps
             ]
             plan.append((inputs, seconds, outputs))
-            at += len(steps)
         plans.append(plan)
     # run each rank as far as its inputs allow; a rank stopped on an input resumes when
     # that input's pass ends (each pass is visited once or twice: linear in the passes)
@@ -462,6 +498,7 @@ def free_idle(
             if missing is not None:
                 waiting[missing] = rank
                 break
+            idle_before[rank].append(start - busy[rank])
             now = start + seconds
             busy[rank] += seconds
             for key in outputs:
@@ -474,7 +511,19 @@ def free_idle(
     if any(at < len(plan) for at, plan in zip(position, plans, strict=True)):
         raise ValueError("the orders deadlock: no rank can run its next op")
     makespan = max(clock)
-    return [makespan - b for b in busy]
+    return FreeRun(idle_before, [makespan - b for b in busy])
+
+
+def rank_times_of(
+    times: Sequence[tuple[float, float, float]], num_chunks: int, placement: str
+) -> tuple[list[tuple[float, float, float]], list[tuple[float, float, float]]]:
+    """Per-op (forward, backward, weight) times per rank from each stage's pass times
+    per micro-batch (`pass_times`): the ranks' mean for every rank, and each rank's own."""
+    ranks = len(times)
+    share = _share(num_chunks, placement)
+    own = [(f / share, b / share, w / share) for f, b, w in times]
+    mean = tuple(math.fsum(t[k] for t in own) / ranks for k in range(3))
+    return [(mean[0], mean[1], mean[2])] * ranks, own
 
 
 def idle_causes(
@@ -490,15 +539,22 @@ def idle_causes(
     mean pass times (the schedule's bubble) and once with each rank's own (adding the
     imbalance); the rest of the run's idle is waiting on communication. Each part is
     clipped so that the three are non-negative and add up to ``idle_s``."""
-    ranks = len(orders)
-    share = _share(num_chunks, placement)
-    own = [(f / share, b / share, w / share) for f, b, w in times]
-    mean = tuple(math.fsum(t[k] for t in own) / ranks for k in range(3))
-    equal = [(mean[0], mean[1], mean[2])] * ranks
-    schedule = math.fsum(free_idle(orders, equal, num_chunks=num_chunks, placement=placement))
-    schedule /= ranks
-    unequal = math.fsum(free_idle(orders, own, num_chunks=num_chunks, placement=placement))
-    unequal /= ranks
+    equal, own = rank_times_of(times, num_chunks, placement)
+    return clipped_causes(
+        free_idle(orders, equal, num_chunks=num_chunks, placement=placement),
+        free_idle(orders, own, num_chunks=num_chunks, placement=placement),
+        idle_s,
+    )
+
+
+def clipped_causes(
+    equal_idle: Sequence[float], own_idle: Sequence[float], idle_s: float
+) -> IdleCauses:
+    """`idle_causes` from the ranks' idle in the two abstract runs (`free_idle` at the
+    mean and at each rank's own times): the mean of each, clipped against ``idle_s``."""
+    ranks = len(equal_idle)
+    schedule = math.fsum(equal_idle) / ranks
+    unequal = math.fsum(own_idle) / ranks
     schedule_s = min(max(schedule, 0.0), idle_s)
     imbalance_s = min(max(unequal - schedule, 0.0), idle_s - schedule_s)
     return IdleCauses(schedule_s, imbalance_s, max(0.0, idle_s - schedule_s - imbalance_s))

@@ -30,20 +30,12 @@ from ..engine.core import simulate, simulate_totals
 from ..engine.network import AnalyticalNetwork, FairShareNetwork
 from ..ir.results import LinkLoad, Result, StageMemory, Trace
 from ..ir.units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
-from ..ir.vocabulary import (
-    ANALYTICAL,
-    BACKWARD,
-    FAIR_SHARE,
-    FORWARD,
-    IDLE_TIME,
-    RECOMPUTE,
-    WEIGHT,
-)
+from ..ir.vocabulary import ANALYTICAL, FAIR_SHARE, IDLE_TIME
 from ..report.linkstats import mean_utilization, utilization_over_time
 from ..report.metrics import summarize, tally
 from ..scenario import ClusterSpec, Scenario, ScenarioError, limits
 from . import fastforward
-from .bubble import idle_causes, pass_times
+from .bubble import PASS_OF_KIND, idle_causes, pass_times
 from .perturb import Perturbation
 
 # the network model a scenario names (network.model), as the engine's network
@@ -125,7 +117,7 @@ def run(
     --out), and the engine may add the spans up as they end rather than record them
     (`engine.core.simulate_totals`; the result's trace then has no spans); the
     metrics are the same, bit for bit. ``idle_split`` False: leave the idle unsplit by
-    cause (`metrics.idle_by_cause_s` None; a search ranks without it)."""
+    cause (`metrics.idle_by_cause_s` None; the calibration fits read only the times)."""
     result = _run(scenario, progress, spans=spans)
     if not idle_split or scenario.parallel.pipeline_model_parallel_size == 1:
         return result
@@ -137,8 +129,7 @@ def idle_split_of(result: Result) -> dict[str, float]:
     pipeline's orders and each stage's compute op times per micro-batch."""
     scenario, metrics = result.scenario, result.metrics
     par = scenario.parallel
-    kinds: dict[str, str] = {FORWARD: "F", BACKWARD: "B", RECOMPUTE: "B", WEIGHT: "W"}
-    times = pass_times(result.workload, par.pipeline_model_parallel_size, kinds)
+    times = pass_times(result.workload, par.pipeline_model_parallel_size, PASS_OF_KIND)
     causes = idle_causes(
         stage_orders(scenario),
         times,
