@@ -41,6 +41,7 @@ from ..ir.vocabulary import (
 )
 from .idle import IDLE_CAUSE_STYLES, IdleMap
 from .metrics import compute_lanes
+from .summary import decimal_places
 
 if TYPE_CHECKING:  # matplotlib is imported where a picture is drawn (start-up time)
     from matplotlib.figure import Figure
@@ -107,9 +108,9 @@ def timeline_figure(result: Result, idle: IdleMap | None = None) -> Figure:
         if ff is None
         else f"the {ff.simulated_microbatches} micro-batches simulated of "
         f"{result.metrics.num_microbatches:,} (fast-forward: the iteration is "
-        f"{result.metrics.iteration_time_s * scale:.4g} {unit})"
+        f"{_digits4(result.metrics.iteration_time_s * scale)} {unit})"
     )
-    head = f"{result.scenario.name}: {what}, {trace.end_s * scale:.4g} {unit}"
+    head = f"{result.scenario.name}: {what}, {_digits4(trace.end_s * scale)} {unit}"
     rows = f"(rows: {rows_note}; thin band: background transfers)"
     ax.set_title(
         # on one line while it fits the figure's width (about 130 characters)
@@ -452,3 +453,8 @@ def pipeline_figure(studies: list) -> Figure:
         frameon=False,
     )
     return fig
+
+
+def _digits4(value: float) -> str:
+    """Four significant digits, a trailing zero kept (35.20), as the run summary shows."""
+    return f"{value:.{decimal_places(value)}f}"
