@@ -40,7 +40,8 @@ def add_command(sub) -> None:
         help="find the fastest layout (TP/PP/DP, micro-batch, schedule, ...) by simulation",
         description="Enumerate layouts of SCENARIO's model on its cluster (its global batch "
         "and network kept), drop those that do not fit in memory, and rank the rest by "
-        "simulated throughput. Layouts whose compute alone is slower than the k-th best "
+        "simulated throughput. Layouts whose compute and pipeline bubble (a lower bound) "
+        "are slower than the k-th best "
         "simulated are pruned unsimulated (--no-prune simulates all). With --out, results "
         "are kept as they finish and an interrupted search resumes where it stopped.",
     )

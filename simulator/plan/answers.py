@@ -164,7 +164,7 @@ def search_text(
     lines.append(
         f"  simulated {result.count(SIMULATED):,} ("
         + (f"{resumed:,} of them by the earlier run; the rest " if resumed else "")
-        + f"{where}), pruned {result.count(PRUNED):,}: their compute alone (a lower bound) "
+        + f"{where}), pruned {result.count(PRUNED):,}: their compute and bubble (a lower bound) "
         f"is slower than the {best_of(result.top)} simulated"
     )
     if not ranked:

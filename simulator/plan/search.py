@@ -15,10 +15,13 @@ A search runs in four steps:
    simulator.workload.memory; nothing is simulated);
 3. compute a lower bound on each one's iteration time (``iteration_lower_bound_s``):
    the compute its busiest pipeline rank must do, after the first micro-batch's
-   forwards reach it. Communication, bubbles and waiting only add to it;
+   forwards reach it and, under its schedule, before the last backward's gradient has
+   passed back down the pipeline (the schedule's bubble). Communication and waiting
+   only add to it;
 4. simulate in rounds of ``ROUND_SIZE`` in order of that bound. After each round the
    k-th best simulated iteration time is a threshold; a layout whose bound is above it
-   cannot enter the top k and is *pruned*, not simulated.
+   cannot enter the top k and is *pruned*, not simulated. A round goes to the executor
+   longest first (by micro-batches per pipeline), so that workers finish it together.
 
 The global batch is fixed, so tokens per iteration are too: ranking by iteration
 time is ranking by throughput. Rounds depend on the candidates alone, never on how
@@ -166,7 +169,7 @@ def candidates(base: Scenario, space: SearchSpace) -> tuple[list[Candidate], dic
                 layout=layout,
                 scenario=scenario,
                 memory_gib=memory,
-                bound_s=iteration_lower_bound_s(scenario),
+                bound_s=iteration_lower_bound_s(scenario, inflight.shape(scenario)),
             )
         )
     return found, dict(sorted(invalid.items())), len(enumerated)
@@ -200,6 +203,13 @@ def simulate_row(scenario: Scenario) -> MetricsRow:
 def serial_executor(batch: Sequence[Scenario], done: Done) -> None:
     for i, scenario in enumerate(batch):
         done(i, simulate_row(scenario))
+
+
+def _work_of(candidate: Candidate) -> int:
+    """What a layout's simulation costs, roughly: its micro-batches per pipeline times
+    the chunks each rank holds (the passes of one rank)."""
+    scenario = candidate.scenario
+    return scenario.num_microbatches * scenario.parallel.virtual_pipeline_model_parallel_size
 
 
 def search(
@@ -257,6 +267,9 @@ def search(
                 on_result(c, simulated, len(fitting))
 
         if todo:
+            # longest first (the longest-processing-time rule): the round's last layouts
+            # to start are short, so no worker idles long before the next round
+            todo.sort(key=_work_of, reverse=True)  # stable: ties keep the bound's order
             executor([c.scenario for c in todo], finished)
         for c in batch:
             if c.status != SIMULATED:
