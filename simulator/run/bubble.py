@@ -441,24 +441,18 @@ def free_idle(
     return free_run(orders, rank_times, num_chunks=num_chunks, placement=placement).idle
 
 
-def free_run(
-    orders: Sequence[Sequence[Step]],
-    rank_times: Sequence[tuple[float, float, float]],
-    *,
-    num_chunks: int,
-    placement: str,
-) -> FreeRun:
-    """The orders run with the given per-op (forward, backward, weight) times per rank
-    and free communication: what `abstract_pipeline` run by the engine gives with no
-    latency, computed directly as each op's earliest start (its rank's previous op and
-    its input from the neighbouring stage), with no engine."""
-    ranks = len(orders)
-    ends: dict[tuple[int, str, int], float] = {}
-    clock, busy, position = [0.0] * ranks, [0.0] * ranks, [0] * ranks
-    idle_before: list[list[float]] = [[] for _ in range(ranks)]
-    timers = [step_times(order, *rank_times[r]) for r, order in enumerate(orders)]
+# a rank's passes as the abstract runs take them: the inputs each waits for, its steps
+# (an overlapped pair is one pass) and the outputs it hands on, as (stage, kind, micro-batch)
+Key = tuple[int, str, int]
+PassPlan = list[list[tuple[list[Key], tuple[Step, ...], list[Key]]]]
 
-    def needed(rank: int, step: Step) -> tuple[int, str, int] | None:
+
+def pass_plans(orders: Sequence[Sequence[Step]], *, num_chunks: int, placement: str) -> PassPlan:
+    """Each rank's passes with their inputs and outputs (`free_run`'s dependencies): the
+    same for every set of pass times, so `idle_causes` builds them once for its two runs."""
+    ranks = len(orders)
+
+    def needed(rank: int, step: Step) -> Key | None:
         stage = stage_of(rank, step.chunk, ranks, placement)
         first, last = pipeline_ends(stage, ranks, num_chunks, placement)
         if step.kind == "F" and not first:
@@ -467,27 +461,54 @@ def free_run(
             return (stage + 1, "B", step.microbatch)
         return None
 
-    # each rank's passes as (inputs, seconds, outputs); an overlapped pair is one pass
-    plans: list[list[tuple[list, float, list]]] = []
+    plans: PassPlan = []
     for rank, order in enumerate(orders):
         plan = []
         for steps in rank_passes(order):
             inputs = [key for key in (needed(rank, st) for st in steps) if key is not None]
-            seconds = math.fsum(timers[rank](st) for st in steps)
             outputs = [
                 (stage_of(rank, st.chunk, ranks, placement), st.kind, st.microbatch) for st in steps
             ]
-            plan.append((inputs, seconds, outputs))
+            plan.append((inputs, steps, outputs))
         plans.append(plan)
+    return plans
+
+
+def free_run(
+    orders: Sequence[Sequence[Step]],
+    rank_times: Sequence[tuple[float, float, float]],
+    *,
+    num_chunks: int,
+    placement: str,
+    plans: PassPlan | None = None,
+) -> FreeRun:
+    """The orders run with the given per-op (forward, backward, weight) times per rank
+    and free communication: what `abstract_pipeline` run by the engine gives with no
+    latency, computed directly as each op's earliest start (its rank's previous op and
+    its input from the neighbouring stage), with no engine. ``plans``: the orders'
+    `pass_plans`, when the caller has them."""
+    if plans is None:
+        plans = pass_plans(orders, num_chunks=num_chunks, placement=placement)
+    ranks = len(orders)
+    ends: dict[Key, float] = {}
+    clock, busy, position = [0.0] * ranks, [0.0] * ranks, [0] * ranks
+    idle_before: list[list[float]] = [[] for _ in range(ranks)]
+    timers = [step_times(order, *rank_times[r]) for r, order in enumerate(orders)]
+    # each pass's seconds at these times (an overlapped pair: the sum of its two)
+    seconds_of = [
+        [math.fsum(timers[rank](st) for st in steps) for _, steps, _ in plan]
+        for rank, plan in enumerate(plans)
+    ]
     # run each rank as far as its inputs allow; a rank stopped on an input resumes when
     # that input's pass ends (each pass is visited once or twice: linear in the passes)
-    waiting: dict[tuple[int, str, int], int] = {}
+    waiting: dict[Key, int] = {}
     ready = list(range(ranks - 1, -1, -1))
     while ready:
         rank = ready.pop()
         plan, at, now = plans[rank], position[rank], clock[rank]
+        seconds_at = seconds_of[rank]
         while at < len(plan):
-            inputs, seconds, outputs = plan[at]
+            inputs, _, outputs = plan[at]
             start, missing = now, None
             for key in inputs:
                 end = ends.get(key)
@@ -498,6 +519,7 @@ def free_run(
             if missing is not None:
                 waiting[missing] = rank
                 break
+            seconds = seconds_at[at]
             idle_before[rank].append(start - busy[rank])
             now = start + seconds
             busy[rank] += seconds
@@ -540,11 +562,12 @@ def idle_causes(
     imbalance); the rest of the run's idle is waiting on communication. Each part is
     clipped so that the three are non-negative and add up to ``idle_s``."""
     equal, own = rank_times_of(times, num_chunks, placement)
-    return clipped_causes(
-        free_idle(orders, equal, num_chunks=num_chunks, placement=placement),
-        free_idle(orders, own, num_chunks=num_chunks, placement=placement),
-        idle_s,
-    )
+    plans = pass_plans(orders, num_chunks=num_chunks, placement=placement)
+    runs = [
+        free_run(orders, each, num_chunks=num_chunks, placement=placement, plans=plans).idle
+        for each in (equal, own)
+    ]
+    return clipped_causes(runs[0], runs[1], idle_s)
 
 
 def clipped_causes(

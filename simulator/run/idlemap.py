@@ -44,6 +44,7 @@ from .bubble import (
     FreeRun,
     clipped_causes,
     free_run,
+    pass_plans,
     pass_times,
     rank_passes,
     rank_times_of,
@@ -88,8 +89,10 @@ def split_idle(
     (`pass_times`); their mean over GPUs is ``targets`` (schedule, imbalance and
     communication seconds; None: the split `idle_causes` gives the trace's own idle)."""
     equal, own = rank_times_of(times, num_chunks, placement)
+    plans = pass_plans(orders, num_chunks=num_chunks, placement=placement)
     runs = tuple(
-        free_run(orders, each, num_chunks=num_chunks, placement=placement) for each in (equal, own)
+        free_run(orders, each, num_chunks=num_chunks, placement=placement, plans=plans)
+        for each in (equal, own)
     )
     index = [_pass_index(order) for order in orders]
     by_gpu: dict[int, list] = defaultdict(list)
