@@ -4,7 +4,7 @@ import pytest
 
 from stepsim.cost.memory import activation_bytes_per_layer
 from stepsim.cost.params import layer_params_per_rank, stage_params_per_rank
-from stepsim.engine.core import DeadlockError, simulate, simulate_totals
+from stepsim.engine.core import DeadlockError, _Blame, _Engine, simulate, simulate_totals
 from stepsim.engine.lookover import alone
 from stepsim.engine.network import AnalyticalNetwork, FairShareNetwork, Network
 from stepsim.ir.flows import Transfer, delay
@@ -19,7 +19,7 @@ from stepsim.ir.vocabulary import (
     PP_SEND,
     TP_COMM,
 )
-from stepsim.run.iteration import run
+from stepsim.run.iteration import NETWORKS, run
 from stepsim.scenario.loader import load_scenario
 from tests.helpers import load
 
@@ -307,3 +307,52 @@ def test_a_congruent_group_keeps_its_spans_for_the_totals():
     with pytest.raises(ValueError, match="congruent group"):
         lanes = result.workload.lanes
         simulate_totals(result.workload._replace(lanes=(lanes[0]._replace(copies=2), *lanes[1:])))
+
+
+def _simpy_loop(workload, network, *, totals, blame):
+    """The engine with simpy's own run loop, every event through its callbacks: what
+    `_Engine._run_clock`'s few steps for the common events must give to the bit."""
+    engine = _Engine(workload, network, totals=totals)
+    engine.blame = _Blame() if blame else None
+    engine._wake(range(len(workload.lanes)))
+    engine.env.run()
+    return engine.result(), engine.seconds, engine.num_spans
+
+
+class _Claimed(FairShareNetwork):  # every transfer through start: no alone path
+    start_alone = Network.start_alone
+
+
+@pytest.mark.parametrize(
+    "sections",
+    [
+        {},  # symmetric: TP all-reduces alone on NVLink, p2p sends, the DP all-reduce
+        {"network": {"symmetry": False}},  # exact: collectives meet at rendezvous
+        {"network": {"model": "analytical"}},
+        {"training": {"framework": "deepspeed"}},  # blocking p2p pairs, barriers
+        {"perturbation": [{"kind": "slow_gpu", "gpu": 3, "factor": 1.05}]},  # who waited
+    ],
+)
+def test_the_engine_s_run_loop_gives_simpy_s_run_to_the_bit(sections):
+    """`_Engine.run` pops simpy's queue itself and ends the commonest events (a compute
+    op, a transfer alone on its links) in a few steps: the same trace, intervals,
+    waits, totals and counts as simpy's loop running every callback."""
+    doc = {**TWO_NODES, "training": {**TWO_NODES["training"], **sections.get("training", {})}}
+    scenario = load(**{**sections, **doc, "network": sections.get("network", {})})
+    result = run(scenario, idle_split=False)
+    workload, capacities = result.workload, result.cluster.capacities
+    networks = [NETWORKS[scenario.network.model].factory(capacities)]
+    if scenario.network.model == "fair-share":
+        networks.append(_Claimed.factory(capacities))
+    blame = "perturbation" in sections
+    for network in networks:
+        for totals in (
+            (False, True) if all(lane.copies == 1 for lane in workload.lanes) else (False,)
+        ):
+            engine = _Engine(workload, network, totals=totals)
+            engine.blame = _Blame() if blame else None
+            fast = engine.run(), engine.seconds, engine.num_spans
+            slow = _simpy_loop(workload, network, totals=totals, blame=blame)
+            assert repr(fast) == repr(slow)
+            assert fast[0].spans or totals
+            assert fast[0].waits or not blame

@@ -18,10 +18,12 @@ from __future__ import annotations
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
 from functools import partial
+from heapq import heappop, heappush
 
 import simpy
 from simpy.events import NORMAL
 
+from ..ir.flows import Interval
 from ..ir.ops import Op, Workload
 from ..ir.results import Span, Trace, Wait
 from ..ir.vocabulary import (
@@ -34,13 +36,23 @@ from ..ir.vocabulary import (
     STREAM_OF_COMM,
     WAIT_OF_COMM,
 )
-from .events import Call, Callback, scheduler
+from .events import Call, Callback, queue_of
 from .lookover import scan
-from .network import FairShareNetwork, NetworkFactory
+from .network import FairShareNetwork, NetworkFactory, _Alone
 
 # builds a named tuple from a tuple of its fields without the Python-level __new__ the
 # namedtuple factory writes: the same object, one call frame less per span
 _new = tuple.__new__
+
+
+class _LaneEnd(Call):
+    """A lane's event "the compute op it runs ends" (`_Engine.lane_event`): a `Call`
+    that knows its lane, for the run loop (`_Engine._run_clock`)."""
+
+    __slots__ = ("lane",)
+
+    def __init__(self, lane: int) -> None:
+        self.lane = lane
 
 
 class DeadlockError(RuntimeError):
@@ -101,7 +113,7 @@ class _Blame:
         self.pending: dict[int, tuple[int, float]] = {}
 
     def collective(self, engine: _Engine, first: int, last_lane: int) -> None:
-        now, ops, start_s = engine.env.now, engine.ops, engine.start_s
+        now, ops, start_s = engine.env._now, engine.ops, engine.start_s
         lanes = engine.workload.lanes
         stage = lanes[last_lane].stage
         members = engine.members[first]
@@ -155,7 +167,7 @@ class _Engine:
         self.report_every = max(len(workload.ops) // 100, 1)
         self.next_report = self.report_every if progress is not None else -1
         self.env = simpy.Environment(0.0)  # float time from the start, as spans record it
-        self.schedule = scheduler(self.env)
+        self.queue, self.eid = queue_of(self.env)  # to schedule as simpy does, in line
         self.network = network(self.env)
         n = len(workload.ops)
         self.start_s: list[float | None] = [None] * n
@@ -201,13 +213,160 @@ class _Engine:
             self._end_running_op = self._end_running_op_totals
         # one callback per lane for "the op it is running has ended"
         self.op_ended = [self._op_ended_callback(i) for i in range(num_lanes)]
-        self.lane_event = [Call() for _ in range(num_lanes)]
+        self.lane_event = [_LaneEnd(i) for i in range(num_lanes)]
         self.lane_callbacks = [(ended,) for ended in self.op_ended]
 
     def run(self) -> Trace:
         self._wake(range(len(self.workload.lanes)))
-        self.env.run()
+        self._run_clock()
         return self.result()
+
+    def _run_clock(self) -> None:
+        """`simpy.Environment.run` until the queue is empty, with its `step` written out
+        (events.py, `queue_of`): pop the next event (by time, priority, then the order
+        scheduled), set the clock, call its callbacks.
+
+        The two commonest events, a lane's compute op ending and a transfer alone on its
+        links ending (the network's `_Alone`, whose one callback ends the lane's op), are
+        done here in a few steps where nothing else happens: the op released no other
+        lane, and the lane's next op has no deps and is a compute op or another transfer
+        alone on its links. That is what the callback would do (`_end_running_op`, then
+        `_drain` of that lane alone, whose `_advance` starts the op; on the fair-share
+        network `FairShareNetwork._alone_ended` and `start_alone` written out): the same
+        writes, the same one event scheduled, in the same order, so the same run to the
+        last bit. Anything else goes the callback's way. The last op's end and the
+        count of spans are kept here and added to the engine's at the end (a maximum
+        and a sum; nothing reads them before). Every event here succeeds: the
+        engine's and the network's (events.py) cannot fail, so simpy's check for a
+        failed event is left out."""
+        env, network = self.env, self.network
+        queue, eid = self.queue, self.eid
+        # the fair-share network's transfers alone on their links are written out here
+        # (not a subclass's: tests give one its own start_alone): each lane's end event
+        # for them, and their rate and time by transfer as start_alone keeps them
+        alone_event: list[_Alone] = []
+        alone_timing: dict[int, tuple[object, float, float]] = {}
+        if type(network) is FairShareNetwork:
+            alone_event = [network.alone_event(ended) for ended in self.op_ended]
+            alone_timing = network._alone_timing  # type: ignore[assignment]
+        fair = bool(alone_event)
+        lane_of_alone = {id(event): lane for lane, event in enumerate(alone_event)}
+        alone_ends = network._alone_ends if fair else ()  # type: ignore[attr-defined]
+        add_interval = network.intervals.append
+        ops, start_s, end_s, positions = self.ops, self.start_s, self.end_s, self.position
+        lane_ops_of, lane_event = self.lane_ops, self.lane_event
+        lane_callbacks = self.lane_callbacks
+        op_ended, waiters, ready, alone = self.op_ended, self.waiters, self.ready, self.alone
+        start_alone, record_wait, drain = network.start_alone, self._record_wait, self._drain
+        keeps_spans, add_span = self.keeps_spans, self.spans.append
+        lane_gpu, lane_stream, totals_of = self.lane_gpu, self.lane_stream, self.totals
+        counting = self.progress is not None
+        num_spans = 0
+        last_end_s = 0.0
+        while queue:
+            now, _, _, event = heappop(queue)
+            env._now = now
+            cls = type(event)
+            if cls is _LaneEnd:
+                lane = event.lane  # its class says so
+            elif cls is _Alone:
+                lane = lane_of_alone.get(id(event), -1)
+                if lane < 0:  # (another network's, or not a lane's)
+                    callbacks, event.callbacks = event.callbacks, None
+                    for callback in callbacks:
+                        callback(event)
+                    continue
+                start = event.start_s  # `FairShareNetwork._alone_ended`
+                if now > start:
+                    transfer = event.transfer
+                    add_interval(
+                        _new(Interval, (transfer.links, transfer.mults, event.rate, start, now))
+                    )
+            else:
+                callbacks, event.callbacks = event.callbacks, None
+                for callback in callbacks:
+                    callback(event)
+                continue
+            event.callbacks = None
+            # `_end_running_op`: the span (or its seconds added up), then `_done`
+            position = positions[lane]
+            lane_ops = lane_ops_of[lane]
+            index = lane_ops[position]
+            start = start_s[index]  # the lane runs it: started
+            if now > start:
+                if keeps_spans:
+                    op = ops[index]
+                    add_span(
+                        _new(
+                            Span,
+                            (
+                                lane_gpu[lane],
+                                lane_stream[lane],
+                                op.kind,
+                                op.label,
+                                op.microbatch,
+                                start,
+                                now,
+                                index,
+                            ),
+                        )
+                    )
+                else:
+                    num_spans += 1
+                    totals = totals_of[lane]
+                    if totals is not None:
+                        totals[CATEGORY_OF_KIND[ops[index].kind]] += now - start
+            if counting:
+                self._count_done()
+            end_s[index] = now
+            if now > last_end_s:
+                last_end_s = now
+            position += 1
+            positions[lane] = position
+            released = waiters.pop(index, None)
+            if released is not None:
+                for other in released:
+                    record_wait(other, index)
+                ready.extend(released)
+            elif position < len(lane_ops):
+                # `_advance` of this lane alone (next_dep is 0: the lane ran an op)
+                index = lane_ops[position]
+                op = ops[index]
+                if not op.deps:
+                    kind = op.kind
+                    if kind in COMPUTE_KINDS:
+                        if op.duration_s > 0:
+                            start_s[index] = now
+                            event = lane_event[lane]
+                            event.callbacks = lane_callbacks[lane]
+                            heappush(queue, (now + op.duration_s, NORMAL, next(eid), event))
+                            continue
+                    elif (
+                        kind != BARRIER
+                        and op.blocking
+                        and op.rendezvous < 0
+                        and id(op.transfer) in alone
+                    ):
+                        start_s[index] = now
+                        transfer = op.transfer[0]  # its one phase
+                        timing = alone_timing.get(id(transfer))
+                        if timing is None or timing[1] == 0.0:  # its first start, or no bytes
+                            start_alone(transfer, op_ended[lane])
+                            continue
+                        # `FairShareNetwork.start_alone`, its timing known
+                        network.num_transfers += 1
+                        event = alone_event[lane]
+                        event.transfer = transfer
+                        event.rate = timing[1]
+                        event.start_s = now + transfer.latency_s
+                        event.callbacks = alone_ends
+                        heappush(queue, (now + timing[2], NORMAL, next(eid), event))
+                        continue
+            ready.append(lane)
+            drain()
+        if last_end_s > self.last_end_s:
+            self.last_end_s = last_end_s
+        self.num_spans += num_spans
 
     def result(self) -> Trace:
         """What happened, once the clock has run out (raises DeadlockError if some
@@ -249,12 +408,16 @@ class _Engine:
             advance(popleft())
         self.draining = False
 
+    def _count_done(self) -> None:
+        """One more op done: the progress callback about every 1 % of them."""
+        self.num_done += 1
+        if self.num_done == self.next_report:
+            self.next_report += self.report_every
+            self.progress(self.num_done / len(self.workload.ops))  # type: ignore[misc]  # set
+
     def _done(self, index: int, now: float) -> None:
         if self.progress is not None:
-            self.num_done += 1
-            if self.num_done == self.next_report:
-                self.next_report += self.report_every
-                self.progress(self.num_done / len(self.workload.ops))
+            self._count_done()
         self.end_s[index] = now
         if now > self.last_end_s:
             self.last_end_s = now
@@ -269,7 +432,7 @@ class _Engine:
         position = self.position[lane_index]
         index = self.lane_ops[lane_index][position]
         op = self.ops[index]
-        start, now = self.start_s[index], self.env.now
+        start, now = self.start_s[index], self.env._now
         if now > start:  # type: ignore[operator]  # the lane runs it, so it started
             self.spans.append(
                 _new(
@@ -293,7 +456,7 @@ class _Engine:
         """`_end_running_op_span` adding the span's seconds up instead of recording it."""
         position = self.position[lane_index]
         index = self.lane_ops[lane_index][position]
-        start, now = self.start_s[index], self.env.now
+        start, now = self.start_s[index], self.env._now
         if now > start:  # type: ignore[operator]  # the lane runs it, so it started
             self.num_spans += 1
             totals = self.totals[lane_index]
@@ -305,7 +468,7 @@ class _Engine:
     def _advance(self, lane_index: int) -> None:
         """Run the lane's ops until one has to wait."""
         env, ops, end_s, start_s = self.env, self.ops, self.end_s, self.start_s
-        now = env.now  # the clock does not move while a lane advances
+        now = env._now  # the clock does not move while a lane advances
         lane_ops = self.lane_ops[lane_index]
         num_ops = len(lane_ops)
         position = self.position[lane_index]
@@ -338,7 +501,7 @@ class _Engine:
                     self.next_dep[lane_index] = 0
                     event = self.lane_event[lane_index]
                     event.callbacks = self.lane_callbacks[lane_index]
-                    self.schedule(event, NORMAL, op.duration_s)
+                    heappush(self.queue, (now + op.duration_s, NORMAL, next(self.eid), event))
                     return
             elif kind != BARRIER:  # a comm op: it carries a transfer
                 if op.rendezvous >= 0:
@@ -382,7 +545,7 @@ class _Engine:
                 self.blame.collective(self, first, op.lane)
             if op.kind == PP_SEND:  # a blocking p2p pair: its span starts with the transfer
                 for index in self.members[first]:
-                    self.start_s[index] = self.env.now
+                    self.start_s[index] = self.env._now
             self.network.start(
                 op.transfer,  # type: ignore[arg-type]  # a collective's: not None
                 partial(self._collective_done, first),
@@ -398,31 +561,31 @@ class _Engine:
                 self.ready.append(op.lane)
             else:
                 self._comm_span(index, lanes[op.lane].gpu)
-                self._done(index, self.env.now)
+                self._done(index, self.env._now)
         self._wake(())
 
     def _comm_span(self, index: int, gpu: int) -> None:
         """The span of a non-blocking transfer, on its own stream of the GPU."""
         op = self.workload.ops[index]
         start = self.start_s[index]
-        if self.env.now > start:  # type: ignore[operator]  # it started: it has ended
+        if self.env._now > start:  # type: ignore[operator]  # it started: it has ended
             if not self.keeps_spans:  # on a stream of its own: in no compute lane's totals
                 self.num_spans += 1
                 return
             stream = STREAM_OF_COMM[op.kind]
             self.spans.append(
-                Span(gpu, stream, op.kind, op.label, op.microbatch, start, self.env.now, index)  # type: ignore[arg-type]  # it started
+                Span(gpu, stream, op.kind, op.label, op.microbatch, start, self.env._now, index)  # type: ignore[arg-type]  # it started
             )
 
     def _transfer_done(self, index: int, gpu: int, _event: object = None) -> None:
         """A non-blocking transfer has finished: its span, and the lanes waiting for it."""
         self._comm_span(index, gpu)
-        self._done(index, self.env.now)
+        self._done(index, self.env._now)
         self._wake(())
 
     def _record_wait(self, lane_index: int, dep: int) -> None:
         """The lane waited for ``dep`` from ``waited_from`` until now: idle or exposed comm."""
-        now, waited_from = self.env.now, self.waited_from[lane_index]
+        now, waited_from = self.env._now, self.waited_from[lane_index]
         lane = self.workload.lanes[lane_index]
         op = self.workload.ops[lane.ops[self.position[lane_index]]]
         gpu, stream = lane.gpu, lane.stream

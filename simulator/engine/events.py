@@ -4,11 +4,13 @@ The engine and the network only ever ask simpy for one thing: call this function
 ``delay_s`` from now. A `simpy.Timeout` per call does that with an Event object (its
 environment, value, callback list) and a Python ``__init__``; `Call` is the least
 `simpy.Environment.step` reads of an event it pops (``callbacks``, then ``_ok``), put
-on the queue with the public `simpy.Environment.schedule`. The queue, the time, the
-order and the run loop stay simpy's: by time, then by the order things were scheduled
-(every event here has simpy's normal priority, as a Timeout has), so a simulation
-gives the same result to the last bit as with Timeouts, and simpy processes (tests,
-scripts) can share the Environment.
+on the queue with `simpy.Environment.schedule` or, on the hot paths, as it puts them
+(`queue_of`). The queue, the time and the order stay simpy's: by time, then by the
+order things were scheduled (simpy's event counter; every event here has simpy's
+normal priority, as a Timeout has), so a simulation gives the same result to the last
+bit as with Timeouts, and simpy processes (tests, scripts) can share the Environment.
+The engine's `run` pops the queue itself (`engine.core._Engine._run_clock`, `step`
+written out); `engine.steady` steps it with simpy's `step`.
 
 A callback receives the event it was called from, as a simpy callback does; the
 engine's and the network's callbacks ignore it (``on_done(None)`` when called
@@ -17,8 +19,8 @@ directly).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Protocol, cast
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, cast
 
 import simpy
 from simpy.events import NORMAL, EventPriority
@@ -67,3 +69,12 @@ def after(env: simpy.Environment) -> Callable[[float, Callback], None]:
         schedule(event, NORMAL, delay_s)
 
     return call_after
+
+
+def queue_of(env: simpy.Environment) -> tuple[list[tuple[Any, ...]], Iterator[int]]:
+    """simpy's event queue (a heap of ``(time, priority, event id, event)``) and the
+    counter its ``schedule`` numbers events with, for a run loop that pops the queue
+    itself and schedules as ``schedule`` does (engine.core, `_Engine._run_clock`):
+    ``heappush(queue, (env._now + delay_s, NORMAL, next(eid), event))``. Private to
+    simpy 4 (pyproject pins simpy below 5), as `Environment.step` uses them."""
+    return env._queue, env._eid

@@ -24,12 +24,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from functools import partial
+from heapq import heappush
 
 import simpy
 from simpy.events import NORMAL
 
 from ..ir.flows import Collective, Interval, Transfer
-from .events import Callback, after, scheduler
+from .events import Callback, after, queue_of, scheduler
 from .maxmin import max_min
 
 # builds a named tuple from a tuple of its fields, skipping the Python-level __new__
@@ -126,10 +127,10 @@ class AnalyticalNetwork(Network):
         duration_s = transfer.latency_s
         if transfer.bytes_per_flow > 0 and transfer.links:
             rate = solo_rate_bytes_per_s(transfer.links, transfer.mults, self.capacities)
-            start_s = self.env.now + duration_s
+            start_s = self.env._now + duration_s
             duration_s += transfer.bytes_per_flow / rate
             self.intervals.append(
-                Interval(transfer.links, transfer.mults, rate, start_s, self.env.now + duration_s)
+                Interval(transfer.links, transfer.mults, rate, start_s, self.env._now + duration_s)
             )
         self._after(duration_s, on_done)
 
@@ -222,6 +223,9 @@ class FairShareNetwork(Network):
         self._claim_ends = (self._claim_ended,)
         self._alone_ends = (self._alone_ended,)
         self._alone: dict[Callback, _Alone] = {}  # by on_done
+        # start_alone's rate and time per transfer, by identity (see _solo)
+        self._alone_timing: dict[int, tuple[Transfer, float, float]] = {}
+        self._queue, self._eid = queue_of(env)
 
     def _start_transfer(self, transfer: Transfer, on_done: Callback) -> None:
         if transfer.bytes_per_flow <= 0 or not transfer.links:
@@ -234,7 +238,7 @@ class FairShareNetwork(Network):
             cached = self._solo_entry(transfer)
         flow.solo_rate = rate = cached[1]
         flow.link_set = cached[2]
-        flow.start_s = self.env.now + transfer.latency_s
+        flow.start_s = self.env._now + transfer.latency_s
         if not self._busy.isdisjoint(flow.links):
             self._start_later(flow)
             return
@@ -256,26 +260,50 @@ class FairShareNetwork(Network):
         """What a transfer claiming idle links does (`_start_transfer`), without the
         claim: no other flow will ever start on its links while it runs, so it stays
         claimed from start to end and no table needs to know it. One end event, at the
-        same time and in the same order; the same interval recorded at its end."""
+        same time and in the same order; the same interval recorded at its end. Its rate
+        and its time, latency + bytes / rate, are worked out once per transfer (the same
+        floats each time), and the event goes on simpy's queue as ``schedule`` puts it
+        (events.queue_of)."""
         self.num_transfers += 1
-        if transfer.bytes_per_flow <= 0 or not transfer.links:
+        timing = self._alone_timing.get(id(transfer))
+        if timing is None:
+            timing = self._alone_timing_entry(transfer)
+        rate = timing[1]
+        if rate == 0.0:  # no bytes or no links: its latency only
             self._after(transfer.latency_s, on_done)
             return
-        cached = self._solo.get(id(transfer))
-        if cached is None:
-            cached = self._solo_entry(transfer)
+        event = self._alone.get(on_done)
+        if event is None:
+            event = self.alone_event(on_done)
+        now = self.env._now
+        event.transfer = transfer
+        event.rate = rate
+        event.start_s = now + transfer.latency_s
+        event.callbacks = self._alone_ends
+        heappush(self._queue, (now + timing[2], NORMAL, next(self._eid), event))
+
+    def alone_event(self, on_done: Callback) -> _Alone:
+        """The end event of the transfers alone on their links that call ``on_done``
+        (one at a time: a lane's), made once."""
         event = self._alone.get(on_done)
         if event is None:
             event = self._alone[on_done] = _Alone()
             event.on_done = on_done
-        event.transfer = transfer
-        event.rate = rate = cached[1]
-        event.start_s = self.env.now + transfer.latency_s
-        event.callbacks = self._alone_ends
-        self._schedule(event, NORMAL, transfer.latency_s + transfer.bytes_per_flow / rate)
+        return event
+
+    def _alone_timing_entry(self, transfer: Transfer) -> tuple[Transfer, float, float]:
+        """A transfer alone on its links: its rate (0 when it moves no bytes) and its
+        time from start to end; the transfer is kept so that its id stays unique."""
+        if transfer.bytes_per_flow <= 0 or not transfer.links:
+            entry = (transfer, 0.0, transfer.latency_s)
+        else:
+            rate = solo_rate_bytes_per_s(transfer.links, transfer.mults, self.capacities)
+            entry = (transfer, rate, transfer.latency_s + transfer.bytes_per_flow / rate)
+        self._alone_timing[id(transfer)] = entry
+        return entry
 
     def _alone_ended(self, event: _Alone) -> None:
-        now, start_s = self.env.now, event.start_s
+        now, start_s = self.env._now, event.start_s
         if now > start_s:  # as _close_interval (its rate, a solo rate, is positive)
             transfer = event.transfer
             self.intervals.append(
@@ -285,12 +313,12 @@ class FairShareNetwork(Network):
 
     def _start_later(self, flow: _Flow) -> None:
         """An ordinary flow: it starts sharing links when its latency is over."""
-        delay_s = max(flow.start_s - self.env.now, 0.0)
+        delay_s = max(flow.start_s - self.env._now, 0.0)
         self._after(delay_s, partial(self._start, flow))
 
     def _release_claims(self, links: Sequence[int]) -> None:
         """Turn the claimants of these links into ordinary flows."""
-        now = self.env.now
+        now = self.env._now
         for link in links:
             flow = self._claimant.get(link)
             if flow is None or not flow.claimed:
@@ -318,7 +346,7 @@ class FairShareNetwork(Network):
             for flow in sorted((f for shape in shapes for f in self._flows_of[shape]), key=_by_seq):
                 load[link] += flow.rate * flow.mults[flow.links.index(link)]
         for link, flow in self._claimant.items():
-            if flow.claimed and flow.start_s <= self.env.now:
+            if flow.claimed and flow.start_s <= self.env._now:
                 load[link] += flow.rate * flow.mults[flow.links.index(link)]
         return load
 
@@ -327,7 +355,7 @@ class FairShareNetwork(Network):
     def _start(self, flow: _Flow, _event: object = None) -> None:
         self._release_claims(flow.links)
         self._busy.update(flow.links)
-        flow.updated_s = self.env.now
+        flow.updated_s = self.env._now
         if self._add(flow):
             # Nothing else on its links: max-min gives the solo rate, no recompute needed.
             # A flow joining later (even at this instant) marks the links and re-rates it.
@@ -341,11 +369,11 @@ class FairShareNetwork(Network):
         if flow.claimed:  # alone from start to end
             flow.claimed = False
             self._busy.difference_update(flow.links)
-            self._close_interval(flow, self.env.now)
+            self._close_interval(flow, self.env._now)
             flow.on_done(None)
             return
         shared = self._remove(flow)
-        self._close_interval(flow, self.env.now)
+        self._close_interval(flow, self.env._now)
         flow.bytes_left = 0.0
         flow.rate = 0.0
         if shared:  # only flows on these links can speed up
@@ -421,7 +449,7 @@ class FairShareNetwork(Network):
         flows = self._component(dirty)
         if not flows:
             return
-        now = self.env.now
+        now = self.env._now
         for flow in flows:
             self._close_interval(flow, now)
             flow.bytes_left -= flow.rate * (now - flow.updated_s)
