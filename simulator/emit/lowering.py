@@ -30,6 +30,7 @@ data-parallel strategy's (dataparallel.py).
 from __future__ import annotations
 
 from collections.abc import Generator, Sequence
+from functools import partial
 from typing import TypeVar
 
 from stepsim.schedules import (
@@ -69,6 +70,7 @@ from ..ir.vocabulary import (
     WEIGHT,
 )
 from ..scenario import Scenario, frameworks
+from .alike import AlikeBuilder, NotAlike, shareable
 from .cp_ops import ContextOps
 from .gpuops import GpuOps
 from .moe_ops import MoeBlock
@@ -90,6 +92,7 @@ def lower(
     touched: frozenset[int] = frozenset(),
     split: frozenset[tuple[int, int]] | None = None,
     collapse: bool | None = None,
+    share: bool = True,
 ) -> Workload:
     """Build the ops of one training iteration: one compute lane per pipeline stage
     (symmetric mode) or per GPU (exact mode, ``network.symmetry = false``). Raises
@@ -99,7 +102,9 @@ def lower(
     TP groups in ``split`` (default: all of them) a lane per GPU as in exact mode, the
     others one lane each standing for the group. ``collapse`` (exact mode): one lane
     per TP group where its ranks are alike (congruent.py; None: where
-    `congruent.collapsible` says so, False: a lane per GPU)."""
+    `congruent.collapsible` says so, False: a lane per GPU). ``share`` (exact mode, a
+    lane per GPU): a stage's GPUs added from one GPU's record where they are alike
+    (alike.py; the same workload, to the bit), False: each lowered on its own."""
     if collapse is None:
         collapse = collapsible(scenario)
     if collapse and not scenario.network.symmetry:
@@ -107,7 +112,7 @@ def lower(
             return _lower(scenario, cluster, frozenset(), frozenset(), collapse=True)
         except NotCongruent:
             pass  # two ranks' transfers unlike: every GPU its own lane
-    return _lower(scenario, cluster, touched, split)
+    return _lower(scenario, cluster, touched, split, share=share and shareable(scenario))
 
 
 def _lower(
@@ -116,6 +121,7 @@ def _lower(
     touched: frozenset[int],
     split: frozenset[tuple[int, int]] | None,
     collapse: bool = False,
+    share: bool = False,
 ) -> Workload:
     placement = placement_of(scenario)
     fabric = Fabric.of(
@@ -124,7 +130,7 @@ def _lower(
         scenario.cluster.nvls_fraction,
     )
     compute = ComputeModel(scenario)
-    builder = WorkloadBuilder()
+    builder = AlikeBuilder() if share else WorkloadBuilder()
     orders = stage_orders(scenario)
     if scenario.network.symmetry:
         ranks = [(0, 0)]
@@ -147,6 +153,14 @@ def _lower(
                 _Stage(GpuOps(builder, whole, 0, d), scenario, compute).lower(order, items[stage])
             continue
         comm = StageComm(scenario, fabric, placement, stage, exclude=touched, split=split)
+        if isinstance(builder, AlikeBuilder):  # exact mode: the GPUs from one's record
+            try:
+                builder.lower_alike(
+                    comm, ranks, partial(_lower_gpu, scenario, compute, order, items[stage])
+                )
+                continue
+            except NotAlike:
+                pass  # each GPU on its own
         for j, d in ranks:
             _Stage(GpuOps(builder, comm, j, d), scenario, compute).lower(order, items[stage])
         if touched:
@@ -162,6 +176,17 @@ def _lower(
                     )
                     _Stage(gpu, scenario, compute).lower(order, items[stage])
     return builder.build()
+
+
+def _lower_gpu(
+    scenario: Scenario,
+    compute: ComputeModel,
+    order: Sequence[Step],
+    items: Sequence[Step | Call],
+    gpu: GpuOps,
+) -> None:
+    """One GPU's passes (`_Stage.lower`), for alike.AlikeBuilder to record."""
+    _Stage(gpu, scenario, compute).lower(order, items)
 
 
 class _Stage:
