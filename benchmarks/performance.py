@@ -5,11 +5,22 @@
     python benchmarks/performance.py --long          # also GPT-3 at p = 16, m = 192 and 3,072
     python benchmarks/performance.py --scaling       # growth with micro-batches x stages, DP
     python benchmarks/performance.py --scaling --write   # and update docs/performance.md
+    python benchmarks/performance.py --only search,out-json,mt-nlg   # ratios to the reference loop
 
 `--write` merges what this run measured into docs/performance.json (the last
 figure of every case, with the machine and date) and regenerates the marked block of
 docs/performance.md and docs/images/performance-scaling.png from it; the prose
 around the block (profiles, what bounds a missed target) is written by hand.
+
+`--only ITEM[,ITEM]` runs only the items named: `targets` and `flat` (the default
+run's two tables), and three measured as ratios to a fixed reference loop (a bare simpy
+loop of one million events, one process doing ``yield env.timeout(1)``, timed in this
+process, median of 3, at the start and again at the end of the sitting), so that
+figures taken on machines or at loads that differ compare: `search` (the 175B /
+1,024-GPU search, `stepsim search gpt3-175b-128nodes --jobs 2`, wall, and the peak
+resident memory of any process in it), `out-json` (`stepsim run --out DIR` against
+`stepsim run --json` on MT-NLG 530B and on the 16,384-GPU dense run) and `mt-nlg`
+(MT-NLG symmetric `stepsim run --json`, the whole process).
 
 Every measurement is a whole process, as a user waits for it: the runner starts
 `python benchmarks/performance.py --case NAME` (which for a scenario runs exactly what
@@ -125,6 +136,31 @@ EXACT = {
 # issue 18: exact-mode MT-NLG within 20x the symmetric run (measured alongside)
 RELATIVE = {"mt-nlg-3360-exact": (20.0, "mt-nlg-3360")}
 
+# issue 34: wall times as ratios to the reference loop (REFERENCE_EVENTS simpy events)
+REFERENCE_EVENTS = 1_000_000
+SEARCH_JOBS = 2
+# item: {case: what}; a case is a `stepsim` command line (``{out}``: a fresh folder)
+RATIO_ITEMS: dict[str, dict[str, str]] = {
+    "search": {
+        "search-175b": f"stepsim search gpt3-175b-128nodes --jobs {SEARCH_JOBS} (1,024 GPUs)",
+    },
+    "out-json": {
+        "mt-nlg-json": "stepsim run mt-nlg-530b-420nodes --json",
+        "mt-nlg-out": "stepsim run mt-nlg-530b-420nodes --out DIR",
+        "dense-16k-json": "stepsim run dense-16k-h100 --json",
+        "dense-16k-out": "stepsim run dense-16k-h100 --out DIR",
+    },
+    "mt-nlg": {"mt-nlg-json": "stepsim run mt-nlg-530b-420nodes --json (symmetric)"},
+}
+RATIO_CASES: dict[str, list[str]] = {
+    "search-175b": ["search", GPT3, "--jobs", str(SEARCH_JOBS), "--json", "--quiet"],
+    "mt-nlg-json": ["run", MT_NLG, "--json", "--quiet"],
+    "mt-nlg-out": ["run", MT_NLG, "--out", "{out}", "--quiet"],
+    "dense-16k-json": ["run", DENSE_16K, "--json", "--quiet"],
+    "dense-16k-out": ["run", DENSE_16K, "--out", "{out}", "--quiet"],
+}
+ITEMS = ("targets", "flat", *RATIO_ITEMS)
+
 
 def _case_arguments(name: str) -> list[str] | None:
     if name in TARGETS:
@@ -142,6 +178,9 @@ def _case_arguments(name: str) -> list[str] | None:
 
 def run_case(name: str) -> None:
     """In the child: run one case, print one JSON line (simulated figure, peak memory)."""
+    if name in RATIO_CASES:
+        run_ratio_case(name)
+        return
     arguments = _case_arguments(name)
     if arguments is None:
         result = {"simulated_s": _allreduce_1024()}
@@ -160,6 +199,114 @@ def run_case(name: str) -> None:
     # ru_maxrss is KiB on Linux
     result["peak_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(json.dumps(result))
+
+
+def run_ratio_case(name: str) -> None:
+    """In the child: one `stepsim` command of RATIO_CASES, its stdout swallowed; the
+    peak resident memory of this process and of every process it waited for (a search's
+    workers are joined when it ends), the largest."""
+    import tempfile
+
+    from stepsim.cli import program  # what the stepsim executable runs
+
+    with tempfile.TemporaryDirectory() as folder:
+        argv = [folder if a == "{out}" else a for a in RATIO_CASES[name]]
+        with contextlib.redirect_stdout(io.StringIO()):
+            code = program(argv)
+    if code != 0:
+        raise SystemExit(code)
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    print(json.dumps({"simulated_s": None, "peak_gib": max(own, children) / 2**20}))
+
+
+def reference_loop_s(events: int = REFERENCE_EVENTS) -> tuple[float, float]:
+    """Wall and CPU time of a bare simpy loop: one process, ``events`` x
+    ``yield env.timeout(1)``."""
+    import simpy
+
+    env = simpy.Environment()
+
+    def ticks():
+        for _ in range(events):
+            yield env.timeout(1)
+
+    env.process(ticks())
+    started, cpu = time.perf_counter(), time.process_time()
+    env.run()
+    return time.perf_counter() - started, time.process_time() - cpu
+
+
+def reference(repeat: int = 3) -> list[tuple[float, float]]:
+    """The reference loop ``repeat`` times in this process (the collector as usual)."""
+    return [reference_loop_s() for _ in range(repeat)]
+
+
+def run_ratios(items: list[str], repeat: int) -> None:
+    """The RATIO_ITEMS named, each case median of ``repeat`` fresh processes, as ratios
+    to the reference loop (median of its runs before and after them)."""
+    before = reference()
+    print(f"  reference loop ({REFERENCE_EVENTS:,} simpy events): {_spread(before)}")
+    cases: dict[str, str] = {}
+    for item in items:
+        cases.update(RATIO_ITEMS[item])
+    rows = {}
+    for case in cases:  # each case once, though two items name it
+        rows[case] = measure(case, repeat, 3600)
+        row = rows[case]
+        print(
+            f"  {case:<16} {row['median_s']:7.2f} s wall  {row['cpu_s']:7.2f} s CPU  "
+            f"{row['peak_gib']:5.2f} GiB"
+        )
+    after = reference()
+    print(f"  reference loop again: {_spread(after)}")
+    ref_s = statistics.median(wall for wall, _ in before + after)
+    ref_cpu_s = statistics.median(cpu for _, cpu in before + after)
+    print()
+    print(ratio_table(items, rows, (ref_s, ref_cpu_s), repeat))
+
+
+def _spread(runs: list[tuple[float, float]]) -> str:
+    walls = [wall for wall, _ in runs]
+    return (
+        f"wall median {statistics.median(walls):.3f} s "
+        f"({', '.join(f'{w:.3f}' for w in walls)}), "
+        f"CPU median {statistics.median(cpu for _, cpu in runs):.3f} s"
+    )
+
+
+def ratio_table(
+    items: list[str], rows: dict[str, dict], ref: tuple[float, float], repeat: int
+) -> str:
+    """Each case's wall (and CPU: the process and every process it waited for) as a
+    multiple of the reference loop's wall (CPU), both medians."""
+    ref_s, ref_cpu_s = ref
+    lines = [
+        f"Reference loop: wall {ref_s:.3f} s, CPU {ref_cpu_s:.3f} s (medians of its runs "
+        f"before and after). Each case median of {repeat} fresh process(es).",
+        "",
+        "| item | command | wall (median) | min - max | x reference | CPU (median) "
+        "| x reference CPU | peak memory |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for item in items:
+        for case, what in RATIO_ITEMS[item].items():
+            row = rows[case]
+            lines.append(
+                f"| {item} | {what} | {row['median_s']:.2f} s | {row['min_s']:.2f} - "
+                f"{row['max_s']:.2f} s | {row['median_s'] / ref_s:.1f} | "
+                f"{row['cpu_s']:.2f} s | {row['cpu_s'] / ref_cpu_s:.1f} | "
+                f"{row['peak_gib'] * 1024:,.0f} MiB |"
+            )
+    if "out-json" in items:
+        lines.append("")
+        for run in ("mt-nlg", "dense-16k"):
+            out, js = rows[f"{run}-out"], rows[f"{run}-json"]
+            lines.append(
+                f"{run}: --out / --json {out['median_s'] / js['median_s']:.2f}x wall, "
+                f"{out['cpu_s'] / js['cpu_s']:.2f}x CPU"
+            )
+    return "\n".join(lines)
 
 
 def _allreduce_1024() -> float:
@@ -199,9 +346,11 @@ def _allreduce_1024() -> float:
 
 
 def measure(name: str, repeat: int, timeout_s: float) -> dict:
-    """Run the case ``repeat`` times in fresh processes: median, min, max wall time."""
-    walls, last = [], {}
+    """Run the case ``repeat`` times in fresh processes: median, min, max wall time, and
+    the median CPU time (user + system) of the child and every process it waited for."""
+    walls, cpus, last = [], [], {}
     for _ in range(repeat):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
         proc = subprocess.run(
             [sys.executable, __file__, "--case", name],
@@ -212,6 +361,8 @@ def measure(name: str, repeat: int, timeout_s: float) -> dict:
             check=False,
         )
         walls.append(time.perf_counter() - start)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the child and what it reaped
+        cpus.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
         if proc.returncode != 0:
             raise RuntimeError(f"case {name} failed: {proc.stderr.strip()[-400:]}")
         last = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -219,6 +370,7 @@ def measure(name: str, repeat: int, timeout_s: float) -> dict:
         "median_s": statistics.median(walls),
         "min_s": min(walls),
         "max_s": max(walls),
+        "cpu_s": statistics.median(cpus),
         "peak_gib": last["peak_gib"],
         "simulated_s": last["simulated_s"],
         "fast_forward": last.get("fast_forward"),
@@ -364,7 +516,7 @@ def scaling_figure(scaling: dict[str, list[dict]], path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("micro-batches x stages")
     ax.set_ylabel("wall time of stepsim run (s)")
-    ax.set_title("linear in m x p until the fast-forward (m >= 10 m')")
+    ax.set_title("linear in m x p until the fast-forward (its expected cost below the full run's)")
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)
     ax = axes[1]
@@ -393,10 +545,30 @@ def main() -> None:
     )
     parser.add_argument("--scaling", action="store_true", help="time the growth sweeps")
     parser.add_argument("--write", action="store_true", help="update docs/performance.md")
+    parser.add_argument(
+        "--only",
+        help=f"comma-separated items to run, of {', '.join(ITEMS)} (default: targets, flat)",
+    )
     args = parser.parse_args()
     if args.case:
         run_case(args.case)
         return
+    if args.only:
+        only = args.only.split(",")
+        unknown = [item for item in only if item not in ITEMS]
+        if unknown:
+            parser.error(f"--only: unknown item {unknown[0]!r} (known: {', '.join(ITEMS)})")
+        ratios = [item for item in only if item in RATIO_ITEMS]
+        if ratios:
+            run_ratios(ratios, args.repeat)
+        if "targets" not in only and "flat" not in only:
+            return
+        args.no_flat = args.no_flat or "flat" not in only
+        if "targets" not in only:
+            flat = run_flat(args.repeat)
+            print()
+            print(flat_table(flat))
+            return
     cases = dict(TARGETS)
     if args.exact:
         cases.update(EXACT)

@@ -20,7 +20,8 @@ from stepsim.scenario import scenario_from_dict
 from tests import trace_check
 from tests.helpers import scenario
 
-# the short runs are m' = 2 p v + 4 q micro-batches; these m are at least 10 m'
+# the short runs are m' = 2 p v + 4 q micro-batches; these m are at least 10 m' (the
+# cost rule, `fastforward.worth_it`, takes m from about 3.1 m'; a split backward 10 m')
 CASES = [
     ("1f1b", 120, 1),  # m' = 12, q = 1
     ("interleaved", 320, 2),  # m' = 32, q = 4 (the micro-batch group)
@@ -124,7 +125,8 @@ def test_link_loads_equal_the_full_run():
     [
         ("gpipe", 240, 1, "all forwards, then all backwards: no period is inserted"),
         ("looped_bfs", 240, 2, "breadth first: no period is inserted"),
-        ("1f1b", 100, 1, "m under 10 m'"),
+        ("1f1b", 24, 1, "m = 2 m': the full run is expected to cost less"),
+        ("zbh1", 60, 1, "a split backward is tried from 10 m' only"),
     ],
 )
 def test_falls_back_to_the_full_run_bit_for_bit(schedule, m, chunks, why):
@@ -133,6 +135,55 @@ def test_falls_back_to_the_full_run_bit_for_bit(schedule, m, chunks, why):
     assert fast.metrics.fast_forward is None, why
     assert fast.metrics.to_json() == full.metrics.to_json()
     assert fast.trace.spans == full.trace.spans
+
+
+@pytest.mark.parametrize("m", [48, 60])
+def test_a_few_short_runs_long_is_fast_forwarded(m):
+    """m' = 12 here: m = 4 m' and 5 m' (under the 10 m' of before) are fast-forwarded, as
+    the fast-forward is expected to cost less than the full run, and the iteration is
+    the full run's to 1e-9 relative."""
+    fast = run(_scenario("1f1b", m))
+    full = run(_scenario("1f1b", m, fast_forward=False))
+    used = fast.metrics.fast_forward
+    assert used is not None and used.simulated_microbatches == 12
+    assert fastforward.worth_it(m, used.simulated_microbatches)
+    assert any(a.startswith("fast-forwarded") for a in fast.metrics.assumptions)
+    assert fast.metrics.iteration_time_s == pytest.approx(full.metrics.iteration_time_s, rel=1e-9)
+
+
+def test_the_rule_compares_expected_costs():
+    """On synthetic costs (in micro-batches of the full run): the fast-forward is used
+    when ``short_cost x m' + orders_cost x m`` is below ``m``, not at it."""
+    assert fastforward.expected_cost(100, 20, short_cost=2.0, orders_cost=0.1) == 50.0
+    assert fastforward.worth_it(41, 20, short_cost=2.0, orders_cost=0.0)
+    assert not fastforward.worth_it(40, 20, short_cost=2.0, orders_cost=0.0)
+    # a schedule check of half a micro-batch per micro-batch doubles the threshold
+    assert not fastforward.worth_it(80, 20, short_cost=2.0, orders_cost=0.5)
+    assert fastforward.worth_it(81, 20, short_cost=2.0, orders_cost=0.5)
+    # a cost per micro-batch of m at or above a full run's is never worth it
+    assert not fastforward.worth_it(10**9, 1, short_cost=0.1, orders_cost=1.0)
+    # longer runs only get more worth it, and the threshold is between 2 and 10 m'
+    for m_short in (8, 36, 74):
+        found = [m for m in range(1, 20 * m_short) if fastforward.worth_it(m, m_short)]
+        assert found == list(range(found[0], 20 * m_short))
+        assert 2 * m_short < found[0] < 10 * m_short
+        # where the proof may fail, from RISKY_SAVING x m' on, as before
+        risky = [
+            m
+            for m in range(1, 20 * m_short)
+            if fastforward.worth_it(m, m_short, proof_may_fail=True)
+        ]
+        assert risky[0] == fastforward.RISKY_SAVING * m_short
+
+
+def test_no_period_in_the_orders_costs_no_lowering():
+    """GPipe's orders of m' + 1 are not m''s with a period inserted: refused before
+    either short scenario is lowered."""
+    lowered = []
+    s = _scenario("gpipe", 240)
+    network = FairShareNetwork.factory(())
+    assert fastforward.fast_forward(s, lowered.append, network) is None
+    assert lowered == []
 
 
 def test_perturbed_runs_are_simulated_in_full():

@@ -33,9 +33,13 @@ utilization over time is read off the inserted copies. The result's workload and
 (trace.json, the timeline) are the ``m'`` run's; the summary says so.
 
 Not used (the run is simulated in full, as before): exact mode, perturbations, a custom
-schedule, ``network.fast_forward = false``, or when ``m`` is under `MIN_SAVING` x ``m'``;
-and whenever a check fails (GPipe and looped BFS insert no period; a schedule whose
-state never repeats in ``m'``).
+schedule, ``network.fast_forward = false``, or when it is not expected to cost less than
+the full run (`worth_it`: ``SHORT_COST x m' + ORDERS_COST x m < m``, costs measured by
+benchmarks/fastforward_cost.py: from about m = 3.1 m'; schedules that split the
+backward, whose proof failed on every large layout measured, from m = 10 m'); and
+whenever a check fails (GPipe and looped BFS insert no period, which the orders of
+``m' + q`` show before anything is lowered; a schedule whose state never repeats in
+``m'``).
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from stepsim.schedules import INTERLEAVED
+from stepsim.schedules import INTERLEAVED, SCHEDULES
 
 from ..cost.orders import stage_orders
 from ..emit.p2pcalls import p2p_items
@@ -60,9 +64,27 @@ from ..report.linkstats import bytes_by, cumulative_load, mean_utilization
 from ..report.metrics import Tally, gpu_flops, lane_flops, lane_seconds
 from ..scenario import Scenario, ScenarioError
 
-# fast-forward only when the full run has at least this many times the micro-batches
-# of the short one (below, simulating in full costs little more)
-MIN_SAVING = 10
+# What the fast-forward costs, in micro-batches of the full run it replaces (a full run
+# costs a fixed part, which the fast-forward pays too, and one such unit per
+# micro-batch): SHORT_COST per micro-batch of the short run m' (the orders and the
+# lowerings of m' and m' + q, the insertion check, the observed simulation of m' with
+# its snapshots, the proof, the metrics) and ORDERS_COST per micro-batch of m (the
+# schedule check builds m's orders). The medians of benchmarks/fastforward_cost.py's
+# two columns, 10 layouts x 2 sittings (CPU time, 2-core machine, 2026-11-28; see
+# docs/performance.md, "The fast-forward's threshold, measured"): SHORT_COST 2.88
+# (2.23 - 4.07), ORDERS_COST 0.069 (0.008 - 0.138). It pays from m = 3.1 m' (1F1B at
+# p = 16: m >= 113). (With the engine before bd5674a, whose full runs were about a
+# quarter slower and its observed simulation as fast, the same measure gave 2.21 and
+# 0.035: from m = 2.3 m'.)
+SHORT_COST = 2.9
+ORDERS_COST = 0.07
+# Schedules that split the backward (zero bubble, DualPipe) failed the state check on
+# every GPT-3 175B layout measured (zbh1 at p = 8 and 16, zbv at p = 16: within the
+# short run a stage keeps up by deferring weight gradients, so the lanes drift), and
+# there a try costs 1.5 - 1.8x the full run (benchmarks/fastforward_cost.py). They are
+# tried from m >= RISKY_SAVING m' only, the bar of before, where a failed try costs
+# about a quarter of the full run and a proved one saves about three quarters.
+RISKY_SAVING = 10
 # the short run: warm-up and cool-down (WARM_PERIODS pipeline depths of micro-batches,
 # times the chunks) and STEADY_PERIODS periods between them
 WARM_PERIODS = 2
@@ -110,6 +132,32 @@ def short_microbatches(scenario: Scenario, q: int) -> int:
     return base + (scenario.num_microbatches - base) % q
 
 
+def expected_cost(
+    m: int, m_short: int, short_cost: float = SHORT_COST, orders_cost: float = ORDERS_COST
+) -> float:
+    """The fast-forward's cost beyond what the full run costs whatever m is, when its
+    proof holds, in micro-batches of the full run (where the proof fails the full run
+    is paid on top)."""
+    return short_cost * m_short + orders_cost * m
+
+
+def worth_it(
+    m: int,
+    m_short: int,
+    short_cost: float = SHORT_COST,
+    orders_cost: float = ORDERS_COST,
+    *,
+    proof_may_fail: bool = False,
+) -> bool:
+    """Whether fast-forwarding ``m`` micro-batches by a short run of ``m_short`` is
+    expected to cost less than simulating all ``m`` (which costs ``m``); where the proof
+    is expected to fail (``proof_may_fail``: a schedule that splits the backward), only
+    from `RISKY_SAVING` x ``m_short`` on."""
+    if proof_may_fail and m < RISKY_SAVING * m_short:
+        return False
+    return expected_cost(m, m_short, short_cost, orders_cost) < m
+
+
 def applies(scenario: Scenario) -> bool:
     """Whether the scenario may be fast-forwarded at all (the checks come after)."""
     return (
@@ -127,9 +175,10 @@ def fast_forward(scenario: Scenario, lower, network: NetworkFactory) -> Plan | N
     if not applies(scenario):
         return None
     m = scenario.num_microbatches
+    split = SCHEDULES[scenario.training.schedule].split_backward
     for q in periods(scenario):
         m_short = short_microbatches(scenario, q)
-        if m < MIN_SAVING * m_short:
+        if not worth_it(m, m_short, proof_may_fail=split):
             continue
         try:  # the short scenarios keep every rule (a schedule may refuse their m)
             short = with_microbatches(scenario, m_short)
@@ -137,6 +186,10 @@ def fast_forward(scenario: Scenario, lower, network: NetworkFactory) -> Plan | N
         except ScenarioError:
             continue
         k = (m - m_short) // q
+        # the orders of m' + q first, before any lowering: a schedule that inserts no
+        # period (GPipe, looped BFS) costs two short orders, not two short lowerings
+        if not _orders_insert(short, longer, 1, q):
+            continue
         workload = lower(short)
         shape = _insertion(workload, lower(longer), q)
         if shape is None:
