@@ -628,17 +628,17 @@ def readme_timings(images: Path | None) -> Generated:
     suite_s = time.perf_counter() - started
     found = re.search(r"(\d+) passed", done.stdout)
     passed = int(found.group(1)) if found else 0
-    machine = f"{os.cpu_count()} cores, Python {platform.python_version()}"
+    machine = f"{os.cpu_count()}-core machine with Python {platform.python_version()}"
     when = time.strftime("%Y-%m-%d")
     return {
         ("README.md", "readme-run-time"): (
-            f"It takes {with_files:.0f} s in all on this project's {machine} machine "
+            f"It takes {with_files:.0f} s in all on a {machine} "
             f"({alone:.1f} s for `--json` alone, without the trace and pictures; median of "
             f"three, {when}; `python tools/docs.py --only readme-timings` measures it again)."
         ),
         ("README.md", "readme-suite-time"): (
             f"The suite has {passed:,} tests and took {suite_s:.0f} s on two workers on a "
-            f"{machine} machine ({when}; `python tools/docs.py --only readme-timings` "
+            f"{machine} ({when}; `python tools/docs.py --only readme-timings` "
             "measures it again)."
         ),
     }
