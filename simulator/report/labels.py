@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from stepsim.schedules import DUAL
+
 from ..ir.vocabulary import SHARD_FULL
 from ..scenario import ClusterSpec, Scenario
 from ..scenario.frameworks import MEGATRON
@@ -40,7 +42,9 @@ def overlaps_left_off(scenario: Scenario) -> tuple[str, ...]:
             "expert all-to-alls with the paired micro-batch's compute "
             "(training.overlap_moe_expert_parallel_comm)"
         )
-    if dp > 1 and t.data_parallel_sharding != SHARD_FULL and not t.overlap_grad_reduce:
+    # under DualPipe the reduce waits for the copies' sum either way (summary._grad_reduce_text)
+    sharded = t.data_parallel_sharding == SHARD_FULL
+    if dp > 1 and not sharded and not t.overlap_grad_reduce and t.placement != DUAL:
         off.append("gradient reduction with the backward (training.overlap_grad_reduce)")
     if par.tensor_model_parallel_size > 1 and par.sequence_parallel and not t.tp_comm_overlap:
         off.append("sequence-parallel collectives with their GEMMs (training.tp_comm_overlap)")
