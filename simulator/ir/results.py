@@ -274,13 +274,12 @@ class MetricsRow:
             for key in ALL_BREAKDOWN_KEYS
             if key in BREAKDOWN_KEYS or BREAKDOWN_COLUMN.format(key) in row
         }
-        split: dict[str, float] | None = {}
-        for k in IDLE_CAUSES:
-            value = row.get(IDLE_CAUSE_COLUMN.format(k))
-            if value is None or split is None:  # a journal written before the split
-                split = None
-            else:
-                split[k] = float(value)
+        columns = {k: IDLE_CAUSE_COLUMN.format(k) for k in IDLE_CAUSES}
+        split = (  # None: no pipeline, or a journal written before the split
+            {k: float(row[c]) for k, c in columns.items()}
+            if all(row.get(c) is not None for c in columns.values())
+            else None
+        )
         return cls(**values, breakdown_s=breakdown, idle_by_cause_s=split)
 
 
