@@ -120,11 +120,9 @@ def test_a_run_reports_its_idle_by_cause_adding_up_to_it():
 
 
 def _times(result):
-    from stepsim.ir.vocabulary import BACKWARD, FORWARD, RECOMPUTE, WEIGHT
-    from stepsim.run.bubble import pass_times
+    from stepsim.run.bubble import PASS_OF_KIND, pass_times
 
-    kinds = {FORWARD: "F", BACKWARD: "B", RECOMPUTE: "B", WEIGHT: "W"}
-    return pass_times(result.workload, 2, kinds)
+    return pass_times(result.workload, 2, PASS_OF_KIND)
 
 
 # -- the idle pieces: each stretch of a GPU's idle by cause (run/idlemap.py) ------------------

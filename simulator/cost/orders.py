@@ -6,6 +6,8 @@ them; p2pcalls.py places the framework's blocking p2p calls between them)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from stepsim.schedules import INTERLEAVED, ONE_F_ONE_B, Step, peak_inflight
 from stepsim.schedules import build as build_schedule
 from stepsim.schedules.dualpipe import combined_1f1b
@@ -35,4 +37,9 @@ def stage_orders(scenario: Scenario) -> list[list[Step]]:
 def inflight_per_stage(scenario: Scenario) -> list[int]:
     """Peak forwards whose activations each stage holds under the schedule: released
     by the backward, or by the weight gradient when the schedule splits it."""
-    return [peak_inflight(order, "W") for order in stage_orders(scenario)]
+    return inflight_of(stage_orders(scenario))
+
+
+def inflight_of(orders: Sequence[Sequence[Step]]) -> list[int]:
+    """`inflight_per_stage` of orders already built."""
+    return [peak_inflight(order, "W") for order in orders]

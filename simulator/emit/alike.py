@@ -224,7 +224,7 @@ class Record:
         self.lanes = [tuple(lane) for lane in builder._lanes]
         if any(lane[0] != gpu for lane in self.lanes):
             raise NotAlike("a lane of another GPU")
-        own = {key: index for key, index in builder._keys.items()}
+        own = builder._keys
         first_of = {index: key for key, index in builder._rendezvous.items()}
         askings: dict[int, int] = {}  # id(transfer) -> asking number
         self.askings: list[Asking] = []
@@ -330,7 +330,7 @@ def _lowered(
 def _symbolic(comm: StageComm, who: Who, lower_gpu: Callable[[GpuOps], None]) -> list[object]:
     """GPU ``who`` lowered the ordinary way, its ops as `Record.symbolic` gives them."""
     builder, _ = _lowered(comm, who, lower_gpu)
-    own = {key: index for key, index in builder._keys.items()}
+    own = builder._keys
     first_of = {index: key for key, index in builder._rendezvous.items()}
     out: list[tuple] = []
     for op in builder._ops:

@@ -26,7 +26,7 @@ from stepsim.schedules import DUAL, Step, holder_of, pipeline_ends, stage_of
 from ..cost.compute import ComputeModel
 from ..cost.memory import optimizer_sharded, stage_memory
 from ..cost.moe import moe_block_work
-from ..cost.orders import stage_orders
+from ..cost.orders import inflight_of, stage_orders
 from ..cost.params import output_rank, stage_params_per_rank
 from ..cost.schedule_costs import schedule_times
 from ..ir.results import StageMemory
@@ -103,8 +103,7 @@ class Inflight:
         entry = self.cache.get(key)
         if entry is None:
             orders = stage_orders(scenario)
-            # as cost.orders.inflight_per_stage counts them
-            inflight = [schedules.peak_inflight(order, "W") for order in orders]
+            inflight = inflight_of(orders)
             entry = self.cache[key] = (inflight, pipeline_shape(orders))
         return entry
 

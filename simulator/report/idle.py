@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from ..ir.vocabulary import IDLE, KIND_STYLES
+
 
 class IdlePiece(NamedTuple):
     start_s: float
@@ -25,7 +27,7 @@ class CauseStyle(NamedTuple):
 
 IDLE_CAUSE_STYLES: dict[str, CauseStyle] = {  # in IDLE_CAUSES' order
     # the schedule's own bubble keeps the plain idle grey (KIND_STYLES' idle)
-    "schedule": CauseStyle("#EEEEEE", "idle: schedule's own bubble"),
+    "schedule": CauseStyle(KIND_STYLES[IDLE].color, "idle: schedule's own bubble"),
     "imbalance": CauseStyle("#F6E0A0", "idle: stage imbalance"),
     # light blue: pink would read as recompute's, and every hue is some kind's already
     "communication": CauseStyle("#C9DCF2", "idle: waiting on communication"),

@@ -51,7 +51,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from stepsim.schedules import INTERLEAVED, SCHEDULES
+from stepsim.schedules import INTERLEAVED
 
 from ..cost.orders import stage_orders
 from ..emit.p2pcalls import p2p_items
@@ -175,7 +175,7 @@ def fast_forward(scenario: Scenario, lower, network: NetworkFactory) -> Plan | N
     if not applies(scenario):
         return None
     m = scenario.num_microbatches
-    split = SCHEDULES[scenario.training.schedule].split_backward
+    split = scenario.training.split_backward
     for q in periods(scenario):
         m_short = short_microbatches(scenario, q)
         if not worth_it(m, m_short, proof_may_fail=split):
