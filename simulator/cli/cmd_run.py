@@ -12,6 +12,8 @@ import argparse
 import gzip
 import json
 import sys
+import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from ..scenario import ScenarioError, dumps_toml, scenario_to_dict
@@ -113,23 +115,38 @@ def write_outputs(result, out: Path, trace_file: str | None = "trace.json") -> l
     """Write the run's files to ``out`` (the trace as ``trace_file``: trace.json,
     trace.json.gz or None for none); return their names in the order printed."""
     from ..report.timeline import breakdown_figure, timeline_figure
-    from ..report.trace import chrome_trace_bytes
+    from ..report.trace import chrome_trace_chunks
     from ..run.idlemap import idle_pieces
+    from ..run.iteration import gc_paused
 
-    idle = idle_pieces(result)  # the idle by cause, drawn in the trace and the timeline
-    with out_folder(out, f"run {result.scenario.name}") as folder:
-        folder.text("metrics.json", json.dumps(result.metrics.to_json(), indent=2) + "\n")
-        folder.text("scenario.resolved.toml", dumps_toml(scenario_to_dict(result.scenario)))
-        if trace_file is not None:
-            # the compact JSON of chrome_trace's document, written as text span by span
-            text = chrome_trace_bytes(result, idle)
-            if trace_file.endswith(".gz"):
-                text = gzip.compress(text, mtime=0)  # no time stamp: the same bytes every run
-            folder.bytes(trace_file, text)
-        folder.figure("timeline.png", timeline_figure(result, idle), dpi=110)
-        folder.figure("breakdown.png", breakdown_figure(result), dpi=110)
+    # the collector paused as for the run: the writing allocates millions of objects,
+    # and each pass it triggered would walk the run's spans and ops again for nothing
+    with gc_paused():
+        idle = idle_pieces(result)  # the idle by cause, drawn in the trace and the timeline
+        with out_folder(out, f"run {result.scenario.name}") as folder:
+            folder.text("metrics.json", json.dumps(result.metrics.to_json(), indent=2) + "\n")
+            folder.text("scenario.resolved.toml", dumps_toml(scenario_to_dict(result.scenario)))
+            if trace_file is not None:
+                # chrome_trace's document as compact JSON, streamed to the file as made
+                chunks: Iterable[bytes] = (t.encode() for t in chrome_trace_chunks(result, idle))
+                if trace_file.endswith(".gz"):
+                    chunks = gzipped(chunks)
+                folder.stream(trace_file, chunks)
+            folder.figure("timeline.png", timeline_figure(result, idle), dpi=110)
+            folder.figure("breakdown.png", breakdown_figure(result), dpi=110)
     names = ["metrics.json", "timeline.png", "breakdown.png", trace_file, "scenario.resolved.toml"]
     return [name for name in names if name is not None]
+
+
+def gzipped(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """``gzip.compress(b"".join(chunks), mtime=0)`` made piece by piece: zlib's gzip
+    wrapper at level 9, no time stamp (the same bytes every run), fed as they come."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)
+    for chunk in chunks:
+        packed = packer.compress(chunk)
+        if packed:
+            yield packed
+    yield packer.flush()
 
 
 # -- stepsim jobs ---------------------------------------------------------------------

@@ -19,7 +19,7 @@ import io
 import json
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -28,6 +28,7 @@ from .. import __version__
 from ..scenario import ScenarioError
 
 MANIFEST = "stepsim-manifest.json"
+Chunks = Iterable[bytes]  # a file's bytes in pieces (named here: OutFolder has a `bytes`)
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.stepsim-\d+\.tmp$")
 
 
@@ -45,6 +46,24 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def atomic_write_chunks(path: Path, chunks: Chunks) -> tuple[int, str]:
+    """The bytes of ``chunks`` as ``path``, written as they come (never all in memory
+    at once), atomically as `atomic_write_bytes`; their size and sha256."""
+    tmp = _temporary(path)
+    digest, size = hashlib.sha256(), 0
+    try:
+        with open(tmp, "xb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return size, digest.hexdigest()
 
 
 def atomic_write_figure(path: Path, figure: Any, **options: Any) -> None:
@@ -96,13 +115,22 @@ class OutFolder:
     def _record(self, name: str, data: bytes) -> None:
         self.files[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
-    def bytes(self, name: str, data: bytes) -> None:
+    def _target(self, name: str) -> Path:
         if not _inside(name):
             raise ScenarioError(f"--out: {name!r} is not a file name inside the folder")
         target = self.path / name
         target.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_bytes(target, data)
+        return target
+
+    def bytes(self, name: str, data: bytes) -> None:
+        atomic_write_bytes(self._target(name), data)
         self._record(name, data)
+
+    def stream(self, name: str, chunks: Chunks) -> None:
+        """A file written piece by piece as ``chunks`` makes them (a large trace),
+        recorded as `bytes` records one."""
+        size, sha256 = atomic_write_chunks(self._target(name), chunks)
+        self.files[name] = {"bytes": size, "sha256": sha256}
 
     def text(self, name: str, text: str) -> None:
         self.bytes(name, text.encode("utf-8"))

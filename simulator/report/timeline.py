@@ -5,7 +5,9 @@ figures.py."""
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from itertools import groupby
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -13,7 +15,7 @@ import numpy as np
 from stepsim.schedules import parse_label
 
 from ..ir.ops import Lane
-from ..ir.results import Result, Trace
+from ..ir.results import Result, Span, Trace
 from ..ir.vocabulary import (
     BACKWARD,
     COMM_WAITS,
@@ -177,11 +179,40 @@ STACK_ORDER = (
 )
 
 
-def _sorted_groups(trace: Trace):
-    spans = sorted(
-        trace.spans, key=lambda sp: (sp.gpu, STREAM_ORDER.get(sp.stream, 9), sp.kind, sp.start_s)
-    )
-    return groupby(spans, key=lambda sp: (sp.gpu, sp.stream, sp.kind))
+def _span_groups(
+    spans: Sequence[Span], kinds: Collection[str] | None = None
+) -> list[tuple[tuple[int, str, str], np.ndarray, np.ndarray]]:
+    """The spans (of ``kinds``; None: all) by (GPU, stream, kind), in order of GPU,
+    stream (`STREAM_ORDER`) and kind, each group's starts and ends in order of start
+    (spans starting together in trace order): found from arrays, not a sort of spans."""
+    n = len(spans)
+    if not n:
+        return []
+    gpu = np.fromiter(map(itemgetter(0), spans), np.int64, n)
+    stream_of, kind_of = list(map(itemgetter(1), spans)), list(map(itemgetter(2), spans))
+    streams = list(dict.fromkeys(stream_of))
+    names = list(dict.fromkeys(kind_of))
+    stream_code = {stream: k for k, stream in enumerate(streams)}
+    kind_code = {kind: k for k, kind in enumerate(names)}
+    kind = np.array([kind_code[k] for k in kind_of], dtype=np.int64)
+    key = (gpu * len(streams) + np.array([stream_code[s] for s in stream_of])) * len(names) + kind
+    start = np.fromiter(map(itemgetter(5), spans), np.float64, n)
+    end = np.fromiter(map(itemgetter(6), spans), np.float64, n)
+    if kinds is not None:
+        kept = np.nonzero(np.isin(kind, [kind_code[k] for k in kinds if k in kind_code]))[0]
+        key, start, end = key[kept], start[kept], end[kept]
+    order = np.lexsort((start, key))  # stable: spans starting together keep trace order
+    key = key[order]
+    cut = (np.nonzero(key[1:] != key[:-1])[0] + 1).tolist()
+    groups = []
+    for low, high in zip([0, *cut], [*cut, len(key)], strict=True):
+        if high > low:
+            track, k = divmod(int(key[low]), len(names))
+            at = order[low:high]
+            found = (track // len(streams), streams[track % len(streams)], names[k])
+            groups.append((found, start[at], end[at]))
+    groups.sort(key=lambda group: (group[0][0], STREAM_ORDER.get(group[0][1], 9), group[0][2]))
+    return groups
 
 
 def _band(row: int, stream: str) -> tuple[float, float]:
@@ -213,11 +244,11 @@ def _draw_bars(
                     edgecolor="none",
                 )
     drawn = set()
-    for (gpu, stream, kind), spans in _sorted_groups(trace):
+    for (gpu, stream, kind), starts, ends in _span_groups(trace.spans):
         if idle is not None and kind == IDLE:
             continue  # drawn by cause
         drawn.add(kind)
-        bars = _merge([(sp.start_s * scale, sp.end_s * scale) for sp in spans])
+        bars = _merge(list(zip((starts * scale).tolist(), (ends * scale).tolist(), strict=True)))
         ax.broken_barh(
             [(a, b - a) for a, b in bars],
             _band(row_of[gpu], stream),
@@ -243,13 +274,8 @@ def _draw_raster(
     kinds: list[str] = [kind for kind in STACK_ORDER if kind in COLORS]
     colors = [COLORS[kind] for kind in kinds]
     groups = [
-        (
-            2 * row_of[gpu] + (stream != COMPUTE_STREAM),
-            kind,
-            [(sp.start_s, sp.end_s) for sp in spans],
-        )
-        for (gpu, stream, kind), spans in _sorted_groups(trace)
-        if kind in kinds
+        (2 * row_of[gpu] + (stream != COMPUTE_STREAM), kind, starts, ends)
+        for (gpu, stream, kind), starts, ends in _span_groups(trace.spans, kinds)
     ]
     if idle is not None:
         for cause, style in IDLE_CAUSE_STYLES.items():
@@ -258,11 +284,12 @@ def _draw_raster(
             for gpu, pieces in idle.items():
                 bars = [(p.start_s, p.end_s) for p in pieces if p.cause == cause]
                 if bars:
-                    groups.append((2 * row_of[gpu], cause, bars))
+                    starts, ends = np.array(bars).reshape(-1, 2).T
+                    groups.append((2 * row_of[gpu], cause, starts, ends))
     time = np.zeros((2 * len(row_of), len(kinds), RASTER_COLUMNS))
-    for band, kind, spans in groups:
-        times = np.array([start for start, _ in spans] + [end for _, end in spans])
-        steps = np.repeat([1.0, -1.0], len(spans))
+    for band, kind, starts, ends in groups:
+        times = np.concatenate([starts, ends])
+        steps = np.repeat([1.0, -1.0], len(starts))
         order = np.argsort(times, kind="stable")
         times, level = times[order], np.cumsum(steps[order])
         # time covered up to each event, then at each column edge (piecewise linear)
@@ -278,12 +305,12 @@ def _draw_raster(
         counts = np.round(share[band] * pixels).astype(int)
         counts[(counts == 0) & (share[band] >= 0.02)] = 1
         overflow = counts.sum(axis=0) - pixels  # rounding up past the band: trim the largest
-        for column in np.nonzero(overflow > 0)[0]:
-            counts[np.argmax(counts[:, column]), column] -= overflow[column]
+        over = np.nonzero(overflow > 0)[0]
+        counts[np.argmax(counts[:, over], axis=0), over] -= overflow[over]
         top_of = np.concatenate([np.zeros((1, RASTER_COLUMNS), int), np.cumsum(counts, axis=0)])
         rows = np.arange(pixels)[:, None]
         image = np.ones((pixels, RASTER_COLUMNS, 3)) * (1.0 if background else blank)
-        for k in range(len(kinds)):
+        for k in np.nonzero(counts.any(axis=1))[0].tolist():  # the kinds with pixels here
             inside = (rows >= top_of[k]) & (rows < top_of[k + 1])
             image[inside] = palette[k]
         top, height = _band(row, PP_STREAM if background else COMPUTE_STREAM)
@@ -380,6 +407,8 @@ def _label_microbatches(ax, trace: Trace, row_of: dict[int, int], scale: float) 
             va="center",
             fontsize=LABEL_FONT_PT,
             color="white" if spans[0].kind == FORWARD else "black",
+            # inside the axes: the layout need not measure each of hundreds of labels
+            in_layout=False,
         )
 
 
