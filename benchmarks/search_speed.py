@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/search_speed.py                     # the 175B search, 2 workers
     .venv/bin/python benchmarks/search_speed.py --bound compute     # as before the schedule bound
     .venv/bin/python benchmarks/search_speed.py --bound both        # both, in one sitting
+    .venv/bin/python benchmarks/search_speed.py --bound schedule,no-tp   # with and without TP time
     .venv/bin/python benchmarks/search_speed.py --pp 8,16 --micro-batch 1,2 --jobs 1
 
 Each variant is `stepsim search SCENARIO --jobs N --json --quiet` in a fresh process,
@@ -12,7 +13,9 @@ and the peak resident memory of the largest of those processes (os.wait4's rusag
 (as benchmarks/performance.py times it: a bare simpy loop of one million events, median of 3, timed
 before and after the variants), so that sittings on machines or at loads that differ
 compare. ``--bound compute`` prunes by the compute bound alone (`plan.bound.compute_bound_s`,
-the search's bound before the schedule bound); the variants' top-k must agree.
+the search's bound before the schedule bound); ``--bound no-tp`` by the schedule bound
+without the tensor-parallel collectives on the compute path (`plan.bound.tp_collectives_s`
+giving zeros: the bound before they were counted); the variants' top-k must agree.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 SCENARIO = "gpt3-175b-128nodes"
-BOUNDS = ("schedule", "compute")
+BOUNDS = ("schedule", "no-tp", "compute")
 REFERENCE_EVENTS = 1_000_000  # as benchmarks/performance.py's reference loop
 
 
@@ -58,11 +61,17 @@ def reference(repeat: int = 3) -> list[float]:
 def child(bound: str, argv: list[str]) -> None:
     """In the child: the search with ``bound``, one JSON line of what it found."""
     from stepsim.cli import program
+    from stepsim.plan import bound as bounds
     from stepsim.plan import search
-    from stepsim.plan.bound import compute_bound_s
 
-    if bound == "compute":  # the bound is computed in this process only (search.candidates)
-        search.iteration_lower_bound_s = lambda s, shape=None: compute_bound_s(s, None, shape)
+    # the bound is computed in this process only (search.candidates)
+    if bound == "compute":
+        search.iteration_lower_bound_s = lambda s, shape=None: bounds.compute_bound_s(
+            s, None, shape
+        )
+    elif bound == "no-tp":
+        p = lambda s: s.parallel.pipeline_model_parallel_size  # noqa: E731
+        bounds.tp_collectives_s = lambda s, model: ([0.0] * p(s), [0.0] * p(s))
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = program(["search", *argv, "--json", "--quiet"])
@@ -107,7 +116,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenario", default=SCENARIO)
     parser.add_argument("--jobs", default="2")
-    parser.add_argument("--bound", choices=(*BOUNDS, "both"), default="schedule")
+    parser.add_argument(
+        "--bound",
+        default="schedule",
+        help=f"comma-separated, of {', '.join(BOUNDS)}; both: schedule,compute",
+    )
     parser.add_argument("--child", choices=BOUNDS, help=argparse.SUPPRESS)
     args, space = parser.parse_known_args()
     argv = [args.scenario, "--jobs", args.jobs, *space]
@@ -115,7 +128,9 @@ def main() -> None:
         child(args.child, argv)
         return
     before = reference()
-    bounds = BOUNDS if args.bound == "both" else (args.bound,)
+    bounds = ("schedule", "compute") if args.bound == "both" else tuple(args.bound.split(","))
+    if not set(bounds) <= set(BOUNDS):
+        parser.error(f"--bound {args.bound}: each of {', '.join(BOUNDS)}, or both")
     options = ["--scenario", args.scenario, "--jobs", args.jobs, *space]
     results = {bound: measure(bound, options) for bound in bounds}
     after = reference()

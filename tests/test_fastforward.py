@@ -5,10 +5,15 @@ the full simulation, bit for bit."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
+from stepsim.cost.orders import stage_orders
 from stepsim.emit.lowering import lower
+from stepsim.emit.p2pcalls import p2p_items
+from stepsim.engine import steady
+from stepsim.engine.core import _Engine
 from stepsim.engine.network import FairShareNetwork
 from stepsim.engine.steady import same
 from stepsim.ir.ops import WorkloadBuilder
@@ -21,7 +26,7 @@ from tests import trace_check
 from tests.helpers import scenario
 
 # the short runs are m' = 2 p v + 4 q micro-batches; these m are at least 10 m' (the
-# cost rule, `fastforward.worth_it`, takes m from about 3.1 m'; a split backward 10 m')
+# cost rule, `fastforward.worth_it`, takes m from about 2.2 m'; a split backward 10 m')
 CASES = [
     ("1f1b", 120, 1),  # m' = 12, q = 1
     ("interleaved", 320, 2),  # m' = 32, q = 4 (the micro-batch group)
@@ -251,3 +256,225 @@ def test_context_parallel_wire_time_counts_the_skipped_periods():
         for r in results
     ]
     assert lines[0] == lines[1] and len(lines[0]) == 1
+
+
+# -- the observed run and the insertion checks against their first, plainer forms ----------
+
+# small layouts whose short runs cover what the snapshots describe: TP collectives alone on
+# lane 0's links, interleaving, a split backward, overlapped gradient reduces, DeepSpeed's
+# blocking p2p pairs
+OBSERVED = [
+    ("1f1b", 120, 1, {"tensor_model_parallel_size": 2, "data_parallel_size": 1}, {}),
+    ("interleaved", 320, 2, {}, {"overlap_grad_reduce": True}),
+    ("zbh1", 120, 1, {}, {"overlap_grad_reduce": True}),
+    ("1f1b", 120, 1, {}, {"framework": "deepspeed"}),
+]
+
+
+def _observed_scenario(schedule, m, chunks, parallel, training):
+    par = {"pipeline_model_parallel_size": 4, "data_parallel_size": 2, **parallel}
+    if chunks > 1:
+        par["virtual_pipeline_model_parallel_size"] = chunks
+    doc = scenario(
+        model={"num_layers": 8},
+        parallel=par,
+        training={
+            "global_batch_size": par["data_parallel_size"] * m,
+            "schedule": schedule,
+            **training,
+        },
+        network={"model": "fair-share"},
+    )
+    return scenario_from_dict(doc)
+
+
+def _captured(monkeypatch, s):
+    """What the fast-forward of ``s`` gives `simulate_observed` and `_insertion`."""
+    seen: dict[str, tuple] = {}
+    observe, insertion = fastforward.simulate_observed, fastforward._insertion
+
+    def observed(*args):
+        seen["observed"] = args
+        return observe(*args)
+
+    def inserted(*args):
+        seen["insertion"] = args
+        return insertion(*args)
+
+    monkeypatch.setattr(fastforward, "simulate_observed", observed)
+    monkeypatch.setattr(fastforward, "_insertion", inserted)
+    assert run(s, spans=False, idle_split=False).metrics.fast_forward is not None
+    monkeypatch.undo()
+    return seen
+
+
+def _stepped(workload, network, triggers):
+    """`simulate_observed` as it was first written: simpy's own `step`, one event at a
+    time, and a snapshot before the clock moves past a started trigger."""
+    engine = _Engine(workload, network)
+    pos_of = [0] * len(workload.ops)
+    for lane in workload.lanes:
+        for position, index in enumerate(lane.ops):
+            pos_of[index] = position
+    describe = steady._Describer(engine, pos_of)
+    snapshots, pending = [], list(reversed(triggers))
+    engine._wake(range(len(workload.lanes)))
+    while True:
+        now = engine.env.peek()
+        while pending:
+            started_s = engine.start_s[pending[-1]]
+            if started_s is None or now <= started_s:
+                break
+            pending.pop()
+            snapshots.append(describe(started_s))
+        if now == math.inf:
+            break
+        engine.env.step()
+    return engine.result(), snapshots, engine.start_s, engine.end_s
+
+
+@pytest.mark.parametrize(("schedule", "m", "chunks", "parallel", "training"), OBSERVED)
+def test_the_observed_run_is_the_stepped_one_to_the_bit(
+    monkeypatch, schedule, m, chunks, parallel, training
+):
+    """`simulate_observed` runs the engine's own loop (lane 0 through its callbacks, a
+    marker after each trigger's instant): the same trace, op times and snapshots, to the
+    bit, as stepping simpy one event at a time and looking before each step."""
+    s = _observed_scenario(schedule, m, chunks, parallel, training)
+    workload, network, triggers = _captured(monkeypatch, s)["observed"]
+    fast = steady.simulate_observed(workload, network, triggers)
+    slow = _stepped(workload, network, triggers)
+    assert repr(fast[0]) == repr(slow[0])
+    assert fast[2:] == slow[2:]
+    assert len(fast[1]) == len(slow[1]) == len(triggers) > 2
+    for a, b in zip(fast[1], slow[1], strict=True):
+        assert (a.time_s, a.positions, a.state, a.num_transfers) == (
+            b.time_s,
+            b.positions,
+            b.state,
+            b.num_transfers,
+        )
+
+
+def _signatures(workload, shift, moved):
+    """Each lane's ops as tuples of what the engine reads (the first `_insertion`'s)."""
+    where = [(0, 0)] * len(workload.ops)
+    for lane in workload.lanes:
+        for position, index in enumerate(lane.ops):
+            where[index] = (lane.index, position + moved[lane.index])
+    return [
+        [
+            (
+                op.kind,
+                op.microbatch + shift if op.microbatch >= 0 else -1,
+                op.duration_s,
+                op.transfer,
+                op.blocking,
+                op.flops,
+                tuple(where[d] for d in op.deps),
+                where[op.rendezvous] if op.rendezvous >= 0 else None,
+            )
+            for op in (workload.ops[i] for i in lane.ops)
+        ]
+        for lane in workload.lanes
+    ]
+
+
+def _insertion_by_signatures(short, longer, q):
+    """`_insertion` as it was first written: whole signature lists, then compared."""
+    if [lane[1:5] for lane in short.lanes] != [lane[1:5] for lane in longer.lanes]:
+        return None
+    n = [len(b.ops) - len(a.ops) for a, b in zip(short.lanes, longer.lanes, strict=True)]
+    if min(n) < 0 or n[0] == 0:
+        return None
+    none = [0] * len(n)
+    plain, moved = _signatures(short, 0, none), _signatures(short, q, n)
+    target = _signatures(longer, 0, none)
+    ends, starts = [], []
+    for here, there, later, k in zip(plain, target, moved, n, strict=True):
+        a = 0
+        while a < len(here) and here[a] == there[a]:
+            a += 1
+        b = len(here)
+        while b > 0 and later[b - 1] == there[b - 1 + k]:
+            b -= 1
+        if b > a - k:
+            return None
+        ends.append(a)
+        starts.append(b)
+    return n, ends, starts
+
+
+def _with_op(workload, index, **fields):
+    ops = list(workload.ops)
+    ops[index] = ops[index]._replace(**fields)
+    return workload._replace(ops=tuple(ops))
+
+
+@pytest.mark.parametrize(("schedule", "m", "chunks", "parallel", "training"), OBSERVED)
+def test_the_insertion_check_is_the_signatures_one(
+    monkeypatch, schedule, m, chunks, parallel, training
+):
+    """`_insertion` compares op by op and stops at the first difference; it finds what
+    comparing whole signature lists found, on the short workloads and on ones changed
+    in a field the engine reads (in and after the inserted period, first and last ops)."""
+    s = _observed_scenario(schedule, m, chunks, parallel, training)
+    short, longer, q = _captured(monkeypatch, s)["insertion"]
+    found = fastforward._insertion(short, longer, q)
+    assert found is not None and found == _insertion_by_signatures(short, longer, q)
+    n, ends, _ = found
+    lane0 = longer.lanes[0].ops
+    with_deps = next(i for i in lane0[ends[0] :] if longer.ops[i].deps)
+    changes = [
+        (lane0[ends[0] - 1], {"duration_s": 1.0}),
+        (lane0[ends[0]], {"microbatch": -1}),
+        (lane0[0], {"flops": -1.0}),
+        (lane0[-1], {"kind": "idle"}),
+        (with_deps, {"deps": longer.ops[with_deps].deps[::-1] + (lane0[0],)}),
+        (lane0[ends[0] + n[0] // 2], {"rendezvous": lane0[1]}),
+    ]
+    assert fastforward._insertion(short, longer, q + 1) == _insertion_by_signatures(
+        short, longer, q + 1
+    )
+    for index, fields in changes:
+        changed = _with_op(longer, index, **fields)
+        assert fastforward._insertion(short, changed, q) == _insertion_by_signatures(
+            short, changed, q
+        )
+
+
+def _shift(item, by):
+    """A schedule item with micro-batches + by (the first `_orders_insert`'s way)."""
+    fields = getattr(item, "_fields", None)
+    if fields is None:
+        return item
+    values = {}
+    for name in fields:
+        value = getattr(item, name)
+        if name == "microbatch" and value >= 0:
+            values[name] = value + by
+        elif type(value) is tuple:
+            values[name] = tuple(_shift(v, by) for v in value)
+    return item._replace(**values) if values else item
+
+
+@pytest.mark.parametrize(
+    ("schedule", "chunks", "training"),
+    [
+        ("1f1b", 1, {}),
+        ("interleaved", 2, {}),
+        ("zbv", 2, {}),
+        ("gpipe", 1, {}),
+        ("1f1b", 1, {"framework": "deepspeed"}),
+    ],
+)
+def test_schedule_items_compare_moved_as_when_shifted(schedule, chunks, training):
+    """`_moved(x, y, by)` is ``type(x) is type(y) and _shift(x, by) == y`` on every pair
+    of items of two ranks' orders with their p2p calls, at several shifts."""
+    s = _observed_scenario(schedule, 24, chunks, {}, training)
+    items = [item for order in p2p_items(s, stage_orders(s))[:2] for item in order[:24]]
+    for x in items:
+        for y in items:
+            for by in (0, 1, 2):
+                expected = type(x) is type(y) and _shift(x, by) == y
+                assert fastforward._moved(x, y, by) == expected

@@ -234,11 +234,13 @@ class _Engine:
         `_drain` of that lane alone, whose `_advance` starts the op; on the fair-share
         network `FairShareNetwork._alone_ended` and `start_alone` written out): the same
         writes, the same one event scheduled, in the same order, so the same run to the
-        last bit. Anything else goes the callback's way. The last op's end and the
-        count of spans are kept here and added to the engine's at the end (a maximum
-        and a sum; nothing reads them before). Every event here succeeds: the
-        engine's and the network's (events.py) cannot fail, so simpy's check for a
-        failed event is left out."""
+        last bit. Anything else goes the callback's way, and so do the ops of a lane
+        whose end event is not a `_LaneEnd` (engine.steady watches a lane so, to see
+        each of its ops start in `_advance`). The last op's end and the count of spans
+        are kept here and added to the engine's at the end (a maximum and a sum;
+        nothing reads them before). Every event here succeeds: the engine's and the
+        network's (events.py) cannot fail, so simpy's check for a failed event is left
+        out."""
         env, network = self.env, self.network
         queue, eid = self.queue, self.eid
         # the fair-share network's transfers alone on their links are written out here
@@ -250,7 +252,13 @@ class _Engine:
             alone_event = [network.alone_event(ended) for ended in self.op_ended]
             alone_timing = network._alone_timing  # type: ignore[assignment]
         fair = bool(alone_event)
-        lane_of_alone = {id(event): lane for lane, event in enumerate(alone_event)}
+        # a lane whose end event is not a `_LaneEnd` (engine.steady gives the lane it
+        # watches another) ends its ops through their callbacks, both kinds
+        lane_of_alone = {
+            id(event): lane
+            for lane, event in enumerate(alone_event)
+            if type(self.lane_event[lane]) is _LaneEnd
+        }
         alone_ends = network._alone_ends if fair else ()  # type: ignore[attr-defined]
         add_interval = network.intervals.append
         ops, start_s, end_s, positions = self.ops, self.start_s, self.end_s, self.position

@@ -10,7 +10,7 @@ order things were scheduled (simpy's event counter; every event here has simpy's
 normal priority, as a Timeout has), so a simulation gives the same result to the last
 bit as with Timeouts, and simpy processes (tests, scripts) can share the Environment.
 The engine's `run` pops the queue itself (`engine.core._Engine._run_clock`, `step`
-written out); `engine.steady` steps it with simpy's `step`.
+written out), `engine.steady` too.
 
 A callback receives the event it was called from, as a simpy callback does; the
 engine's and the network's callbacks ignore it (``on_done(None)`` when called

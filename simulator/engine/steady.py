@@ -39,11 +39,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from functools import partial
+from heapq import heappush
 from typing import Any
+
+from simpy.events import NORMAL
 
 from ..ir.ops import Workload
 from ..ir.results import Trace
-from .core import _Engine
+from .core import _Engine, _LaneEnd
 from .events import Call, Callback
 from .network import FairShareNetwork, NetworkFactory, _Alone, _Flow, next_phase
 
@@ -68,32 +71,72 @@ def simulate_observed(
     workload: Workload, network: NetworkFactory, triggers: Sequence[int]
 ) -> tuple[Trace, list[Snapshot], list, list]:
     """Simulate the workload; a snapshot once each trigger op has started (in order).
-    Also every op's start and end."""
-    engine = _Engine(workload, network)
-    env = engine.env
-    pos_of = [0] * len(workload.ops)
-    for lane in workload.lanes:
-        for position, index in enumerate(lane.ops):
-            pos_of[index] = position
-    describe = _Describer(engine, pos_of)
-    start_s = engine.start_s
-    snapshots: list[Snapshot] = []
-    pending = list(triggers)
-    pending.reverse()
+    Also every op's start and end.
+
+    The triggers are ops of lane 0 (a period's first op on the first lane). The run is
+    `_Engine.run`'s loop, except that lane 0's ops end through their callbacks, so that
+    each of its ops starts in `_Engine._advance` (`_Observed`); once the next trigger
+    has started there, a marker goes on simpy's queue at that instant with a priority
+    after every event's, so it pops once every event of that instant has run and the
+    clock is about to move on, where the snapshot is taken. The events and their order
+    are the run's without the markers (a marker schedules nothing; it only takes a
+    number of simpy's event counter, which orders ties by increasing number as
+    before), so the trace is `simulate`'s to the bit."""
+    engine = _Observed(workload, network, triggers)
     engine._wake(range(len(workload.lanes)))
-    peek, step = env.peek, env.step
-    while True:
-        now = peek()
+    engine._run_clock()
+    return engine.result(), engine.snapshots, engine.start_s, engine.end_s
+
+
+# a marker's priority: after simpy's URGENT (0) and NORMAL (1), which the engine's and
+# the network's events have, at the same instant
+_AFTER_EVERY_EVENT = NORMAL + 1
+
+
+class _Watched(_LaneEnd):
+    """Lane 0's end event in an observed run: not a `_LaneEnd` to the run loop
+    (`_Engine._run_clock` does a lane's ops itself only for that class), so the lane's
+    compute ops, and its transfers alone on their links, end through their callbacks."""
+
+    __slots__ = ()
+
+
+class _Observed(_Engine):
+    """The engine, with a snapshot (`_Describer`) once each trigger has started and
+    every event of that instant has run."""
+
+    def __init__(self, workload: Workload, network: NetworkFactory, triggers: Sequence[int]):
+        super().__init__(workload, network)
+        self.lane_event[0] = _Watched(0)
+        pos_of = [0] * len(workload.ops)
+        for lane in workload.lanes:
+            for position, index in enumerate(lane.ops):
+                pos_of[index] = position
+        self.describe = _Describer(self, pos_of)
+        self.snapshots: list[Snapshot] = []
+        self.pending = list(reversed(triggers))  # the next one last
+        self.marker = Call()
+        self.marked = False  # a marker is on the queue
+
+    def _advance(self, lane_index: int) -> None:
+        _Engine._advance(self, lane_index)
+        if lane_index == 0 and not self.marked and self.pending:
+            started_s = self.start_s[self.pending[-1]]
+            if started_s is not None:  # started now, by this advance
+                self.marked = True
+                self.marker.callbacks = (self._observe,)
+                heappush(self.queue, (started_s, _AFTER_EVERY_EVENT, next(self.eid), self.marker))
+
+    def _observe(self, _event: object) -> None:
+        """Every event of the instant has run: a snapshot per trigger started by now."""
+        self.marked = False
+        pending, start_s = self.pending, self.start_s
         while pending:
             started_s = start_s[pending[-1]]
-            if started_s is None or now <= started_s:
+            if started_s is None:
                 break
             pending.pop()
-            snapshots.append(describe(started_s))
-        if now == math.inf:
-            break
-        step()
-    return engine.result(), snapshots, engine.start_s, engine.end_s
+            self.snapshots.append(self.describe(started_s))
 
 
 class _Describer:

@@ -8,10 +8,13 @@ Two lower bounds, the search taking the larger (`iteration_lower_bound_s`):
 - the *schedule* bound (`schedule_bound_s`): that, plus the pipeline's drain (the last
   backward's way back down the stages before the first rank's optimizer step) and with
   each rank's own first and last passes: for 1F1B with equal stages it is the schedule's
-  whole bubble, (m + p - 1)(F + B), and (m + (p - 1)/v)(F + B) under interleaving.
+  whole bubble, (m + p - 1)(F + B), and (m + (p - 1)/v)(F + B) under interleaving. A
+  pass holds its layers' blocking tensor-parallel collectives too, each at least its
+  latency plus its bytes at its solo rate (`tp_collectives_s`).
 
-Both read only the compute model's kernel times and the schedule's orders; the proof
-that each is a lower bound of the simulated iteration is in the functions' notes and
+Both read the compute model's kernel times and the schedule's orders, the schedule bound
+also the TP collectives the run would build on the scenario's cluster; the proof that
+each is a lower bound of the simulated iteration is in the functions' notes and
 tests/test_bounds.py checks it on random small layouts and shipped scenarios.
 """
 
@@ -23,14 +26,27 @@ from typing import NamedTuple
 from stepsim import schedules
 from stepsim.schedules import DUAL, Step, holder_of, pipeline_ends, stage_of
 
-from ..cost.compute import ComputeModel
+from ..comm.collectives import Fabric, LayoutError
+from ..comm.placement import StageComm, placement_of
+from ..cost.compute import ComputeModel, LayerWork
 from ..cost.memory import optimizer_sharded, stage_memory
 from ..cost.moe import moe_block_work
 from ..cost.orders import inflight_of, stage_orders
 from ..cost.params import output_rank, stage_params_per_rank
 from ..cost.schedule_costs import schedule_times
+from ..engine.network import solo_rate_bytes_per_s
+from ..ir.ops import Collective
 from ..ir.results import StageMemory
-from ..scenario import Scenario
+from ..ir.units import us_to_s
+from ..ir.vocabulary import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    RECOMPUTE_FULL,
+    RECOMPUTE_SELECTIVE,
+    REDUCE_SCATTER,
+)
+from ..run.iteration import build_cluster
+from ..scenario import ClusterSpec, Scenario, ScenarioError
 
 
 class RankShape(NamedTuple):
@@ -163,6 +179,112 @@ class _Times:
             model.optimizer(params / d if sharded else params).duration_s
             for params in (stage_params_per_rank(scenario, s) for s in range(p))
         ]
+        # per rank, a layer's blocking TP collectives in a forward and a backward pass
+        self.tp_forward, self.tp_backward = (
+            tp_collectives_s(scenario, layer) if p > 1 else ([0.0] * p, [0.0] * p)
+        )
+
+
+def least_s(collective: Collective, capacities: Sequence[float]) -> float:
+    """The least time a collective takes on either network model: each phase, one after
+    the other, its latency and then its bytes at its solo rate (engine/network.py: a
+    flow's rate is at most its tightest link's capacity over its multiplicity there,
+    and the fair-share network gives no more; the analytical model gives exactly that)."""
+    total = 0.0
+    for phase in collective:
+        total += phase.latency_s
+        if phase.bytes_per_flow > 0 and phase.links:
+            rate = solo_rate_bytes_per_s(phase.links, phase.mults, capacities)
+            total += phase.bytes_per_flow / rate
+    return total
+
+
+# the last cluster the TP term was built on, by its spec: layouts of one search share
+# it (a cluster holds no layout's state; what StageComm builds once per lowering it
+# keeps in its Fabric's memo, made anew for each layout)
+_cluster: list = [None, None]
+
+
+def _cluster_of(spec: ClusterSpec):
+    """The pattern cluster of ``spec`` (symmetric mode's, run.build_cluster), kept for the
+    next layout on the same cluster."""
+    if _cluster[0] != spec:
+        _cluster[:] = [spec, build_cluster(spec, pattern=True)]
+    return _cluster[1]
+
+
+def tp_collectives_s(scenario: Scenario, layer: LayerWork) -> tuple[list[float], list[float]]:
+    """Per pipeline rank, the least time one dense layer's tensor-parallel collectives hold
+    the rank's compute lane beyond its compute: in a forward pass, and in a backward pass
+    with its recomputation (emit/lowering.py, `_Stage.block`, `backward_block`,
+    `backward_layer`, `selective`). Without sequence parallelism a block (attention, MLP)
+    ends with a blocking all-reduce; with it, a blocking all-gather before the block and
+    a reduce-scatter after. A full recomputation repeats both blocks, a selective one
+    the MLP block if it is among the recomputed modules. A backward block ends with the
+    same collective, blocking, or with the asynchronous TP all-reduce (not under a split
+    backward) started alongside the block's last weight-gradient GEMM, which the lane
+    then waits for: that part lasts at least the longer of the two, the GEMM's time
+    being counted already. Each collective is the rank's own (`StageComm.tp` on the
+    cluster the run builds), at least its `least_s`.
+
+    Zeros (no TP time counted, the bound as without it) where this is not proved: one
+    tensor rank, exact mode or perturbations (the collectives are then other lanes'
+    rendezvous or another cluster's), context parallelism, --tp-comm-overlap (its
+    collectives run alongside GEMMs split around them), MoE models (the schedule bound
+    is 0 there), and a cluster or layout the run refuses (it reports that)."""
+    par, tr = scenario.parallel, scenario.training
+    p = par.pipeline_model_parallel_size
+    zeros = [0.0] * p
+    sp = par.sequence_parallel
+    if (
+        par.tensor_model_parallel_size == 1
+        or not scenario.network.symmetry
+        or scenario.perturbations
+        or par.cp_size > 1
+        or scenario.model.moe
+        or (tr.tp_comm_overlap and sp)
+    ):
+        return zeros, list(zeros)
+    try:
+        cluster = _cluster_of(scenario.cluster)
+    except ScenarioError:  # a cluster over the limits: its runs say so
+        return zeros, list(zeros)
+    fabric = Fabric.of(
+        cluster,
+        us_to_s(scenario.cluster.collective_base_latency_us),
+        scenario.cluster.nvls_fraction,
+    )
+    placement = placement_of(scenario)
+    asynchronous = tr.mechanism("async_tensor_model_parallel_allreduce") and not tr.split_backward
+    recomputed = 0  # blocks whose forward the backward repeats with their collectives
+    if tr.recompute_granularity == RECOMPUTE_FULL:
+        recomputed = 2
+    elif tr.recompute_granularity == RECOMPUTE_SELECTIVE and "mlp" in tr.recomputed:
+        recomputed = 1
+    forward, backward = [], []
+    for rank in range(p):
+        comm = StageComm(scenario, fabric, placement, rank)
+        try:
+            least = {
+                kind: least_s(c, cluster.capacities) if c is not None else 0.0
+                for kind in ((ALL_GATHER, REDUCE_SCATTER) if sp else (ALL_REDUCE,))
+                for c in (comm.tp(kind, 0),)
+            }
+        except LayoutError:
+            return zeros, list(zeros)
+        gather = least[ALL_GATHER] if sp else 0.0
+        ending = least[REDUCE_SCATTER] if sp else least[ALL_REDUCE]
+        block = gather + ending  # a block's collectives, forward
+        if asynchronous:
+            tails = sum(
+                max(0.0, ending - w.duration_s)
+                for w in (layer.mlp_last_weight, layer.attention_last_weight)
+            )
+        else:
+            tails = 2 * ending
+        forward.append(2 * block)
+        backward.append(recomputed * block + 2 * gather + tails)
+    return forward, backward
 
 
 def compute_bound_s(
@@ -248,7 +370,9 @@ def schedule_bound_s(scenario: Scenario, times: _Times, shape: PipelineShape) ->
     the chain of backwards below it, each at least its compute. A pass's compute is the
     compute model's per-layer time times its chunk's layers, with the embedding on a
     pipeline's first stage, the output layer on its last, recomputation inside B, and the
-    instruction overhead (scenario/fitted.py) of each pass."""
+    instruction overhead (scenario/fitted.py) of each pass; each layer also holds the
+    lane for its TP collectives (`tp_collectives_s`: ops of the lane after the pass's
+    input and before its hand-over)."""
     if shape.overlapped or times.moe:
         return 0.0
     par, tr = scenario.parallel, scenario.training
@@ -267,8 +391,8 @@ def schedule_bound_s(scenario: Scenario, times: _Times, shape: PipelineShape) ->
         rank, chunk = holder_of(stage, p, placement)
         layers = scenario.chunk_layers[rank][chunk]
         first, last = pipeline_ends(stage, p, v, placement)
-        f = host + layers * times.forward
-        b = host + layers * layer_b
+        f = host + layers * (times.forward + times.tp_forward[rank])
+        b = host + layers * (layer_b + times.tp_backward[rank])
         w = host + layers * times.weight
         if first:
             f += ex.embedding_forward.duration_s

@@ -35,7 +35,7 @@ utilization over time is read off the inserted copies. The result's workload and
 Not used (the run is simulated in full, as before): exact mode, perturbations, a custom
 schedule, ``network.fast_forward = false``, or when it is not expected to cost less than
 the full run (`worth_it`: ``SHORT_COST x m' + ORDERS_COST x m < m``, costs measured by
-benchmarks/fastforward_cost.py: from about m = 3.1 m'; schedules that split the
+benchmarks/fastforward_cost.py: from about m = 2.2 m'; schedules that split the
 backward, whose proof failed on every large layout measured, from m = 10 m'); and
 whenever a check fails (GPipe and looped BFS insert no period, which the orders of
 ``m' + q`` show before anything is lowered; a schedule whose state never repeats in
@@ -47,6 +47,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import replace
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -57,7 +58,7 @@ from ..cost.orders import stage_orders
 from ..emit.p2pcalls import p2p_items
 from ..engine.network import NetworkFactory
 from ..engine.steady import NotSteady, Snapshot, same, simulate_observed
-from ..ir.ops import Lane, Workload
+from ..ir.ops import Lane, Op, Workload
 from ..ir.results import FastForward, Trace
 from ..ir.vocabulary import CATEGORY_OF_KIND
 from ..report.linkstats import bytes_by, cumulative_load, mean_utilization
@@ -71,13 +72,13 @@ from ..scenario import Scenario, ScenarioError
 # its snapshots, the proof, the metrics) and ORDERS_COST per micro-batch of m (the
 # schedule check builds m's orders). The medians of benchmarks/fastforward_cost.py's
 # two columns, 10 layouts x 2 sittings (CPU time, 2-core machine, 2026-11-28; see
-# docs/performance.md, "The fast-forward's threshold, measured"): SHORT_COST 2.88
-# (2.23 - 4.07), ORDERS_COST 0.069 (0.008 - 0.138). It pays from m = 3.1 m' (1F1B at
-# p = 16: m >= 113). (With the engine before bd5674a, whose full runs were about a
-# quarter slower and its observed simulation as fast, the same measure gave 2.21 and
-# 0.035: from m = 2.3 m'.)
-SHORT_COST = 2.9
-ORDERS_COST = 0.07
+# docs/performance.md, "The fast-forward's threshold, measured"): SHORT_COST 2.07
+# (1.55 - 2.79), ORDERS_COST 0.059 (0.004 - 0.101). It pays from m = 2.2 m' (1F1B at
+# p = 16: m >= 81). (Before the observed simulation ran the engine's own loop and the
+# insertion and schedule checks compared item by item, the same measure gave 2.88 and
+# 0.069: from m = 3.1 m'.)
+SHORT_COST = 2.1
+ORDERS_COST = 0.06
 # Schedules that split the backward (zero bubble, DualPipe) failed the state check on
 # every GPT-3 175B layout measured (zbh1 at p = 8 and 16, zbv at p = 16: within the
 # short run a stage keeps up by deferring weight gradients, so the lanes drift), and
@@ -204,19 +205,35 @@ def fast_forward(scenario: Scenario, lower, network: NetworkFactory) -> Plan | N
 # -- 1. the schedule and the lowering insert periods --------------------------------------
 
 
-def _shift(item: Any, by: int) -> Any:
-    """A schedule item (a Step, a p2p Call and its transfers) with micro-batches + by."""
-    fields = getattr(item, "_fields", None)
+def _moved(x: Any, y: Any, by: int) -> bool:
+    """Whether schedule item ``y`` is ``x`` with its micro-batches + ``by`` (those of
+    -1, none, stay): ``x``'s type and every field equal but a non-negative
+    ``microbatch``, which is ``by`` more; a field that is a plain tuple (a p2p Call's
+    transfers) element by element, the same way but for the elements' types."""
+    if type(x) is not type(y):
+        return False
+    return _moved_fields(x, y, by)
+
+
+def _moved_fields(x: Any, y: Any, by: int) -> bool:
+    fields = getattr(x, "_fields", None)
     if fields is None:
-        return item
-    values = {}
-    for name in fields:
-        value = getattr(item, name)
+        return bool(x == y)
+    if not isinstance(y, tuple) or len(x) != len(y):
+        return False
+    for name, value, other in zip(fields, x, y, strict=True):
         if name == "microbatch" and value >= 0:
-            values[name] = value + by
+            if value + by != other:
+                return False
         elif type(value) is tuple:
-            values[name] = tuple(_shift(v, by) for v in value)
-    return item._replace(**values) if values else item
+            if not isinstance(other, tuple) or len(value) != len(other):
+                return False
+            for u, w in zip(value, other, strict=True):
+                if not _moved_fields(u, w, by):
+                    return False
+        elif value != other:
+            return False
+    return True
 
 
 def _orders_insert(short: Scenario, full: Scenario, k: int, q: int) -> bool:
@@ -229,76 +246,92 @@ def _orders_insert(short: Scenario, full: Scenario, k: int, q: int) -> bool:
             return False
         n = extra // k
         a = 0
-        while a < len(a_items) and _same_item(a_items[a], b_items[a]):
+        while a < len(a_items) and _moved(a_items[a], b_items[a], 0):
             a += 1
         if a < n:
             return False
         period = a_items[a - n : a]
         for i in range(1, k + 1):
             block = b_items[a + (i - 1) * n : a + i * n]
-            if not all(_same_item(_shift(x, i * q), y) for x, y in zip(period, block, strict=True)):
+            by = i * q
+            if not all(_moved(x, y, by) for x, y in zip(period, block, strict=True)):
                 return False
         rest = b_items[a + k * n :]
-        if not all(_same_item(_shift(x, k * q), y) for x, y in zip(a_items[a:], rest, strict=True)):
+        by = k * q
+        if not all(_moved(x, y, by) for x, y in zip(a_items[a:], rest, strict=True)):
             return False
     return True
 
 
-def _same_item(x: Any, y: Any) -> bool:
-    return type(x) is type(y) and x == y
+# what the engine reads of an op besides its micro-batch, deps and collective, as the
+# op's fields (by position: itemgetter builds the tuple in C)
+_READ = itemgetter(
+    *(Op._fields.index(f) for f in ("kind", "duration_s", "transfer", "blocking", "flops"))
+)
 
 
-def _signatures(workload: Workload, shift: int, moved: Sequence[int]) -> list[list[tuple]]:
-    """Each lane's ops as what the engine reads of them; micro-batches + ``shift`` and
-    ops named by (lane, position + moved[lane])."""
+def _where(workload: Workload) -> list[tuple[int, int]]:
+    """Each op's (lane, position on it)."""
     where = [(0, 0)] * len(workload.ops)
     for lane in workload.lanes:
-        add = moved[lane.index]
+        i = lane.index
         for position, index in enumerate(lane.ops):
-            where[index] = (lane.index, position + add)
-    out = []
-    for lane in workload.lanes:
-        rows = []
-        for index in lane.ops:
-            op = workload.ops[index]
-            rows.append(
-                (
-                    op.kind,
-                    op.microbatch + shift if op.microbatch >= 0 else -1,
-                    op.duration_s,
-                    op.transfer,
-                    op.blocking,
-                    op.flops,
-                    tuple(where[d] for d in op.deps),
-                    where[op.rendezvous] if op.rendezvous >= 0 else None,
-                )
-            )
-        out.append(rows)
-    return out
+            where[index] = (i, position)
+    return where
 
 
 def _insertion(short: Workload, longer: Workload, q: int) -> tuple[list, list, list] | None:
     """Per lane (ops per period n, where the period is inserted a, where the shifted
-    part begins b) if ``longer`` is ``short`` with one period inserted, else None."""
+    part begins b) if ``longer`` is ``short`` with one period inserted, else None.
+
+    Ops compare on what the engine reads of them: kind, duration, transfer, blocking,
+    FLOPs, micro-batch (-1 for none), each dep and the collective's first member named
+    by (lane, position). Before a, a lane's ops in both are the same; from b on, the
+    longer lane's ops are the short one's n later, with micro-batches + q and the ops
+    they name moved by their lanes' n; b <= a - n, so the two cover the longer lane."""
     if [lane[1:5] for lane in short.lanes] != [lane[1:5] for lane in longer.lanes]:
         return None
-    num_lanes = len(short.lanes)
     n = [len(b.ops) - len(a.ops) for a, b in zip(short.lanes, longer.lanes, strict=True)]
     if min(n) < 0 or n[0] == 0:
         return None
-    plain = _signatures(short, 0, [0] * num_lanes)
-    moved = _signatures(short, q, n)
-    target = _signatures(longer, 0, [0] * num_lanes)
+    here_where, there_where = _where(short), _where(longer)
+    short_ops, longer_ops = short.ops, longer.ops
+
+    def same(x: Op, y: Op, shift: int, later: bool) -> bool:
+        """Whether ``y`` is ``x`` with micro-batches + ``shift`` and, if ``later``,
+        the ops ``x`` names one period later (moved by their lanes' n)."""
+        if _READ(x) != _READ(y):
+            return False
+        mx, my = x.microbatch, y.microbatch
+        if (mx + shift if mx >= 0 else -1) != (my if my >= 0 else -1):
+            return False
+        if x.deps or y.deps:
+            if len(x.deps) != len(y.deps):
+                return False
+            for d, e in zip(x.deps, y.deps, strict=True):
+                if named(d, later) != there_where[e]:
+                    return False
+        rx, ry = x.rendezvous, y.rendezvous
+        if rx < 0 and ry < 0:
+            return True
+        return rx >= 0 and ry >= 0 and named(rx, later) == there_where[ry]
+
+    def named(index: int, later: bool) -> tuple[int, int]:
+        lane, position = here_where[index]
+        return (lane, position + n[lane]) if later else (lane, position)
+
     ends, starts = [], []
-    for lane in range(num_lanes):
-        here, there, later = plain[lane], target[lane], moved[lane]
+    for lane, there_lane in zip(short.lanes, longer.lanes, strict=True):
+        here = [short_ops[i] for i in lane.ops]
+        there = [longer_ops[i] for i in there_lane.ops]
+        moved = n[lane.index]
         a = 0
-        while a < len(here) and here[a] == there[a]:
+        while a < len(here) and same(here[a], there[a], 0, False):
             a += 1
         b = len(here)
-        while b > 0 and later[b - 1] == there[b - 1 + n[lane]]:
+        while b > 0 and same(here[b - 1], there[b - 1 + moved], q, True):
             b -= 1
-        if b > a - n[lane]:  # the two descriptions must cover the longer lane
+        if b > a - moved:  # the two descriptions must cover the longer lane
             return None
         ends.append(a)
         starts.append(b)
