@@ -161,13 +161,18 @@ def test_large_runs_draw_the_timeline_as_an_image(tmp_path, monkeypatch):
     result = run(load_scenario(TINY))
     figure = figures.timeline_figure(result)
     (axes,) = figure.axes
-    assert len(axes.images) == 4  # a compute band and a transfer band per GPU
-    image = axes.images[0].get_array()
-    assert image.shape == (figures.RASTER_PIXELS[0], figures.RASTER_COLUMNS, 3)
+    (picture,) = axes.images  # per GPU a compute band, a gap, a transfer band, a gap
+    lane = figures.RASTER_PIXELS[0] + 1 + figures.RASTER_PIXELS[1] + 1
+    assert picture.get_array().shape == (2 * lane - 1, figures.RASTER_COLUMNS, 4)
+    image = picture.get_array()[: figures.RASTER_PIXELS[0], :, :3]
+
+    def rgb(kind: str) -> tuple[int, ...]:
+        return tuple(round(255 * c) for c in to_rgb(figures.COLORS[kind]))
+
     # stage 0's compute band: its first micro-batches' forwards on top, idle below none
     # of it at the start; the optimizer (black) in its last columns
-    assert tuple(image[0, 0]) == to_rgb(figures.COLORS["forward"])
-    assert tuple(image[-1, -1]) == to_rgb(figures.COLORS["optimizer"])
+    assert tuple(image[0, 0]) == rgb("forward")
+    assert tuple(image[-1, -1]) == rgb("optimizer")
     legend = {t.get_text() for t in figure.legends[0].get_texts()}
     assert "weight gradient" not in legend and "tensor-parallel comm" not in legend
     assert {"forward", "optimizer", "idle (bubble)"} <= legend

@@ -345,6 +345,8 @@ def test_the_timeline_draws_the_idle_by_cause(monkeypatch):
     binned = timeline.timeline_figure(result, idle)
     assert "idle by cause" in binned.legends[0].get_title().get_text()
     assert set(labels) <= {t.get_text() for t in binned.legends[0].get_texts()}
-    image = binned.axes[0].images[0].get_array()  # stage 0's compute band: it waits on stage 1
-    colours = {tuple(pixel) for pixel in image.reshape(-1, 3).tolist()}
-    assert to_rgb(IDLE_CAUSE_STYLES["imbalance"].color) in colours
+    picture = binned.axes[0].images[0].get_array()  # every band, as RGBA bytes
+    band = picture[: timeline.RASTER_PIXELS[0]]  # stage 0's compute band: it waits on stage 1
+    colours = {tuple(pixel) for pixel in band[..., :3].reshape(-1, 3).tolist()}
+    imbalance = to_rgb(IDLE_CAUSE_STYLES["imbalance"].color)
+    assert tuple(round(255 * c) for c in imbalance) in colours

@@ -101,7 +101,7 @@ def timeline_figure(result: Result, idle: IdleMap | None = None) -> Figure:
         ],
         fontsize=8 if len(lanes) > 20 else 9,
     )
-    ax.set_ylim(len(lanes) - 0.45, -0.55)  # first stage on top, after imshow set limits
+    ax.set_ylim(len(lanes) - 0.45, -0.55)  # first stage on top
     ax.set_xlim(0, trace.end_s * scale)
     ax.set_xlabel(f"time ({unit})")
     ff = result.metrics.fast_forward
@@ -194,8 +194,9 @@ def _span_groups(
     names = list(dict.fromkeys(kind_of))
     stream_code = {stream: k for k, stream in enumerate(streams)}
     kind_code = {kind: k for k, kind in enumerate(names)}
-    kind = np.array([kind_code[k] for k in kind_of], dtype=np.int64)
-    key = (gpu * len(streams) + np.array([stream_code[s] for s in stream_of])) * len(names) + kind
+    kind = np.fromiter(map(kind_code.__getitem__, kind_of), np.int64, n)
+    stream = np.fromiter(map(stream_code.__getitem__, stream_of), np.int64, n)
+    key = (gpu * len(streams) + stream) * len(names) + kind
     start = np.fromiter(map(itemgetter(5), spans), np.float64, n)
     end = np.fromiter(map(itemgetter(6), spans), np.float64, n)
     if kinds is not None:
@@ -262,12 +263,13 @@ def _draw_bars(
 def _draw_raster(
     ax, trace: Trace, row_of: dict[int, int], scale: float, idle: IdleMap | None = None
 ) -> set[str]:
-    """Each band as an image whose pixel columns are time slices, each column stacked
+    """Each band as pixel rows of one picture whose columns are time slices, each stacked
     from the kinds that ran in it in proportion to their time (a kind with at least
     2 % of the slice gets a pixel row), the rest idle: at the scale of a large run a
     1-in-20 share such as tensor-parallel comm stays visible. With ``idle`` the idle
     causes stack below the kinds, each by its share. The kinds drawn."""
-    from matplotlib.colors import to_rgb
+    from matplotlib.colors import to_rgba
+    from matplotlib.image import PcolorImage
 
     edges = np.linspace(0.0, trace.end_s, RASTER_COLUMNS + 1)
     # time per (row band, kind, column); bands: 2 per GPU (compute, background)
@@ -297,36 +299,63 @@ def _draw_raster(
         at_edges = np.interp(edges, times, covered)
         time[band, kinds.index(kind)] += np.diff(at_edges)
     share = np.clip(time / np.diff(edges)[None, None, :], 0.0, 1.0)
-    palette = np.array([to_rgb(color) for color in colors])
-    blank = np.array(to_rgb(COLORS[IDLE]))  # what no kind (or cause) covers
-    for band in range(share.shape[0]):
-        row, background = divmod(band, 2)
-        pixels = RASTER_PIXELS[background]
-        counts = np.round(share[band] * pixels).astype(int)
-        counts[(counts == 0) & (share[band] >= 0.02)] = 1
-        overflow = counts.sum(axis=0) - pixels  # rounding up past the band: trim the largest
-        over = np.nonzero(overflow > 0)[0]
-        counts[np.argmax(counts[:, over], axis=0), over] -= overflow[over]
-        top_of = np.concatenate([np.zeros((1, RASTER_COLUMNS), int), np.cumsum(counts, axis=0)])
-        rows = np.arange(pixels)[:, None]
-        image = np.ones((pixels, RASTER_COLUMNS, 3)) * (1.0 if background else blank)
-        for k in np.nonzero(counts.any(axis=1))[0].tolist():  # the kinds with pixels here
-            inside = (rows >= top_of[k]) & (rows < top_of[k + 1])
-            image[inside] = palette[k]
-        top, height = _band(row, PP_STREAM if background else COMPUTE_STREAM)
-        ax.imshow(
-            image,
-            aspect="auto",
-            interpolation="nearest",
-            extent=(0, trace.end_s * scale, top + height, top),
-        )
+    # every band's pixels in one picture, one row of cells per pixel row: each lane's
+    # compute band, a clear gap, its background band, a clear gap to the next lane
+    # (an image per band was resampled band by band, in the layout pass and again
+    # when drawn; this one is looked up once per screen pixel, at exact band edges)
+    blank, white, clear = len(kinds), len(kinds) + 1, len(kinds) + 2
+    compute = _pixel_kinds(share[0::2], RASTER_PIXELS[0], blank)
+    background = _pixel_kinds(share[1::2], RASTER_PIXELS[1], white)
+    gap = np.full((len(row_of), 1, RASTER_COLUMNS), clear)
+    cells = np.concatenate([compute, gap, background, gap], axis=1)
+    cells = cells.reshape(-1, RASTER_COLUMNS)[:-1]  # the last lane's gap below: none
+    y_edges = []
+    for row in range(len(row_of)):
+        for stream, pixels in ((COMPUTE_STREAM, RASTER_PIXELS[0]), (PP_STREAM, RASTER_PIXELS[1])):
+            top, height = _band(row, stream)
+            y_edges.append(np.linspace(top, top + height, pixels + 1))
+    table = [to_rgba(color) for color in colors] + [
+        to_rgba(COLORS[IDLE]),  # what no kind (or cause) covers in a compute band
+        (1.0, 1.0, 1.0, 1.0),  # the same in a background band
+        (1.0, 1.0, 1.0, 0.0),  # between bands: the axes' own white
+    ]
+    rgba = np.round(np.array(table) * 255).astype(np.uint8)[cells]
+    picture = PcolorImage(
+        ax,
+        np.linspace(0.0, trace.end_s * scale, RASTER_COLUMNS + 1),
+        np.concatenate(y_edges),
+        rgba,
+    )
+    picture.set_in_layout(False)  # inside the axes: nothing for the layout to measure
+    ax.add_image(picture)
     drawn = share.reshape(-1, len(kinds), RASTER_COLUMNS).max(axis=(0, 2)) >= 0.02
     return {kind for kind, on in zip(kinds, drawn, strict=True) if on and kind in COLORS}
 
 
+def _pixel_kinds(share: np.ndarray, pixels: int, empty: int) -> np.ndarray:
+    """Bands of ``pixels`` pixel rows from ``share`` (band, kind, column): each
+    column stacked from the kinds in their order, each with pixel rows in proportion
+    to its share (at least one from 2 %), the rest ``empty``: (band, pixel row,
+    column), each pixel's kind."""
+    counts = np.round(share * pixels).astype(int)
+    counts[(counts == 0) & (share >= 0.02)] = 1
+    overflow = counts.sum(axis=1) - pixels  # rounding up past the band: trim the largest
+    band, column = np.nonzero(overflow > 0)
+    largest = np.argmax(counts[band, :, column], axis=1)
+    counts[band, largest, column] -= overflow[band, column]
+    top_of = np.concatenate([np.zeros_like(counts[:, :1]), np.cumsum(counts, axis=1)], axis=1)
+    rows = np.arange(pixels)[None, :, None]
+    kind_of = np.full((share.shape[0], pixels, share.shape[2]), empty)
+    for k in np.nonzero(counts.any(axis=(0, 2)))[0].tolist():  # the kinds with pixels
+        kind_of[(rows >= top_of[:, k : k + 1]) & (rows < top_of[:, k + 1 : k + 2])] = k
+    return kind_of
+
+
 def breakdown_figure(result: Result) -> Figure:
     """Stacked bars: where each pipeline stage's iteration goes."""
+    from matplotlib.collections import PolyCollection
     from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
 
     stages = result.metrics.stages
     scale, unit = _time_unit(result.trace.end_s)
@@ -334,9 +363,23 @@ def breakdown_figure(result: Result) -> Figure:
     ax = fig.add_subplot()
     x = list(range(len(stages)))
     bottom = [0.0] * len(stages)
+    handles = []
     for category in categories_of(result.metrics.breakdown_s):
         values = [stage.breakdown_s[category.key] * scale for stage in stages]
-        ax.bar(x, values, bottom=bottom, color=category.color, label=category.label, width=0.8)
+        # a category's bars as one collection (as `ax.bar` draws them, a patch per bar
+        # was drawn and measured one by one), resting on the axis as bars do
+        bars = PolyCollection(
+            [
+                [(i - 0.4, b), (i + 0.4, b), (i + 0.4, b + v), (i - 0.4, b + v)]
+                for i, b, v in zip(x, bottom, values, strict=True)
+            ],
+            facecolors=category.color,
+            edgecolors="none",
+            linewidths=0.0,
+        )
+        bars.sticky_edges.y[:] = bottom
+        ax.add_collection(bars)
+        handles.append(Patch(facecolor=category.color, label=category.label))
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     ax.set_xticks(x)
     ax.set_xticklabels(
@@ -345,7 +388,9 @@ def breakdown_figure(result: Result) -> Figure:
     ax.set_xlabel("pipeline stage")
     ax.set_ylabel(f"time per iteration ({unit})")
     ax.set_title(f"{result.scenario.name}: where the time goes")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.legend(
+        handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False
+    )
     return fig
 
 

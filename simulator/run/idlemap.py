@@ -30,12 +30,15 @@ against the orders of that shorter run (the metrics' split is the whole iteratio
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Sequence
+from operator import itemgetter
+
+import numpy as np
 
 from stepsim.schedules import Step, parse_label
 
 from ..cost.orders import stage_orders
+from ..ir.ops import Lane
 from ..ir.results import IDLE_CAUSES, Result, Trace
 from ..ir.vocabulary import CATEGORY_OF_KIND, COMPUTE_STREAM, IDLE_TIME
 from ..report.idle import IdleMap, IdlePiece
@@ -94,21 +97,12 @@ def split_idle(
         free_run(orders, each, num_chunks=num_chunks, placement=placement, plans=plans)
         for each in (equal, own)
     )
-    index = [_pass_index(order) for order in orders]
-    by_gpu: dict[int, list] = defaultdict(list)
-    for span in trace.spans:
-        if span.stream == COMPUTE_STREAM and CATEGORY_OF_KIND[span.kind] != IDLE_TIME:
-            by_gpu[span.gpu].append(span)
     lanes = [lane for lane in trace.lanes if lane.stream == COMPUTE_STREAM]
     weights = [lane.stands_for * lane.copies for lane in lanes]
+    stretches = _stretches(trace, lanes, [_pass_index(order) for order in orders])
     raw = [
-        _raw_split(
-            _stretches(by_gpu[lane.gpu], index[lane.stage], trace.end_s),
-            lane.stage,
-            len(runs[0].idle_before[lane.stage]),
-            runs,
-        )
-        for lane in lanes
+        _raw_split(rows, lane.stage, len(runs[0].idle_before[lane.stage]), runs)
+        for lane, rows in zip(lanes, stretches, strict=True)
     ]
     if targets is None:
         idle_s = math.fsum(
@@ -136,9 +130,10 @@ def _pass_index(order) -> dict[tuple[str, int, int], int]:
     }
 
 
-def _pass_of(kind: str, microbatch: int, label: str, index: dict) -> int | None:
-    """The pass a compute span belongs to (by its kind, micro-batch and label's chunk),
-    or None when the span is no pass's or its label names none."""
+def _step_of(kind: str, microbatch: int, label: str) -> tuple[str, int, int] | None:
+    """The (F/B/W, micro-batch, chunk) of the pass a compute span belongs to (by its kind,
+    micro-batch and label's chunk), or None when the span is no pass's or its label
+    names none."""
     letter = PASS_OF_KIND.get(kind)
     if letter is None:
         return None
@@ -148,40 +143,86 @@ def _pass_of(kind: str, microbatch: int, label: str, index: dict) -> int | None:
         except ValueError:
             continue
         if step.microbatch == microbatch and step.kind == letter:
-            return index.get((letter, step.microbatch, step.chunk))
+            return (letter, step.microbatch, step.chunk)
     return None
 
 
-def _stretches(spans: list, index: dict, end_s: float) -> list[tuple[float, float, int]]:
-    """A GPU's idle stretches, (start, end, context): what its compute stream's busy
-    spans leave of the iteration, each with the index of the pass it precedes, the
-    number of passes (after the last), or WITHIN (no new pass follows it)."""
-    spans = sorted(spans, key=lambda sp: sp.start_s)
-    passes: dict[tuple[str, int, str], int | None] = {}  # (kind, micro-batch, label) -> pass
-    out: list[tuple[float, float, int]] = []
-    pending: list[tuple[float, float]] = []
-    cursor, started = 0.0, -1
-    for span in spans:
-        if span.start_s > cursor:
-            pending.append((cursor, span.start_s))
-        if span.end_s > cursor:
-            cursor = span.end_s
-        key = (span.kind, span.microbatch, span.label)
-        k = passes.get(key, -2)
-        if k == -2:
-            k = passes[key] = _pass_of(*key, index)
-        if k is None:
-            continue
-        if pending:
-            context = k if k > started else WITHIN
-            out += [(a, b, context) for a, b in pending]
-            pending.clear()
-        if k > started:
-            started = k
-    if end_s > cursor:
-        pending.append((cursor, end_s))
-    after = max(index.values(), default=-1) + 1
-    out += [(a, b, after) for a, b in pending]
+NO_PASS = -2  # a busy span of no pass
+
+
+def _stretches(
+    trace: Trace, lanes: Sequence[Lane], index: Sequence[dict]
+) -> list[list[tuple[float, float, int]]]:
+    """Each lane's idle stretches, (start, end, context): what its GPU's compute stream's
+    busy spans leave of the iteration, each with the index of the pass it precedes (in
+    its stage's ``index``, `_pass_index`), the number of passes (after the last), or
+    WITHIN (no new pass follows it). From arrays: the spans read into columns once,
+    each distinct (kind, micro-batch, label) looked up once."""
+    spans = trace.spans
+    n = len(spans)
+    kind_of = list(map(itemgetter(2), spans))
+    kinds = list(dict.fromkeys(kind_of))
+    kind = _codes(kind_of, kinds)
+    compute = np.fromiter(map(COMPUTE_STREAM.__eq__, map(itemgetter(1), spans)), bool, n)
+    busy = np.zeros(len(kinds), dtype=bool)  # of the kinds on compute streams, not idle
+    for k in np.unique(kind[compute]).tolist():
+        busy[k] = CATEGORY_OF_KIND[kinds[k]] != IDLE_TIME
+    chosen = [spans[i] for i in np.nonzero(compute & busy[kind])[0].tolist()]
+    m = len(chosen)
+    gpu = np.fromiter(map(itemgetter(0), chosen), np.int64, m)
+    start = np.fromiter(map(itemgetter(5), chosen), np.float64, m)
+    end = np.fromiter(map(itemgetter(6), chosen), np.float64, m)
+    keys = list(
+        zip(
+            map(itemgetter(2), chosen),
+            map(itemgetter(4), chosen),
+            map(itemgetter(3), chosen),
+            strict=True,
+        )
+    )
+    distinct = list(dict.fromkeys(keys))
+    steps = [_step_of(*key) for key in distinct]  # stage-free: a stage's index then
+    order = np.lexsort((start, gpu))  # by GPU, each in order of start (ties: trace order)
+    gpu, start, end, code = gpu[order], start[order], end[order], _codes(keys, distinct)[order]
+    gpus = [lane.gpu for lane in lanes]
+    lows, highs = np.searchsorted(gpu, gpus, "left"), np.searchsorted(gpu, gpus, "right")
+    out = []
+    for lane, low, high in zip(lanes, lows.tolist(), highs.tolist(), strict=True):
+        passes = index[lane.stage]
+        pass_of = np.array(
+            [NO_PASS if step is None else passes.get(step, NO_PASS) for step in steps],
+            dtype=np.int64,
+        )
+        after = max(passes.values(), default=-1) + 1
+        at = slice(low, high)
+        out.append(_lane_stretches(start[at], end[at], pass_of[code[at]], after, trace.end_s))
+    return out
+
+
+def _codes(values: list, distinct: list) -> np.ndarray:
+    """Each value's position in ``distinct`` (which holds them all)."""
+    position = dict(zip(distinct, range(len(distinct)), strict=True))
+    return np.fromiter(map(position.__getitem__, values), np.int64, len(values))
+
+
+def _lane_stretches(
+    start: np.ndarray, end: np.ndarray, passes: np.ndarray, after: int, end_s: float
+) -> list[tuple[float, float, int]]:
+    """One GPU's idle stretches (`_stretches`) from its busy spans in order of start and
+    each one's pass (NO_PASS: none): a stretch lies before each span that starts after
+    every earlier one ended (the cursor), and takes its context from the first span of a
+    pass at or after it: that pass if it is later than every earlier span's pass,
+    WITHIN if not; with none, ``after``, as the stretch after the last span."""
+    cursor = np.maximum.accumulate(np.concatenate([[0.0], end]))  # before each span, then
+    before = np.nonzero(start > cursor[:-1])[0]  # the spans an idle stretch precedes
+    found = np.nonzero(passes != NO_PASS)[0]
+    k = passes[found]
+    started = np.maximum.accumulate(np.concatenate([[-1], k]))[:-1]
+    context = np.concatenate([np.where(k > started, k, WITHIN), [after]])
+    contexts = context[np.searchsorted(found, before)]
+    out = list(zip(cursor[before].tolist(), start[before].tolist(), contexts.tolist(), strict=True))
+    if end_s > cursor[-1]:
+        out.append((float(cursor[-1]), end_s, after))
     return out
 
 
