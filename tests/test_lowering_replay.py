@@ -1,5 +1,6 @@
-"""Layer bodies replayed from a record (lowering.layer_body, WorkloadBuilder.replay) are
-the ops the blocks would have made: the same workload with replay turned off."""
+"""Layer bodies, passes' layers and blocking p2p calls replayed from a record
+(lowering.layer_body and pass_body, p2pcalls._again; WorkloadBuilder.replay) are the ops
+the blocks and calls would have made: the same workload with replay turned off."""
 
 import pytest
 
@@ -18,6 +19,9 @@ CASES = {
     "tp comm overlap": ({"sequence_parallel": True}, {"tp_comm_overlap": True}, {}),
     "split backward": ({}, {"schedule": "zbh1"}, {}),
     "deepspeed": ({}, {"framework": "deepspeed"}, {}),
+    "deepspeed 0.5.0": ({}, {"framework": "deepspeed", "framework_version": "0.5.0"}, {}),
+    "deepspeed, exact mode": ({}, {"framework": "deepspeed"}, {"symmetry": False}),
+    "megatron 2021": ({}, {"framework": "megatron", "framework_version": "2021"}, {}),
     "exact mode": ({}, {}, {"symmetry": False}),
     "exact mode, sequence parallel": ({"sequence_parallel": True}, {}, {"symmetry": False}),
 }

@@ -7,41 +7,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
-import io
 import json
 import math
 import os
 import re
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
-import stepsim
-import stepsim.schedules
-import stepsim.topologies
-
-from ..ir.vocabulary import (
-    DATA_PARALLEL_SHARDING,
-    NO_SHARDING,
-    RECOMPUTE_GRANULARITIES,
-    SHARDING_NAMES,
-)
-from ..plan.space import (
-    DEFAULT_CHUNKS,
-    DEFAULT_MEMORY_HEADROOM,
-    DEFAULT_MICRO_BATCHES,
-    DEFAULT_SCHEDULES,
-    DEFAULT_SHARDING,
-    space_from_flags,
-)
-from ..scenario import Scenario, ScenarioError, load_scenario
-from ..scenario.suggest import did_you_mean
-from .outfolder import OutFolder
+# What is imported here is what `stepsim --help` needs: the rest (the scenario, the
+# search space, the worker pools, csv) where a command first uses it.
+if TYPE_CHECKING:
+    from ..scenario import Scenario
+    from .outfolder import OutFolder
 
 EXIT_USAGE = 2  # bad input: one line naming the key, the value and the rule
 EXIT_FAILED = 1  # a deadlock or a file that cannot be read or written
@@ -80,6 +60,25 @@ def interrupted_word(exc: BaseException | None) -> str:
 EXIT_BROKEN_PIPE = 141  # stdout's reader went away (128 + SIGPIPE, as Unix tools exit)
 
 
+def failure(exc: Exception) -> tuple[int, str] | None:
+    """The exit status and the one line for an error a user can cause: a scenario's
+    rule broken (EXIT_USAGE), a file that cannot be read or written, a deadlock
+    (EXIT_FAILED); None for any other exception (a bug: raised as it is)."""
+    from ..scenario.errors import ScenarioError, elided
+
+    if isinstance(exc, ScenarioError):
+        return EXIT_USAGE, f"stepsim: error: {exc}"
+    if isinstance(exc, OSError):
+        # a sentence and a cut-down file name, not Python's "[Errno N] ...: '<100 kB>'"
+        where = f": {elided(str(exc.filename), 200)}" if exc.filename is not None else ""
+        return EXIT_FAILED, f"stepsim: error: {exc.strerror or exc}{where}"
+    # the engine's DeadlockError: if the engine was never imported, nothing raised is one
+    core = sys.modules.get(f"{__name__.split('.')[0]}.engine.core")
+    if core is not None and isinstance(exc, core.DeadlockError):
+        return EXIT_FAILED, f"stepsim: error: {exc}"
+    return None
+
+
 # argparse's message for a value not among an argument's choices (a command's name too)
 _INVALID_CHOICE = re.compile(r"invalid choice: '(?P<given>.*)' \(choose from (?P<choices>.*)\)$")
 
@@ -88,6 +87,8 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, exit 2, as for scenario errors
         found = _INVALID_CHOICE.search(message)
         if found:  # argparse lists the choices as 'a', 'b'
+            from ..scenario.suggest import did_you_mean
+
             hint = did_you_mean(found["given"], re.findall(r"'([^']*)'", found["choices"]))
             message += f"; {hint}" if hint else ""
         self.exit(EXIT_USAGE, f"stepsim: error: {message} (see stepsim {self._sub()}--help)\n")
@@ -231,6 +232,8 @@ def label_lines(scenario: Scenario) -> list[str]:
 def load(args: argparse.Namespace, overrides: Sequence[str] | None = None) -> Scenario:
     """The scenario of the command's SCENARIO, --hf-config, --set (or ``overrides``)
     and --calibration."""
+    from ..scenario import load_scenario
+
     return load_scenario(
         args.scenario,
         args.overrides if overrides is None else overrides,
@@ -300,6 +303,8 @@ def check_out(option: str, text: str | None, folder: bool = True) -> Path | None
     create, or an ancestor that cannot be written is a one-line error naming the
     option, the path and why (exit 2). Nothing is created here (`out_errors` turns a
     failure when writing into the same line)."""
+    from ..scenario import ScenarioError
+
     if text is None:
         return None
     path = Path(text)
@@ -330,6 +335,8 @@ def check_out(option: str, text: str | None, folder: bool = True) -> Path | None
 def out_errors(option: str, text: str) -> Iterator[None]:
     """Writing an output option's files: an OSError (no space, a permission, a file in
     the way) becomes one line naming the option, the path and the reason (exit 2)."""
+    from ..scenario import ScenarioError
+
     try:
         yield
     except OSError as exc:
@@ -345,6 +352,20 @@ def _listed(values: tuple) -> str:
 
 def space_arguments(parser: argparse.ArgumentParser) -> None:
     """The search-space flags; their defaults are plan.space's, the names vocabulary's."""
+    from ..ir.vocabulary import (
+        DATA_PARALLEL_SHARDING,
+        NO_SHARDING,
+        RECOMPUTE_GRANULARITIES,
+        SHARDING_NAMES,
+    )
+    from ..plan.space import (
+        DEFAULT_CHUNKS,
+        DEFAULT_MEMORY_HEADROOM,
+        DEFAULT_MICRO_BATCHES,
+        DEFAULT_SCHEDULES,
+        DEFAULT_SHARDING,
+    )
+
     space = parser.add_argument_group("search space (comma-separated values)")
     space.add_argument(
         "--memory-headroom",
@@ -398,6 +419,8 @@ def space_arguments(parser: argparse.ArgumentParser) -> None:
 
 def space_of(args: argparse.Namespace):
     """The search space the flags of space_arguments give."""
+    from ..plan.space import space_from_flags
+
     return space_from_flags(
         memory_headroom=args.memory_headroom,
         tp=args.tp,
@@ -431,6 +454,7 @@ class Workers:
 
     def __init__(self, args: argparse.Namespace) -> None:
         from ..plan.executors import LocalPool, RayPool, default_jobs
+        from ..scenario import ScenarioError
 
         jobs = args.jobs if args.jobs is not None else default_jobs()
         if jobs < 1:
@@ -438,6 +462,8 @@ class Workers:
         if args.ray is not None:
             package = None
             if args.ray:  # a cluster elsewhere: the package travels with the tasks
+                import tempfile
+
                 self.staging = tempfile.TemporaryDirectory(prefix="stepsim-ray-")
                 package = ray_package_dir(Path(self.staging.name))
             self.executor: LocalPool | RayPool = RayPool(args.ray or None, jobs, package)
@@ -460,6 +486,12 @@ def ray_package_dir(tmp: Path) -> str:
     import: the installed package itself when installed from a wheel; from a checkout
     (an editable install maps simulator/, schedules/ and topologies/ into one namespace)
     a copy in ``tmp`` laid out as the wheel lays it out."""
+    import shutil
+
+    import stepsim
+    import stepsim.schedules
+    import stepsim.topologies
+
     here = Path(stepsim.__file__).parent
     if here.name == "stepsim":
         return str(here)
@@ -477,6 +509,9 @@ def ray_package_dir(tmp: Path) -> str:
 def csv_text(rows: list[dict[str, Any]], empty_head: str = "layout") -> str:
     """rows under a header of every row's keys in the order they first appear (a row
     without a column leaves it empty; ``empty_head`` alone when there are no rows)."""
+    import csv
+    import io
+
     fieldnames = list(dict.fromkeys(key for row in rows for key in row)) or [empty_head]
     buffer = io.StringIO(newline="")
     writer = csv.DictWriter(buffer, fieldnames=fieldnames)

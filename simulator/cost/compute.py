@@ -197,6 +197,17 @@ class ComputeModel:
         )
         # the linear layers' FP8 GEMMs and casts (None: 16-bit, `training.fp8_format` unset)
         self.fp8 = Fp8Linear.of(self)
+        # `layer` and `extras`, made once: the lowering asks for them once per stage
+        self._layer: LayerWork | None = None
+        self._extras: StageExtras | None = None
+
+    def __copy__(self) -> ComputeModel:
+        """A copy that makes its own `layer` and `extras` (emit/overlap.py's copy on the
+        SMs communication leaves changes its constants)."""
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other._layer = other._extras = None
+        return other
 
     # -- kernels ------------------------------------------------------------------------
 
@@ -331,6 +342,12 @@ class ComputeModel:
     # -- what the lowering uses ---------------------------------------------------------
 
     def layer(self) -> LayerWork:
+        """One layer's work (every stage's layers are alike), made once."""
+        if self._layer is None:
+            self._layer = self._layer_work()
+        return self._layer
+
+    def _layer_work(self) -> LayerWork:
         kernels = self.kernels()
         t = self.parallel.tensor_model_parallel_size
         norm = "rmsnorm" if self.model.rms_norm else "layernorm"
@@ -408,6 +425,12 @@ class ComputeModel:
         )
 
     def extras(self) -> StageExtras:
+        """The embedding's and the output layer's work, made once."""
+        if self._extras is None:
+            self._extras = self._extras_work()
+        return self._extras
+
+    def _extras_work(self) -> StageExtras:
         m, t = self.model, self.parallel.tensor_model_parallel_size
         b, s, h, v = self.training.micro_batch_size, m.seq_length, m.hidden_size, m.vocab_size
         tokens, e = b * s // self.parallel.cp_size, BYTES_PER_ELEMENT

@@ -72,11 +72,12 @@ from ..ir.vocabulary import (
 from ..scenario import Scenario, frameworks
 from .alike import AlikeBuilder, NotAlike, shareable
 from .cp_ops import ContextOps
+from .dataparallel import NO_PASS
 from .gpuops import GpuOps
 from .moe_ops import MoeBlock
 from .offload import Offload
 from .overlap import Pairing
-from .p2pcalls import blocking_call, p2p_items
+from .p2pcalls import Made, blocking_call, p2p_items
 from .strategy import strategy_for
 
 T = TypeVar("T")
@@ -260,7 +261,18 @@ class _Stage:
         # a layer's ops by pass kind, whether its first waits and whether it is an MoE
         # layer: rows to replay, or () when they cannot be replayed (layer_body)
         self.bodies: dict[tuple[str, bool, bool], tuple[tuple, ...]] = {}
+        # a pass's layers by pass kind, whether the first waits and chunk (pass_body)
+        self.passes: dict[tuple[str, bool, int], tuple[tuple, ...]] = {}
+        # the kinds whose rendezvous a replay names again: in exact mode a TP (or CP)
+        # collective's, by its group and count; in mixed mode the data-parallel
+        # buckets', which join the joint rendezvous
+        self.replay_kinds: tuple[str, ...] = (TP_COMM, CP_COMM) if gpu.exact else ()
+        if gpu.comm.mixed:
+            self.replay_kinds = (*self.replay_kinds, DP_SYNC)
         self.p2p_sites: dict[tuple[str, str, int, str], tuple] = {}
+        # a blocking p2p call of one transfer by direction, kind and sending chunk: what
+        # the first made, for the others (p2pcalls.Made)
+        self.p2p_calls: dict[tuple[str, str, int], Made] = {}
 
     # -- small builders -----------------------------------------------------------------
 
@@ -354,13 +366,13 @@ class _Stage:
         """Make this pass's output available to virtual stage ``to``: a pipeline send, or
         nothing but a name when this rank holds that stage too."""
         gpu = self.gpu
-        key = PipelineKey(self.who, virtual, kind, mb)
         other = holder_of(to, self.pipeline, self.placement)[0]
         if other == self.stage:
-            gpu.builder.name_last(gpu.lane, key)
+            gpu.builder.name_last(gpu.lane, PipelineKey(self.who, virtual, kind, mb))
             return
         if self.blocking:
             return  # sent by the framework's call after the pass (self.call)
+        key = PipelineKey(self.who, virtual, kind, mb)
         gpu.builder.add(
             gpu.lane,
             PP_SEND,
@@ -468,18 +480,23 @@ class _Stage:
             self.gpu.work(FORWARD, label, mb, self.extras.embedding_forward, recv + dp.first())
             recv = []
         offload = self.offload
-        for n, index in enumerate(layers):
-            deps = recv + dp.before_layer(index)
-            if offload is not None:
-                deps += offload.before_forward(index)
-            if self.pairing is None or pair is None:
-                self.layer_body("F", label, mb, deps, index)
-            else:
-                yield from self.pairing.layer(self, "F", label, mb, deps, index)
-            if offload is not None:
-                offload.after_forward(label, mb, index)
-            dp.after_layer(n, index)
-            recv = []
+        if dp is NO_PASS and offload is None and (self.pairing is None or pair is None):
+            if layers:  # nothing comes between the layers
+                self.pass_body("F", label, mb, recv, step.chunk, layers)
+                recv = []
+        else:
+            for n, index in enumerate(layers):
+                deps = recv + dp.before_layer(index)
+                if offload is not None:
+                    deps += offload.before_forward(index)
+                if self.pairing is None or pair is None:
+                    self.layer_body("F", label, mb, deps, index)
+                else:
+                    yield from self.pairing.layer(self, "F", label, mb, deps, index)
+                if offload is not None:
+                    offload.after_forward(label, mb, index)
+                dp.after_layer(n, index)
+                recv = []
         if last:  # after the received input when the chunk holds no layer (a layout's "L")
             self.gpu.work(FORWARD, label, mb, self.extras.output_forward, recv)
         elif pair is not None:
@@ -516,16 +533,21 @@ class _Stage:
             recv = []
         pairing = self.pairing if step.overlapped else None
         offload = self.offload
-        for n, index in enumerate(order):
-            deps = recv + dp.before_layer(index)
-            if offload is not None:
-                deps += offload.before_backward(label, mb, index)
-            if pairing is not None:
-                yield from pairing.layer(self, "B", label, mb, deps, index)
-            else:
-                self.layer_body("B", label, mb, deps, index)
-            dp.after_layer(n, index)
-            recv = []
+        if dp is NO_PASS and offload is None and pairing is None:
+            if order:  # nothing comes between the layers
+                self.pass_body("B", label, mb, recv, step.chunk, order)
+                recv = []
+        else:
+            for n, index in enumerate(order):
+                deps = recv + dp.before_layer(index)
+                if offload is not None:
+                    deps += offload.before_backward(label, mb, index)
+                if pairing is not None:
+                    yield from pairing.layer(self, "B", label, mb, deps, index)
+                else:
+                    self.layer_body("B", label, mb, deps, index)
+                dp.after_layer(n, index)
+                recv = []
         if first:  # after the received gradient when no layer is between; its dropout's
             # backward is B's, the table's gradient W's under a split schedule
             embedding = self.extras.embedding_backward
@@ -538,7 +560,31 @@ class _Stage:
         if not first:
             self.hand_over(label, mb, "B", virtual, virtual - 1)
 
-    def layer_body(self, kind: str, label: str, mb: int, deps: list[object], index: int) -> None:
+    def pass_body(
+        self, kind: str, label: str, mb: int, deps: list[object], chunk: int, layers: list[int]
+    ) -> None:
+        """A pass's ``layers`` (rank-local, in the pass's order) where nothing comes
+        between them (no data-parallel hooks: dataparallel.NO_PASS; no offloading, no
+        pairing): `layer_body` for each, the first waiting for ``deps``. Alike in every
+        pass of the kind over the chunk, so after the first they are replayed as one body:
+        the same ops and rendezvous names as their layer bodies replayed one by one.
+        Where a layer's body cannot be replayed, neither can the pass's."""
+        shape = (kind, bool(deps), chunk)
+        rows = self.passes.get(shape)
+        gpu = self.gpu
+        builder = gpu.builder
+        if rows:
+            builder.replay(gpu.lane, label, mb, deps, rows, gpu.rendezvous)
+            return
+        mark, every, wait = builder.mark(), True, deps
+        for index in layers:
+            every = self.layer_body(kind, label, mb, list(deps), index) and every
+            deps = []
+        if rows is None:
+            body = builder.body_since(mark, gpu.lane, label, mb, wait, self.replay_kinds)
+            self.passes[shape] = body if every and body else ()
+
+    def layer_body(self, kind: str, label: str, mb: int, deps: list[object], index: int) -> bool:
         """A layer's ops in a forward (F) or backward (B) pass, its first waiting for
         ``deps``. They are alike in every pass of the stage but for label and micro-batch
         (what the blocks add depends on the stage's layer, layout and mechanisms only),
@@ -554,21 +600,18 @@ class _Stage:
         builder = gpu.builder
         if rows:
             builder.replay(gpu.lane, label, mb, deps, rows, gpu.rendezvous)
-            return
+            return True
         mark = builder.mark()
         if kind == "F":
             self.forward_layer(label, mb, deps, moe)
         else:
             self.backward_layer(label, mb, deps, moe)
         if rows is None:
-            # exact mode: a TP collective's rendezvous is named by its group and count
-            kinds = (TP_COMM, CP_COMM) if gpu.exact else ()
-            if gpu.comm.mixed:  # mixed mode: data-parallel buckets join the joint rendezvous
-                kinds = (*kinds, DP_SYNC)
-            body = builder.body_since(mark, gpu.lane, label, mb, deps, kinds)
+            body = builder.body_since(mark, gpu.lane, label, mb, deps, self.replay_kinds)
             # exact mode: an MoE layer's expert collectives are named by their group too,
             # which a replay (naming by kind alone) cannot do: made by the blocks each time
-            self.bodies[shape] = () if moe and gpu.exact else body or ()
+            rows = self.bodies[shape] = () if moe and gpu.exact else body or ()
+        return bool(rows)
 
     def forward_layer(self, label: str, mb: int, deps: list[object], moe: bool = False) -> None:
         layer = self.layer
