@@ -164,8 +164,8 @@ def search_text(
     lines.append(
         f"  simulated {result.count(SIMULATED):,} ("
         + (f"{resumed:,} of them by the earlier run; the rest " if resumed else "")
-        + f"{where}), pruned {result.count(PRUNED):,}: their compute and bubble (a lower bound) "
-        f"is slower than the {best_of(result.top)} simulated"
+        + f"{where}), pruned {result.count(PRUNED):,}: their compute, bubble and blocking "
+        f"TP collectives (a lower bound) is slower than the {best_of(result.top)} simulated"
     )
     if not ranked:
         lines.append("  no layout fits in GPU memory: more nodes, or widen the search")
