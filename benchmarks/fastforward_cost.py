@@ -156,16 +156,17 @@ def measure(name: str, repeat: int) -> dict:
         t, _ = _cpu(lambda: full(short_off))
         walls["full_short"].append(t)
         phases = Phases()
-        saved = (
-            fastforward.worth_it,
-            iteration.lower,
-            fastforward._insertion,
-            fastforward._prove,
-            fastforward._orders_insert,
-            fastforward.simulate_observed,
-            steady._Describer.__call__,
-            iteration._fast_forwarded,
+        patched = (
+            (fastforward, "worth_it"),
+            (iteration, "lower"),
+            (fastforward, "_insertion"),
+            (fastforward, "_prove"),
+            (fastforward, "_orders_insert"),
+            (fastforward, "simulate_observed"),
+            (steady._Describer, "__call__"),
+            (iteration, "_fast_forwarded"),
         )
+        saved = [(where, name, getattr(where, name)) for where, name in patched]
         fastforward.worth_it = lambda *args, **kwargs: True
         phases.wrap(iteration, "lower", "lowering")
         phases.wrap(fastforward, "_insertion", "insertion check")
@@ -177,16 +178,8 @@ def measure(name: str, repeat: int) -> dict:
         try:
             t, fast = _cpu(lambda: full(scenario))
         finally:
-            (
-                fastforward.worth_it,
-                iteration.lower,
-                fastforward._insertion,
-                fastforward._prove,
-                fastforward._orders_insert,
-                fastforward.simulate_observed,
-                steady._Describer.__call__,
-                iteration._fast_forwarded,
-            ) = saved
+            for where, name, value in saved:
+                setattr(where, name, value)
         walls["ff_m"].append(t)
         seconds = dict(phases.seconds)
         # nested: the snapshots inside the observed simulation, both inside the proof

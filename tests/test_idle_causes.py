@@ -18,15 +18,7 @@ TINY = Path(__file__).resolve().parent.parent / "scenarios" / "tiny-2gpu.toml"
 
 
 def _engine_idle(orders, rank_times, v, placement):
-    workload = abstract_pipeline(
-        orders,
-        forward_s=0.0,
-        backward_s=0.0,
-        num_chunks=v,
-        placement=placement,
-        rank_times=rank_times,
-    )
-    trace = simulate(workload)
+    trace = _abstract_run(orders, rank_times, v, placement)
     busy = [0.0] * len(orders)
     for span in trace.spans:
         if span.stream == COMPUTE_STREAM and span.kind in MODEL_KINDS:

@@ -113,37 +113,32 @@ def _meta_op(stage: _Stage, x, label: str, site: tuple | None) -> tuple[int, ...
     the data part: the meta op, or none."""
     if site is None:
         return ()
-    transfer, sender, suffix, pair = site
-    mb = x.microbatch
-    meta = stage.gpu.builder.add(
-        stage.gpu.lane,
-        PP_SEND,
-        label + suffix,
-        microbatch=mb,
-        transfer=transfer,
-        blocking=False,
-        rendezvous=(P2P_KEY, pair or stage.who, sender, x.kind, mb, "meta"),
-    )
-    return (meta,)
+    return (_member(stage, x, label, site, "meta"),)
 
 
 def _data(stage: _Stage, x, label: str, deps: tuple[int, ...], site: tuple) -> None:
     """A call's data part: the barrier on its meta op (``deps``, if any), the member op,
     the barrier on it."""
     gpu, mb = stage.gpu, x.microbatch
-    transfer, sender, suffix, pair = site
     if deps:
         gpu.barrier(label, deps, mb)
-    op = gpu.builder.add(
-        gpu.lane,
+    gpu.barrier(label, [_member(stage, x, label, site, "data")], mb)
+
+
+def _member(stage: _Stage, x, label: str, site: tuple, part: str) -> int:
+    """The call's member op of ``part`` (meta or data) at ``site``: the transfer,
+    non-blocking, met by the peer's op of the same rendezvous."""
+    transfer, sender, suffix, pair = site
+    mb = x.microbatch
+    return stage.gpu.builder.add(
+        stage.gpu.lane,
         PP_SEND,
         label + suffix,
         microbatch=mb,
         transfer=transfer,
         blocking=False,
-        rendezvous=(P2P_KEY, pair or stage.who, sender, x.kind, mb, "data"),
+        rendezvous=(P2P_KEY, pair or stage.who, sender, x.kind, mb, part),
     )
-    gpu.barrier(label, [op], mb)
 
 
 def _site(stage: _Stage, x, part: str) -> tuple[Transfer, int, str, tuple[int, int] | None]:
