@@ -189,7 +189,22 @@ def to_csv(table: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    return measure_main(argv, "measure_attention", __doc__, rows, to_csv, _line)
+
+
+def _line(r: dict) -> str:
+    return (
+        f"  {r['backend']:<9} heads {r['heads']:>2} dropout {r['dropout']:.1f}: "
+        f"forward {r['forward_s'] * 1e3:.3f} ms (x{r['forward_ratio']:.2f} the model), "
+        f"backward {r['backward_s'] * 1e3:.3f} ms (x{r['backward_ratio']:.2f})"
+    )
+
+
+def measure_main(argv, tool: str, doc: str | None, make_rows, csv_of, line) -> int:
+    """The command line every kernel measurement shares (measure_moe_kernels.py too):
+    --gpu (measure on CUDA) or --synthetic (the model only), the CSV to --out, a line
+    per row printed; a machine without what --gpu needs is one line and exit 2."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n\n")[0])
     parser.add_argument("--gpu", choices=sorted(GPUS), help="the stepsim GPU preset measured")
     parser.add_argument("--synthetic", metavar="GPU", choices=sorted(GPUS), help="model only")
     parser.add_argument("--out", required=True, metavar="FILE", help="CSV to write")
@@ -206,17 +221,13 @@ def main(argv: list[str] | None = None) -> int:
                 ) from None
             if not torch.cuda.is_available():
                 raise Unavailable("no CUDA GPU visible to PyTorch (try --synthetic)")
-        table = rows(args.gpu or args.synthetic, synthetic=bool(args.synthetic))
+        table = make_rows(args.gpu or args.synthetic, synthetic=bool(args.synthetic))
     except Unavailable as e:
-        print(f"measure_attention: {e}", file=sys.stderr)
+        print(f"{tool}: {e}", file=sys.stderr)
         return 2
-    Path(args.out).write_text(to_csv(table), encoding="utf-8")
+    Path(args.out).write_text(csv_of(table), encoding="utf-8")
     for r in table:
-        print(
-            f"  {r['backend']:<9} heads {r['heads']:>2} dropout {r['dropout']:.1f}: "
-            f"forward {r['forward_s'] * 1e3:.3f} ms (x{r['forward_ratio']:.2f} the model), "
-            f"backward {r['backward_s'] * 1e3:.3f} ms (x{r['backward_ratio']:.2f})"
-        )
+        print(line(r))
     print(f"-> {args.out}")
     return 0
 

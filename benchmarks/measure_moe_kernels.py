@@ -36,7 +36,6 @@ the tests use it, and it shows the columns.
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import statistics
@@ -51,6 +50,9 @@ from stepsim.cost.kernels import Work  # noqa: E402
 from stepsim.cost.moe import _unfused_permute  # noqa: E402
 from stepsim.cost.routing import grouped_gemm  # noqa: E402
 from stepsim.scenario.presets import GPUS  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, run or loaded
+from measure_attention import measure_main  # noqa: E402
 
 # (family, hidden, expert FFN, experts, top-k): the models' published configurations
 FAMILIES = (
@@ -86,10 +88,6 @@ COLUMNS = (
     "burst_ratio",
     "note",
 )
-
-
-class Unavailable(Exception):
-    """What this machine lacks for the measurement asked for."""
 
 
 def row_counts(experts: int, rows: int, skewed: bool) -> list[int]:
@@ -344,40 +342,19 @@ def to_csv(table: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gpu", choices=sorted(GPUS), help="the stepsim GPU preset measured")
-    parser.add_argument("--synthetic", metavar="GPU", choices=sorted(GPUS), help="model only")
-    parser.add_argument("--out", required=True, metavar="FILE", help="CSV to write")
-    args = parser.parse_args(argv)
-    if bool(args.gpu) == bool(args.synthetic):
-        parser.error("give exactly one of --gpu (measure) and --synthetic")
-    try:
-        if args.gpu:
-            try:
-                import torch
-            except ImportError:
-                raise Unavailable(
-                    "--gpu needs PyTorch with CUDA; --synthetic needs neither"
-                ) from None
-            if not torch.cuda.is_available():
-                raise Unavailable("no CUDA GPU visible to PyTorch (try --synthetic)")
-        table = rows(args.gpu or args.synthetic, synthetic=bool(args.synthetic))
-    except Unavailable as e:
-        print(f"measure_moe_kernels: {e}", file=sys.stderr)
-        return 2
-    Path(args.out).write_text(to_csv(table), encoding="utf-8")
-    for r in table:
-        q, b = r["queued_s"], r["burst_s"]
-        shown = "failed: " + r["note"] if q is None else (
-            f"queued {q * 1e3:.3f} ms (x{r['queued_ratio']:.2f} the model), "
-            f"burst {b * 1e3:.3f} ms (x{r['burst_ratio']:.2f})"
-        )  # fmt: skip
-        print(
-            f"  {r['kernel']:<10} {r['family']:<16} {r['gemm']:<9} E{r['experts']:<3} "
-            f"rows {r['rows']:>5}{' skewed' if r['skewed'] else '       '} {shown}"
-        )
-    print(f"-> {args.out}")
-    return 0
+    return measure_main(argv, "measure_moe_kernels", __doc__, rows, to_csv, _line)
+
+
+def _line(r: dict) -> str:
+    q, b = r["queued_s"], r["burst_s"]
+    shown = "failed: " + r["note"] if q is None else (
+        f"queued {q * 1e3:.3f} ms (x{r['queued_ratio']:.2f} the model), "
+        f"burst {b * 1e3:.3f} ms (x{r['burst_ratio']:.2f})"
+    )  # fmt: skip
+    return (
+        f"  {r['kernel']:<10} {r['family']:<16} {r['gemm']:<9} E{r['experts']:<3} "
+        f"rows {r['rows']:>5}{' skewed' if r['skewed'] else '       '} {shown}"
+    )
 
 
 if __name__ == "__main__":
