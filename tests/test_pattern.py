@@ -80,7 +80,7 @@ def test_the_pattern_gives_the_whole_graphs_links_routes_and_rings(kind, fabric,
     for n in range(num_nodes):
         members = list(range(n * gpn, (n + 1) * gpn))
         assert pattern.intra_node_rings(members) == whole.intra_node_rings(members)
-    assert list(pattern.graph.edges) == list(whole.graph.edges)  # drawn when asked
+    assert list(pattern.graph.edges()) == list(whole.graph.edges())  # drawn when asked
 
 
 TREES = (

@@ -66,8 +66,9 @@ def _subparser_names(parser: argparse.ArgumentParser) -> list[str]:
 
 def test_the_command_line_imports_no_simulator():
     """`import stepsim.cli` (what the console script does first) loads neither the
-    scenario layer (networkx) nor the engine (simpy) nor numpy; `stepsim run X --json`
-    loads no other command's module and no planning."""
+    scenario layer nor the engine (simpy) nor numpy; `stepsim run X --json` loads no
+    other command's module, no planning and no networkx (its cluster is a
+    topologies.drawing.Drawing; only `stepsim topology` needs networkx)."""
     code = (
         "import sys, io, contextlib; import stepsim.cli as cli\n"
         "heavy = ('networkx', 'numpy', 'simpy', 'stepsim.scenario', 'stepsim.engine.core')\n"
@@ -76,8 +77,9 @@ def test_the_command_line_imports_no_simulator():
         f"    cli.main(['run', {TINY!r}, '--json', '--quiet'])\n"
         "loaded = ('stepsim.cli.cmd_', 'stepsim.plan')\n"
         "print(sorted(m for m in sys.modules if m.startswith(loaded)))\n"
+        "print('networkx' in sys.modules)\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout.splitlines()
-    assert out == ["[]", "['stepsim.cli.cmd_run']"]
+    assert out == ["[]", "['stepsim.cli.cmd_run']", "False"]

@@ -1,4 +1,4 @@
-"""Cluster graphs (networkx) and their frozen form with links and routes."""
+"""Cluster graphs (drawn as a `Drawing`) and their frozen form with links and routes."""
 
 from .cluster import Cluster, Link, build_graph
 from .fabric import FABRICS, PLANAR, FabricShape, cable_count

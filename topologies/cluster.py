@@ -1,6 +1,6 @@
 """The cluster as a graph: GPUs, NVLink inside NVLink domains, NICs, an InfiniBand fabric.
 
-``build_graph`` draws the cluster with networkx (servers and NVLink domains from
+``build_graph`` draws the cluster (a `Drawing`: servers and NVLink domains from
 topologies.node, the fabric from topologies.fabric); ``Cluster`` freezes it into
 directed links and routes, built once and then only read. "Node" is a server
 here; today every server is its own NVLink domain (topologies.node says what a
@@ -19,10 +19,9 @@ from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import NamedTuple
 
-import networkx as nx
-
 from .describe import link_role
 from .detour import Detours
+from .drawing import Drawing, bfs_predecessors, descendants
 from .fabric import FabricShape, add_fabric
 from .node import GPU, NIC, NVSWITCH, SWITCH, NodeShape, add_nvlink_domain, add_server
 
@@ -41,7 +40,7 @@ class Link(NamedTuple):
 
 def build_graph(
     num_nodes: int, node: NodeShape, fabric: FabricShape, *, nvlink_domain_gpus: int
-) -> nx.DiGraph:
+) -> Drawing:
     """``num_nodes`` servers of shape ``node``, their GPUs in NVLink domains of
     ``nvlink_domain_gpus`` (today: exactly one server each), on ``fabric``.
 
@@ -49,7 +48,7 @@ def build_graph(
     and edges (and so link numbers) come in server order."""
     check_nvlink_domain(node.gpus, nvlink_domain_gpus)
     servers_per_domain = nvlink_domain_gpus // node.gpus
-    graph = nx.DiGraph()
+    graph = Drawing()
     for domain in range(num_nodes // servers_per_domain):
         servers = range(domain * servers_per_domain, (domain + 1) * servers_per_domain)
         for server in servers:
@@ -85,7 +84,7 @@ class Cluster(Detours):
     replicas (docs/design.md).
     """
 
-    def __init__(self, graph: nx.DiGraph, *, gpus_per_node: int, nvlink_domain_gpus: int) -> None:
+    def __init__(self, graph: Drawing, *, gpus_per_node: int, nvlink_domain_gpus: int) -> None:
         check_nvlink_domain(gpus_per_node, nvlink_domain_gpus)
         self.graph = graph
         self.gpus_per_node = gpus_per_node
@@ -112,7 +111,7 @@ class Cluster(Detours):
         self._nic_switch = {
             n: next(s for s in graph.successors(n) if s[0] == SWITCH) for n in graph if n[0] == NIC
         }
-        self._switches = nx.DiGraph(graph.subgraph(n for n in graph if n[0] == SWITCH))
+        self._switches = graph.subgraph(n for n in graph if n[0] == SWITCH)
         # Destination port number of every NIC, for destination-based routing.
         self._port = {nic: i for i, nic in enumerate(sorted(n for n in graph if n[0] == NIC))}
         self._routes: dict[tuple[int, int], tuple[int, ...]] = {}
@@ -228,7 +227,7 @@ class Cluster(Detours):
         fewer of them). Link numbers are kept (the links carry nothing). Returns the leaf
         switches (those with NICs) that could reach each other before and cannot now."""
         leaves = sorted(set(self._nic_switch.values()))
-        before = {a: set(nx.descendants(self._switches, a)) for a in leaves}
+        before = {a: descendants(self._switches, a) for a in leaves}
         self._switches.remove_edges_from(pairs)
         self._switch_pred.clear()
         self._switch_paths.clear()
@@ -236,25 +235,25 @@ class Cluster(Detours):
         return [
             a
             for a in leaves
-            if not before[a].intersection(leaves) <= set(nx.descendants(self._switches, a))
+            if not before[a].intersection(leaves) <= descendants(self._switches, a)
         ]
 
     def _predecessors(self, a: tuple) -> dict[tuple, list[tuple]]:
         """Breadth-first predecessors of every switch reachable from switch ``a``."""
         pred = self._switch_pred.get(a)
         if pred is None:
-            pred = self._switch_pred[a] = nx.predecessor(self._switches, a)
+            pred = self._switch_pred[a] = bfs_predecessors(self._switches, a)
         return pred
 
     def _switch_paths_between(self, a: tuple, b: tuple) -> list[list[tuple]]:
-        """Every shortest switch path from a to b, sorted (what nx.all_shortest_paths
+        """Every shortest switch path from a to b, sorted (what networkx's all_shortest_paths
         gives, but with one breadth-first search per source switch instead of one per
         pair: a 3-level fat tree of 1,000 single-node leaves has about 6,000 pairs)."""
         paths = self._switch_paths.get((a, b))
         if paths is None:
             pred = self._predecessors(a)
             if b not in pred:
-                raise nx.NetworkXNoPath(f"no switch path from {a} to {b}")
+                raise ValueError(f"no switch path from {a} to {b}")
             paths = sorted(_paths_back(pred, a, b))
             self._switch_paths[(a, b)] = paths
         return paths

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from collections import Counter
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from .node import GPU, NIC, SWITCH
 
+if TYPE_CHECKING:
+    from .drawing import Drawing
 
-def summarize(graph: nx.DiGraph, gpus_per_node: int) -> dict:
+
+def summarize(graph: Drawing, gpus_per_node: int) -> dict:
     """Counts of GPUs, NICs and switches, directed links by kind, and bisection bandwidth.
 
     Bisection bandwidth is the most bytes/s that can cross, in one direction, from the
@@ -45,7 +47,9 @@ def summarize(graph: nx.DiGraph, gpus_per_node: int) -> dict:
     }
 
 
-def bisection_bytes_per_s(graph: nx.DiGraph, gpus_per_node: int) -> float:
+def bisection_bytes_per_s(graph: Drawing, gpus_per_node: int) -> float:
+    import networkx as nx  # its max-flow (`stepsim topology` only)
+
     num_nodes = sum(1 for n in graph if n[0] == GPU) // gpus_per_node
     if num_nodes < 2:
         return 0.0

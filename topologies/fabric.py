@@ -40,10 +40,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from math import ceil
-
-import networkx as nx
+from typing import TYPE_CHECKING
 
 from .node import HYBRID_CUBE_MESH, NIC, SWITCH, NodeShape, cable
+
+if TYPE_CHECKING:
+    from .drawing import Drawing
 
 FABRICS = ("switch", "fat-tree", "rail-optimized", "rail-only", "multi-plane")
 PLANAR = ("rail-only", "multi-plane")  # no switch path between rails / planes
@@ -69,7 +71,7 @@ def planes_of(fabric: FabricShape, nics_per_node: int) -> int:
     return nics_per_node if fabric.kind in ("rail-optimized", "rail-only") else 1
 
 
-def add_fabric(graph: nx.DiGraph, num_nodes: int, node: NodeShape, fabric: FabricShape) -> None:
+def add_fabric(graph: Drawing, num_nodes: int, node: NodeShape, fabric: FabricShape) -> None:
     nic_bw, lat = node.nic_bytes_per_s, fabric.latency_s
     if fabric.kind == "switch":
         for n in range(num_nodes):

@@ -64,8 +64,11 @@ faces' diagonals); pairs joined by 1 or 2 lanes::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import networkx as nx
+if TYPE_CHECKING:
+    from .drawing import Drawing
+
 
 GPU = "gpu"
 NVSWITCH = "nvswitch"
@@ -100,7 +103,7 @@ class NodeShape:
 
 
 def cable(
-    graph: nx.DiGraph,
+    graph: Drawing,
     a: tuple,
     b: tuple,
     kind: str,
@@ -120,7 +123,7 @@ def nic_of(shape: NodeShape, local_gpu: int) -> int:
     return local_gpu * shape.nics // shape.gpus
 
 
-def add_server(graph: nx.DiGraph, index: int, shape: NodeShape) -> None:
+def add_server(graph: Drawing, index: int, shape: NodeShape) -> None:
     """Server ``index``: its GPUs, its NICs and the PCIe cable from each GPU to its NIC."""
     first = index * shape.gpus
     for local in range(shape.gpus):
@@ -130,7 +133,7 @@ def add_server(graph: nx.DiGraph, index: int, shape: NodeShape) -> None:
         cable(graph, gpu, nic, "pcie", shape.pcie_bytes_per_s, shape.pcie_latency_s)
 
 
-def add_nvlink_domain(graph: nx.DiGraph, index: int, gpus: list[tuple], shape: NodeShape) -> None:
+def add_nvlink_domain(graph: Drawing, index: int, gpus: list[tuple], shape: NodeShape) -> None:
     """NVLink domain ``index``: the NVLink fabric (``shape.nvlink_topology``) joining
     ``gpus``, which are already in the graph."""
     bandwidth, latency = shape.nvlink_bytes_per_s, shape.nvlink_latency_s

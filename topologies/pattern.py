@@ -9,7 +9,7 @@ with exactly the link numbers, links and routes ``Cluster`` gives over the whole
 costs the same for 16 servers as for 16,384; the whole graph is drawn only when asked
 for (``graph``: a drawing, a summary).
 
-Link numbers of the whole graph (networkx lists a vertex's links in the order they
+Link numbers of the whole graph (the drawing lists a vertex's links in the order they
 were drawn, vertices in the order they were added): server ``n``'s vertices come
 ``n``-th, each of its ``B`` links (PCIe, NVLink, and each NIC's cable up to the
 switch) at ``n * B`` plus its number in server 0; the switch comes last, its link
@@ -31,7 +31,7 @@ from .fabric import FabricShape
 from .node import GPU, NIC, NVSWITCH, SWITCH, NodeShape
 
 if TYPE_CHECKING:
-    import networkx as nx
+    from .drawing import Drawing
 
 _UNIT_NODES = 2  # the repeating unit: two servers (a route between servers) on the switch
 
@@ -78,7 +78,7 @@ class _CountedCluster(Detours):
     fabric: FabricShape
     gpus_per_node: int
     nvlink_domain_gpus: int
-    _graph: nx.DiGraph | None
+    _graph: Drawing | None
     num_links: int  # and ``link``, for `Links`
     unit: Cluster  # servers 0 and 1, drawn
     block: int  # links from each server's vertices

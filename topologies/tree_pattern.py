@@ -5,7 +5,7 @@ links, routes with destination-based spine choice, rings) without drawing it: th
 servers are one unit of two servers repeated (as in topologies.pattern), and the
 switches are counted in the order topologies.fabric draws them, each with its links
 down then up, so any link's number is a base per switch plus its place among that
-switch's links (networkx numbers a vertex's links in the order they were drawn).
+switch's links (the drawing numbers a vertex's links in the order they were drawn).
 
 Where copies may be left out and stages moved (comm/placement.py):
 
