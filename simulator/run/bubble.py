@@ -12,8 +12,10 @@ layer and rank r's ops last its layers times as long.
 from __future__ import annotations
 
 import math
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import NamedTuple
 
 from stepsim.schedules import (
@@ -31,7 +33,7 @@ from stepsim.schedules import (
 from stepsim.schedules import build as build_schedule
 from stepsim.schedules.custom import sizes_of
 
-from ..emit.abstract import abstract_pipeline, step_times
+from ..emit.abstract import abstract_pipeline
 from ..engine.core import simulate
 from ..ir.ops import Workload
 from ..ir.results import SCHEMA_VERSION, Trace
@@ -441,37 +443,73 @@ def free_idle(
     return free_run(orders, rank_times, num_chunks=num_chunks, placement=placement).idle
 
 
-# a rank's passes as the abstract runs take them: the inputs each waits for, its steps
-# (an overlapped pair is one pass) and the outputs it hands on, as (stage, kind, micro-batch)
-Key = tuple[int, str, int]
-PassPlan = list[list[tuple[list[Key], tuple[Step, ...], list[Key]]]]
+# a rank's passes as the abstract runs take them (`pass_plans`): each pass's steps (an
+# overlapped pair is one pass), the outputs of other passes it waits for and those it
+# hands on, each (stage, kind, micro-batch) numbered (`PassPlan.keys` in all), and its
+# steps' kinds of time (F, B, W, or a full B: `step_times`'s, for `free_run`)
+F_TIME, B_TIME, W_TIME, FULL_B_TIME = 0, 1, 2, 3
+
+
+class PassPlan(NamedTuple):
+    """Each rank's passes with their dependencies (`pass_plans`): lists by rank, each
+    of one entry per pass (`rank_passes`)."""
+
+    passes: list[list[tuple[Step, ...]]]
+    inputs: list[list[tuple[int, ...]]]  # the numbered outputs the pass waits for
+    outputs: list[list[tuple[int, ...]]]  # those it hands on
+    times: list[list[tuple[int, ...]]]  # each step's kind of time (F_TIME ... FULL_B_TIME)
+    keys: int  # how many numbers the inputs and outputs take
 
 
 def pass_plans(orders: Sequence[Sequence[Step]], *, num_chunks: int, placement: str) -> PassPlan:
     """Each rank's passes with their inputs and outputs (`free_run`'s dependencies): the
-    same for every set of pass times, so `idle_causes` builds them once for its two runs."""
+    same for every set of pass times, so `idle_causes` builds them once for its two runs.
+    A forward waits for its micro-batch's forward on the stage before (unless its stage
+    is its pipeline's first), a backward for its backward on the stage after (unless
+    its stage is the last)."""
     ranks = len(orders)
-
-    def needed(rank: int, step: Step) -> Key | None:
-        stage = stage_of(rank, step.chunk, ranks, placement)
-        first, last = pipeline_ends(stage, ranks, num_chunks, placement)
-        if step.kind == "F" and not first:
-            return (stage - 1, "F", step.microbatch)
-        if step.kind == "B" and not last:
-            return (stage + 1, "B", step.microbatch)
-        return None
-
-    plans: PassPlan = []
+    microbatches = [s.microbatch for order in orders for s in order]
+    low = min(microbatches, default=0)
+    width = max(microbatches, default=0) - low + 1
+    letter = {"F": 0, "B": 1, "W": 2}
+    plan = PassPlan([], [], [], [], 0)
+    highest = 0  # stage
     for rank, order in enumerate(orders):
-        plan = []
-        for steps in rank_passes(order):
-            inputs = [key for key in (needed(rank, st) for st in steps) if key is not None]
-            outputs = [
-                (stage_of(rank, st.chunk, ranks, placement), st.kind, st.microbatch) for st in steps
-            ]
-            plan.append((inputs, steps, outputs))
-        plans.append(plan)
-    return plans
+        weights = {(s.microbatch, s.chunk) for s in order if s.kind == "W"}
+        where = {}  # chunk -> stage, first, last
+        for chunk in sorted({s.chunk for s in order}):
+            stage = stage_of(rank, chunk, ranks, placement)
+            where[chunk] = (stage, *pipeline_ends(stage, ranks, num_chunks, placement))
+            highest = max(highest, stage)
+        passes = rank_passes(order)
+        inputs, outputs, times = [], [], []
+        for steps in passes:
+            needs: tuple[int, ...] = ()
+            gives: tuple[int, ...] = ()
+            kinds: tuple[int, ...] = ()
+            for kind, microbatch, chunk in steps:
+                stage, first, last = where[chunk]
+                code = letter[kind]
+                mb = microbatch - low
+                gives += ((stage * 3 + code) * width + mb,)
+                if code == 0:
+                    if not first:
+                        needs += ((stage - 1) * 3 * width + mb,)
+                elif code == 1:
+                    if not last:
+                        needs += (((stage + 1) * 3 + 1) * width + mb,)
+                    if weights and (microbatch, chunk) not in weights:
+                        code = FULL_B_TIME
+                kinds += (code,)
+            inputs.append(needs)
+            outputs.append(gives)
+            times.append(kinds)
+        plan.passes.append(passes)
+        plan.inputs.append(inputs)
+        plan.outputs.append(outputs)
+        plan.times.append(times)
+    # a backward's input may be of the stage after the highest
+    return plan._replace(keys=(highest + 2) * 3 * width)
 
 
 def free_run(
@@ -490,47 +528,49 @@ def free_run(
     if plans is None:
         plans = pass_plans(orders, num_chunks=num_chunks, placement=placement)
     ranks = len(orders)
-    ends: dict[Key, float] = {}
+    # each pass's seconds at these times (an overlapped pair: the fsum of its two), as
+    # `step_times` gives a step's: a B whose W the order does not hold is a full backward
+    seconds_of = []
+    for rank, times in enumerate(plans.times):
+        f, b, w = rank_times[rank]
+        value = (f, b, w, b + w)  # FULL_B_TIME only where the order has W's
+        of_kinds = {kinds: math.fsum([value[k] for k in kinds]) for kinds in set(times)}
+        seconds_of.append([of_kinds[kinds] for kinds in times])
+    ends: list[float | None] = [None] * plans.keys
+    waiting: dict[int, int] = {}
     clock, busy, position = [0.0] * ranks, [0.0] * ranks, [0] * ranks
     idle_before: list[list[float]] = [[] for _ in range(ranks)]
-    timers = [step_times(order, *rank_times[r]) for r, order in enumerate(orders)]
-    # each pass's seconds at these times (an overlapped pair: the sum of its two)
-    seconds_of = [
-        [math.fsum(timers[rank](st) for st in steps) for _, steps, _ in plan]
-        for rank, plan in enumerate(plans)
-    ]
     # run each rank as far as its inputs allow; a rank stopped on an input resumes when
     # that input's pass ends (each pass is visited once or twice: linear in the passes)
-    waiting: dict[Key, int] = {}
     ready = list(range(ranks - 1, -1, -1))
     while ready:
         rank = ready.pop()
-        plan, at, now = plans[rank], position[rank], clock[rank]
-        seconds_at = seconds_of[rank]
-        while at < len(plan):
-            inputs, _, outputs = plan[at]
-            start, missing = now, None
-            for key in inputs:
-                end = ends.get(key)
+        inputs, outputs, seconds_at = plans.inputs[rank], plans.outputs[rank], seconds_of[rank]
+        gaps, count = idle_before[rank], len(inputs)
+        at, now, spent = position[rank], clock[rank], busy[rank]
+        while at < count:
+            start, missing = now, -1
+            for key in inputs[at]:
+                end = ends[key]
                 if end is None:
                     missing = key
                     break
-                start = max(start, end)
-            if missing is not None:
+                if end > start:  # max(start, end)
+                    start = end
+            if missing >= 0:
                 waiting[missing] = rank
                 break
             seconds = seconds_at[at]
-            idle_before[rank].append(start - busy[rank])
+            gaps.append(start - spent)
             now = start + seconds
-            busy[rank] += seconds
-            for key in outputs:
+            spent += seconds
+            for key in outputs[at]:
                 ends[key] = now
-                woken = waiting.pop(key, None)
-                if woken is not None:
-                    ready.append(woken)
+                if key in waiting:
+                    ready.append(waiting.pop(key))
             at += 1
-        position[rank], clock[rank] = at, now
-    if any(at < len(plan) for at, plan in zip(position, plans, strict=True)):
+        position[rank], clock[rank], busy[rank] = at, now, spent
+    if any(at < len(inputs) for at, inputs in zip(position, plans.inputs, strict=True)):
         raise ValueError("the orders deadlock: no rank can run its next op")
     makespan = max(clock)
     return FreeRun(idle_before, [makespan - b for b in busy])
@@ -561,13 +601,50 @@ def idle_causes(
     mean pass times (the schedule's bubble) and once with each rank's own (adding the
     imbalance); the rest of the run's idle is waiting on communication. Each part is
     clipped so that the three are non-negative and add up to ``idle_s``."""
-    equal, own = rank_times_of(times, num_chunks, placement)
-    plans = pass_plans(orders, num_chunks=num_chunks, placement=placement)
-    runs = [
-        free_run(orders, each, num_chunks=num_chunks, placement=placement, plans=plans).idle
-        for each in (equal, own)
-    ]
-    return clipped_causes(runs[0], runs[1], idle_s)
+    _, equal, own = abstract_runs(orders, times, num_chunks=num_chunks, placement=placement)
+    return clipped_causes(equal.idle, own.idle, idle_s)
+
+
+# the last few `abstract_runs`, by their orders and times: a run's metrics
+# (`idle_causes`) and its idle map (run/idlemap.py) ask for the same ones
+_KEPT_RUNS: dict[tuple, tuple[PassPlan, FreeRun, FreeRun]] = {}
+KEEP_RUNS = 4
+
+
+def abstract_runs(
+    orders: Sequence[Sequence[Step]],
+    times: Sequence[tuple[float, float, float]],
+    *,
+    num_chunks: int,
+    placement: str,
+) -> tuple[PassPlan, FreeRun, FreeRun]:
+    """The orders' `pass_plans` and their two `free_run`s at the stages' pass times
+    per micro-batch (`pass_times`): every rank at the ranks' mean, and each at its own
+    (`rank_times_of`). The last KEEP_RUNS are kept, by the orders' steps (an
+    overlapped one's mark included) and the times' bits; the caller does not change
+    them."""
+    key = (
+        tuple(map(tuple, orders)),
+        tuple(
+            (r, k) for r, order in enumerate(orders) for k, s in enumerate(order) if s.overlapped
+        ),
+        array("d", chain.from_iterable(times)).tobytes(),
+        num_chunks,
+        placement,
+    )
+    found = _KEPT_RUNS.get(key)
+    if found is None:
+        equal, own = rank_times_of(times, num_chunks, placement)
+        plans = pass_plans(orders, num_chunks=num_chunks, placement=placement)
+        found = (
+            plans,
+            free_run(orders, equal, num_chunks=num_chunks, placement=placement, plans=plans),
+            free_run(orders, own, num_chunks=num_chunks, placement=placement, plans=plans),
+        )
+        while len(_KEPT_RUNS) >= KEEP_RUNS:
+            del _KEPT_RUNS[next(iter(_KEPT_RUNS))]
+        _KEPT_RUNS[key] = found
+    return found
 
 
 def clipped_causes(

@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from operator import itemgetter
+from itertools import compress
+from operator import getitem, itemgetter
+from typing import NamedTuple
 
 import numpy as np
 
@@ -42,16 +44,7 @@ from ..ir.ops import Lane
 from ..ir.results import IDLE_CAUSES, Result, Trace
 from ..ir.vocabulary import CATEGORY_OF_KIND, COMPUTE_STREAM, IDLE_TIME
 from ..report.idle import IdleMap, IdlePiece
-from .bubble import (
-    PASS_OF_KIND,
-    FreeRun,
-    clipped_causes,
-    free_run,
-    pass_plans,
-    pass_times,
-    rank_passes,
-    rank_times_of,
-)
+from .bubble import PASS_OF_KIND, FreeRun, abstract_runs, clipped_causes, pass_times
 from .fastforward import with_microbatches
 
 WITHIN = -1  # a stretch of idle inside a pass
@@ -91,15 +84,10 @@ def split_idle(
     pipeline ``orders`` whose stages' pass times per micro-batch are ``times``
     (`pass_times`); their mean over GPUs is ``targets`` (schedule, imbalance and
     communication seconds; None: the split `idle_causes` gives the trace's own idle)."""
-    equal, own = rank_times_of(times, num_chunks, placement)
-    plans = pass_plans(orders, num_chunks=num_chunks, placement=placement)
-    runs = tuple(
-        free_run(orders, each, num_chunks=num_chunks, placement=placement, plans=plans)
-        for each in (equal, own)
-    )
+    plans, *runs = abstract_runs(orders, times, num_chunks=num_chunks, placement=placement)
     lanes = [lane for lane in trace.lanes if lane.stream == COMPUTE_STREAM]
     weights = [lane.stands_for * lane.copies for lane in lanes]
-    stretches = _stretches(trace, lanes, [_pass_index(order) for order in orders])
+    stretches = _stretches(trace, lanes, _PassIndex.of(plans.passes))
     raw = [
         _raw_split(rows, lane.stage, len(runs[0].idle_before[lane.stage]), runs)
         for lane, rows in zip(lanes, stretches, strict=True)
@@ -121,82 +109,187 @@ def split_idle(
     return out
 
 
-def _pass_index(order) -> dict[tuple[str, int, int], int]:
-    """(F/B/W, micro-batch, chunk) -> the index of its pass in the rank's `rank_passes`."""
-    return {
-        (step.kind, step.microbatch, step.chunk): k
-        for k, steps in enumerate(rank_passes(order))
-        for step in steps
-    }
+class _PassIndex(NamedTuple):
+    """Each rank's passes (`rank_passes`) by their steps: ``keys[rank]`` the rank's
+    steps numbered ((kind * microbatches + micro-batch) * chunks + chunk, the kinds F, B,
+    W as 0, 1, 2), sorted, ``passes[rank]`` the index of the pass that runs each, and
+    ``numbers[rank]`` the number of the rank's passes."""
+
+    keys: list[np.ndarray]
+    passes: list[np.ndarray]
+    numbers: list[int]
+    microbatches: int  # steps' micro-batches and chunks lie below these
+    chunks: int
+
+    @classmethod
+    def of(cls, passes: Sequence[Sequence[tuple[Step, ...]]]) -> _PassIndex:
+        steps = [step for each in passes for run in each for step in run]
+        microbatches = 1 + max((step.microbatch for step in steps), default=0)
+        chunks = 1 + max((step.chunk for step in steps), default=0)
+        keys, indices = [], []
+        for each in passes:
+            found = {  # a step named twice: its last pass, as in a dict
+                (LETTERS.index(step.kind) * microbatches + step.microbatch) * chunks + step.chunk: k
+                for k, run in enumerate(each)
+                for step in run
+            }
+            numbered = np.fromiter(found, np.int64, len(found))
+            order = np.argsort(numbered)
+            keys.append(numbered[order])
+            indices.append(np.fromiter(found.values(), np.int64, len(found))[order])
+        return cls(keys, indices, [len(each) for each in passes], microbatches, chunks)
+
+    def of_steps(
+        self, rank: int, letter: np.ndarray, microbatch: np.ndarray, chunk: np.ndarray
+    ) -> np.ndarray:
+        """The index of the pass of ``rank`` that runs each step (F/B/W as 0/1/2, -1:
+        none), NO_PASS where none does."""
+        out = np.full(len(letter), NO_PASS, dtype=np.int64)
+        known = (letter >= 0) & (microbatch >= 0) & (microbatch < self.microbatches)
+        known &= chunk < self.chunks
+        wanted = (letter[known] * self.microbatches + microbatch[known]) * self.chunks
+        wanted += chunk[known]
+        keys = self.keys[rank]
+        at = np.minimum(np.searchsorted(keys, wanted), max(len(keys) - 1, 0))
+        hit = keys[at] == wanted if len(keys) else np.zeros(len(wanted), dtype=bool)
+        where = np.nonzero(known)[0]
+        out[where[hit]] = self.passes[rank][at[hit]]
+        return out
 
 
-def _step_of(kind: str, microbatch: int, label: str) -> tuple[str, int, int] | None:
-    """The (F/B/W, micro-batch, chunk) of the pass a compute span belongs to (by its kind,
-    micro-batch and label's chunk), or None when the span is no pass's or its label
-    names none."""
-    letter = PASS_OF_KIND.get(kind)
-    if letter is None:
-        return None
-    for part in label.split("&"):  # an overlapped pair's label: F3&B1
-        try:
-            step = parse_label(part.strip())
-        except ValueError:
-            continue
-        if step.microbatch == microbatch and step.kind == letter:
-            return (letter, step.microbatch, step.chunk)
-    return None
-
-
+LETTERS = ("F", "B", "W")  # a pass table's kinds, in order
 NO_PASS = -2  # a busy span of no pass
 
 
 def _stretches(
-    trace: Trace, lanes: Sequence[Lane], index: Sequence[dict]
+    trace: Trace, lanes: Sequence[Lane], index: _PassIndex
 ) -> list[list[tuple[float, float, int]]]:
     """Each lane's idle stretches, (start, end, context): what its GPU's compute stream's
     busy spans leave of the iteration, each with the index of the pass it precedes (in
-    its stage's ``index``, `_pass_index`), the number of passes (after the last), or
-    WITHIN (no new pass follows it). From arrays: the spans read into columns once,
-    each distinct (kind, micro-batch, label) looked up once."""
+    its stage's ``index``), the number of passes (after the last), or WITHIN (no new
+    pass follows it). From arrays: the spans read into columns once, the busy compute
+    spans' times and the pass spans' micro-batches and labels alone, each distinct kind
+    and label looked up once."""
     spans = trace.spans
     n = len(spans)
+    # each span's class by its stream and kind: BUSY_STEP for a busy compute span of
+    # no pass, the pass's kind (F/B/W as 0/1/2) for one of a pass, IDLE_SPAN for the rest
+    stream_of = list(map(itemgetter(1), spans))
     kind_of = list(map(itemgetter(2), spans))
     kinds = list(dict.fromkeys(kind_of))
-    kind = _codes(kind_of, kinds)
-    compute = np.fromiter(map(COMPUTE_STREAM.__eq__, map(itemgetter(1), spans)), bool, n)
-    busy = np.zeros(len(kinds), dtype=bool)  # of the kinds on compute streams, not idle
-    for k in np.unique(kind[compute]).tolist():
-        busy[k] = CATEGORY_OF_KIND[kinds[k]] != IDLE_TIME
-    chosen = [spans[i] for i in np.nonzero(compute & busy[kind])[0].tolist()]
+    row_of = {
+        stream: {kind: _class_of(kind) for kind in kinds}
+        if stream == COMPUTE_STREAM
+        else dict.fromkeys(kinds, IDLE_SPAN)
+        for stream in dict.fromkeys(stream_of)
+    }
+    classes = np.fromiter(map(getitem, map(row_of.__getitem__, stream_of), kind_of), np.int64, n)
+    if np.any(classes == UNKNOWN_KIND):  # a compute span of a kind with no category
+        CATEGORY_OF_KIND[kind_of[int(np.argmax(classes == UNKNOWN_KIND))]]
+    chosen = list(compress(spans, (classes >= 0).tolist()))
     m = len(chosen)
+    letter = classes[classes >= 0]
+    letter[letter == BUSY_STEP] = -1
+    # each busy compute span's lane (the first of its GPU's; len(lanes): none), times
+    # and step
     gpu = np.fromiter(map(itemgetter(0), chosen), np.int64, m)
+    gpus = [each.gpu for each in lanes]
+    most = max(max(gpus, default=0), int(gpu.max(initial=0)))
+    lane_of = np.full(most + 1, len(lanes), dtype=np.int64)
+    lane_of[gpus[::-1]] = np.arange(len(lanes) - 1, -1, -1)
+    lane = lane_of[gpu]
     start = np.fromiter(map(itemgetter(5), chosen), np.float64, m)
     end = np.fromiter(map(itemgetter(6), chosen), np.float64, m)
-    keys = list(
-        zip(
-            map(itemgetter(2), chosen),
-            map(itemgetter(4), chosen),
-            map(itemgetter(3), chosen),
-            strict=True,
-        )
-    )
-    distinct = list(dict.fromkeys(keys))
-    steps = [_step_of(*key) for key in distinct]  # stage-free: a stage's index then
-    order = np.lexsort((start, gpu))  # by GPU, each in order of start (ties: trace order)
-    gpu, start, end, code = gpu[order], start[order], end[order], _codes(keys, distinct)[order]
-    gpus = [lane.gpu for lane in lanes]
-    lows, highs = np.searchsorted(gpu, gpus, "left"), np.searchsorted(gpu, gpus, "right")
+    # the step (F/B/W as 0/1/2, -1: none; micro-batch; chunk): its kind's pass, its
+    # micro-batch, and the chunk of the first step of its label of that pass and batch
+    microbatch = np.full(m, -1, dtype=np.int64)
+    chunk = np.zeros(m, dtype=np.int64)
+    passing = np.nonzero(letter >= 0)[0]
+    if len(passing):
+        ran = list(compress(chosen, (letter >= 0).tolist()))
+        mb = np.fromiter(map(itemgetter(4), ran), np.int64, len(ran))
+        label_of = list(map(itemgetter(3), ran))
+        labels = list(dict.fromkeys(label_of))
+        found, part_chunk = _parts_matched(labels, _codes(label_of, labels), letter[passing], mb)
+        letter[passing[~found]] = -1
+        microbatch[passing] = mb
+        chunk[passing] = part_chunk
+    order = _by_lane_then_start(lane, start, len(lanes))
+    lane, start, end = lane[order], start[order], end[order]
+    letter, microbatch, chunk = letter[order], microbatch[order], chunk[order]
+    bounds = np.searchsorted(lane, np.arange(len(lanes) + 1), "left").tolist()
     out = []
-    for lane, low, high in zip(lanes, lows.tolist(), highs.tolist(), strict=True):
-        passes = index[lane.stage]
-        pass_of = np.array(
-            [NO_PASS if step is None else passes.get(step, NO_PASS) for step in steps],
-            dtype=np.int64,
-        )
-        after = max(passes.values(), default=-1) + 1
-        at = slice(low, high)
-        out.append(_lane_stretches(start[at], end[at], pass_of[code[at]], after, trace.end_s))
+    for each, first in zip(lanes, lane_of[gpus].tolist(), strict=True):
+        rows = slice(bounds[first], bounds[first + 1])
+        passes = index.of_steps(each.stage, letter[rows], microbatch[rows], chunk[rows])
+        after = index.numbers[each.stage]
+        out.append(_lane_stretches(start[rows], end[rows], passes, after, trace.end_s))
     return out
+
+
+IDLE_SPAN, BUSY_STEP, UNKNOWN_KIND = -1, 3, -2  # `_stretches`' classes of spans
+
+
+def _class_of(kind: str) -> int:
+    """A compute span's class by its kind (`_stretches`): the pass it belongs to
+    (LETTERS' index), BUSY_STEP for a busy span of no pass, IDLE_SPAN for idle, and
+    UNKNOWN_KIND for a kind with no category."""
+    category = CATEGORY_OF_KIND.get(kind)
+    if category is None:
+        return UNKNOWN_KIND
+    if category == IDLE_TIME:
+        return IDLE_SPAN
+    letter = PASS_OF_KIND.get(kind)
+    return BUSY_STEP if letter is None else LETTERS.index(letter)
+
+
+def _parts_matched(
+    labels: list[str], label: np.ndarray, letter: np.ndarray, microbatch: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """For spans of a pass kind (``letter``) with their micro-batch and label (codes in
+    ``labels``): whether a step of the label (an overlapped pair's: F3&B1) is of the
+    span's kind and micro-batch, the first such one's chunk (0 where none is)."""
+    parts = [_label_steps(text) for text in labels]
+    width = max(map(len, parts), default=0)
+    kinds = np.full((len(labels), max(width, 1)), -1, dtype=np.int64)
+    microbatches = np.full_like(kinds, -1)
+    chunks = np.zeros_like(kinds)
+    for row, steps in enumerate(parts):
+        for col, step in enumerate(steps):
+            # a micro-batch beyond any span's matches none
+            if step is not None and step.microbatch < 2**63:
+                kinds[row, col] = LETTERS.index(step.kind)
+                microbatches[row, col] = step.microbatch
+                chunks[row, col] = min(step.chunk, 2**63 - 1)  # beyond, no pass's
+    found = np.zeros(len(label), dtype=bool)
+    chunk = np.zeros(len(label), dtype=np.int64)
+    for col in range(width):  # the first part that matches
+        match = ~found & (kinds[label, col] == letter) & (microbatches[label, col] == microbatch)
+        chunk[match] = chunks[label[match], col]
+        found |= match
+    return found, chunk
+
+
+def _label_steps(label: str) -> list[Step | None]:
+    """The steps a compute span's label names, part by part (None: a part no step's)."""
+    steps: list[Step | None] = []
+    for part in label.split("&"):  # an overlapped pair's label: F3&B1
+        try:
+            steps.append(parse_label(part.strip()))
+        except ValueError:
+            steps.append(None)
+    return steps
+
+
+def _by_lane_then_start(lane: np.ndarray, start: np.ndarray, lanes: int) -> np.ndarray:
+    """The order of spans by lane, each lane's by start, ties in trace order: a stable
+    sort by lane alone where that leaves each lane's starts in order already (as the
+    engine records them), a sort by both where not."""
+    order = np.argsort(lane.astype(np.int16 if lanes < 2**15 else np.int64), kind="stable")
+    g, s = lane[order], start[order]
+    if np.any((g[1:] == g[:-1]) & (s[1:] < s[:-1])):
+        return np.lexsort((start, lane))
+    return order
 
 
 def _codes(values: list, distinct: list) -> np.ndarray:
@@ -262,15 +355,13 @@ def _rebalance(
     only when those fall short, a fraction of the rest as well: a cause grows where it
     already lies rather than as slivers in every stretch."""
     total = math.fsum(weights)
+    lists = [row for rows in raw for _, _, row in rows]
+    seconds = np.array(lists, dtype=np.float64).reshape(len(lists), 3)
+    per_row = np.repeat(np.asarray(weights, dtype=np.float64), [len(rows) for rows in raw])
 
-    def mean(cause: int, where=lambda row: True) -> float:
-        found = (
-            w * row[cause]
-            for w, rows in zip(weights, raw, strict=True)
-            for _, _, row in rows
-            if where(row)
-        )
-        return math.fsum(found) / total
+    def mean(cause: int, where: np.ndarray | None = None) -> float:
+        found = per_row * seconds[:, cause]
+        return math.fsum((found if where is None else found[where]).tolist()) / total
 
     means = [mean(k) for k in range(3)]
     short = [max(t - m, 0.0) for m, t in zip(means, targets, strict=True)]
@@ -285,15 +376,16 @@ def _rebalance(
             if short[taker] <= 0:
                 continue
             amount = excess * short[taker] / wanted
-            beside = mean(giver, lambda row, t=taker: row[t] > 0)  # where the taker lies
-            rest = mean(giver, lambda row, t=taker: row[t] <= 0)
+            lies = seconds[:, taker] > 0  # where the taker lies
+            beside = mean(giver, lies)
+            rest = mean(giver, seconds[:, taker] <= 0)
             near = min(amount / beside, 1.0) if beside > 0 else 0.0
             far = min((amount - beside) / rest, 1.0) if amount > beside and rest > 0 else 0.0
-            for rows in raw:
-                for _, _, row in rows:
-                    taken = row[giver] * (near if row[taker] > 0 else far)
-                    row[giver] -= taken
-                    row[taker] += taken
+            taken = seconds[:, giver] * np.where(lies, near, far)
+            seconds[:, giver] -= taken
+            seconds[:, taker] += taken
+    for row, values in zip(lists, seconds.tolist(), strict=True):
+        row[:] = values
 
 
 def _laid_out(rows: list[tuple[float, float, list[float]]]) -> list[IdlePiece]:
