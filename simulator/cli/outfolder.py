@@ -20,7 +20,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +71,34 @@ def atomic_write_figure(path: Path, figure: Any, **options: Any) -> None:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", **options)
     atomic_write_bytes(path, buffer.getvalue())
+
+
+def figure_png(figure: Any, dpi: float | None = None, **options: Any) -> bytes:
+    """``figure.savefig(format="png", dpi=dpi, **options)``'s bytes, drawn once.
+
+    ``savefig`` draws a figure that has a layout engine (constrained layout) twice:
+    once without output only to lay it out, then for real, every text measured again
+    each time. Here a figure made without pyplot (Figure()) is laid out once, at ``dpi``
+    on the Agg canvas that then draws it, and saved without its engine: one draw, the
+    same pixels and bytes. Anything else (other options, a GUI canvas) is saved as is."""
+    from matplotlib.backend_bases import FigureCanvasBase
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    engine = figure.get_layout_engine()
+    plain = type(figure.canvas) in (FigureCanvasBase, FigureCanvasAgg)
+    if engine is not None and plain and isinstance(dpi, int | float) and not options:
+        from matplotlib import rc_context
+
+        FigureCanvasAgg(figure)  # the canvas savefig would draw on: the layout's renderer
+        figure.set_dpi(dpi)
+        with suppress(ValueError):  # as Figure.draw ignores it (drawn as laid out before)
+            engine.execute(figure)
+        # no engine at all (an inactive one, "none", still gets savefig's first draw)
+        with rc_context({"figure.autolayout": False, "figure.constrained_layout.use": False}):
+            figure.set_layout_engine(None)
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=dpi, **options)
+    return buffer.getvalue()
 
 
 def _inside(name: object) -> bool:
@@ -136,10 +164,8 @@ class OutFolder:
         self.bytes(name, text.encode("utf-8"))
 
     def figure(self, name: str, figure: Any, **options: Any) -> None:
-        """A matplotlib figure as PNG (``figure.savefig`` into memory first)."""
-        buffer = io.BytesIO()
-        figure.savefig(buffer, format="png", **options)
-        self.bytes(name, buffer.getvalue())  # as atomic_write_figure, and recorded
+        """A matplotlib figure as PNG (`figure_png`, into memory first)."""
+        self.bytes(name, figure_png(figure, **options))  # as atomic_write_figure, and recorded
 
     def close(self) -> None:
         """The manifest, last: the folder is complete."""

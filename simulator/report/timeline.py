@@ -319,7 +319,9 @@ def _draw_raster(
         (1.0, 1.0, 1.0, 1.0),  # the same in a background band
         (1.0, 1.0, 1.0, 0.0),  # between bands: the axes' own white
     ]
-    rgba = np.round(np.array(table) * 255).astype(np.uint8)[cells]
+    # a pixel's four bytes looked up as one 32-bit word
+    words = np.round(np.array(table) * 255).astype(np.uint8).view(np.uint32)
+    rgba = words[cells].view(np.uint8)
     picture = PcolorImage(
         ax,
         np.linspace(0.0, trace.end_s * scale, RASTER_COLUMNS + 1),
@@ -343,6 +345,16 @@ def _pixel_kinds(share: np.ndarray, pixels: int, empty: int) -> np.ndarray:
     band, column = np.nonzero(overflow > 0)
     largest = np.argmax(counts[band, :, column], axis=1)
     counts[band, largest, column] -= overflow[band, column]
+    if counts.min() >= 0:
+        # each column's kinds one after another, each its count of pixel rows, then
+        # ``empty`` to the band's foot: one repeat for all columns
+        rest = pixels - counts.sum(axis=1, keepdims=True)
+        runs = np.concatenate([counts, rest], axis=1).transpose(0, 2, 1)  # band, column, run
+        values = np.append(np.arange(counts.shape[1]), empty)
+        flat = np.repeat(np.broadcast_to(values, runs.shape).ravel(), runs.ravel())
+        return flat.reshape(share.shape[0], share.shape[2], pixels).transpose(0, 2, 1)
+    # a trim past a count's own rows (overlapping kinds' shares summing far above one):
+    # kind by kind, a later kind's rows over an earlier's
     top_of = np.concatenate([np.zeros_like(counts[:, :1]), np.cumsum(counts, axis=1)], axis=1)
     rows = np.arange(pixels)[None, :, None]
     kind_of = np.full((share.shape[0], pixels, share.shape[2]), empty)
