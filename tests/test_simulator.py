@@ -356,3 +356,23 @@ def test_the_engine_s_run_loop_gives_simpy_s_run_to_the_bit(sections):
             assert repr(fast) == repr(slow)
             assert fast[0].spans or totals
             assert fast[0].waits or not blame
+
+
+def test_progress_comes_once_per_percent_of_the_ops_done_in_order():
+    """The run loop counts the ops it ends itself and asks about the progress callback
+    only now and then: each 1 % of the ops is reported once, when the count has passed
+    it (not always at the op that passed it), and every op is counted."""
+    result = run(load(**TWO_NODES), idle_split=False)
+    workload = result.workload
+    network = FairShareNetwork.factory(result.cluster.capacities)
+    for totals in (False, True):
+        seen: list[float] = []
+        engine = _Engine(workload, network, seen.append, totals=totals)
+        engine.run()
+        n = len(workload.ops)
+        every = n // 100
+        assert engine.num_done == n
+        assert 90 <= len(seen) <= n // every and seen == sorted(set(seen))
+        for k, fraction in enumerate(seen, start=1):
+            assert k * every / n <= fraction <= 1.0
+        assert seen[-1] >= (n // every) * every / n

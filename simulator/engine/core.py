@@ -23,7 +23,7 @@ from heapq import heappop, heappush
 import simpy
 from simpy.events import NORMAL
 
-from ..ir.flows import Interval
+from ..ir.flows import Interval, Transfer
 from ..ir.ops import Op, Workload
 from ..ir.results import Span, Trace, Wait
 from ..ir.vocabulary import (
@@ -38,7 +38,7 @@ from ..ir.vocabulary import (
 )
 from .events import Call, Callback, queue_of
 from .lookover import scan
-from .network import FairShareNetwork, NetworkFactory, _Alone
+from .network import FairShareNetwork, NetworkFactory, _Alone, _Flow
 
 # builds a named tuple from a tuple of its fields without the Python-level __new__ the
 # namedtuple factory writes: the same object, one call frame less per span
@@ -163,9 +163,11 @@ class _Engine:
     ) -> None:
         self.workload = workload
         self.progress = progress
+        # ops done: `_done` counts them, the run loop's own ends too (`_run_clock`), and
+        # the progress callback is called once the count has passed each 1 % of them
         self.num_done = 0
         self.report_every = max(len(workload.ops) // 100, 1)
-        self.next_report = self.report_every if progress is not None else -1
+        self.next_report = self.report_every
         self.env = simpy.Environment(0.0)  # float time from the start, as spans record it
         self.queue, self.eid = queue_of(self.env)  # to schedule as simpy does, in line
         self.network = network(self.env)
@@ -247,19 +249,23 @@ class _Engine:
         # (not a subclass's: tests give one its own start_alone): each lane's end event
         # for them, and their rate and time by transfer as start_alone keeps them
         alone_event: list[_Alone] = []
-        alone_timing: dict[int, tuple[object, float, float]] = {}
+        alone_timing: dict[int, tuple[Transfer, float, float]] = {}
+        # by the op's transfer (its collective of one phase), once it moved bytes
+        alone_known: dict[int, tuple[Transfer, float, float]] = {}
         if type(network) is FairShareNetwork:
             alone_event = [network.alone_event(ended) for ended in self.op_ended]
-            alone_timing = network._alone_timing  # type: ignore[assignment]
+            alone_timing = network._alone_timing
         fair = bool(alone_event)
         # a lane whose end event is not a `_LaneEnd` (engine.steady gives the lane it
-        # watches another) ends its ops through their callbacks, both kinds
-        lane_of_alone = {
-            id(event): lane
-            for lane, event in enumerate(alone_event)
-            if type(self.lane_event[lane]) is _LaneEnd
-        }
+        # watches another) ends its ops through their callbacks, both kinds: its end
+        # event for transfers alone on their links knows no lane (-1, as every other's)
+        for lane, event in enumerate(alone_event):
+            event.lane = lane if type(self.lane_event[lane]) is _LaneEnd else -1
         alone_ends = network._alone_ends if fair else ()  # type: ignore[attr-defined]
+        # the fair-share network's claimed flows' ends (`FairShareNetwork._finish` of a
+        # claimed flow) are written out here too
+        busy = network._busy if fair else set()  # type: ignore[attr-defined]
+        finish = network._finish if fair else None  # type: ignore[attr-defined]
         add_interval = network.intervals.append
         ops, start_s, end_s, positions = self.ops, self.start_s, self.end_s, self.position
         lane_ops_of, lane_event = self.lane_ops, self.lane_event
@@ -268,7 +274,11 @@ class _Engine:
         start_alone, record_wait, drain = network.start_alone, self._record_wait, self._drain
         keeps_spans, add_span = self.keeps_spans, self.spans.append
         lane_gpu, lane_stream, totals_of = self.lane_gpu, self.lane_stream, self.totals
+        # ops ended here (added to the engine's count at the end); the progress callback
+        # is asked about the count when that reaches report_at, and after other events
         counting = self.progress is not None
+        done = 0
+        report_at = self._report(self.num_done) if counting else len(ops) + 1
         num_spans = 0
         last_end_s = 0.0
         while queue:
@@ -278,11 +288,13 @@ class _Engine:
             if cls is _LaneEnd:
                 lane = event.lane  # its class says so
             elif cls is _Alone:
-                lane = lane_of_alone.get(id(event), -1)
+                lane = event.lane
                 if lane < 0:  # (another network's, or not a lane's)
                     callbacks, event.callbacks = event.callbacks, None
                     for callback in callbacks:
                         callback(event)
+                    if counting and self.num_done + done >= self.next_report:
+                        report_at = done + self._report(self.num_done + done)
                     continue
                 start = event.start_s  # `FairShareNetwork._alone_ended`
                 if now > start:
@@ -290,10 +302,33 @@ class _Engine:
                     add_interval(
                         _new(Interval, (transfer.links, transfer.mults, event.rate, start, now))
                     )
+            elif cls is _Flow and fair:
+                # a flow's first end event (`_claim_ended`, `_finish(flow, 1)`): void once
+                # it was re-rated; else, claimed from start to end, its links freed, its
+                # interval recorded and the transfer's on_done called
+                event.callbacks = None
+                if event.version != 1:
+                    continue
+                if event.claimed:
+                    event.claimed = False
+                    busy.difference_update(event.links)
+                    start = event.updated_s  # `_close_interval`
+                    if event.rate > 0 and now > start:
+                        add_interval(
+                            _new(Interval, (event.links, event.mults, event.rate, start, now))
+                        )
+                    event.on_done(None)
+                else:
+                    finish(event, 1)  # type: ignore[misc]  # fair: the network's
+                if counting and self.num_done + done >= self.next_report:
+                    report_at = done + self._report(self.num_done + done)
+                continue
             else:
                 callbacks, event.callbacks = event.callbacks, None
                 for callback in callbacks:
                     callback(event)
+                if counting and self.num_done + done >= self.next_report:
+                    report_at = done + self._report(self.num_done + done)
                 continue
             event.callbacks = None
             # `_end_running_op`: the span (or its seconds added up), then `_done`
@@ -324,15 +359,16 @@ class _Engine:
                     totals = totals_of[lane]
                     if totals is not None:
                         totals[CATEGORY_OF_KIND[ops[index].kind]] += now - start
-            if counting:
-                self._count_done()
+            done += 1
+            if done >= report_at:
+                report_at = done + self._report(self.num_done + done)
             end_s[index] = now
             if now > last_end_s:
                 last_end_s = now
             position += 1
             positions[lane] = position
-            released = waiters.pop(index, None)
-            if released is not None:
+            if index in waiters:  # (no method call for the common case: none waits)
+                released = waiters.pop(index)
                 for other in released:
                     record_wait(other, index)
                 ready.extend(released)
@@ -349,32 +385,46 @@ class _Engine:
                             event.callbacks = lane_callbacks[lane]
                             heappush(queue, (now + op.duration_s, NORMAL, next(eid), event))
                             continue
-                    elif (
-                        kind != BARRIER
-                        and op.blocking
-                        and op.rendezvous < 0
-                        and id(op.transfer) in alone
-                    ):
-                        start_s[index] = now
-                        transfer = op.transfer[0]  # its one phase
-                        timing = alone_timing.get(id(transfer))
-                        if timing is None or timing[1] == 0.0:  # its first start, or no bytes
-                            start_alone(transfer, op_ended[lane])
+                    else:
+                        # a transfer alone on its links, its rate and time known:
+                        # `FairShareNetwork.start_alone` written out
+                        timing = alone_known.get(id(op.transfer))
+                        if timing is not None:
+                            start_s[index] = now
+                            network.num_transfers += 1
+                            transfer = timing[0]
+                            event = alone_event[lane]
+                            event.transfer = transfer
+                            event.rate = timing[1]
+                            event.start_s = now + transfer.latency_s
+                            event.callbacks = alone_ends
+                            heappush(queue, (now + timing[2], NORMAL, next(eid), event))
                             continue
-                        # `FairShareNetwork.start_alone`, its timing known
-                        network.num_transfers += 1
-                        event = alone_event[lane]
-                        event.transfer = transfer
-                        event.rate = timing[1]
-                        event.start_s = now + transfer.latency_s
-                        event.callbacks = alone_ends
-                        heappush(queue, (now + timing[2], NORMAL, next(eid), event))
-                        continue
+                        if (
+                            kind != BARRIER
+                            and op.blocking
+                            and op.rendezvous < 0
+                            and id(op.transfer) in alone
+                        ):
+                            # its first start: the network works its rate and time out
+                            start_s[index] = now
+                            transfer = op.transfer[0]  # its one phase
+                            start_alone(transfer, op_ended[lane])
+                            if fair:
+                                timing = alone_timing[id(transfer)]
+                                if timing[1] != 0.0:  # it moves bytes: the same again
+                                    alone_known[id(op.transfer)] = timing
+                            continue
             ready.append(lane)
             drain()
+            if counting and self.num_done + done >= self.next_report:
+                report_at = done + self._report(self.num_done + done)
         if last_end_s > self.last_end_s:
             self.last_end_s = last_end_s
         self.num_spans += num_spans
+        self.num_done += done
+        if counting:
+            self._report(self.num_done)
 
     def result(self) -> Trace:
         """What happened, once the clock has run out (raises DeadlockError if some
@@ -416,16 +466,19 @@ class _Engine:
             advance(popleft())
         self.draining = False
 
-    def _count_done(self) -> None:
-        """One more op done: the progress callback about every 1 % of them."""
-        self.num_done += 1
-        if self.num_done == self.next_report:
-            self.next_report += self.report_every
-            self.progress(self.num_done / len(self.workload.ops))  # type: ignore[misc]  # set
+    def _report(self, num_done: int) -> int:
+        """``num_done`` ops done: the progress callback if that passed the next 1 % of
+        them since the last call (once, however many it passed). The count of ops the
+        run loop may end itself before it asks again."""
+        if num_done >= self.next_report:
+            every = self.report_every
+            self.next_report = (num_done // every + 1) * every
+            if self.progress is not None:
+                self.progress(num_done / len(self.workload.ops))
+        return self.next_report - num_done
 
     def _done(self, index: int, now: float) -> None:
-        if self.progress is not None:
-            self._count_done()
+        self.num_done += 1
         self.end_s[index] = now
         if now > self.last_end_s:
             self.last_end_s = now
@@ -537,7 +590,16 @@ class _Engine:
                     return
                 position += 1
                 continue
-            self._done(index, now)
+            # a barrier, or a compute op of no time: done now (`_done` written out)
+            self.num_done += 1
+            end_s[index] = now
+            if now > self.last_end_s:
+                self.last_end_s = now
+            released = self.waiters.pop(index, None)
+            if released is not None:
+                for lane in released:
+                    self._record_wait(lane, index)
+                self.ready.extend(released)
             position += 1
         self.position[lane_index] = position
         self.next_dep[lane_index] = 0
@@ -545,15 +607,18 @@ class _Engine:
     def _arrive(self, op: Op) -> None:
         """A member GPU reached a collective; the last one to arrive starts it."""
         first = op.rendezvous
-        count = self.arrived.get(first, 0) + 1
-        self.arrived[first] = count
-        if count == len(self.members[first]):
-            del self.arrived[first]
+        members, arrived = self.members[first], self.arrived
+        count = arrived.get(first, 0) + 1
+        if count < len(members):
+            arrived[first] = count
+        else:
+            arrived.pop(first, None)
             if self.blame is not None:
                 self.blame.collective(self, first, op.lane)
             if op.kind == PP_SEND:  # a blocking p2p pair: its span starts with the transfer
-                for index in self.members[first]:
-                    self.start_s[index] = self.env._now
+                now, start_s = self.env._now, self.start_s
+                for index in members:
+                    start_s[index] = now
             self.network.start(
                 op.transfer,  # type: ignore[arg-type]  # a collective's: not None
                 partial(self._collective_done, first),
@@ -561,16 +626,30 @@ class _Engine:
 
     def _collective_done(self, first: int, _event: object = None) -> None:
         """Every member's op ends: the lanes blocked on it go on."""
-        ops, lanes = self.workload.ops, self.workload.lanes
+        ops, now, end_s, ready = self.ops, self.env._now, self.end_s, self.ready
         for index in self.members[first]:
             op = ops[index]
+            lane = op.lane
             if op.blocking:
-                self._end_running_op(op.lane)
-                self.ready.append(op.lane)
-            else:
-                self._comm_span(index, lanes[op.lane].gpu)
-                self._done(index, self.env._now)
-        self._wake(())
+                self._end_running_op(lane)
+                ready.append(lane)
+                continue
+            # `_comm_span` (its spans kept) or its count, then `_done`, written out
+            if self.keeps_spans:
+                self._comm_span(index, self.lane_gpu[lane])
+            elif now > self.start_s[index]:  # type: ignore[operator]  # it started
+                self.num_spans += 1
+            self.num_done += 1
+            end_s[index] = now
+            if now > self.last_end_s:
+                self.last_end_s = now
+            released = self.waiters.pop(index, None)
+            if released is not None:
+                for other in released:
+                    self._record_wait(other, index)
+                ready.extend(released)
+        if not self.draining:
+            self._drain()
 
     def _comm_span(self, index: int, gpu: int) -> None:
         """The span of a non-blocking transfer, on its own stream of the GPU."""
@@ -594,43 +673,45 @@ class _Engine:
     def _record_wait(self, lane_index: int, dep: int) -> None:
         """The lane waited for ``dep`` from ``waited_from`` until now: idle or exposed comm."""
         now, waited_from = self.env._now, self.waited_from[lane_index]
-        lane = self.workload.lanes[lane_index]
-        op = self.workload.ops[lane.ops[self.position[lane_index]]]
-        gpu, stream = lane.gpu, lane.stream
-        dep_op = self.workload.ops[dep]
+        ops, lane_gpu = self.ops, self.lane_gpu
+        op = ops[self.lane_ops[lane_index][self.position[lane_index]]]
+        gpu = lane_gpu[lane_index]
+        dep_op = ops[dep]
+        dep_kind = dep_op.kind
         if self.blame is not None:
-            self.blame.waited(lane_index, dep, dep_op.kind, waited_from, now)
-        wait_kind = WAIT_OF_COMM.get(dep_op.kind)
+            self.blame.waited(lane_index, dep, dep_kind, waited_from, now)
+        wait_kind = WAIT_OF_COMM.get(dep_kind)
         if wait_kind is None:
             busy_from = now  # waited on another GPU's compute: all of it is bubble
-        elif self.workload.lanes[dep_op.lane].gpu == gpu and dep_op.kind != PP_SEND:
+        elif lane_gpu[dep_op.lane] == gpu and dep_kind != PP_SEND:
             busy_from = waited_from  # own transfer, queued or in flight: all exposed comm
         else:
             # Until another GPU starts sending (or, blocking p2p, both sides reach the
             # call), this one waits on the pipeline, not the wire.
             busy_from = max(waited_from, self.start_s[dep])  # type: ignore[type-var, assignment]  # it ended
-        label, microbatch, kept = op.label, op.microbatch, self.keeps_spans
-        if busy_from > waited_from:
-            if kept:
+        if self.keeps_spans:
+            stream, label, microbatch = self.lane_stream[lane_index], op.label, op.microbatch
+            if busy_from > waited_from:
                 self.spans.append(
-                    Span(gpu, stream, IDLE, label, microbatch, waited_from, busy_from, op.index)
+                    _new(
+                        Span,
+                        (gpu, stream, IDLE, label, microbatch, waited_from, busy_from, op.index),
+                    )
                 )
-            else:
-                self._add(lane_index, IDLE, busy_from - waited_from)
-        if now > busy_from:
-            if kept:
-                self.spans.append(
-                    Span(gpu, stream, wait_kind, label, microbatch, busy_from, now, op.index)  # type: ignore[arg-type]  # None: busy_from is now
-                )
-            else:
-                self._add(lane_index, wait_kind, now - busy_from)  # type: ignore[arg-type]  # None: busy_from is now
-
-    def _add(self, lane_index: int, kind: str, seconds: float) -> None:
-        """`simulate_totals`: a span of the lane's, added up."""
-        self.num_spans += 1
+            if now > busy_from:
+                span = (gpu, stream, wait_kind, label, microbatch, busy_from, now, op.index)
+                self.spans.append(_new(Span, span))
+            return
+        # `simulate_totals`: the spans' seconds added up
         totals = self.totals[lane_index]
-        if totals is not None:
-            totals[CATEGORY_OF_KIND[kind]] += seconds
+        if busy_from > waited_from:
+            self.num_spans += 1
+            if totals is not None:
+                totals[CATEGORY_OF_KIND[IDLE]] += busy_from - waited_from
+        if now > busy_from:
+            self.num_spans += 1
+            if totals is not None:
+                totals[CATEGORY_OF_KIND[wait_kind]] += now - busy_from  # type: ignore[index]  # None: busy_from is now
 
     def _check_finished(self) -> None:
         ops = self.workload.ops

@@ -30,7 +30,7 @@ import simpy
 from simpy.events import NORMAL
 
 from ..ir.flows import Collective, Interval, Transfer
-from .events import Callback, after, queue_of, scheduler
+from .events import Callback, after, queue_of
 from .maxmin import max_min
 
 # builds a named tuple from a tuple of its fields, skipping the Python-level __new__
@@ -171,13 +171,16 @@ class _Flow:
 
 class _Alone:
     """A transfer alone on its links (`FairShareNetwork.start_alone`): its own end event,
-    reused for the next one of the same ``on_done`` (they never overlap)."""
+    reused for the next one of the same ``on_done`` (they never overlap). ``lane``: the
+    engine's lane whose ops' ends the run loop does itself (engine.core, `_run_clock`),
+    else -1."""
 
-    __slots__ = ("transfer", "rate", "start_s", "on_done", "callbacks")
+    __slots__ = ("transfer", "rate", "start_s", "on_done", "lane", "callbacks")
     transfer: Transfer
     rate: float
     start_s: float
     on_done: Callback
+    lane: int
     callbacks: tuple[Callable[[_Alone], None], ...] | None
     _ok = True  # what simpy's Environment.step reads of an event after its callbacks
 
@@ -219,7 +222,6 @@ class FairShareNetwork(Network):
         self._solo: dict[int, tuple[Transfer, float, frozenset[int]]] = {}
         # the link classes of each set of flow shapes met by a recompute (engine.maxmin)
         self._structures: dict = {}
-        self._schedule = scheduler(env)
         self._claim_ends = (self._claim_ended,)
         self._alone_ends = (self._alone_ended,)
         self._alone: dict[Callback, _Alone] = {}  # by on_done
@@ -248,10 +250,19 @@ class FairShareNetwork(Network):
         self._claimant.update(dict.fromkeys(flow.links, flow))
         flow.rate = rate
         flow.updated_s = flow.start_s
-        # version 1, its first end event: the flow itself, scheduled once (events.Call)
+        # version 1, its first end event: the flow itself, scheduled once (events.Call),
+        # pushed as simpy's ``schedule`` pushes (events.queue_of)
         flow.version = 1
         flow.callbacks = self._claim_ends
-        self._schedule(flow, NORMAL, transfer.latency_s + transfer.bytes_per_flow / rate)
+        heappush(
+            self._queue,
+            (
+                self.env._now + (transfer.latency_s + transfer.bytes_per_flow / rate),
+                NORMAL,
+                next(self._eid),
+                flow,
+            ),
+        )
 
     def _claim_ended(self, flow: _Flow) -> None:
         self._finish(flow, 1)
@@ -289,6 +300,7 @@ class FairShareNetwork(Network):
         if event is None:
             event = self._alone[on_done] = _Alone()
             event.on_done = on_done
+            event.lane = -1
         return event
 
     def _alone_timing_entry(self, transfer: Transfer) -> tuple[Transfer, float, float]:
