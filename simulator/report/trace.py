@@ -26,11 +26,10 @@ Written so that Perfetto shows every slice (docs/design.md, "Traces"):
 from __future__ import annotations
 
 import json
-from bisect import bisect_left
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from itertools import chain
-from operator import itemgetter
+from itertools import chain, repeat
+from operator import itemgetter, methodcaller
 from typing import NamedTuple
 
 import numpy as np
@@ -212,60 +211,62 @@ def view_trace_text(result: TraceView) -> str:
     return "".join(view_trace_chunks(result))
 
 
-CHUNK_EVENTS = 50_000  # span events formatted and handed on at a time
+# span events formatted and handed on at a time: the byte rows of 10,000 (about 2 MB)
+# were quicker to write than 50,000's (their rows stay in the cache)
+CHUNK_EVENTS = 10_000
 
 
 def view_trace_chunks(result: TraceView) -> Iterator[str]:
     """`view_trace_text` in pieces, each handed on once made (a writer streams them to
-    its file): the metadata and counter events through json, the spans and idle pieces
-    formatted from columns (each span's name, thread, times and micro-batch as lists
-    made at once), a few tens of thousands of events a piece."""
+    its file): the metadata and counter events through json, the idle pieces formatted
+    from columns, and the spans written ten thousand at a time as rows of bytes
+    (`_SpanRows`: each event's name, thread, times, micro-batch and flow picked from
+    tables or written as digits by numpy, with no Python step per span)."""
     laid = _layout(result)
     flows = _pipeline_flows(result, laid)
     dumps = json.JSONEncoder(separators=(",", ":")).encode
     yield '{"traceEvents":['
     comma = ""  # between events: none before the first
 
-    def joined(events: list[str]) -> str:
+    def joined(events: list[str] | str) -> str:
+        """The events (a list, or their text joined by commas), after a comma unless
+        they are the first."""
         nonlocal comma
         if not events:
             return ""
-        text, comma = comma + ",".join(events), ","
+        text, comma = comma + (events if isinstance(events, str) else ",".join(events)), ","
         return text
 
     yield joined([dumps(event) for event in laid.head])
     cols = laid.columns
-    # '"name":...,"cat":...' of each (label, kind), '"pid":...,"tid":...' of each track
-    named = {
-        key: f'"name":{dumps(f"{key[0]} {key[1]}")},"cat":{dumps(key[1])}'
-        for key in dict.fromkeys(zip(cols.label, cols.kind, strict=True))
-    }
-    tails = ["}"] * len(cols.gpu)  # what ends each span's event: its flow, if any
-    for i, (bind_id, way) in flows.items():
-        tails[i] = f',"bind_id":{bind_id},"{way}":true}}'
+    # each span's (label, kind) as a number, and '{"ph":"X","name":...,"cat":...,' of each
+    found, name_of = _distinct(cols.label * len(cols.kinds) + cols.kind)
+    code = [
+        (cols.labels[k // len(cols.kinds)], cols.kinds[k % len(cols.kinds)]) for k in found.tolist()
+    ]
+    names = [
+        f'{{"ph":"X","name":{dumps(f"{label} {kind}")},"cat":{dumps(kind)},' for label, kind in code
+    ]
+    threads = [f'{thread},"ts":' for thread in laid.thread_texts.tolist()]
+    way = np.zeros(len(cols.gpu), dtype=np.int64)  # each span's flow: 0 none, 1 out, 2 in
+    bind = np.zeros(len(cols.gpu), dtype=np.int64)
+    if flows:
+        linked = np.fromiter(flows, np.int64, len(flows))
+        signed = np.fromiter(flows.values(), np.int64, len(flows))
+        bind[linked], way[linked] = np.abs(signed), np.where(signed > 0, 1, 2)
+    rows = _SpanRows(_byte_rows(names), _byte_rows(threads))
     for at in range(0, len(cols.gpu), CHUNK_EVENTS):
         part = slice(at, at + CHUNK_EVENTS)
-        starts = laid.starts[part]
-        ts_whole, ts_part = _us_texts(starts)
-        dur_whole, dur_part = _us_texts(laid.ends[part] - starts)
-        names = [named[key] for key in zip(cols.label[part], cols.kind[part], strict=True)]
-        threads = laid.thread_texts[laid.thread_of[part]].tolist()
         yield joined(
-            [
-                f'{{"ph":"X",{name},{thread},"ts":{a}{b},"dur":{c}{d},'
-                f'"args":{{"microbatch":{mb}}}{tail}'
-                for name, thread, a, b, c, d, mb, tail in zip(
-                    names,
-                    threads,
-                    ts_whole,
-                    ts_part,
-                    dur_whole,
-                    dur_part,
-                    cols.microbatch[part],
-                    tails[part],
-                    strict=True,
-                )
-            ]
+            rows.text(
+                name_of[part],
+                laid.thread_of[part],
+                laid.starts[part],
+                laid.ends[part],
+                cols.microbatch[part],
+                way[part],
+                bind[part],
+            )
         )
     causes = {
         cause: f'"name":{dumps(style.legend)},"cat":"idle_by_cause"'
@@ -288,6 +289,133 @@ def view_trace_chunks(result: TraceView) -> Iterator[str]:
     yield '],"displayTimeUnit":"ms","otherData":' + dumps(_other_data(result)) + "}"
 
 
+def _byte_rows(texts: Sequence[str]) -> np.ndarray:
+    """Each text (ASCII, as json writes) as a row of bytes, zero bytes after it up to
+    the longest: a table whose rows an array of codes picks."""
+    raw = [text.encode("ascii") for text in texts]
+    width = max(map(len, raw), default=0)
+    table = b"".join(text.ljust(width, b"\0") for text in raw)
+    return np.frombuffer(table, np.uint8).reshape(len(raw), width)
+
+
+def _digit_rows(values: np.ndarray) -> np.ndarray:
+    """Each integer's decimal text (as ``str`` writes it: '-' first when negative) as
+    a row of bytes, zero bytes before the digits up to the longest."""
+    size = np.abs(values)
+    width = len(str(int(size.max()))) if len(values) else 1
+    if width <= 9:  # below 2**32: the divisions are quicker on 32 bits
+        size = size.astype(np.uint32)
+    columns = np.empty((width, len(values)), dtype=np.uint8)  # a digit's column a row
+    rest = size
+    for k in range(width):  # the digit of 10**k, none before the first (0 keeps its digit)
+        shifted = rest // 10
+        digit = (rest - shifted * 10).astype(np.uint8) + 48
+        if k:
+            digit[size < 10**k] = 0
+        columns[width - 1 - k] = digit
+        rest = shifted
+    if (values < 0).any():
+        return np.column_stack([np.where(values < 0, 45, 0).astype(np.uint8), columns.T])
+    return columns.T
+
+
+def _constant(text: str, n: int) -> np.ndarray:
+    """``text`` as ``n`` rows of bytes."""
+    return np.broadcast_to(np.frombuffer(text.encode("ascii"), np.uint8), (n, len(text)))
+
+
+def _joined_rows(blocks: list[np.ndarray]) -> str:
+    """Rows of bytes laid side by side, block after block (a column of texts each),
+    written row after row with the zero bytes (padding) left out: the rows' texts one
+    after the other. JSON text holds no zero byte (json escapes it)."""
+    matrix = np.concatenate(blocks, axis=1)
+    return matrix[matrix != 0].tobytes().decode("ascii")
+
+
+_DECIMAL_ROWS = _byte_rows(_DECIMALS)
+_FLOW_HEADS = _byte_rows(["}", ',"bind_id":', ',"bind_id":'])  # by way: none, out, in
+_FLOW_TAILS = _byte_rows(["", ',"flow_out":true}', ',"flow_in":true}'])
+US_RANGE_NS = 10**15  # times written from whole and decimal columns below this (`us_text`)
+
+
+class _SpanRows(NamedTuple):
+    """Span events as text, many at a time: each event's pieces as columns of bytes
+    (`_joined_rows`), picked from tables (names, threads, decimals) or written as
+    digits, with no Python step per event. ``names``: '{"ph":"X","name":..,"cat":..,'
+    of each (label, kind); ``threads``: '"pid":..,"tid":..,"ts":' of each track."""
+
+    names: np.ndarray
+    threads: np.ndarray
+
+    def text(
+        self,
+        name: np.ndarray,
+        thread: np.ndarray,
+        starts: np.ndarray,
+        ends: np.ndarray,
+        microbatch: np.ndarray,
+        way: np.ndarray,
+        bind: np.ndarray,
+    ) -> str:
+        """The events, comma separated, each as `_span_event` writes it."""
+        n, durations = len(name), ends - starts
+        if not n:
+            return ""
+        if min(starts.min(), durations.min()) < 0 or max(starts.max(), durations.max()) >= (
+            US_RANGE_NS
+        ):  # a float repr beyond `us_text`'s range: event by event
+            return ",".join(
+                _span_event(*row)
+                for row in zip(
+                    _table_texts(self.names, name),
+                    _table_texts(self.threads, thread),
+                    starts.tolist(),
+                    ends.tolist(),
+                    microbatch.tolist(),
+                    way.tolist(),
+                    bind.tolist(),
+                    strict=True,
+                )
+            )
+        bind_digits = _digit_rows(bind)
+        bind_digits[way == 0] = 0
+        text = _joined_rows(
+            [
+                self.names[name],
+                self.threads[thread],
+                _digit_rows(starts // 1000),
+                _DECIMAL_ROWS[starts % 1000],
+                _constant(',"dur":', n),
+                _digit_rows(durations // 1000),
+                _DECIMAL_ROWS[durations % 1000],
+                _constant(',"args":{"microbatch":', n),
+                _digit_rows(microbatch),
+                _constant("}", n),
+                _FLOW_HEADS[way],
+                bind_digits,
+                _FLOW_TAILS[way],
+                _constant(",", n),
+            ]
+        )
+        return text[:-1]
+
+
+def _table_texts(table: np.ndarray, codes: np.ndarray) -> list[str]:
+    """The texts of a `_byte_rows` table that ``codes`` pick."""
+    return [row.tobytes().rstrip(b"\0").decode("ascii") for row in table[codes]]
+
+
+def _span_event(
+    name: str, thread: str, start: int, end: int, microbatch: int, way: int, bind: int
+) -> str:
+    """One span's event, its pieces as `_SpanRows` has them."""
+    flow = "}" if way == 0 else f',"bind_id":{bind},"{("flow_out", "flow_in")[way - 1]}":true}}'
+    return (
+        f'{name}{thread}{us_text(start)},"dur":{us_text(end - start)},'
+        f'"args":{{"microbatch":{microbatch}}}{flow}'
+    )
+
+
 def _other_data(result: TraceView) -> dict:
     other: dict = {"scenario": result.scenario_name}
     if result.fast_forward is not None:
@@ -296,26 +424,54 @@ def _other_data(result: TraceView) -> dict:
 
 
 class _Columns(NamedTuple):
-    """The spans (each GPU's: `spans_per_gpu`) field by field; times as arrays."""
+    """The spans (each GPU's: `spans_per_gpu`) field by field as arrays: numbers as
+    they are, each text field as a code into its distinct values (in order of first
+    appearance)."""
 
-    gpu: list[int]
-    stream: list[str]
-    kind: list[str]
-    label: list[str]
-    microbatch: list[int]
-    start_s: np.ndarray
+    gpu: np.ndarray  # int64
+    stream: np.ndarray  # int64, an index into streams
+    kind: np.ndarray  # into kinds
+    label: np.ndarray  # into labels
+    microbatch: np.ndarray  # int64
+    start_s: np.ndarray  # float64
     end_s: np.ndarray
-    op: list[int]
+    op: np.ndarray  # int64
+    streams: list[str]
+    kinds: list[str]
+    labels: list[str]
 
     @classmethod
     def of(cls, spans: Sequence[Span]) -> _Columns:
-        def field(k: int) -> list:
-            return list(map(itemgetter(k), spans))
+        n = len(spans)
 
-        def times(k: int) -> np.ndarray:
-            return np.fromiter(map(itemgetter(k), spans), np.float64, len(spans))
+        def numbers(k: int, dtype: type) -> np.ndarray:
+            return np.fromiter(map(itemgetter(k), spans), dtype, n)
 
-        return cls(field(0), field(1), field(2), field(3), field(4), times(5), times(6), field(7))
+        def coded(k: int) -> tuple[np.ndarray, list[str]]:
+            # each value's first index, in one pass; then numbered in order of them
+            seen: dict[object, int] = {}
+            first = map(seen.setdefault, map(itemgetter(k), spans), range(n))
+            found, code = _distinct(np.fromiter(first, np.int64, n))
+            return code, [spans[i][k] for i in found.tolist()]
+
+        (stream, streams), (kind, kinds), (label, labels) = coded(1), coded(2), coded(3)
+        return cls(
+            numbers(0, np.int64),
+            stream,
+            kind,
+            label,
+            numbers(4, np.int64),
+            numbers(5, np.float64),
+            numbers(6, np.float64),
+            numbers(7, np.int64),
+            streams,
+            kinds,
+            labels,
+        )
+
+    def texts(self, codes: np.ndarray, values: list[str]) -> list[str]:
+        """The values that ``codes`` (of a text field) stand for."""
+        return np.array(values, dtype=object)[codes].tolist()
 
 
 class _Laid(NamedTuple):
@@ -338,19 +494,29 @@ def _ns(seconds: Sequence[float] | np.ndarray) -> np.ndarray:
     return np.rint(np.asarray(seconds, dtype=np.float64) * 1e9).astype(np.int64)
 
 
+def _distinct(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(keys, return_inverse=True)`` of non-negative integers: the distinct
+    ones in order and each key's index among them; without a sort where they lie in a
+    range not much longer than the keys."""
+    if not len(keys) or keys.max() > 4 * len(keys) + 1000:
+        found, index = np.unique(keys, return_inverse=True)
+        return found, index.reshape(-1)
+    present = np.zeros(int(keys.max()) + 1, dtype=bool)
+    present[keys] = True
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[keys]
+
+
 def _layout(result: TraceView) -> _Laid:
     """The spans' columns, whole-nanosecond starts and ends, concurrency slots and thread
     ids, and the metadata events naming processes and threads."""
     cols = _Columns.of(spans_per_gpu(result.trace))  # a congruent TP group's: each GPU's
     starts, ends = _ns(cols.start_s), _ns(cols.end_s)
-    stream_code = {stream: k for k, stream in enumerate(dict.fromkeys(cols.stream))}
-    gpu = np.array(cols.gpu, dtype=np.int64)
-    track = gpu * len(stream_code) + np.array([stream_code[s] for s in cols.stream], dtype=np.int64)
+    gpu, streams = cols.gpu, cols.streams
+    track = gpu * len(streams) + cols.stream
     slot = _slot_numbers(track, starts, ends)
     top = int(slot.max()) + 1 if len(slot) else 1
     # each span's (GPU, stream, slot) as one number, and the distinct ones
-    found, thread_of = np.unique(track * top + slot, return_inverse=True)
-    streams = list(stream_code)
+    found, thread_of = _distinct(track * top + slot)
     used = [
         (int(key // top) // len(streams), streams[int(key // top) % len(streams)], int(key % top))
         for key in found.tolist()
@@ -376,9 +542,7 @@ def _layout(result: TraceView) -> _Laid:
         title = TRACK_TITLES.get(stream, stream) + (f" #{slot_of + 1}" if slot_of else "")
         events.append(_meta(gpu_of, tid, "thread_name", name=title))
         events.append(_meta(gpu_of, tid, "thread_sort_index", sort_index=tid))
-    return _Laid(
-        cols, starts, ends, thread_of.reshape(-1), thread_texts, thread_ids, tid_of, events
-    )
+    return _Laid(cols, starts, ends, thread_of, thread_texts, thread_ids, tid_of, events)
 
 
 def view_trace(result: TraceView) -> dict:
@@ -389,7 +553,13 @@ def view_trace(result: TraceView) -> dict:
     tids = [laid.thread_ids[k] for k in laid.thread_of.tolist()]
     starts, ends = laid.starts.tolist(), laid.ends.tolist()
     for i, (gpu, kind, label, microbatch) in enumerate(
-        zip(cols.gpu, cols.kind, cols.label, cols.microbatch, strict=True)
+        zip(
+            cols.gpu.tolist(),
+            cols.texts(cols.kind, cols.kinds),
+            cols.texts(cols.label, cols.labels),
+            cols.microbatch.tolist(),
+            strict=True,
+        )
     ):
         event = {
             "ph": "X",
@@ -402,9 +572,8 @@ def view_trace(result: TraceView) -> dict:
             "args": {"microbatch": microbatch},
         }
         if i in flows:
-            bind_id, direction = flows[i]
-            event["bind_id"] = bind_id
-            event[direction] = True
+            event["bind_id"] = abs(flows[i])
+            event["flow_out" if flows[i] > 0 else "flow_in"] = True
         events.append(event)
     gpus, tids_idle, causes, starts_idle, ends_idle = _idle_slices(result, laid.tid_of)
     for gpu, tid, cause, start, end in zip(
@@ -469,129 +638,186 @@ def _thread_ids(tracks: set[tuple[int, str, int]]) -> dict[tuple[int, str, int],
     return tid_of
 
 
-def _first_of(keys: np.ndarray, values: np.ndarray) -> dict[int, int]:
-    """key -> the value at its first occurrence in ``keys``."""
-    found, first = np.unique(keys, return_index=True)
-    return dict(zip(found.tolist(), values[first].tolist(), strict=True))
-
-
-def _pipeline_flows(result: TraceView, laid: _Laid) -> dict[int, tuple[int, str]]:
-    """Span index -> (bind_id, "flow_out" | "flow_in"): each pipeline send's span linked
+def _pipeline_flows(result: TraceView, laid: _Laid) -> dict[int, int]:
+    """Span index -> its bind_id, for "flow_out", or minus it, for "flow_in" (numbers:
+    no object per flow to collect): each pipeline send's span linked
     to the span of the op on another GPU that consumes what it sent (a forward, a
     backward...). Chrome trace format flow events, version 2 (``bind_id`` with
     ``flow_out`` / ``flow_in`` on the complete events, as Perfetto's JSON importer
     reads them). An op fed by several sends keeps the first; a pair is linked only when
-    the receive starts after the send does, so the importer meets the send first."""
+    the receive starts after the send does, so the importer meets the send first.
+    Found on arrays with an entry per op or span; the loop is over the linked pairs."""
     ops, lanes = result.workload.ops, result.workload.lanes
     cols, starts = laid.columns, laid.starts
-    if not ops or not cols.gpu:
+    if not ops or not len(cols.gpu):
         return {}
     n = len(ops)
-    op_kind = list(map(itemgetter(2), ops))  # the ops' kinds, micro-batches and deps
-    op_mb = list(map(itemgetter(4), ops))
-    op_deps = list(map(itemgetter(8), ops))
-    code = {kind: k for k, kind in enumerate(sorted({*op_kind, *cols.kind}))}
-    kind_of_op = np.fromiter(map(code.__getitem__, op_kind), np.int64, n)
-    gpu_of_op = np.array([lane.gpu for lane in lanes], dtype=np.int64)[
-        np.fromiter(map(itemgetter(1), ops), np.int64, n)
-    ]
-    send = code.get(PP_SEND, -1)
+    # each op's kind as the spans' code of it (a send's when no span is one; -2: a kind
+    # no span has)
+    code = {kind: k for k, kind in enumerate(cols.kinds)}
+    send = code.setdefault(PP_SEND, len(code))
+    op_kind = np.fromiter(map(code.get, map(itemgetter(2), ops), repeat(-2)), np.int64, n)
+    is_send_op = op_kind == send
+    sends = np.flatnonzero(is_send_op)
     # send op -> the first op (by index) on another GPU that lists it among its deps
-    counts = np.fromiter(map(len, op_deps), dtype=np.int64, count=n)
-    dep = np.fromiter(chain.from_iterable(op_deps), np.int64, int(counts.sum()))
-    needer = np.repeat(np.arange(n, dtype=np.int64), counts)
-    feeds = (kind_of_op[dep] == send) & (gpu_of_op[dep] != gpu_of_op[needer])
-    consumer = _first_of(dep[feeds], needer[feeds])
-    # op -> index of its span (the op's own kind, not a wait)
-    span_op = np.array(cols.op, dtype=np.int64)
-    span_kind = np.fromiter(map(code.__getitem__, cols.kind), np.int64, len(cols.kind))
-    own = span_kind == kind_of_op[span_op]
+    counts = np.fromiter(map(len, map(itemgetter(8), ops)), dtype=np.int64, count=n)
+    needs = np.flatnonzero(counts)  # most ops list no dep: only the others' are read
+    listed = map(itemgetter(8), _picked(ops, needs))
+    dep = np.fromiter(chain.from_iterable(listed), np.int64, int(counts.sum()))
+    needer = np.repeat(needs, counts[needs])
+    # the GPU of each op that is a send or lists a dep (-1: not looked up)
+    gpu_of_op = np.full(n, -1, dtype=np.int64)
+    looked = np.zeros(n, dtype=bool)
+    looked[sends] = looked[needs] = True
+    looked = np.flatnonzero(looked)
+    gpu_of_op[looked] = np.array([lane.gpu for lane in lanes], dtype=np.int64)[
+        np.fromiter(map(itemgetter(1), _picked(ops, looked)), np.int64, len(looked))
+    ]
+    feeds = is_send_op[dep] & (gpu_of_op[dep] != gpu_of_op[needer])
+    consumer = _first_of(dep[feeds], needer[feeds], n)
+    # op -> its first span of the op's own kind (not a wait): a send's, another's
+    span_op = cols.op
+    own = cols.kind == op_kind[span_op]
+    is_send = own & (cols.kind == send)
     index = np.arange(len(span_op), dtype=np.int64)
-    is_send = own & (span_kind == send)
-    send_span = _first_of(span_op[is_send], index[is_send])
-    own_span = _first_of(span_op[own & ~is_send], index[own & ~is_send])
+    send_span = _first_of(span_op[is_send], index[is_send], n)
     # Blocking p2p (a framework's pipeline_p2p): the send is a rendezvous of the sending
     # and the receiving stage's ops ("send F3" / "recv F3", the same transfer); what
     # consumes it is the receiving GPU's first pass of that micro-batch after it.
-    rendezvous = np.fromiter(map(itemgetter(10), ops), np.int64, n)
-    joined = np.nonzero((kind_of_op == send) & (rendezvous >= 0))[0]
-    members: dict[int, list[int]] = defaultdict(list)
-    for i, first in zip(joined.tolist(), rendezvous[joined].tolist(), strict=True):
-        members[first].append(i)
-    gpus = gpu_of_op.tolist()
-    if members:
-        passes = _Passes.of(cols, own, span_kind, code, starts)
-        end_s = cols.end_s.tolist()
-        for group in members.values():
-            for sender in [o for o in group if ops[o].label.startswith("send")]:
-                for other in group:
-                    if gpus[other] != gpus[sender]:
-                        k = passes.first_after(gpus[other], op_mb[sender], end_s[send_span[sender]])
-                        if k is not None:
-                            consumer.setdefault(sender, cols.op[k])
-    flows: dict[int, tuple[int, str]] = {}
+    rendezvous = np.fromiter(map(itemgetter(10), _picked(ops, sends)), np.int64, len(sends))
+    joined = rendezvous >= 0
+    if joined.any():
+        passes = own & np.isin(
+            cols.kind, _codes(cols.kinds, (FORWARD, BACKWARD, RECOMPUTE, WEIGHT))
+        )
+        sender, k = _first_passes_after(
+            ops,
+            laid,
+            np.flatnonzero(passes),
+            sends[joined],
+            rendezvous[joined],
+            gpu_of_op,
+            send_span,
+            consumer,
+        )
+        consumer[sender] = span_op[k]
+    fed = np.zeros(n, dtype=bool)  # the consumers: only their spans are looked up
+    fed[consumer[consumer >= 0]] = True
+    mine = own & ~is_send & fed[span_op]
+    own_span = _first_of(span_op[mine], index[mine], n)
+    # each send's span (in order of the send op) and its consumer's
+    sent = np.flatnonzero(send_span >= 0)
+    fed = consumer[sent]
+    sent, got = send_span[sent], np.where(fed >= 0, own_span[np.maximum(fed, 0)], -1)
+    linked = got >= 0
+    linked[linked] = starts[got[linked]] > starts[sent[linked]]
+    flows: dict[int, int] = {}
     # a congruent TP group's lane (comm/congruent.py): its spans are each followed by
     # their copies for the group's other GPUs, and rank k's send feeds rank k's op
     copies = copies_of(result.trace.lanes)
-    at = starts.tolist()
-    for sender, i in sorted(send_span.items()):
-        j = own_span.get(consumer.get(sender, -1))
-        if j is None or j in flows or at[j] <= at[i]:
+    sent, got = sent[linked], got[linked]
+    for i, j, gpu_i, gpu_j in zip(
+        sent.tolist(), got.tolist(), cols.gpu[sent].tolist(), cols.gpu[got].tolist(), strict=True
+    ):
+        if j in flows:
             continue
-        for k in range(copies.get(cols.gpu[i], 1) if cols.gpu[j] in copies else 1):
+        for copy in range(copies.get(gpu_i, 1) if gpu_j in copies else 1):
             bind_id = len(flows) // 2 + 1
-            flows[i + k] = (bind_id, "flow_out")
-            flows[j + k] = (bind_id, "flow_in")
+            flows[i + copy] = bind_id
+            flows[j + copy] = -bind_id
     return flows
 
 
-class _Passes(NamedTuple):
-    """The pass spans (forward, backward, recompute, weight; the op's own kind) by GPU
-    and micro-batch, each group in order of start, then index: their starts in seconds
-    and in ns, their span indices, and each (GPU, micro-batch)'s range of them."""
+def _picked(values: Sequence, at: np.ndarray) -> Iterator:
+    """The items of ``values`` at the indices ``at``, in order."""
+    return map(values.__getitem__, at.tolist())
 
-    start_s: list[float]
-    ns: list[int]
-    span: list[int]
-    ranges: dict[tuple[int, int], tuple[int, int]]
 
-    @classmethod
-    def of(
-        cls, cols: _Columns, own: np.ndarray, span_kind: np.ndarray, code: dict, starts: np.ndarray
-    ) -> _Passes:
-        kinds = [code[kind] for kind in (FORWARD, BACKWARD, RECOMPUTE, WEIGHT) if kind in code]
-        chosen = np.nonzero(own & np.isin(span_kind, kinds))[0]
-        gpu = np.array(cols.gpu, dtype=np.int64)[chosen]
-        microbatch = np.array(cols.microbatch, dtype=np.int64)[chosen]
-        order = np.lexsort((chosen, cols.start_s[chosen], microbatch, gpu))
-        chosen, gpu, microbatch = chosen[order], gpu[order], microbatch[order]
-        cut = np.nonzero((gpu[1:] != gpu[:-1]) | (microbatch[1:] != microbatch[:-1]))[0] + 1
-        lows = [0, *cut.tolist()]
-        highs = [*cut.tolist(), len(chosen)]
-        ranges = (
-            {
-                (g, m): (low, high)
-                for g, m, low, high in zip(
-                    gpu[lows].tolist(), microbatch[lows].tolist(), lows, highs, strict=True
-                )
-            }
-            if len(chosen)
-            else {}
+def _codes(values: list[str], wanted: tuple[str, ...]) -> list[int]:
+    """The codes of those of a text field's distinct ``values`` that are ``wanted``."""
+    return [code for code, value in enumerate(values) if value in wanted]
+
+
+def _first_of(keys: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Over keys 0..n-1: the value at each key's first occurrence in ``keys``; -1 for a
+    key that does not occur."""
+    out = np.full(n, -1, dtype=np.int64)
+    found, first = np.unique(keys, return_index=True)
+    out[found] = values[first]
+    return out
+
+
+def _first_passes_after(
+    ops: Sequence,
+    laid: _Laid,
+    passes: np.ndarray,
+    members: np.ndarray,
+    group: np.ndarray,
+    gpu_of_op: np.ndarray,
+    send_span: np.ndarray,
+    consumer: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Blocking sends (``members`` of rendezvous groups, ``group`` each one's first
+    member) without a consumer yet, and the pass span each is consumed by: for the
+    send's group's members on other GPUs, in op order, the first that runs a pass
+    (``passes``: span indices) of the send's micro-batch starting at or after the
+    send's span ends (in seconds); of the passes starting on that nanosecond, the lowest
+    span index. Sends whose group has no such pass are left out."""
+    cols, none = laid.columns, np.zeros(0, dtype=np.int64)
+    order = np.argsort(group, kind="stable")  # the groups' members, each group in op order
+    members, group = members[order], group[order]
+    first = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+    size = np.diff(np.r_[first, len(members)])
+    low, width = np.repeat(first, size), np.repeat(size, size)
+    labels = map(itemgetter(3), _picked(ops, members))
+    sending = np.flatnonzero(
+        np.fromiter(map(methodcaller("startswith", "send"), labels), bool, len(members))
+    )
+    # every (send, member of its group) pair: sends in op order, each's members in order
+    reps = width[sending]
+    offset = np.arange(int(reps.sum()), dtype=np.int64) - np.repeat(np.cumsum(reps) - reps, reps)
+    sender = members[np.repeat(sending, reps)]
+    other = members[np.repeat(low[sending], reps) + offset]
+    keep = (gpu_of_op[other] != gpu_of_op[sender]) & (consumer[sender] < 0)
+    keep &= send_span[sender] >= 0
+    sender, other = sender[keep], other[keep]
+    if not len(sender) or not len(passes):
+        return none, none
+    # queries (the other's GPU, the send's micro-batch, the send's end) and passes
+    # (GPU, micro-batch, start), each (GPU, micro-batch) as one key
+    ask_mb = np.fromiter(map(itemgetter(4), _picked(ops, sender)), np.int64, len(sender))
+    pass_mb = cols.microbatch[passes]
+    low_mb = min(int(ask_mb.min()), int(pass_mb.min()))
+    span_mb = max(int(ask_mb.max()), int(pass_mb.max())) - low_mb + 1
+    ask_key = gpu_of_op[other] * span_mb + (ask_mb - low_mb)
+    pass_key = cols.gpu[passes] * span_mb + (pass_mb - low_mb)
+    pass_start = cols.start_s[passes]
+    by = np.lexsort((passes, pass_start, pass_key))  # by key, start, span index
+    passes, pass_key, pass_start = passes[by], pass_key[by], pass_start[by]
+    # merged by key and seconds, a query before passes starting at its time (bisect_left)
+    n = len(passes)
+    merged = np.lexsort(
+        (
+            np.r_[np.ones(n, np.int8), np.zeros(len(sender), np.int8)],
+            np.r_[pass_start, cols.end_s[send_span[sender]]],
+            np.r_[pass_key, ask_key],
         )
-        return cls(cols.start_s[chosen].tolist(), starts[chosen].tolist(), chosen.tolist(), ranges)
-
-    def first_after(self, gpu: int, microbatch: int, end_s: float) -> int | None:
-        """The pass span of ``gpu`` and ``microbatch`` starting first (in ns; of those,
-        the lowest index) among those that start at or after ``end_s``, or None."""
-        low, high = self.ranges.get((gpu, microbatch), (0, 0))
-        at = bisect_left(self.start_s, end_s, low, high)
-        if at == high:
-            return None
-        best, stop = self.span[at], at + 1
-        while stop < high and self.ns[stop] == self.ns[at]:
-            best = min(best, self.span[stop])
-            stop += 1
-        return best
+    )
+    position = np.empty(len(merged), dtype=np.int64)
+    position[merged] = np.arange(len(merged))
+    # the first pass at or after each merged place (n: none)
+    ahead = np.minimum.accumulate(np.where(merged < n, merged, n)[::-1])[::-1]
+    hit = ahead[position[n:]]
+    found = hit < n
+    found[found] = pass_key[hit[found]] == ask_key[found]
+    # the lowest span index from each pass on, among its key's passes on its nanosecond
+    ns = laid.starts[passes]
+    run = np.cumsum(np.r_[True, (pass_key[1:] != pass_key[:-1]) | (ns[1:] != ns[:-1])])
+    big = int(passes.max()) + 1
+    lowest = np.minimum.accumulate((passes + run * big)[::-1])[::-1] - run * big
+    sender, k = sender[found], lowest[hit[found]]
+    chosen, first = np.unique(sender, return_index=True)  # each send's first member found
+    return chosen, k[first]
 
 
 NETWORK_PID = 1_000_000_000  # a process of its own for the link counters
