@@ -590,16 +590,8 @@ class _Engine:
                     return
                 position += 1
                 continue
-            # a barrier, or a compute op of no time: done now (`_done` written out)
-            self.num_done += 1
-            end_s[index] = now
-            if now > self.last_end_s:
-                self.last_end_s = now
-            released = self.waiters.pop(index, None)
-            if released is not None:
-                for lane in released:
-                    self._record_wait(lane, index)
-                self.ready.extend(released)
+            # a barrier, or a compute op of no time: done now
+            self._done(index, now)
             position += 1
         self.position[lane_index] = position
         self.next_dep[lane_index] = 0
@@ -626,7 +618,7 @@ class _Engine:
 
     def _collective_done(self, first: int, _event: object = None) -> None:
         """Every member's op ends: the lanes blocked on it go on."""
-        ops, now, end_s, ready = self.ops, self.env._now, self.end_s, self.ready
+        ops, now, ready = self.ops, self.env._now, self.ready
         for index in self.members[first]:
             op = ops[index]
             lane = op.lane
@@ -634,20 +626,12 @@ class _Engine:
                 self._end_running_op(lane)
                 ready.append(lane)
                 continue
-            # `_comm_span` (its spans kept) or its count, then `_done`, written out
+            # `_comm_span` (its spans kept) or its count, then `_done`
             if self.keeps_spans:
                 self._comm_span(index, self.lane_gpu[lane])
             elif now > self.start_s[index]:  # type: ignore[operator]  # it started
                 self.num_spans += 1
-            self.num_done += 1
-            end_s[index] = now
-            if now > self.last_end_s:
-                self.last_end_s = now
-            released = self.waiters.pop(index, None)
-            if released is not None:
-                for other in released:
-                    self._record_wait(other, index)
-                ready.extend(released)
+            self._done(index, now)
         if not self.draining:
             self._drain()
 
