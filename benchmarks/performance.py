@@ -22,6 +22,14 @@ resident memory of any process in it), `out-json` (`stepsim run --out DIR` again
 `stepsim run --json` on MT-NLG 530B and on the 16,384-GPU dense run) and `mt-nlg`
 (MT-NLG symmetric `stepsim run --json`, the whole process).
 
+`--instructions` counts instead of timing (valgrind's callgrind, one run each, about
+50x slower): each case's whole process, and the reference loop's own instructions (its
+process less one that only starts), so that the ratios do not move with the host's
+speed, which drifted by 2x within minutes on 2026-11-28. `search` is left out there
+(its workers would take most of an hour under valgrind).
+
+    python benchmarks/performance.py --only out-json --instructions   # ~15 min
+
 Every measurement is a whole process, as a user waits for it: the runner starts
 `python benchmarks/performance.py --case NAME` (which for a scenario runs exactly what
 `stepsim run FILE --quiet` runs) and times it from outside; the child reports its own
@@ -37,7 +45,9 @@ import io
 import json
 import os
 import platform
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -160,6 +170,8 @@ RATIO_CASES: dict[str, list[str]] = {
     "dense-16k-out": ["run", DENSE_16K, "--out", "{out}", "--quiet"],
 }
 ITEMS = ("targets", "flat", *RATIO_ITEMS)
+# `--instructions`: the reference loop's process, and one that only starts (its cost)
+REFERENCE_CASE, EMPTY_CASE = "reference-loop", "nothing"
 
 
 def _case_arguments(name: str) -> list[str] | None:
@@ -178,6 +190,11 @@ def _case_arguments(name: str) -> list[str] | None:
 
 def run_case(name: str) -> None:
     """In the child: run one case, print one JSON line (simulated figure, peak memory)."""
+    if name in (REFERENCE_CASE, EMPTY_CASE):  # `--instructions`: the loop, or nothing
+        if name == REFERENCE_CASE:
+            reference_loop_s()
+        print(json.dumps({"simulated_s": None, "peak_gib": 0.0}))
+        return
     if name in RATIO_CASES:
         run_ratio_case(name)
         return
@@ -264,6 +281,72 @@ def run_ratios(items: list[str], repeat: int) -> None:
     ref_cpu_s = statistics.median(cpu for _, cpu in before + after)
     print()
     print(ratio_table(items, rows, (ref_s, ref_cpu_s), repeat))
+
+
+def instructions(name: str, timeout_s: float = 3600) -> int:
+    """The instructions a fresh ``--case NAME`` process executes, every process it
+    starts included (valgrind's callgrind: the sum of its "Collected" lines)."""
+    proc = subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            "--trace-children=yes",
+            sys.executable,
+            __file__,
+            "--case",
+            name,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=ROOT,
+        check=False,
+        env={**os.environ, "PYTHONHASHSEED": "0"},
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"case {name} failed: {proc.stderr.strip()[-400:]}")
+    counts = [int(n) for n in re.findall(r"Collected : (\d+)", proc.stderr)]
+    if not counts:
+        raise RuntimeError(f"case {name}: no instruction count from valgrind")
+    return sum(counts)
+
+
+def run_instructions(items: list[str]) -> None:
+    """The RATIO_ITEMS named but the search, each case's instructions as a multiple of
+    the reference loop's (`instructions`; one run each: the counts hardly move)."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind (callgrind) on the PATH")
+    start = instructions(EMPTY_CASE)
+    loop = instructions(REFERENCE_CASE) - start
+    print(f"  reference loop ({REFERENCE_EVENTS:,} simpy events): {loop / 1e9:.2f} G")
+    cases: dict[str, str] = {}
+    for item in items:
+        if item != "search":
+            cases.update(RATIO_ITEMS[item])
+    counted = {}
+    for case in cases:
+        counted[case] = instructions(case)
+        print(f"  {case:<16} {counted[case] / 1e9:7.2f} G")
+    lines = [
+        "",
+        f"Reference loop: {loop / 1e9:.2f} G instructions (its process less one that only "
+        f"starts, {start / 1e9:.2f} G). Each case one fresh process, counted whole.",
+        "",
+        "| item | command | instructions | x reference |",
+        "|---|---|---:|---:|",
+    ]
+    for item in items:
+        for case, what in RATIO_ITEMS[item].items():
+            if case in counted:
+                n = counted[case]
+                lines.append(f"| {item} | {what} | {n / 1e9:.2f} G | {n / loop:.2f} |")
+    if "out-json" in items:
+        lines.append("")
+        for run in ("mt-nlg", "dense-16k"):
+            out, js = counted[f"{run}-out"], counted[f"{run}-json"]
+            lines.append(f"{run}: --out / --json {out / js:.2f}x instructions")
+    print("\n".join(lines))
 
 
 def _spread(runs: list[tuple[float, float]]) -> str:
@@ -546,6 +629,11 @@ def main() -> None:
     parser.add_argument("--scaling", action="store_true", help="time the growth sweeps")
     parser.add_argument("--write", action="store_true", help="update docs/performance.md")
     parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions (valgrind) instead of timing the ratio items",
+    )
+    parser.add_argument(
         "--only",
         help=f"comma-separated items to run, of {', '.join(ITEMS)} (default: targets, flat)",
     )
@@ -559,7 +647,9 @@ def main() -> None:
         if unknown:
             parser.error(f"--only: unknown item {unknown[0]!r} (known: {', '.join(ITEMS)})")
         ratios = [item for item in only if item in RATIO_ITEMS]
-        if ratios:
+        if ratios and args.instructions:
+            run_instructions(ratios)
+        elif ratios:
             run_ratios(ratios, args.repeat)
         if "targets" not in only and "flat" not in only:
             return
