@@ -19,10 +19,8 @@ class Drawing:
 
     __slots__ = ("_succ",)
 
-    def __init__(self, edges: Iterable[tuple[Hashable, Hashable]] = ()) -> None:
+    def __init__(self) -> None:
         self._succ: dict[Any, dict[Any, dict[str, Any]]] = {}
-        for u, v in edges:
-            self.add_edge(u, v)
 
     def add_node(self, n: Hashable) -> None:
         if n not in self._succ:
@@ -50,9 +48,6 @@ class Drawing:
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self._succ)
-
-    def __len__(self) -> int:
-        return len(self._succ)
 
     def __getitem__(self, u: Hashable) -> dict[Any, dict[str, Any]]:
         return self._succ[u]

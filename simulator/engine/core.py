@@ -626,11 +626,7 @@ class _Engine:
                 self._end_running_op(lane)
                 ready.append(lane)
                 continue
-            # `_comm_span` (its spans kept) or its count, then `_done`
-            if self.keeps_spans:
-                self._comm_span(index, self.lane_gpu[lane])
-            elif now > self.start_s[index]:  # type: ignore[operator]  # it started
-                self.num_spans += 1
+            self._comm_span(index, self.lane_gpu[lane])  # its span, or its count
             self._done(index, now)
         if not self.draining:
             self._drain()
