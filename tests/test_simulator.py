@@ -5,7 +5,7 @@ import pytest
 from stepsim.cost.memory import activation_bytes_per_layer
 from stepsim.cost.params import layer_params_per_rank, stage_params_per_rank
 from stepsim.engine.core import DeadlockError, _Blame, _Engine, simulate, simulate_totals
-from stepsim.engine.lookover import alone
+from stepsim.engine.lookover import alone, scan
 from stepsim.engine.network import AnalyticalNetwork, FairShareNetwork, Network
 from stepsim.ir.flows import Transfer, delay
 from stepsim.ir.keys import LayerKey, PipelineKey
@@ -279,6 +279,65 @@ def test_transfers_alone_on_their_links_give_the_claimed_path_s_trace_to_the_bit
     # the same again
     assert [sp.end_s for sp in fast.spans if sp.gpu == 0] == [5.5, 6.5, 12.0]
     assert fast.num_transfers == 6
+
+
+def _pairs():
+    """Blocking p2p pairs as DeepSpeed's are lowered (a non-blocking member op per side,
+    then a barrier on it): lanes 0-1 and 1-2 each on link 4 (both hold lane 1: alone);
+    lanes 3-4 on link 5, where lane 3 goes on without waiting, beside a blocking op of
+    lane 5 (no lane in common: shared); a multi-phase pair of lanes 6-7 on link 6."""
+    builder = WorkloadBuilder()
+    lanes = [builder.lane(gpu=i, stream="compute", stage=i) for i in range(8)]
+    hop = Transfer((4,), (1,), 100.0, 0.0)
+
+    def member(lane, name, transfer, waits=True):
+        index = builder.add(lane, PP_SEND, name, transfer=transfer, blocking=False, rendezvous=name)
+        if waits:
+            builder.add(lane, BARRIER, name, deps=[index])
+        builder.add(lane, FORWARD, "f", duration_s=1.0)
+
+    for a, b, name in ((0, 1, "p"), (1, 2, "q")):
+        member(lanes[a], name, hop)
+        member(lanes[b], name, hop)
+    other = Transfer((5,), (1,), 100.0, 0.0)
+    member(lanes[3], "r", other, waits=False)
+    member(lanes[4], "r", other)
+    builder.add(lanes[5], TP_COMM, "t", transfer=(other,))
+    two = (Transfer((6,), (1,), 10.0, 0.0), Transfer((6,), (1,), 10.0, 0.0))
+    member(lanes[6], "s", two)
+    member(lanes[7], "s", two)
+    return builder.build()
+
+
+def test_a_collective_whose_lanes_wait_for_it_runs_alone_where_they_hold_its_links():
+    workload = _pairs()
+    assert alone(workload) == {id(workload.ops[0].transfer)}
+    capacities = [10.0] * 7
+    fast = simulate(workload, network=FairShareNetwork.factory(capacities))
+    plain = simulate(_pairs(), network=_Claimed.factory(capacities))
+    assert repr(fast) == repr(plain)
+    # lane 1: the pair with lane 0 (10 s at 10 B/s), a forward, then the pair with lane 2
+    assert [sp.end_s for sp in fast.spans if sp.gpu == 1 and sp.kind == FORWARD] == [11.0, 22.0]
+
+
+@pytest.mark.parametrize(
+    "sections",
+    [
+        {"training": {"framework": "deepspeed"}},  # blocking p2p pairs alone
+        {"network": {"symmetry": False}},  # exact: TP collectives of a rank per lane
+        {"perturbation": [{"kind": "slow_gpu", "gpu": 3, "factor": 1.05}]},
+    ],
+)
+def test_collectives_alone_on_their_links_give_the_claimed_path_s_run_to_the_bit(sections):
+    doc = {**TWO_NODES, "training": {**TWO_NODES["training"], **sections.get("training", {})}}
+    scenario = load(**{**sections, **doc, "network": sections.get("network", {})})
+    result = run(scenario, idle_split=False)
+    workload, capacities = result.workload, result.cluster.capacities
+    members, lone = scan(workload)
+    assert any(id(workload.ops[first].transfer) in lone for first in members)
+    fast = simulate(workload, network=FairShareNetwork.factory(capacities), blame=True)
+    plain = simulate(workload, network=_Claimed.factory(capacities), blame=True)
+    assert repr(fast) == repr(plain)
 
 
 @pytest.mark.parametrize(

@@ -611,8 +611,16 @@ class _Engine:
                 now, start_s = self.env._now, self.start_s
                 for index in members:
                     start_s[index] = now
+            transfer = op.transfer
+            if id(transfer) in self.alone:  # of one phase, alone on its links while it runs
+                self.network.start_alone(
+                    transfer if type(transfer) is Transfer else transfer[0],  # type: ignore[index]  # one phase
+                    partial(self._collective_done, first),
+                    reuse=False,
+                )
+                return
             self.network.start(
-                op.transfer,  # type: ignore[arg-type]  # a collective's: not None
+                transfer,  # type: ignore[arg-type]  # a collective's: not None
                 partial(self._collective_done, first),
             )
 

@@ -3,17 +3,27 @@ each rendezvous, and which transfers are always alone on their links."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
+
 from ..ir.flows import Collective, Transfer
 from ..ir.ops import Workload
+
+_NOBODY: frozenset[int] = frozenset()
 
 
 def alone(workload: Workload) -> set[int]:
     """The single-phase collectives (by id) that never share a link with another transfer
-    while they run: blocking ops of one lane, in no rendezvous, whose links no op of
-    another lane, no non-blocking op and no collective of several phases or members
-    crosses. A lane runs one blocking op at a time, so such a transfer is alone on its
-    links from start to end: `Network.start_alone` (symmetric mode's tensor-parallel
-    collectives on a stage's NVLink, about half of a large run's transfers)."""
+    while they run. A transfer's use holds a set of lanes from before it starts until it
+    ends: a blocking op of one lane not in a rendezvous, its lane; a collective (a
+    rendezvous), each member lane whose op is blocking or whose next op waits for it
+    (DeepSpeed's blocking p2p: a non-blocking member op and a barrier on it). A lane
+    runs one op at a time, so two uses holding a common lane never run at once. A
+    transfer is alone when every use of every transfer crossing any of its links
+    holds a lane in common with all the others there; a non-blocking op outside a
+    rendezvous, a member no lane waits for and a collective of several phases hold
+    none. `Network.start_alone` runs such a transfer (symmetric mode's tensor-parallel
+    collectives on a stage's NVLink, about half of a large run's transfers; blocking
+    p2p pairs; exact mode's tensor-parallel collectives)."""
     return scan(workload)[1]
 
 
@@ -21,41 +31,85 @@ def scan(workload: Workload) -> tuple[dict[int, list[int]], set[int]]:
     """The engine's one pass over the ops at set-up: exact mode's collectives (each
     rendezvous's member ops by its first member) and the transfers that are `alone`."""
     members: dict[int, list[int]] = {}
+    ops = workload.ops
     # each distinct transfer object (a stage reuses one per kind) by id: its phases (which
-    # keep it, so its id stays unique), and the lane that owns it, or -1 when it cannot be
-    # alone (one that can is a collective of one phase)
+    # keep it, so its id stays unique), and the lanes that every use of it holds (`alone`:
+    # empty when it cannot be alone); a rendezvous's uses are settled once its members
+    # are known
     phases_of: dict[int, Collective] = {}
-    owner_of: dict[int, int] = {}
+    owner_of: dict[int, frozenset[int]] = {}
+    own = [frozenset((lane.index,)) for lane in workload.lanes]
     get = owner_of.get
-    for op in workload.ops:
+    for op in ops:
         transfer = op.transfer
-        if transfer is None:
-            if op.rendezvous < 0:
-                continue
-            members.setdefault(op.rendezvous, []).append(op.index)
-            continue
-        owner = op.lane  # a blocking single-phase collective of its lane alone
         if op.rendezvous >= 0:
             members.setdefault(op.rendezvous, []).append(op.index)
-            owner = -1
-        elif not op.blocking or type(transfer) is not tuple or len(transfer) != 1:
-            owner = -1
+            continue
+        if transfer is None:
+            continue
         key = id(transfer)
+        if op.blocking and type(transfer) is tuple and len(transfer) == 1:
+            owner = own[op.lane]
+        else:
+            owner = _NOBODY
         known = get(key)
         if known is None:
             owner_of[key] = owner
             phases_of[key] = (transfer,) if type(transfer) is Transfer else transfer
-        elif known != owner:
-            owner_of[key] = -1
-    link_owner: dict[int, int] = {}
+        elif known is not owner:
+            owner_of[key] = known & owner
+    made: dict[tuple[int, ...], frozenset[int]] = {}
+    for indices in members.values():
+        lanes = _held(workload, indices, made)
+        for index in indices:
+            transfer = ops[index].transfer
+            if transfer is None:
+                continue
+            key = id(transfer)
+            single = type(transfer) is Transfer or len(transfer) == 1
+            owner = lanes if single else _NOBODY
+            known = get(key)
+            if known is None:
+                owner_of[key] = owner
+                phases_of[key] = (transfer,) if type(transfer) is Transfer else transfer
+            elif known is not owner:
+                owner_of[key] = known & owner
+    link_owner: dict[int, frozenset[int]] = {}
     for key, phases in phases_of.items():
         owner = owner_of[key]
         for phase in phases:
             for link in phase.links:
-                if link_owner.setdefault(link, owner) != owner:
-                    link_owner[link] = -1
+                there = link_owner.setdefault(link, owner)
+                if there is not owner:
+                    link_owner[link] = there & owner
     return members, {
         key
         for key, owner in owner_of.items()
-        if owner >= 0 and all(link_owner[link] == owner for link in phases_of[key][0].links)
+        if owner and all(link_owner[link] for link in phases_of[key][0].links)
     }
+
+
+def _held(
+    workload: Workload, indices: list[int], made: dict[tuple[int, ...], frozenset[int]]
+) -> frozenset[int]:
+    """A rendezvous's held lanes: the member lanes whose op is blocking or whose next op
+    waits for it (the builder adds that next op right after it, or it is found in the
+    lane's ops, which are in index order)."""
+    ops = workload.ops
+    held = []
+    for index in indices:
+        op = ops[index]
+        if not op.blocking:
+            after = ops[index + 1] if index + 1 < len(ops) else None
+            if after is None or after.lane != op.lane:
+                order = workload.lanes[op.lane].ops
+                at = bisect_right(order, index)
+                after = ops[order[at]] if at < len(order) else None
+            if after is None or index not in after.deps:
+                continue
+        held.append(op.lane)
+    lanes = tuple(held)
+    known = made.get(lanes)
+    if known is None:  # one object per set: `scan` compares owners by identity first
+        known = made[lanes] = frozenset(lanes)
+    return known

@@ -91,10 +91,12 @@ class Network:
         self.num_transfers += 1
         self._start_transfer(transfer, on_done)
 
-    def start_alone(self, transfer: Transfer, on_done: Callback) -> None:
-        """`start` for a transfer that no other transfer shares a link with while it runs,
-        and no other transfer calling the same ``on_done`` overlaps (the caller knows:
-        engine.lookover.alone). The same result as `start`, with less bookkeeping."""
+    def start_alone(self, transfer: Transfer, on_done: Callback, reuse: bool = True) -> None:
+        """`start` for a transfer that no other transfer shares a link with while it runs
+        (the caller knows: engine.lookover.alone). The same result as `start`, with less
+        bookkeeping. ``reuse``: no other transfer calling the same ``on_done`` overlaps
+        (a lane's), so one end event serves them all; else ``on_done`` is this
+        transfer's own (a collective's)."""
         self.start(transfer, on_done)
 
     def transfer(self, transfer: Transfer | Collective) -> simpy.Event:
@@ -267,14 +269,16 @@ class FairShareNetwork(Network):
     def _claim_ended(self, flow: _Flow) -> None:
         self._finish(flow, 1)
 
-    def start_alone(self, transfer: Transfer, on_done: Callback) -> None:
+    def start_alone(self, transfer: Transfer, on_done: Callback, reuse: bool = True) -> None:
         """What a transfer claiming idle links does (`_start_transfer`), without the
         claim: no other flow will ever start on its links while it runs, so it stays
         claimed from start to end and no table needs to know it. One end event, at the
         same time and in the same order; the same interval recorded at its end. Its rate
         and its time, latency + bytes / rate, are worked out once per transfer (the same
         floats each time), and the event goes on simpy's queue as ``schedule`` puts it
-        (events.queue_of)."""
+        (events.queue_of). The end event is kept for the next transfer of the same
+        ``on_done`` (``reuse``: a lane's, one at a time), else made for this one (a
+        collective's ``on_done`` is its own)."""
         self.num_transfers += 1
         timing = self._alone_timing.get(id(transfer))
         if timing is None:
@@ -283,9 +287,14 @@ class FairShareNetwork(Network):
         if rate == 0.0:  # no bytes or no links: its latency only
             self._after(transfer.latency_s, on_done)
             return
-        event = self._alone.get(on_done)
-        if event is None:
-            event = self.alone_event(on_done)
+        if reuse:
+            event = self._alone.get(on_done)
+            if event is None:
+                event = self.alone_event(on_done)
+        else:
+            event = _Alone()
+            event.on_done = on_done
+            event.lane = -1
         now = self.env._now
         event.transfer = transfer
         event.rate = rate
