@@ -48,26 +48,48 @@ def scan(workload: Workload) -> tuple[dict[int, list[int]], set[int]]:
         if transfer is None:
             continue
         key = id(transfer)
-        if op.blocking and type(transfer) is tuple and len(transfer) == 1:
-            owner = own[op.lane]
-        else:
-            owner = _NOBODY
+        owner = (
+            own[op.lane]
+            if op.blocking and type(transfer) is tuple and len(transfer) == 1
+            else _NOBODY
+        )
         known = get(key)
         if known is None:
             owner_of[key] = owner
             phases_of[key] = (transfer,) if type(transfer) is Transfer else transfer
         elif known is not owner:
             owner_of[key] = known & owner
+    # a rendezvous's held lanes: each member lane whose op is blocking or whose next op
+    # (the builder adds it right after, or it is found in the lane's ops, which are in
+    # index order) waits for it; one object per set of lanes, as owners are compared by
+    # identity first
     made: dict[tuple[int, ...], frozenset[int]] = {}
+    lanes_of = workload.lanes
+    num_ops = len(ops)
     for indices in members.values():
-        lanes = _held(workload, indices, made)
+        held = []
+        used = []
         for index in indices:
-            transfer = ops[index].transfer
-            if transfer is None:
-                continue
+            op = ops[index]
+            if op.transfer is not None:
+                used.append(op.transfer)
+            if not op.blocking:
+                after = ops[index + 1] if index + 1 < num_ops else None
+                if after is None or after.lane != op.lane:
+                    order = lanes_of[op.lane].ops
+                    at = bisect_right(order, index)
+                    after = ops[order[at]] if at < len(order) else None
+                if after is None or index not in after.deps:
+                    continue
+            held.append(op.lane)
+        if not used:
+            continue
+        lanes = made.get(tuple(held))
+        if lanes is None:
+            lanes = made[tuple(held)] = frozenset(held)
+        for transfer in used:
             key = id(transfer)
-            single = type(transfer) is Transfer or len(transfer) == 1
-            owner = lanes if single else _NOBODY
+            owner = lanes if type(transfer) is Transfer or len(transfer) == 1 else _NOBODY
             known = get(key)
             if known is None:
                 owner_of[key] = owner
@@ -87,29 +109,3 @@ def scan(workload: Workload) -> tuple[dict[int, list[int]], set[int]]:
         for key, owner in owner_of.items()
         if owner and all(link_owner[link] for link in phases_of[key][0].links)
     }
-
-
-def _held(
-    workload: Workload, indices: list[int], made: dict[tuple[int, ...], frozenset[int]]
-) -> frozenset[int]:
-    """A rendezvous's held lanes: the member lanes whose op is blocking or whose next op
-    waits for it (the builder adds that next op right after it, or it is found in the
-    lane's ops, which are in index order)."""
-    ops = workload.ops
-    held = []
-    for index in indices:
-        op = ops[index]
-        if not op.blocking:
-            after = ops[index + 1] if index + 1 < len(ops) else None
-            if after is None or after.lane != op.lane:
-                order = workload.lanes[op.lane].ops
-                at = bisect_right(order, index)
-                after = ops[order[at]] if at < len(order) else None
-            if after is None or index not in after.deps:
-                continue
-        held.append(op.lane)
-    lanes = tuple(held)
-    known = made.get(lanes)
-    if known is None:  # one object per set: `scan` compares owners by identity first
-        known = made[lanes] = frozenset(lanes)
-    return known
