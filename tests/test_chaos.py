@@ -100,11 +100,11 @@ def test_sweep_stopped_at_any_point_keeps_the_finished_ones_and_a_consistent_fol
     calls = []
     make, status = STOPS[stop]
 
-    def run_or_stop(scenario, progress=None):
+    def run_or_stop(scenario, progress=None, **options):
         calls.append(1)
         if len(calls) == point:
             raise make()
-        return real_run(scenario)
+        return real_run(scenario, **options)
 
     with unittest.mock.patch.object(run_module, "run", run_or_stop):
         assert main([*argv, "--quiet"]) == status

@@ -113,11 +113,11 @@ def test_ctrl_c_keeps_the_finished_points(tmp_path, capsys):
     real_run = run_module.run
     calls = []
 
-    def run_or_interrupt(scenario, progress=None):
+    def run_or_interrupt(scenario, progress=None, **options):
         calls.append(scenario.cluster.nic_gbps)
         if len(calls) == 2:
             raise KeyboardInterrupt
-        return real_run(scenario)
+        return real_run(scenario, **options)
 
     argv = ["sweep", TINY, "--set", "cluster.nic_gbps=100,200,300", "--out", str(tmp_path)]
     with unittest.mock.patch.object(run_module, "run", run_or_interrupt):
@@ -144,11 +144,11 @@ def test_sigterm_keeps_the_finished_points_as_ctrl_c_does(tmp_path, capsys):
     real_run = run_module.run
     calls = []
 
-    def run_or_terminate(scenario, progress=None):
+    def run_or_terminate(scenario, progress=None, **options):
         calls.append(scenario.cluster.nic_gbps)
         if len(calls) == 2:
             os.kill(os.getpid(), signal.SIGTERM)  # the handler raises here, as in stepsim
-        return real_run(scenario)
+        return real_run(scenario, **options)
 
     argv = ["sweep", TINY, "--set", "cluster.nic_gbps=100,200,300", "--out", str(tmp_path)]
     previous = signal.signal(signal.SIGTERM, on_terminate)

@@ -496,12 +496,13 @@ def _setting(scenario: Scenario) -> str:
 
 def compare(
     rows: Mapping[str, Sequence[Row]],
-    run: Callable[[Scenario], Any],
+    run: Callable[[Scenario, bool], Any],
     calibrations: Mapping[str, KernelConstants] | None = None,
     progress: Callable[[str], None] | None = None,
     sets: Sequence[str] = tuple(SETS),
 ) -> dict[str, list[Comparison]]:
-    """Every row of each set simulated (``run`` returns a Result), per set: A100 Table 1
+    """Every row of each set simulated (``run(scenario, spans)`` returns a Result, its
+    spans kept only where ``spans``: the layer rows read them), per set: A100 Table 1
     iterations and Table 4 layer times; V100 DGX-2 iterations; H100 iterations as
     model TFLOP/s. ``calibrations`` maps a set to the constants to simulate it with
     (default: the GPU's own)."""
@@ -516,7 +517,7 @@ def compare(
         row: Row, scenario: Scenario, measured_s: float, published: float, unit: str
     ) -> Comparison:
         """A row's measured iteration time against the simulated one."""
-        simulated_s = run(scenario).metrics.iteration_time_s
+        simulated_s = run(scenario, False).metrics.iteration_time_s
         return Comparison(
             row["id"],
             ITERATION,
@@ -539,7 +540,7 @@ def compare(
         for row in rows["layers"]:
             scenario = layer_scenario(row, constants)
             tell(scenario)
-            forward_s, backward_s = layer_times(run(scenario).trace)
+            forward_s, backward_s = layer_times(run(scenario, True).trace)
             setting = f"recompute {row['recompute']}, SP {row['sequence_parallel']}"
             for what, measured_ms, simulated_s in (
                 ("layer forward", row["forward_ms"], forward_s),
@@ -573,7 +574,7 @@ def compare(
             # compared as the table publishes it, model TFLOP/s per GPU; the times are
             # the table's FLOPs over GPUs x each throughput (time_of_tflops)
             published = float(row["measured_value"])
-            simulated_tflops = run(scenario).metrics.model_tflops_per_gpu
+            simulated_tflops = run(scenario, False).metrics.model_tflops_per_gpu
             flops, gpus = h100_table_flops(row), int(row["num_gpus"])
             found.append(
                 Comparison(

@@ -58,7 +58,8 @@ def command(args: argparse.Namespace) -> int:
     try:
         sweep = run_sweep(
             lambda overrides: load(args, overrides),
-            lambda scenario: run(scenario, progress.update).metrics,
+            # only the metrics are read: the engine adds spans up rather than keep them
+            lambda scenario: run(scenario, progress.update, spans=False).metrics,
             args.overrides,
             on_point,
         )

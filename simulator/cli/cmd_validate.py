@@ -219,7 +219,9 @@ def _sets(args: argparse.Namespace) -> int:
         progress.begin(f"simulating {name}")
 
     try:
-        by_set = compare(rows, lambda s: run(s, progress.update), calibrations, tell)
+        by_set = compare(
+            rows, lambda s, spans: run(s, progress.update, spans=spans), calibrations, tell
+        )
     except ScenarioError:
         raise
     except (KeyError, ValueError) as exc:  # a row's cell that is not a number, or empty
