@@ -478,3 +478,25 @@ def test_schedule_items_compare_moved_as_when_shifted(schedule, chunks, training
             for by in (0, 1, 2):
                 expected = type(x) is type(y) and _shift(x, by) == y
                 assert fastforward._moved(x, y, by) == expected
+
+
+def test_the_lowerings_of_one_run_build_each_transfer_once(monkeypatch):
+    """The fast-forward's lowerings differ only in the number of micro-batches: with one
+    memo (collectives.Pattern) the second builds no collective again and is the same
+    workload as a lowering of its own."""
+    from stepsim.comm import collectives
+    from stepsim.scenario import load_scenario
+
+    base = load_scenario("gpt3-175b-128nodes")
+    cluster = build_cluster(base.cluster, pattern=True)
+    short = fastforward.with_microbatches(base, 36)
+    longer = fastforward.with_microbatches(base, 37)
+    built = []
+    choices = collectives.choices
+    monkeypatch.setattr(collectives, "choices", lambda *args: built.append(1) or choices(*args))
+    memo: dict = {}
+    lower(short, cluster, memo=memo)
+    once = len(built)
+    shared = lower(longer, cluster, memo=memo)
+    assert once > 0 and len(built) == once
+    assert shared == lower(longer, cluster)

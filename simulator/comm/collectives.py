@@ -57,6 +57,8 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Sequence
+from functools import partial
+from itertools import chain
 from typing import NamedTuple
 
 from ..ir.flows import Collective, Transfer
@@ -88,7 +90,9 @@ class Pattern(NamedTuple):
     ``shift_nodes``, clear of a partly filled group) moves every route alike,
     so a collective of groups moved so is the same collective with its links moved
     (``translate(links, servers)``); placement.StageComm uses both. ``memo`` holds what
-    was built once, by where it was built (one lowering's). ``detoured``: the GPUs
+    was built once, by where it was built: one lowering's, or shared by the lowerings of
+    one scenario that differ only in the number of micro-batches (the fast-forward's),
+    whose transfers are the same. ``detoured``: the GPUs
     whose traffic leaves through another NIC of their server (a failed NIC,
     topologies.detour), whose servers are unlike the others'."""
 
@@ -118,8 +122,15 @@ class Fabric(NamedTuple):
     pcie_links: Callable[[int], tuple[int, int]] | None = None
 
     @classmethod
-    def of(cls, cluster, base_latency_s: float, nvls_efficiency: float = 0.0) -> Fabric:
-        """From a topologies.Cluster or PatternCluster."""
+    def of(
+        cls,
+        cluster,
+        base_latency_s: float,
+        nvls_efficiency: float = 0.0,
+        memo: dict | None = None,
+    ) -> Fabric:
+        """From a topologies.Cluster or PatternCluster (a pattern's ``memo``: a new one
+        unless given)."""
         translate = getattr(cluster, "translate", None)
         return cls(
             route=cluster.route,
@@ -136,7 +147,7 @@ class Fabric(NamedTuple):
                 cluster.shift_nodes,
                 cluster.moves,
                 translate,
-                {},
+                {} if memo is None else memo,
                 frozenset(cluster.detours),
             ),
             nvls_efficiency=nvls_efficiency,
@@ -157,35 +168,41 @@ def _coupled(
     ``bytes_per_flow``, its flow progressing at that multiple of the rate, so that all
     end together (an all-to-all-v); a link's multiplicity is then the sum of the weights
     of the flows crossing it."""
-    _check_alike(edge_sets, fabric)
-    own: Counter[int] = Counter()
-    for src, dst in edge_sets[0]:
-        own.update(fabric.route(src, dst))
+    route = fabric.route
+    routes = [[route(src, dst) for src, dst in edges] for edges in edge_sets]
+    _check_alike(edge_sets, fabric, routes)
+    own: Counter[int] = Counter(chain.from_iterable(routes[0]))
+    keep = own.__contains__
     mults: Counter[int] = Counter()
-    for edges in edge_sets:
-        for index, (src, dst) in enumerate(edges):
-            route = [link for link in fabric.route(src, dst) if link in own]
-            if weights is None:
-                mults.update(route)
-            else:
-                # typeshed's Counter holds ints; the weights make these counts fractional
-                for link in route:
+    for copy in routes:
+        if weights is None:  # each copy's links counted in one call, in order
+            mults.update(filter(keep, chain.from_iterable(copy)))
+        else:
+            # typeshed's Counter holds ints; the weights make these counts fractional
+            for index, links in enumerate(copy):
+                for link in filter(keep, links):
                     mults[link] += weights[index]  # type: ignore[assignment]  # a float count
     links = tuple(sorted(own))
     return Transfer(links, tuple(mults[i] for i in links), bytes_per_flow, latency_s)
 
 
-def _check_alike(edge_sets: Sequence[Sequence[Edge]], fabric: Fabric) -> None:
-    """The copies must cross links like the representative's, or it cannot stand for them."""
+def _check_alike(
+    edge_sets: Sequence[Sequence[Edge]],
+    fabric: Fabric,
+    routes: Sequence[Sequence[tuple[int, ...]]] | None = None,
+) -> None:
+    """The copies must cross links like the representative's, or it cannot stand for them.
+    ``routes``: each edge's route, where the caller has them."""
+    bandwidth = fabric.capacities.__getitem__
 
-    def signature(edges: Sequence[Edge]) -> list:
-        capacities = fabric.capacities
-        return sorted(tuple(capacities[i] for i in fabric.route(a, b)) for a, b in edges)
+    def signature(k: int) -> list:
+        found = routes[k] if routes is not None else [fabric.route(a, b) for a, b in edge_sets[k]]
+        return sorted(map(tuple, map(partial(map, bandwidth), found)))
 
-    mine = signature(edge_sets[0])
-    for edges in edge_sets[1:]:
-        if signature(edges) != mine:
-            (a, b), (c, d) = edge_sets[0][0], edges[0]
+    mine = signature(0)
+    for k in range(1, len(edge_sets)):
+        if signature(k) != mine:
+            (a, b), (c, d) = edge_sets[0][0], edge_sets[k][0]
             raise LayoutError(
                 f"GPUs {c}->{d} are connected unlike GPUs {a}->{b}, which stepsim simulates "
                 "on their behalf; choose tensor x data parallel sizes that split the nodes "
@@ -205,8 +222,13 @@ def _cycle(order: Sequence[int]) -> list[Edge]:
 
 def _by_node(group: Sequence[int], fabric: Fabric) -> list[list[int]]:
     nodes: dict[int, list[int]] = {}
-    for gpu in group:
-        nodes.setdefault(fabric.node_of(gpu), []).append(gpu)
+    get = nodes.get
+    for gpu, node in zip(group, map(fabric.node_of, group), strict=True):
+        members = get(node)
+        if members is None:
+            nodes[node] = [gpu]
+        else:
+            members.append(gpu)
     return list(nodes.values())
 
 
@@ -244,10 +266,9 @@ def ring(
         return None
     steps_of: dict[str, int] = {ALL_REDUCE: 2 * (n - 1), REDUCE_SCATTER: n - 1, ALL_GATHER: n - 1}
     steps = steps_of[kind]
-    edge_sets = [
-        [edge for channel in ring_channels(g, fabric) for edge in _cycle(channel)] for g in groups
-    ]
-    channels = len(ring_channels(groups[0], fabric))
+    rings = [ring_channels(g, fabric) for g in groups]
+    edge_sets = [[edge for channel in found for edge in _cycle(channel)] for found in rings]
+    channels = len(rings[0])
     latency = fabric.base_latency_s + steps * _hop_latency_s(edge_sets[0], fabric)
     return (_coupled(edge_sets, fabric, steps * message_bytes / (n * channels), latency),)
 

@@ -94,6 +94,7 @@ def lower(
     split: frozenset[tuple[int, int]] | None = None,
     collapse: bool | None = None,
     share: bool = True,
+    memo: dict | None = None,
 ) -> Workload:
     """Build the ops of one training iteration: one compute lane per pipeline stage
     (symmetric mode) or per GPU (exact mode, ``network.symmetry = false``). Raises
@@ -105,7 +106,9 @@ def lower(
     per TP group where its ranks are alike (congruent.py; None: where
     `congruent.collapsible` says so, False: a lane per GPU). ``share`` (exact mode, a
     lane per GPU): a stage's GPUs added from one GPU's record where they are alike
-    (alike.py; the same workload, to the bit), False: each lowered on its own."""
+    (alike.py; the same workload, to the bit), False: each lowered on its own.
+    ``memo`` (symmetric mode): the transfers built, shared with other lowerings of the
+    same scenario but for its number of micro-batches (collectives.Pattern)."""
     if collapse is None:
         collapse = collapsible(scenario)
     if collapse and not scenario.network.symmetry:
@@ -113,7 +116,8 @@ def lower(
             return _lower(scenario, cluster, frozenset(), frozenset(), collapse=True)
         except NotCongruent:
             pass  # two ranks' transfers unlike: every GPU its own lane
-    return _lower(scenario, cluster, touched, split, share=share and shareable(scenario))
+    share = share and shareable(scenario)
+    return _lower(scenario, cluster, touched, split, share=share, memo=memo)
 
 
 def _lower(
@@ -123,12 +127,14 @@ def _lower(
     split: frozenset[tuple[int, int]] | None,
     collapse: bool = False,
     share: bool = False,
+    memo: dict | None = None,
 ) -> Workload:
     placement = placement_of(scenario)
     fabric = Fabric.of(
         cluster,
         us_to_s(scenario.cluster.collective_base_latency_us),
         scenario.cluster.nvls_fraction,
+        memo,
     )
     compute = ComputeModel(scenario)
     builder = AlikeBuilder() if share else WorkloadBuilder()

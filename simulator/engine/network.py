@@ -71,7 +71,8 @@ class Network:
     def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
         self.env = env  # the engine's, or one that simpy processes share (tests, scripts)
         self._after = after(env)
-        self.capacities = list(capacities)
+        # read only: a list is kept as given (a cluster's, megabytes at 100,000 GPUs)
+        self.capacities = capacities if type(capacities) is list else list(capacities)
         self.num_transfers = 0
         self.intervals: list[Interval] = []  # every stretch of constant rate, for link stats
 

@@ -162,7 +162,12 @@ def _run(
     with gc_paused():
         try:
             # a long pipeline's steady state, proved to repeat (run/fastforward.py)
-            plan = fastforward.fast_forward(scenario, lambda s: lower(s, cluster), network)
+            # its lowerings differ only in the number of micro-batches: their transfers
+            # are built once (collectives.Pattern.memo), the full run's too
+            memo: dict = {}
+            plan = fastforward.fast_forward(
+                scenario, lambda s: lower(s, cluster, memo=memo), network
+            )
             if plan is not None:
                 if progress is not None:
                     progress(1.0)
@@ -171,7 +176,7 @@ def _run(
             # once for both lowerings of a gpu_type perturbation
             collapse = collapsible(scenario)
             if perturbation is None:
-                workload = lower(scenario, cluster, collapse=collapse)
+                workload = lower(scenario, cluster, collapse=collapse, memo=memo)
             else:
                 workload = perturbation.lower(collapse)
         except LayoutError as exc:  # the layout the user chose: their one-line error
