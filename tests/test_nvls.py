@@ -218,3 +218,30 @@ def test_a_tensor_parallel_run_under_auto_is_the_nvls_run_on_a_dgx_h100():
     assert 0 < nvls.breakdown_s["tp_comm"] < rings.metrics.breakdown_s["tp_comm"]
     assert "auto collectives: TP all-reduce by NVLS" in summary_text(auto)
     assert "auto collectives" not in summary_text(rings)
+
+
+@pytest.mark.parametrize("node", ["dgx-h100", "dgx-a100"])
+@pytest.mark.parametrize("kind", [ALL_REDUCE, REDUCE_SCATTER, ALL_GATHER])
+def test_the_choice_with_copies_builds_fewer_candidates_and_picks_as_all_of_them(node, kind):
+    """With congruent copies `chosen` builds each candidate over the representative
+    group first, a lower bound of its estimate with the copies, and builds whole only
+    those that can still win: the same (name, collective) as the least of every
+    candidate built whole, the first on a tie, at sizes where each candidate wins."""
+    spec = load(cluster={"node": node, "num_nodes": 8}).cluster
+    cluster = build_cluster(spec)
+    fabric = Fabric.of(cluster, 6e-6, spec.nvls_fraction)
+    n = spec.gpus_per_node
+    layouts = [
+        [list(range(j, 8 * n, n)) for j in range(n)],  # one GPU a node: rank j's copies
+        [list(range(0, 4 * n)), list(range(4 * n, 8 * n))],  # whole nodes, two groups
+        [list(range(0, n)), list(range(n, 2 * n))],  # inside a node
+    ]
+    seen = set()
+    for groups in layouts:
+        for size in (1e3, 1e5, 1e7, 1e9):
+            every = collectives.choices("auto", kind, groups, size, fabric)
+            least = min(every, key=lambda c: collectives.estimate_s(c[1], fabric.capacities))
+            assert collectives.chosen("auto", kind, groups, size, fabric) == least
+            seen.add(least[0])
+    if kind == ALL_REDUCE or node == "dgx-h100":  # (A100: the ring alone scatters, gathers)
+        assert len(seen) >= 2  # more than one candidate wins somewhere

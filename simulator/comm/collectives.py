@@ -393,30 +393,58 @@ def choices(
     topoGetAlgoInfo over ncclTopoGetAlgoTime: latency + bytes / bandwidth per
     algorithm and protocol); stepsim takes the least `estimate_s` of the flows it
     builds instead (its own latency + bytes / bottleneck), not NCCL's constants."""
+    if algorithm in (AUTO, NVLS):
+        if len(groups[0]) == 1:
+            return []
+        found: list[tuple[str, Collective]] = []
+        for name, build in _contenders(algorithm, kind, groups, message_bytes, fabric):
+            built = build(groups)
+            if built is not None:
+                found.append((_named(name, built), built))
+        return found
     flat = ring(kind, groups, message_bytes, fabric)
     if flat is None:
         return []
-    found: list[tuple[str, Collective]] = [(RING, flat)]
-    if algorithm == RING:
+    found = [(RING, flat)]
+    if algorithm == RING or kind != ALL_REDUCE:
         return found
-    if kind == ALL_REDUCE and algorithm not in (AUTO, NVLS):
-        other = two_level_all_reduce(algorithm, groups, message_bytes, fabric)
-        return found if other is None else [(algorithm, other)]
+    other = two_level_all_reduce(algorithm, groups, message_bytes, fabric)
+    return found if other is None else [(algorithm, other)]
+
+
+Build = Callable[[Sequence[Sequence[int]]], "Collective | None"]
+
+
+def _contenders(
+    algorithm: str,
+    kind: str,
+    groups: Sequence[Sequence[int]],
+    message_bytes: float,
+    fabric: Fabric,
+) -> list[tuple[str, Build]]:
+    """``auto``'s and ``nvls``'s candidates (`choices`) in their order, each as a
+    function that builds it over the groups given, None where it does not apply (which
+    the representative group alone decides); NVLS named by `_named` once built."""
+
+    def two_level(name: str) -> Build:
+        return lambda gs: two_level_all_reduce(name, gs, message_bytes, fabric)
+
+    found: list[tuple[str, Build]] = [(RING, lambda gs: ring(kind, gs, message_bytes, fabric))]
     if kind == ALL_REDUCE:
-        for name in (TREE, HIERARCHICAL):
-            other = two_level_all_reduce(name, groups, message_bytes, fabric)
-            if other is not None:
-                found.append((name, other))
+        found += [(name, two_level(name)) for name in (TREE, HIERARCHICAL)]
     else:
         nodes = _by_node(groups[0], fabric)
-        if algorithm not in (AUTO, NVLS) or len(nodes) > 1:
+        if len(nodes) > 1:
             return found  # NVLS reduce-scatters and all-gathers inside a node only
         if algorithm == AUTO and len(nodes[0]) > NVLS_MAX_ARITY:
             return found
-    other = nvls(kind, groups, message_bytes, fabric)
-    if other is not None:
-        found.append((NVLS if len(other) == 1 else NVLS_TREE, other))
+    found.append((NVLS, lambda gs: nvls(kind, gs, message_bytes, fabric)))
     return found
+
+
+def _named(name: str, built: Collective) -> str:
+    """A candidate's name once built: NVLS over several nodes is NVLS_TREE."""
+    return NVLS_TREE if name == NVLS and len(built) > 1 else name
 
 
 def chosen(
@@ -427,13 +455,44 @@ def chosen(
     fabric: Fabric,
 ) -> tuple[str, Collective] | None:
     """The (name, collective) that ``algorithm`` runs: of `choices`, the least
-    estimate alone on the network, the first on a tie; None for a group of one GPU."""
-    found = choices(algorithm, kind, groups, message_bytes, fabric)
-    if not found:
+    estimate alone on the network, the first on a tie; None for a group of one GPU.
+
+    With congruent copies, ``auto`` and ``nvls`` build each candidate first over the
+    representative group alone: its estimate is a lower bound of the candidate's with
+    the copies (the copies only add multiplicity on the representative's links; links,
+    bytes and latency are the representative's). The candidates are then built whole in
+    order of that bound, and those whose bound cannot beat the best found (a larger
+    bound, or an equal one later in `choices`' order) are left unbuilt: the same
+    choice, without building the copies of candidates that lose (data parallelism over
+    1,024 servers: the ring and `hierarchical` where the tree wins)."""
+    capacities = fabric.capacities
+    if algorithm not in (AUTO, NVLS) or len(groups) == 1:
+        found = choices(algorithm, kind, groups, message_bytes, fabric)
+        if not found:
+            return None
+        if len(found) == 1:
+            return found[0]
+        return min(found, key=lambda c: estimate_s(c[1], capacities))  # first on a tie
+    if len(groups[0]) == 1:
         return None
-    if len(found) == 1:
-        return found[0]
-    return min(found, key=lambda c: estimate_s(c[1], fabric.capacities))  # first on a tie
+    bounds = []
+    for order, (name, build) in enumerate(
+        _contenders(algorithm, kind, groups, message_bytes, fabric)
+    ):
+        alone = build(groups[:1])
+        if alone is not None:
+            bounds.append((estimate_s(alone, capacities), order, name, build))
+    best: tuple[float, int, str, Collective] | None = None
+    for bound, order, name, build in sorted(bounds, key=lambda b: (b[0], b[1])):
+        if best is not None and (bound, order) > (best[0], best[1]):
+            break  # neither this nor a later one can win
+        built = build(groups)
+        assert built is not None  # the representative group decided that it applies
+        seconds = estimate_s(built, capacities)
+        if best is None or (seconds, order) < (best[0], best[1]):
+            best = (seconds, order, name, built)
+    assert best is not None  # the ring applies to a group of two GPUs or more
+    return _named(best[2], best[3]), best[3]
 
 
 def all_reduce(
