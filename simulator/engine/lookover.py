@@ -40,6 +40,16 @@ def scan(workload: Workload) -> tuple[dict[int, list[int]], set[int]]:
     owner_of: dict[int, frozenset[int]] = {}
     own = [frozenset((lane.index,)) for lane in workload.lanes]
     get = owner_of.get
+
+    def held_by(transfer: Transfer | Collective, owner: frozenset[int]) -> None:
+        """A use of ``transfer`` holding the lanes ``owner``."""
+        known = get(id(transfer))
+        if known is None:
+            owner_of[id(transfer)] = owner
+            phases_of[id(transfer)] = (transfer,) if type(transfer) is Transfer else transfer
+        elif known is not owner:
+            owner_of[id(transfer)] = known & owner
+
     for op in ops:
         transfer = op.transfer
         if op.rendezvous >= 0:
@@ -47,18 +57,8 @@ def scan(workload: Workload) -> tuple[dict[int, list[int]], set[int]]:
             continue
         if transfer is None:
             continue
-        key = id(transfer)
-        owner = (
-            own[op.lane]
-            if op.blocking and type(transfer) is tuple and len(transfer) == 1
-            else _NOBODY
-        )
-        known = get(key)
-        if known is None:
-            owner_of[key] = owner
-            phases_of[key] = (transfer,) if type(transfer) is Transfer else transfer
-        elif known is not owner:
-            owner_of[key] = known & owner
+        single = op.blocking and type(transfer) is tuple and len(transfer) == 1
+        held_by(transfer, own[op.lane] if single else _NOBODY)
     # a rendezvous's held lanes: each member lane whose op is blocking or whose next op
     # (the builder adds it right after, or it is found in the lane's ops, which are in
     # index order) waits for it; one object per set of lanes, as owners are compared by
@@ -88,14 +88,9 @@ def scan(workload: Workload) -> tuple[dict[int, list[int]], set[int]]:
         if lanes is None:
             lanes = made[tuple(held)] = frozenset(held)
         for transfer in used:
-            key = id(transfer)
-            owner = lanes if type(transfer) is Transfer or len(transfer) == 1 else _NOBODY
-            known = get(key)
-            if known is None:
-                owner_of[key] = owner
-                phases_of[key] = (transfer,) if type(transfer) is Transfer else transfer
-            elif known is not owner:
-                owner_of[key] = known & owner
+            held_by(
+                transfer, lanes if type(transfer) is Transfer or len(transfer) == 1 else _NOBODY
+            )
     link_owner: dict[int, frozenset[int]] = {}
     for key, phases in phases_of.items():
         owner = owner_of[key]
