@@ -578,7 +578,7 @@ def table(results: dict[str, dict], cases: dict) -> str:
 def scaling_figure(scaling: dict[str, list[dict]], path: Path) -> None:
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(11, 3.6))
+    fig = Figure(figsize=(11, 4.0))
     axes = fig.subplots(1, 2)
     ax = axes[0]
     for axis, label in (("microbatches", "m x p, p = 16"), ("stages", "m x p, m = 96")):
@@ -599,7 +599,9 @@ def scaling_figure(scaling: dict[str, list[dict]], path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("micro-batches x stages")
     ax.set_ylabel("wall time of stepsim run (s)")
-    ax.set_title("linear in m x p until the fast-forward (its expected cost below the full run's)")
+    ax.set_title(
+        "linear in m x p until the fast-forward\n(where its expected cost is below the full run's)"
+    )
     ax.legend()
     ax.grid(True, which="both", alpha=0.3)
     ax = axes[1]
@@ -609,7 +611,7 @@ def scaling_figure(scaling: dict[str, list[dict]], path: Path) -> None:
     ax.set_ylim(bottom=0)
     ax.set_xlabel("data-parallel size (GPUs = 128 x DP)")
     ax.set_ylabel("wall time (s)")
-    ax.set_title("DP: near flat (pattern set-up; the rings' routes grow with DP)")
+    ax.set_title("DP: near flat\n(pattern set-up; the rings' routes grow with DP)")
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
