@@ -22,8 +22,9 @@ def alone(workload: Workload) -> set[int]:
     holds a lane in common with all the others there; a non-blocking op outside a
     rendezvous, a member no lane waits for and a collective of several phases hold
     none. `Network.start_alone` runs such a transfer (symmetric mode's tensor-parallel
-    collectives on a stage's NVLink, about half of a large run's transfers; blocking
-    p2p pairs; exact mode's tensor-parallel collectives)."""
+    collectives on a stage's NVLink, about half of a large run's transfers; DeepSpeed's
+    blocking p2p pairs; exact mode's tensor-parallel collectives where no asynchronous
+    one shares their NVLink)."""
     return scan(workload)[1]
 
 
