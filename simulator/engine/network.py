@@ -187,6 +187,10 @@ class _Alone:
     callbacks: tuple[Callable[[_Alone], None], ...] | None
     _ok = True  # what simpy's Environment.step reads of an event after its callbacks
 
+    def __init__(self, on_done: Callback) -> None:
+        self.on_done = on_done
+        self.lane = -1
+
 
 class FairShareNetwork(Network):
     def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
@@ -293,9 +297,7 @@ class FairShareNetwork(Network):
             if event is None:
                 event = self.alone_event(on_done)
         else:
-            event = _Alone()
-            event.on_done = on_done
-            event.lane = -1
+            event = _Alone(on_done)
         now = self.env._now
         event.transfer = transfer
         event.rate = rate
@@ -308,9 +310,7 @@ class FairShareNetwork(Network):
         (one at a time: a lane's), made once."""
         event = self._alone.get(on_done)
         if event is None:
-            event = self._alone[on_done] = _Alone()
-            event.on_done = on_done
-            event.lane = -1
+            event = self._alone[on_done] = _Alone(on_done)
         return event
 
     def _alone_timing_entry(self, transfer: Transfer) -> tuple[Transfer, float, float]:
