@@ -1,6 +1,7 @@
 """NVLink SHARP (NVLS): in-switch all-reduce, reduce-scatter and all-gather as flows on
 the GPU <-> NVSwitch links, against closed forms; how a scenario asks for it."""
 
+import numpy as np
 import pytest
 
 from stepsim.comm import collectives
@@ -245,3 +246,40 @@ def test_the_choice_with_copies_builds_fewer_candidates_and_picks_as_all_of_them
             seen.add(least[0])
     if kind == ALL_REDUCE or node == "dgx-h100":  # (A100: the ring alone scatters, gathers)
         assert len(seen) >= 2  # more than one candidate wins somewhere
+
+
+def test_large_edge_sets_are_routed_once_per_run_and_cross_what_routing_gives(monkeypatch):
+    """The same groups' collectives of several sizes (each stage's gradient buckets)
+    route their edges once: `_coupled`'s links and multiplicities and the slowest hop
+    are kept in the pattern's memo, keyed by the GPU numbers. What is kept equals what
+    routing again gives, and the copies' routes are not kept in the cluster's cache."""
+    spec = load(cluster={"node": "dgx-a100", "num_nodes": 128}).cluster
+    cluster = build_cluster(spec, pattern=True)
+    n = spec.gpus_per_node
+    # one GPU a node, 8 copies: the ring (which `tree` also builds) at MEMO_EDGES edges
+    groups = [list(range(j, 128 * n, n)) for j in range(n)]
+    assert len(groups) * len(groups[0]) == collectives.MEMO_EDGES
+    calls = []
+    once = cluster.route_once
+    monkeypatch.setattr(cluster, "route_once", lambda a, b: calls.append(1) or once(a, b))
+    memo: dict = {}
+    fabric = Fabric.of(cluster, 6e-6, spec.nvls_fraction, memo)
+    built = [collectives.all_reduce("tree", groups, size, fabric) for size in (1e6, 3e8)]
+    copy_edges = len(calls)
+    assert copy_edges > 0 and memo  # routed, and kept
+    assert len(cluster._routes) < copy_edges  # the copies' routes asked once, not cached
+    again = collectives.all_reduce("tree", groups, 7e7, fabric)
+    assert len(calls) == copy_edges  # a third size: nothing routed again
+    monkeypatch.setattr(collectives, "MEMO_EDGES", 10**9)  # no memo: everything routed
+    fresh = Fabric.of(build_cluster(spec, pattern=True), 6e-6, spec.nvls_fraction)
+    for size, collective in zip((1e6, 3e8, 7e7), [*built, again], strict=True):
+        assert collectives.all_reduce("tree", groups, size, fresh) == collective
+    # other edges (the same GPUs in another order): not what was kept for the first
+    monkeypatch.setattr(collectives, "MEMO_EDGES", 1024)
+    order = np.random.default_rng(1).permutation(128).tolist()
+    shuffled = [[group[i] for i in order] for group in groups]
+    known = len(memo)
+    kept = collectives.all_reduce("tree", shuffled, 3e8, fabric)
+    assert len(memo) > known  # built and kept anew
+    assert kept == collectives.all_reduce("tree", shuffled, 3e8, fresh)
+    assert kept != built[1]

@@ -49,6 +49,12 @@ class Detours:
             route = self._routes[key] = self._detoured(src_gpu, dst_gpu)
         return route
 
+    def route_once(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]:
+        """`route`'s answer without keeping it: for routes asked once (the congruent
+        copies of a collective, whose links only count toward the representative's)."""
+        route = self._routes.get((src_gpu, dst_gpu))
+        return self._detoured(src_gpu, dst_gpu) if route is None else route
+
     def own_route(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]:
         """The route as the cabling gives it, no GPU detoured (not cached)."""
         return self._find_route(src_gpu, dst_gpu)
@@ -59,6 +65,8 @@ class Detours:
         self._routes.clear()
 
     def _detoured(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]:
+        if not self.detours:
+            return self._find_route(src_gpu, dst_gpu)
         a, b = self.detours.get(src_gpu), self.detours.get(dst_gpu)
         if (a is None and b is None) or (
             self.nvlink_domain_of(src_gpu) == self.nvlink_domain_of(dst_gpu)

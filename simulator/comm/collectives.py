@@ -61,6 +61,8 @@ from functools import partial
 from itertools import chain
 from typing import NamedTuple
 
+import numpy as np
+
 from ..ir.flows import Collective, Transfer
 from ..ir.vocabulary import (
     ALL_GATHER,
@@ -120,6 +122,8 @@ class Fabric(NamedTuple):
     # a GPU's PCIe link to its NIC and back (topologies.Cluster.pcie_links), which its
     # copies to host memory cross (emit/offload.py); None: the cluster cannot say
     pcie_links: Callable[[int], tuple[int, int]] | None = None
+    # `route` without keeping the answer in the cluster's cache (None: `route`)
+    route_once: Callable[[int, int], tuple[int, ...]] | None = None
 
     @classmethod
     def of(
@@ -153,6 +157,7 @@ class Fabric(NamedTuple):
             nvls_efficiency=nvls_efficiency,
             links=cluster.links,
             pcie_links=getattr(cluster, "pcie_links", None),
+            route_once=getattr(cluster, "route_once", None),
         )
 
 
@@ -168,8 +173,48 @@ def _coupled(
     ``bytes_per_flow``, its flow progressing at that multiple of the rate, so that all
     end together (an all-to-all-v); a link's multiplicity is then the sum of the weights
     of the flows crossing it."""
-    route = fabric.route
-    routes = [[route(src, dst) for src, dst in edges] for edges in edge_sets]
+    slot = _memo_slot(fabric, ("crossed", None if weights is None else tuple(weights)), edge_sets)
+    crossed = None if slot is None else slot[0].get(slot[1])
+    if crossed is None:
+        crossed = _crossed(edge_sets, fabric, weights)
+        if slot is not None:
+            slot[0][slot[1]] = crossed
+    return Transfer(crossed[0], crossed[1], bytes_per_flow, latency_s)
+
+
+# Edge sets of at least this many edges are routed once per run (in the pattern's memo,
+# keyed by their GPU numbers): the same groups reduce buckets of several sizes (the
+# first, middle and last stages' gradients), and routing a tree over 1,024 servers for
+# each of 8 tensor ranks again costs far more than comparing the numbers. Below it the
+# key would cost about what it saves.
+MEMO_EDGES = 1024
+
+
+def _memo_slot(
+    fabric: Fabric, tag: tuple, edge_sets: Sequence[Sequence[Edge]]
+) -> tuple[dict, tuple] | None:
+    """Where in the run's memo what ``edge_sets`` cross is kept, or None (no pattern,
+    few edges, or copies of unequal sizes, which `_check_alike` refuses)."""
+    pattern = fabric.pattern
+    if pattern is None:
+        return None
+    size = len(edge_sets[0])
+    if size * len(edge_sets) < MEMO_EDGES or any(len(e) != size for e in edge_sets):
+        return None
+    array = np.asarray(edge_sets, dtype=np.int64)
+    return pattern.memo, (*tag, array.shape, array.tobytes())
+
+
+def _crossed(
+    edge_sets: Sequence[Sequence[Edge]],
+    fabric: Fabric,
+    weights: Sequence[float] | None,
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """`_coupled`'s links and multiplicities."""
+    route, once = fabric.route, fabric.route_once or fabric.route
+    # the copies' routes are asked once here: not kept (at DP 1,024, 12 MB of routes)
+    routes = [[route(src, dst) for src, dst in edge_sets[0]]]
+    routes += [[once(src, dst) for src, dst in edges] for edges in edge_sets[1:]]
     _check_alike(edge_sets, fabric, routes)
     own: Counter[int] = Counter(chain.from_iterable(routes[0]))
     keep = own.__contains__
@@ -183,7 +228,7 @@ def _coupled(
                 for link in filter(keep, links):
                     mults[link] += weights[index]  # type: ignore[assignment]  # a float count
     links = tuple(sorted(own))
-    return Transfer(links, tuple(mults[i] for i in links), bytes_per_flow, latency_s)
+    return links, tuple(mults[i] for i in links)
 
 
 def _check_alike(
@@ -212,7 +257,15 @@ def _check_alike(
 
 
 def _hop_latency_s(edges: Sequence[Edge], fabric: Fabric) -> float:
-    return max(fabric.route_latency_s(fabric.route(a, b)) for a, b in edges)
+    """The slowest edge's latency (found once per run for many edges: `_memo_slot`)."""
+    slot = _memo_slot(fabric, ("hop",), [edges])
+    found = None if slot is None else slot[0].get(slot[1])
+    if found is None:
+        route, latency_s = fabric.route, fabric.route_latency_s
+        found = max(latency_s(route(a, b)) for a, b in edges)
+        if slot is not None:
+            slot[0][slot[1]] = found
+    return found
 
 
 def _cycle(order: Sequence[int]) -> list[Edge]:
@@ -223,7 +276,10 @@ def _cycle(order: Sequence[int]) -> list[Edge]:
 def _by_node(group: Sequence[int], fabric: Fabric) -> list[list[int]]:
     nodes: dict[int, list[int]] = {}
     get = nodes.get
-    for gpu, node in zip(group, map(fabric.node_of, group), strict=True):
+    # a pattern's servers hold gpus_per_node GPUs each, in order (its node_of, inline)
+    gpn = None if fabric.pattern is None else fabric.pattern.gpus_per_node
+    found = map(fabric.node_of, group) if gpn is None else [gpu // gpn for gpu in group]
+    for gpu, node in zip(group, found, strict=True):
         members = get(node)
         if members is None:
             nodes[node] = [gpu]
