@@ -6,7 +6,7 @@ import simpy
 
 from stepsim.engine.network import AnalyticalNetwork, FairShareNetwork
 from stepsim.ir.flows import Interval, Transfer
-from stepsim.report.linkstats import mean_utilization, utilization_over_time
+from stepsim.report.linkstats import link_utilization, mean_utilization, utilization_over_time
 from stepsim.run.iteration import run
 from tests.helpers import load
 
@@ -98,3 +98,19 @@ def test_busiest_links_give_each_kind_its_mean_and_its_peak():
     assert [b.utilization for b in got] == pytest.approx([0.5, 0.01, 0.025])
     assert [b.peak_utilization for b in got] == pytest.approx([0.5, 1.0, 0.25])
     assert [b.gbytes for b in got] == pytest.approx([500e-9, 10e-9, 50e-9])
+
+
+def test_utilization_of_the_links_crossed_is_the_dense_arrays_to_the_bit():
+    """`link_utilization` keeps only the links a run crossed (6 MB a dense array at
+    131,072 GPUs): each equal to the dense array's entry, every other link 0.0."""
+    result = run(load(cluster={"num_nodes": 4}, parallel={"data_parallel_size": 4}))
+    intervals, capacities = result.trace.link_intervals, result.cluster.capacities
+    end_s = result.trace.end_s
+    dense = mean_utilization(intervals, capacities, end_s)
+    kept = link_utilization(intervals, capacities, end_s)
+    assert kept.links.tolist() == sorted({link for iv in intervals for link in iv.links})
+    assert kept.values.tolist() == dense[kept.links].tolist()
+    assert [kept[i] for i in range(len(capacities))] == dense.tolist()
+    assert np.array_equal(kept.dense(len(capacities)), dense)
+    wider = np.arange(len(capacities))  # asked for every link: the dense array itself
+    assert link_utilization(intervals, capacities, end_s, wider).values.tolist() == dense.tolist()

@@ -8,6 +8,7 @@ layouts where a stage is smaller than a server (nothing moved: the fallback), an
 layout the alike check refuses (the same message either way).
 """
 
+import numpy as np
 import pytest
 
 from stepsim.comm.collectives import LayoutError
@@ -70,6 +71,8 @@ def test_the_pattern_gives_the_whole_graphs_links_routes_and_rings(kind, fabric,
     assert [pattern.link_role(i) for i in range(len(whole.links))] == [
         whole.link_role(i) for i in range(len(whole.links))
     ]
+    shuffled = np.random.default_rng(0).permutation(len(whole.links))  # any order, on arrays
+    assert pattern.link_roles(shuffled) == [whole.link_role(i) for i in shuffled.tolist()]
     for a in range(whole.num_gpus):
         for b in range(whole.num_gpus):
             route = whole.route(a, b)
@@ -119,6 +122,8 @@ def test_the_tree_pattern_gives_the_whole_graphs_links_and_routes(kind, fabric, 
     assert [pattern.link_role(i) for i in range(len(whole.links))] == [
         whole.link_role(i) for i in range(len(whole.links))
     ]
+    shuffled = np.random.default_rng(0).permutation(len(whole.links))  # any order, on arrays
+    assert pattern.link_roles(shuffled) == [whole.link_role(i) for i in shuffled.tolist()]
     moved = 0
     for a in range(whole.num_gpus):
         for b in range(whole.num_gpus):
@@ -274,6 +279,8 @@ def test_a_72_gpu_node_gives_the_same_links_and_routes_on_the_pattern(fabric, nu
     assert [pattern.link_role(i) for i in range(len(whole.links))] == [
         whole.link_role(i) for i in range(len(whole.links))
     ]
+    shuffled = np.random.default_rng(0).permutation(len(whole.links))  # any order, on arrays
+    assert pattern.link_roles(shuffled) == [whole.link_role(i) for i in shuffled.tolist()]
     for a in range(whole.num_gpus):
         for b in range(whole.num_gpus):
             assert pattern.route(a, b) == whole.route(a, b), (a, b)

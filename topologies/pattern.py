@@ -25,6 +25,8 @@ from collections.abc import Iterator, Sequence
 from math import ceil
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from .cluster import Cluster, Link, build_graph
 from .detour import Detours
 from .fabric import FabricShape
@@ -147,6 +149,8 @@ class PatternCluster(_CountedCluster):
         self.capacities = unit_caps[: self.block] * num_nodes + down_caps * num_nodes
         self._latency = [link.latency_s for link in unit_links]
         self._routes: dict[tuple[int, int], tuple[int, ...]] = {}
+        # `_template`'s, by the two GPUs' local numbers
+        self._templates: dict[tuple[int, int], tuple[tuple[int, int, int], ...]] = {}
         self._graph = None
 
     def _check_unit(self, unit_nodes: int) -> None:
@@ -183,6 +187,16 @@ class PatternCluster(_CountedCluster):
     def link_role(self, index: int) -> str:
         """What link ``index`` does: what the unit's link standing for it does."""
         return self.unit.link_role(self._unit_index(index))
+
+    def link_roles(self, indices: np.ndarray) -> list[str]:
+        """`link_role` of each of ``indices`` (an array), found once per unit link."""
+        unit = np.where(
+            indices < self.server_links,
+            indices % self.block,
+            self._unit_nodes() * self.block + (indices - self.server_links) % self.nics,
+        )
+        role = {u: self.unit.link_role(u) for u in np.unique(unit).tolist()}
+        return [role[u] for u in unit.tolist()]
 
     def route_latency_s(self, route: tuple[int, ...]) -> float:
         return sum(self._latency[self._unit_index(i)] for i in route)
@@ -223,20 +237,30 @@ class PatternCluster(_CountedCluster):
 
     def _find_route(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]:
         gpn, block = self.gpus_per_node, self.block
-        a, b = divmod(src_gpu, gpn), divmod(dst_gpu, gpn)
-        if a[0] == b[0]:  # inside one server: server 0's route, moved
-            return tuple(i + a[0] * block for i in self.unit.route(a[1], b[1]))
+        (na, a), (nb, b) = divmod(src_gpu, gpn), divmod(dst_gpu, gpn)
+        if na == nb:  # inside one server: server 0's route, moved
+            return tuple(i + na * block for i in self.unit.route(a, b))
         # between servers: the unit's route from server 0 to server 1, each end moved
-        servers = (a[0], b[0])
+        template = self._templates.get((a, b))
+        if template is None:
+            template = self._templates[(a, b)] = self._template(a, b)
+        servers = (na, nb)
+        return tuple([base + servers[end] * scale for end, base, scale in template])
+
+    def _template(self, a: int, b: int) -> tuple[tuple[int, int, int], ...]:
+        """The unit's route from local GPU ``a`` of server 0 to ``b`` of server 1 as
+        (end, base, scale) per link: link ``base + server * scale``, where ``server`` is
+        the source's (end 0) or the destination's (end 1)."""
+        block, nics = self.block, self.nics
         unit_block_end = self._unit_nodes() * block
         out = []
-        for i in self.unit.route(a[1], gpn + b[1]):
-            if i < unit_block_end:
+        for i in self.unit.route(a, self.gpus_per_node + b):
+            if i < unit_block_end:  # a server's own link: block j of server m
                 m, j = divmod(i, block)
-                out.append(servers[m] * block + j)
-            else:
-                m, k = divmod(i - unit_block_end, self.nics)
-                out.append(self.server_links + servers[m] * self.nics + k)
+                out.append((m, j, block))
+            else:  # the switch's port k down to server m
+                m, k = divmod(i - unit_block_end, nics)
+                out.append((m, self.server_links + k, nics))
         return tuple(out)
 
 

@@ -26,6 +26,8 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from math import ceil, gcd
 
+import numpy as np
+
 from .cluster import Cluster, Link, build_graph
 from .describe import link_role
 from .fabric import FabricShape, spines_per_leaf
@@ -195,6 +197,15 @@ class TreePatternCluster(_CountedCluster):
             return self.unit.link_role(index % self.block)
         link = self.link(index)
         return link_role(link.kind, link.src, link.dst)
+
+    def link_roles(self, indices: np.ndarray) -> list[str]:
+        """`link_role` of each of ``indices`` (an array): a server's links found once per
+        unit link, the switches' one by one."""
+        role = {u: self.unit.link_role(u) for u in range(self.block)}
+        block, server_links = self.block, self.server_links
+        return [
+            role[i % block] if i < server_links else self.link_role(i) for i in indices.tolist()
+        ]
 
     def route_latency_s(self, route: tuple[int, ...]) -> float:
         block, lat, unit = self.block, self.lat, self._unit_latency

@@ -42,19 +42,33 @@ def _rows(
     )
 
 
-def mean_utilization(
-    intervals: Sequence[Interval], capacities: Sequence[float], end_s: float
-) -> np.ndarray:
-    """Bytes each link carried divided by what it could have carried in ``end_s``."""
-    capacity = np.asarray(capacities, dtype=np.float64)
-    if not intervals or end_s <= 0:
-        return np.zeros_like(capacity)
-    # Bytes per real flow, summed per coupled-flow shape first: a large run has few
-    # shapes (one per collective and send of a stage) and many intervals of each.
-    # Intervals of one shape mostly share its tuples: the shape is looked up by their
-    # identities (hashing a pair of ints, not two tuples of links), then summed in
-    # interval order under its value (its number among the values, in order of first
-    # appearance), as if keyed by value throughout.
+class Utilization:
+    """Each link's mean utilization, kept for the links that carried something:
+    ``links`` in increasing order and ``values`` theirs; ``self[i]`` is link ``i``'s,
+    0.0 for a link not kept. A 131,072-GPU cluster has 786,432 links, of which a run
+    crosses a few per cent: dense arrays would cost 6 MB each."""
+
+    def __init__(self, links: np.ndarray, values: np.ndarray) -> None:
+        self.links, self.values = links, values
+
+    def __getitem__(self, link: int) -> float:
+        at = int(np.searchsorted(self.links, link))
+        return float(self.values[at]) if at < len(self.links) and self.links[at] == link else 0.0
+
+    def dense(self, num_links: int) -> np.ndarray:
+        """Every link's, in link order."""
+        out = np.zeros(num_links)
+        out[self.links] = self.values
+        return out
+
+
+def _moved_by_shape(intervals: Sequence[Interval]) -> tuple[list[tuple], list[float]]:
+    """Each coupled-flow shape (links, mults) and the bytes per real flow it moved."""
+    # A large run has few shapes (one per collective and send of a stage) and many
+    # intervals of each. Intervals of one shape mostly share its tuples: the shape is
+    # looked up by their identities (hashing a pair of ints, not two tuples of links),
+    # then summed in interval order under its value (its number among the values, in
+    # order of first appearance), as if keyed by value throughout.
     number_of: dict[tuple, int] = {}  # a shape's value: its number
     shape_of: dict[tuple[int, int], int] = {}  # a pair of tuples, by identity: its number
     shapes: list[tuple] = []
@@ -71,11 +85,39 @@ def mean_utilization(
                 moved.append(0.0)
             shape_of[ids] = number
         moved[number] = moved[number] + iv.rate_bytes_per_s * (iv.end_s - iv.start_s)
-    carried = np.zeros_like(capacity)
-    for (links, mults), moved_bytes in zip(shapes, moved, strict=True):
+    return shapes, moved
+
+
+def link_utilization(
+    intervals: Sequence[Interval],
+    capacities: Sequence[float],
+    end_s: float,
+    links: np.ndarray | None = None,
+) -> Utilization:
+    """Bytes each link carried divided by what it could have carried in ``end_s``, for
+    ``links`` (increasing; every link the intervals cross among them), or for the links
+    the intervals cross."""
+    shapes, moved = _moved_by_shape(intervals) if end_s > 0 else ([], [])
+    if links is None:
+        crossed = [np.asarray(shape[0], dtype=np.int64) for shape in shapes]
+        links = np.unique(np.concatenate(crossed)) if crossed else np.zeros(0, np.int64)
+    carried = np.zeros(len(links))
+    for (crossed_links, mults), moved_bytes in zip(shapes, moved, strict=True):
         # a shape lists each link once, so fancy-index addition is exact
-        carried[list(links)] += np.asarray(mults, dtype=np.float64) * moved_bytes
-    return carried / (capacity * end_s)
+        where = np.searchsorted(links, crossed_links)
+        carried[where] += np.asarray(mults, dtype=np.float64) * moved_bytes
+    if not shapes:
+        return Utilization(links, carried)
+    capacity = np.fromiter(map(capacities.__getitem__, links.tolist()), np.float64, len(links))
+    return Utilization(links, carried / (capacity * end_s))
+
+
+def mean_utilization(
+    intervals: Sequence[Interval], capacities: Sequence[float], end_s: float
+) -> np.ndarray:
+    """Bytes each link carried divided by what it could have carried in ``end_s``,
+    every link's (`link_utilization` keeps only the links crossed)."""
+    return link_utilization(intervals, capacities, end_s).dense(len(capacities))
 
 
 def cumulative_load(

@@ -61,7 +61,7 @@ from ..engine.steady import NotSteady, Snapshot, same, simulate_observed
 from ..ir.ops import Lane, Op, Workload
 from ..ir.results import FastForward, Trace
 from ..ir.vocabulary import CATEGORY_OF_KIND
-from ..report.linkstats import bytes_by, cumulative_load, mean_utilization
+from ..report.linkstats import Utilization, bytes_by, cumulative_load, link_utilization
 from ..report.metrics import Tally, gpu_flops, lane_flops, lane_seconds
 from ..scenario import Scenario, ScenarioError
 
@@ -447,8 +447,11 @@ def link_loads(plan: Plan, capacities: Sequence[float], bins: int):
         inside = _clipped(iv.start_s, iv.end_s, t0, t1)
         if inside is not None:
             clipped.append(iv._replace(start_s=inside[0], end_s=inside[1]))
-    short = mean_utilization(trace.link_intervals, capacities, trace.end_s) * trace.end_s
-    utilization = (short + k * mean_utilization(clipped, capacities, 1.0)) / end_s
+    short = link_utilization(trace.link_intervals, capacities, trace.end_s)
+    periods = link_utilization(clipped, capacities, 1.0, short.links)
+    utilization = Utilization(
+        short.links, (short.values * trace.end_s + k * periods.values) / end_s
+    )
 
     def series_of(chosen: list[int]) -> dict[int, np.ndarray]:
         edges = np.linspace(0.0, end_s, bins + 1)

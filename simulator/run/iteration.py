@@ -31,7 +31,7 @@ from ..engine.network import AnalyticalNetwork, FairShareNetwork
 from ..ir.results import LinkLoad, Result, StageMemory, Trace
 from ..ir.units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
 from ..ir.vocabulary import ANALYTICAL, FAIR_SHARE, IDLE_TIME
-from ..report.linkstats import mean_utilization, utilization_over_time
+from ..report.linkstats import Utilization, link_utilization, utilization_over_time
 from ..report.metrics import summarize, tally
 from ..scenario import ClusterSpec, Scenario, ScenarioError, limits
 from . import fastforward
@@ -249,7 +249,7 @@ def busiest_links(
     per_role: int = BUSIEST_PER_ROLE,
     *,
     end_s: float | None = None,
-    utilization: np.ndarray | None = None,
+    utilization: Utilization | None = None,
     series_of: Callable[[list[int]], dict[int, np.ndarray]] | None = None,
 ) -> list[LinkLoad]:
     """The links of each role (NVLink, PCIe, NIC, switch uplink) that carried the most
@@ -264,15 +264,28 @@ def busiest_links(
     if end_s is None:
         end_s = trace.end_s
     if utilization is None:
-        utilization = mean_utilization(trace.link_intervals, capacities, end_s)
+        utilization = link_utilization(trace.link_intervals, capacities, end_s)
     # only links that carried something can be chosen: the others are never looked at
-    used = np.flatnonzero(utilization > 0)
+    carried = utilization.values > 0
+    used, values = utilization.links[carried], utilization.values[carried]
     # ties: lower first (a fast-forward's sums differ from a full run's in the last bits:
     # its utilization is ranked to 12 decimals, so that links equal in one are in both)
-    ranked = utilization if series_of is None else np.round(utilization, 12)
-    order = used[np.argsort(-ranked[used], kind="stable")].tolist()
-    roles = {i: cluster.link_role(i) for i in order}
-    chosen = [i for role in LINK_ROLES for i in [i for i in order if roles[i] == role][:per_role]]
+    ranked = values if series_of is None else np.round(values, 12)
+    by_rank = np.argsort(-ranked, kind="stable")
+    ranked_links = used[by_rank]
+    roles_of = getattr(cluster, "link_roles", None)  # a pattern cluster's, on arrays
+    found = (
+        roles_of(ranked_links)
+        if roles_of is not None
+        else map(cluster.link_role, ranked_links.tolist())
+    )
+    first: dict[str, list[int]] = {role: [] for role in LINK_ROLES}  # each role's busiest
+    for link, role in zip(ranked_links.tolist(), found, strict=True):
+        picks = first.get(role)
+        if picks is not None and len(picks) < per_role:
+            picks.append(link)
+    chosen = [i for role in LINK_ROLES for i in first[role]]
+    roles = {i: role for role in LINK_ROLES for i in first[role]}
     if series_of is None:
         _, series = utilization_over_time(
             trace.link_intervals, capacities, chosen, end_s, PEAK_BINS
@@ -284,8 +297,8 @@ def busiest_links(
             link=link_name(links[i].src, links[i].dst),
             kind=roles[i],
             index=i,
-            utilization=float(utilization[i]),
-            gbytes=float(utilization[i] * capacities[i] * end_s / 1e9),
+            utilization=utilization[i],
+            gbytes=utilization[i] * capacities[i] * end_s / 1e9,
             peak_utilization=float(series[i].max()),
         )
         for i in chosen
