@@ -11,6 +11,7 @@ layout the alike check refuses (the same message either way).
 import numpy as np
 import pytest
 
+from stepsim.comm import collectives
 from stepsim.comm.collectives import LayoutError
 from stepsim.emit.lowering import lower
 from stepsim.ir.flows import Transfer
@@ -24,6 +25,7 @@ from stepsim.topologies import (
     TreePatternCluster,
     build_graph,
 )
+from stepsim.topologies import pattern as pattern_module
 from tests.helpers import load
 
 NODES = {  # (nvlink topology, GPUs, NICs): one GPU per NIC, shared NICs, meshes
@@ -138,6 +140,21 @@ def test_the_tree_pattern_gives_the_whole_graphs_links_and_routes(kind, fabric, 
     assert moved or pattern.shift_nodes * 2 > num_nodes  # some moves were checked
 
 
+@pytest.mark.parametrize("kind", ["dgx", "shared-nic"])
+def test_a_long_tuple_of_links_moves_as_each_link_does(kind):
+    """`translate` moves tuples over 256 links on an array: each link where the loop
+    moves it alone (server links and switch ports, in any order)."""
+    pattern = PatternCluster(64, _shape(*NODES[kind]), ONE_SWITCH[0], nvlink_domain_gpus=8)
+    half = [
+        i for i in range(pattern.num_links) if pattern.translate((i,), 1)[0] < pattern.num_links
+    ]
+    links = tuple(np.random.default_rng(2).permutation(half).tolist())
+    assert len(links) > 256
+    moved = pattern.translate(links, 1)
+    assert moved == tuple(pattern.translate((i,), 1)[0] for i in links)
+    assert all(type(i) is int for i in moved)
+
+
 def test_build_cluster_uses_the_pattern_only_when_asked():
     one = load(cluster={"num_nodes": 4})
     assert isinstance(build_cluster(one.cluster, pattern=True), PatternCluster)
@@ -201,7 +218,7 @@ LOWERING_CASES = [
 
 @pytest.mark.parametrize(("layout", "nics", "training", "fabric"), LOWERING_CASES)
 def test_symmetric_lowering_on_the_pattern_builds_the_same_transfers(
-    layout, nics, training, fabric
+    monkeypatch, layout, nics, training, fabric
 ):
     tp, pp, dp, nodes = layout
     scenario = load(
@@ -220,6 +237,12 @@ def test_symmetric_lowering_on_the_pattern_builds_the_same_transfers(
     assert _transfers(scenario, pattern) == expected
     phases = [p for _, _, t in expected for p in ((t,) if isinstance(t, Transfer) else t)]
     assert any(m > 1 for p in phases for m in p.mults) or nics == 8 or nodes == 1  # shared NICs
+    # what large runs do on arrays and in the run's memo, here at every size: the copies'
+    # routes counted (collectives._counted, memo keys) and the moved stages' links
+    # (translate)
+    monkeypatch.setattr(collectives, "MEMO_EDGES", 0)
+    monkeypatch.setattr(pattern_module, "_ARRAY_LINKS", 0)
+    assert _transfers(scenario, build_cluster(scenario.cluster, pattern=True)) == expected
 
 
 def test_a_layout_wired_unlike_its_copies_is_refused_alike_on_the_pattern():

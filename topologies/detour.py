@@ -52,6 +52,8 @@ class Detours:
     def route_once(self, src_gpu: int, dst_gpu: int) -> tuple[int, ...]:
         """`route`'s answer without keeping it: for routes asked once (the congruent
         copies of a collective, whose links only count toward the representative's)."""
+        if not self.detours:  # what the cache would hold: the cabling's route
+            return self._find_route(src_gpu, dst_gpu)
         route = self._routes.get((src_gpu, dst_gpu))
         return self._detoured(src_gpu, dst_gpu) if route is None else route
 

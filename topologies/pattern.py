@@ -22,6 +22,7 @@ leaf); topologies.tree_pattern covers fat trees and rails with several leaves.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import chain
 from math import ceil
 from typing import TYPE_CHECKING
 
@@ -224,6 +225,10 @@ class PatternCluster(_CountedCluster):
         (every server's links and switch port move alike, and keep their order)."""
         server_shift, port_shift = nodes * self.block, nodes * self.nics
         server_links = self.server_links
+        if len(links) > _ARRAY_LINKS:  # a collective over many servers: on an array
+            found = np.asarray(links)
+            found = found + np.where(found < server_links, server_shift, port_shift)
+            return tuple(found.tolist())
         return tuple(i + server_shift if i < server_links else i + port_shift for i in links)
 
     def _unit_nodes(self) -> int:
@@ -247,6 +252,46 @@ class PatternCluster(_CountedCluster):
         servers = (na, nb)
         return tuple([base + servers[end] * scale for end, base, scale in template])
 
+    def count_routes(
+        self, edges: Sequence[tuple[int, int]], own: np.ndarray
+    ) -> tuple[list[tuple[tuple[int, int], int]], list[tuple[int, int]]] | None:
+        """What `route` gives for ``edges``, counted on arrays: the edges by the unit
+        path they take (one edge of each, in order of first appearance, and how many
+        take it: the same local GPUs, in one server or two, cross links of the same
+        bandwidths) and how many times their routes cross each link of ``own`` (a
+        sorted array), as (link, times) in link order. None while a GPU is detoured
+        (its routes are not the pattern's)."""
+        if self.detours or not edges:
+            return None
+        gpn, block = self.gpus_per_node, self.block
+        pairs = np.fromiter(chain.from_iterable(edges), np.int64, 2 * len(edges))
+        servers, local = np.divmod(pairs.reshape(-1, 2), gpn)
+        na, nb = servers[:, 0], servers[:, 1]
+        same = na == nb
+        key = (local[:, 0] * gpn + local[:, 1]) * 2 + same
+        keys, first, inverse, counts = np.unique(
+            key, return_index=True, return_inverse=True, return_counts=True
+        )
+        crossed = []
+        for number, k in enumerate(keys.tolist()):
+            mine = inverse == number
+            a, b = divmod(k // 2, gpn)
+            if k % 2:  # inside one server: server 0's route, moved
+                moved = na[mine] * block
+                crossed += [moved + i for i in self.unit.route(a, b)]
+            else:
+                template = self._templates.get((a, b))
+                if template is None:
+                    template = self._templates[(a, b)] = self._template(a, b)
+                ends = (na[mine], nb[mine])
+                crossed += [base + ends[end] * scale for end, base, scale in template]
+        links = np.concatenate(crossed) if crossed else np.zeros(0, np.int64)
+        hit, times = np.unique(links[np.isin(links, own)], return_counts=True)
+        order = np.argsort(first, kind="stable")  # paths in order of first appearance
+        firsts, times_of = first[order].tolist(), counts[order].tolist()
+        samples = [(edges[i], n) for i, n in zip(firsts, times_of, strict=True)]
+        return samples, list(zip(hit.tolist(), times.tolist(), strict=True))
+
     def _template(self, a: int, b: int) -> tuple[tuple[int, int, int], ...]:
         """The unit's route from local GPU ``a`` of server 0 to ``b`` of server 1 as
         (end, base, scale) per link: link ``base + server * scale``, where ``server`` is
@@ -262,6 +307,11 @@ class PatternCluster(_CountedCluster):
                 m, k = divmod(i - unit_block_end, nics)
                 out.append((m, self.server_links + k, nics))
         return tuple(out)
+
+
+# `PatternCluster.translate` moves longer tuples of links on an array (shorter ones cost
+# less in a loop than the array's set-up)
+_ARRAY_LINKS = 256
 
 
 def moved_vertex(vertex: tuple, n: int, gpus_per_node: int) -> tuple:

@@ -124,6 +124,8 @@ class Fabric(NamedTuple):
     pcie_links: Callable[[int], tuple[int, int]] | None = None
     # `route` without keeping the answer in the cluster's cache (None: `route`)
     route_once: Callable[[int, int], tuple[int, ...]] | None = None
+    # a pattern cluster's routes of many edges counted on arrays (PatternCluster.count_routes)
+    count_routes: Callable | None = None
 
     @classmethod
     def of(
@@ -158,6 +160,7 @@ class Fabric(NamedTuple):
             links=cluster.links,
             pcie_links=getattr(cluster, "pcie_links", None),
             route_once=getattr(cluster, "route_once", None),
+            count_routes=getattr(cluster, "count_routes", None),
         )
 
 
@@ -201,8 +204,9 @@ def _memo_slot(
     size = len(edge_sets[0])
     if size * len(edge_sets) < MEMO_EDGES or any(len(e) != size for e in edge_sets):
         return None
-    array = np.asarray(edge_sets, dtype=np.int64)
-    return pattern.memo, (*tag, array.shape, array.tobytes())
+    numbers = chain.from_iterable(chain.from_iterable(edge_sets))  # flat: fast to read
+    array = np.fromiter(numbers, np.int64, 2 * size * len(edge_sets))
+    return pattern.memo, (*tag, len(edge_sets), size, array.tobytes())
 
 
 def _crossed(
@@ -212,6 +216,9 @@ def _crossed(
 ) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """`_coupled`'s links and multiplicities."""
     route, once = fabric.route, fabric.route_once or fabric.route
+    counted = _counted(edge_sets, fabric, weights)
+    if counted is not None:
+        return counted
     # the copies' routes are asked once here: not kept (at DP 1,024, 12 MB of routes)
     routes = [[route(src, dst) for src, dst in edge_sets[0]]]
     routes += [[once(src, dst) for src, dst in edges] for edges in edge_sets[1:]]
@@ -228,6 +235,41 @@ def _crossed(
                 for link in filter(keep, links):
                     mults[link] += weights[index]  # type: ignore[assignment]  # a float count
     links = tuple(sorted(own))
+    return links, tuple(mults[i] for i in links)
+
+
+def _counted(
+    edge_sets: Sequence[Sequence[Edge]],
+    fabric: Fabric,
+    weights: Sequence[float] | None,
+) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
+    """`_crossed` for many copies on a pattern cluster, the copies' routes counted on
+    arrays (`PatternCluster.count_routes`) instead of made one by one: the same links,
+    multiplicities and check. None where it does not apply (weights, few edges, a
+    detoured GPU) or where a copy is unlike the representative (`_crossed` then names
+    it, as before)."""
+    count = fabric.count_routes
+    if count is None or weights is not None or len(edge_sets) < 2:
+        return None
+    if sum(map(len, edge_sets[1:])) < MEMO_EDGES:
+        return None
+    route, bandwidth = fabric.route, fabric.capacities.__getitem__
+    mine = [route(src, dst) for src, dst in edge_sets[0]]
+    own: Counter[int] = Counter(chain.from_iterable(mine))
+    links = tuple(sorted(own))
+    own_array = np.fromiter(links, np.int64, len(links))
+    signature = sorted(map(tuple, map(partial(map, bandwidth), mine)))
+    mults = Counter(own)
+    for edges in edge_sets[1:]:
+        found = count(edges, own_array)
+        if found is None:
+            return None
+        samples, crossed = found
+        paths = [(tuple(map(bandwidth, route(*edge))), times) for edge, times in samples]
+        if sorted(chain.from_iterable([path] * times for path, times in paths)) != signature:
+            return None
+        for link, times in crossed:
+            mults[link] += times
     return links, tuple(mults[i] for i in links)
 
 

@@ -273,19 +273,25 @@ def busiest_links(
     ranked = values if series_of is None else np.round(values, 12)
     by_rank = np.argsort(-ranked, kind="stable")
     ranked_links = used[by_rank]
+    ranked_list = ranked_links.tolist()
     roles_of = getattr(cluster, "link_roles", None)  # a pattern cluster's, on arrays
     found = (
         roles_of(ranked_links)
         if roles_of is not None
-        else map(cluster.link_role, ranked_links.tolist())
+        else list(map(cluster.link_role, ranked_list))
     )
-    first: dict[str, list[int]] = {role: [] for role in LINK_ROLES}  # each role's busiest
-    for link, role in zip(ranked_links.tolist(), found, strict=True):
-        picks = first.get(role)
-        if picks is not None and len(picks) < per_role:
-            picks.append(link)
-    chosen = [i for role in LINK_ROLES for i in first[role]]
-    roles = {i: role for role in LINK_ROLES for i in first[role]}
+    # each role's busiest: its first per_role in rank order (list.index runs in C)
+    chosen: list[int] = []
+    roles: dict[int, str] = {}
+    for role in LINK_ROLES:
+        at = -1
+        for _ in range(per_role):
+            try:
+                at = found.index(role, at + 1)
+            except ValueError:
+                break
+            chosen.append(ranked_list[at])
+            roles[ranked_list[at]] = role
     if series_of is None:
         _, series = utilization_over_time(
             trace.link_intervals, capacities, chosen, end_s, PEAK_BINS
