@@ -196,7 +196,7 @@ class PatternCluster(_CountedCluster):
             indices % self.block,
             self._unit_nodes() * self.block + (indices - self.server_links) % self.nics,
         )
-        role = {u: self.unit.link_role(u) for u in np.unique(unit).tolist()}
+        role = {u: self.unit.link_role(u) for u in set(unit.tolist())}
         return [role[u] for u in unit.tolist()]
 
     def route_latency_s(self, route: tuple[int, ...]) -> float:
