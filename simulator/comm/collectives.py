@@ -215,10 +215,10 @@ def _crossed(
     weights: Sequence[float] | None,
 ) -> tuple[tuple[int, ...], tuple[float, ...]]:
     """`_coupled`'s links and multiplicities."""
-    route, once = fabric.route, fabric.route_once or fabric.route
     counted = _counted(edge_sets, fabric, weights)
     if counted is not None:
         return counted
+    route, once = fabric.route, fabric.route_once or fabric.route
     # the copies' routes are asked once here: not kept (at DP 1,024, 12 MB of routes)
     routes = [[route(src, dst) for src, dst in edge_sets[0]]]
     routes += [[once(src, dst) for src, dst in edges] for edges in edge_sets[1:]]

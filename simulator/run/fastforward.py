@@ -48,7 +48,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import replace
 from operator import itemgetter
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, get_type_hints
 
 import numpy as np
 
@@ -225,12 +225,41 @@ def _moved(x: Any, y: Any, by: int) -> bool:
     return _moved_fields(x, y, by)
 
 
+# a NamedTuple whose fields are all annotated as one of these holds no nested items
+_SCALARS = frozenset({int, str, bool, float})
+_PLANS: dict[type, tuple[int, bool]] = {}
+
+
+def _plan(kind: type) -> tuple[int, bool]:
+    """A NamedTuple type's microbatch field position (-1: none) and whether every field
+    is annotated as a scalar (no nested items to move), found once per type."""
+    plan = _PLANS.get(kind)
+    if plan is None:
+        fields = kind._fields  # type: ignore[attr-defined]  # a NamedTuple's
+        try:  # resolved through the type's bases (a subclass has none of its own)
+            notes = get_type_hints(kind)
+        except Exception:  # noqa: BLE001  # a name it cannot resolve: compared field by field
+            notes = {}
+        flat = all(notes.get(name) in _SCALARS for name in fields)
+        at = fields.index("microbatch") if "microbatch" in fields else -1
+        plan = _PLANS[kind] = (at, flat)
+    return plan
+
+
 def _moved_fields(x: Any, y: Any, by: int) -> bool:
     fields = getattr(x, "_fields", None)
     if fields is None:
         return bool(x == y)
     if not isinstance(y, tuple) or len(x) != len(y):
         return False
+    at, flat = _plan(type(x))
+    if flat:  # the fields compared as slices (in C), the micro-batch moved
+        if at < 0:
+            return bool(x == y)
+        mine = x[at]
+        if (mine + by if mine >= 0 else mine) != y[at]:
+            return False
+        return bool(x[:at] == y[:at] and x[at + 1 :] == y[at + 1 :])
     for name, value, other in zip(fields, x, y, strict=True):
         if name == "microbatch" and value >= 0:
             if value + by != other:
