@@ -107,6 +107,39 @@ def test_fast_forward_equals_the_full_run(schedule, m, chunks, overlap):
     )
 
 
+@pytest.mark.parametrize(("tensor", "collapsed"), [(2, True), (1, False)])
+def test_exact_mode_is_fast_forwarded_as_the_full_run(tensor, collapsed):
+    """Exact mode (every GPU simulated, a congruent TP group as one lane) fast-forwards
+    as symmetric mode does: the proof is the engine's state, whatever the lanes. The
+    metrics are the full exact run's, spans and transfers counted per GPU (a collapsed
+    group's lane once per rank)."""
+
+    def exact(fast_forward):
+        network = {"model": "fair-share", "symmetry": False}
+        if fast_forward is not None:
+            network["fast_forward"] = fast_forward
+        doc = scenario(
+            model={"num_layers": 8},
+            cluster={"num_nodes": tensor},
+            parallel={
+                "tensor_model_parallel_size": tensor,
+                "pipeline_model_parallel_size": 4,
+                "data_parallel_size": 2,
+            },
+            training={"global_batch_size": 120, "schedule": "1f1b"},
+            network=network,
+        )
+        return scenario_from_dict(doc)
+
+    fast, full = run(exact(None)), run(exact(False))
+    assert any(lane.copies > 1 for lane in fast.workload.lanes) == collapsed
+    assert fast.metrics.fast_forward is not None and full.metrics.fast_forward is None
+    assert fast.metrics.iteration_time_s == pytest.approx(full.metrics.iteration_time_s, rel=1e-12)
+    _close(_numbers(fast.metrics), _numbers(full.metrics), rel=1e-9)
+    assert fast.metrics.simulated_spans == full.metrics.simulated_spans
+    assert fast.metrics.simulated_transfers == full.metrics.simulated_transfers
+
+
 def test_link_loads_equal_the_full_run():
     """Each link's utilization over the iteration and over time, from the short run and
     its inserted periods, against the full run's, link for link."""

@@ -32,7 +32,7 @@ transfers (`exact_transfers`), each span of the lane T spans.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from ..ir.flows import Collective, Transfer
 from ..ir.ops import Lane, Workload
@@ -119,17 +119,23 @@ def copies_of(lanes: Sequence[Lane]) -> dict[int, int]:
     return {lane.gpu: lane.copies for lane in lanes if lane.copies > 1}
 
 
-def exact_transfers(workload: Workload, simulated: int) -> int:
+def exact_transfers(
+    workload: Workload,
+    simulated: int,
+    positions: Callable[[Lane], Iterable[int]] | None = None,
+) -> int:
     """The transfers exact mode would have started, from those a collapsed run started:
     each coupled transfer of a collapsed lane (a pipeline send, a data-parallel or tied
     collective: every rank's, one flow) stands for T (one per rank), per phase; a TP
-    collective is one transfer in both. Counted once per rendezvous."""
+    collective is one transfer in both. Counted once per rendezvous. ``positions``: the
+    positions on each lane of the ops that started them (all of its ops if None)."""
     extra = 0
     ops = workload.ops
     for lane in workload.lanes:
         if lane.copies == 1:
             continue
-        for index in lane.ops:
+        chosen = lane.ops if positions is None else [lane.ops[i] for i in positions(lane)]
+        for index in chosen:
             op = ops[index]
             transfer = op.transfer
             if transfer is None or op.kind == TP_COMM:

@@ -32,8 +32,9 @@ Everything the metrics read is additive over time: the iteration is ``m'``'s plu
 utilization over time is read off the inserted copies. The result's workload and trace
 (trace.json, the timeline) are the ``m'`` run's; the summary says so.
 
-Not used (the run is simulated in full, as before): exact mode, perturbations, a custom
-schedule, ``network.fast_forward = false``, or when it is not expected to cost less than
+Exact mode is fast-forwarded as symmetric mode is (its lanes, a congruent TP group's
+collapsed ones included, are the state compared; spans and transfers are counted per GPU).
+Not used (the run is simulated in full, as before): perturbations, a custom schedule, ``network.fast_forward = false``, or when it is not expected to cost less than
 the full run (`worth_it`: ``SHORT_COST x m' + ORDERS_COST x m < m``, costs measured by
 benchmarks/fastforward_cost.py: from about m = 2.2 m'; schedules that split the
 backward, whose proof failed on every large layout measured, from m = 10 m'); and
@@ -54,6 +55,7 @@ import numpy as np
 
 from stepsim.schedules import INTERLEAVED
 
+from ..comm.congruent import copies_of, exact_transfers
 from ..cost.orders import stage_orders
 from ..emit.p2pcalls import p2p_items
 from ..engine.network import NetworkFactory
@@ -62,7 +64,7 @@ from ..ir.ops import Lane, Op, Workload
 from ..ir.results import FastForward, Trace
 from ..ir.vocabulary import CATEGORY_OF_KIND
 from ..report.linkstats import Utilization, bytes_by, cumulative_load, link_utilization
-from ..report.metrics import Tally, gpu_flops, lane_flops, lane_seconds
+from ..report.metrics import Tally, gpu_flops, lane_flops, lane_seconds, num_spans
 from ..scenario import Scenario, ScenarioError
 
 # What the fast-forward costs, in micro-batches of the full run it replaces (a full run
@@ -173,7 +175,6 @@ def applies(scenario: Scenario) -> bool:
     """Whether the scenario may be fast-forwarded at all (the checks come after)."""
     return (
         scenario.network.fast_forward is not False
-        and scenario.network.symmetry
         and not scenario.perturbations
         and scenario.training.custom_orders is None
         and scenario.parallel.pipeline_model_parallel_size > 1
@@ -419,11 +420,14 @@ def tally(plan: Plan) -> Tally:
     t0, t1 = plan.first.time_s, plan.second.time_s
     seconds = lane_seconds(trace)
     window: dict[tuple[int, str], dict[str, float]] = {key: {} for key in seconds}
+    # spans counted once per GPU (a collapsed TP group's lane: once per rank)
+    copies = copies_of(trace.lanes)
+    spans = num_spans(trace)
     spans_in = 0
     for span in trace.spans:
         start = span.start_s
         if t0 < start <= t1:
-            spans_in += 1
+            spans_in += copies.get(span.gpu, 1)
         inside = _clipped(start, span.end_s, t0, t1)
         if inside is None:
             continue
@@ -444,13 +448,23 @@ def tally(plan: Plan) -> Tally:
         return lane_hw + k * period_hw, lane_model + k * period_model
 
     hardware, model = gpu_flops(workload, flops_of)
+    # a period's transfers: those started in the window, and for exact mode's collapsed
+    # TP groups the other ranks' of the period's ops (comm/congruent.py)
+    started = plan.second.num_transfers - plan.first.num_transfers
+    period = exact_transfers(
+        workload,
+        started,
+        lambda lane: range(
+            plan.lane_end[lane.index] - plan.lane_period[lane.index], plan.lane_end[lane.index]
+        ),
+    )
     return Tally(
         iteration_s(plan),
         seconds,
         hardware,
         model,
-        trace.num_transfers + k * (plan.second.num_transfers - plan.first.num_transfers),
-        len(trace.spans) + k * spans_in,
+        trace.num_transfers + k * period,
+        spans + k * spans_in,
     )
 
 

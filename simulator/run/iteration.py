@@ -165,16 +165,16 @@ def _run(
             # its lowerings differ only in the number of micro-batches: their transfers
             # are built once (collectives.Pattern.memo), the full run's too
             memo: dict = {}
+            # exact mode: a congruent TP group as one lane (comm/congruent.py), decided
+            # once for every lowering (the fast-forward's, a gpu_type perturbation's two)
+            collapse = collapsible(scenario)
             plan = fastforward.fast_forward(
-                scenario, lambda s: lower(s, cluster, memo=memo), network
+                scenario, lambda s: lower(s, cluster, collapse=collapse, memo=memo), network
             )
             if plan is not None:
                 if progress is not None:
                     progress(1.0)
                 return _fast_forwarded(scenario, cluster, plan)
-            # exact mode: a congruent TP group as one lane (comm/congruent.py), decided
-            # once for both lowerings of a gpu_type perturbation
-            collapse = collapsible(scenario)
             if perturbation is None:
                 workload = lower(scenario, cluster, collapse=collapse, memo=memo)
             else:
@@ -216,6 +216,9 @@ def _fast_forwarded(scenario: Scenario, cluster, plan: fastforward.Plan) -> Resu
     run's workload and trace (what trace.json and the timeline show)."""
     memory = memory_per_stage(scenario)
     problem = out_of_memory(scenario, memory)
+    # exact mode's collapsed TP groups: the transfers every GPU would have started
+    started = exact_transfers(plan.workload, plan.trace.num_transfers)
+    plan = plan._replace(trace=plan.trace._replace(num_transfers=started))
     end_s, utilization, series_of = fastforward.link_loads(plan, cluster.capacities, PEAK_BINS)
     links = busiest_links(
         cluster, plan.trace, end_s=end_s, utilization=utilization, series_of=series_of
