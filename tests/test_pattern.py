@@ -8,10 +8,12 @@ layouts where a stage is smaller than a server (nothing moved: the fallback), an
 layout the alike check refuses (the same message either way).
 """
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
-from stepsim.comm import collectives
+from stepsim.comm import collectives, placement
 from stepsim.comm.collectives import LayoutError
 from stepsim.emit.lowering import lower
 from stepsim.ir.flows import Transfer
@@ -237,10 +239,11 @@ def test_symmetric_lowering_on_the_pattern_builds_the_same_transfers(
     assert _transfers(scenario, pattern) == expected
     phases = [p for _, _, t in expected for p in ((t,) if isinstance(t, Transfer) else t)]
     assert any(m > 1 for p in phases for m in p.mults) or nics == 8 or nodes == 1  # shared NICs
-    # what large runs do on arrays and in the run's memo, here at every size: the copies'
-    # routes counted (collectives._counted, memo keys) and the moved stages' links
-    # (translate)
+    # what large runs do on arrays and in the run's memo, here at every size: the copies
+    # kept (placement), their routes counted (collectives._counted, memo keys) and the
+    # moved stages' links (translate)
     monkeypatch.setattr(collectives, "MEMO_EDGES", 0)
+    monkeypatch.setattr(placement, "_ARRAY_OFFSETS", 0)
     monkeypatch.setattr(pattern_module, "_ARRAY_LINKS", 0)
     assert _transfers(scenario, build_cluster(scenario.cluster, pattern=True)) == expected
 
@@ -331,3 +334,26 @@ def test_symmetric_lowering_over_nvl72_racks_builds_the_same_transfers(node, fab
     assert isinstance(pattern, PatternCluster | TreePatternCluster)
     expected = _transfers(scenario, build_cluster(scenario.cluster))
     assert expected and _transfers(scenario, pattern) == expected
+
+
+def test_the_copies_kept_are_found_alike_on_arrays_and_in_a_loop(monkeypatch):
+    """`_kept` on arrays (over `_ARRAY_OFFSETS` offsets) keeps the copies the loop keeps,
+    in order: the first of each offset modulo a region, and a later one only where it
+    moves a GPU of the representative into one of its servers (a p2p pair's copy moved
+    onto its other end)."""
+    kept = placement.StageComm._kept
+    rng = np.random.default_rng(3)
+    later = 0
+    for region in (8, 16, 72):
+        pattern = SimpleNamespace(region_gpus=region)
+        owner = SimpleNamespace(fabric=SimpleNamespace(pattern=pattern))
+        for _ in range(40):
+            size = int(rng.integers(1, 5))
+            rep = sorted(rng.choice(6 * region, size=size, replace=False).tolist())
+            offsets = sorted(rng.choice(40 * region, size=300, replace=False).tolist())
+            monkeypatch.setattr(placement, "_ARRAY_OFFSETS", 10**9)
+            by_loop = kept(owner, rep, offsets)
+            monkeypatch.setattr(placement, "_ARRAY_OFFSETS", 0)
+            assert kept(owner, rep, offsets) == by_loop
+            later += len(by_loop) - len({o % region for o in offsets})
+    assert later > 0  # some later copies shared a server, and were kept

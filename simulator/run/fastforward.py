@@ -33,8 +33,9 @@ utilization over time is read off the inserted copies. The result's workload and
 (trace.json, the timeline) are the ``m'`` run's; the summary says so.
 
 Exact mode is fast-forwarded as symmetric mode is (its lanes, a congruent TP group's
-collapsed ones included, are the state compared; spans and transfers are counted per GPU).
-Not used (the run is simulated in full, as before): perturbations, a custom schedule, ``network.fast_forward = false``, or when it is not expected to cost less than
+collapsed ones included, are the state compared; spans and transfers are counted per
+GPU). Not used (the run is simulated in full, as before): perturbations, a custom
+schedule, ``network.fast_forward = false``, or when it is not expected to cost less than
 the full run (`worth_it`: ``SHORT_COST x m' + ORDERS_COST x m < m``, costs measured by
 benchmarks/fastforward_cost.py: from about m = 2.2 m'; schedules that split the
 backward, whose proof failed on every large layout measured, from m = 10 m'); and
