@@ -6,7 +6,7 @@ import simpy
 
 from stepsim.engine.network import AnalyticalNetwork, FairShareNetwork
 from stepsim.ir.flows import Interval, Transfer
-from stepsim.report.linkstats import link_utilization, mean_utilization, utilization_over_time
+from stepsim.report.linkstats import link_utilization, utilization_over_time
 from stepsim.run.iteration import run
 from tests.helpers import load
 
@@ -14,8 +14,8 @@ from tests.helpers import load
 def test_mean_and_binned_utilization_of_a_step():
     # link 0 (10 B/s) full for the first half of 4 s; link 1 (20 B/s) carries 2 x 5 B/s
     intervals = [Interval((0,), (1,), 10.0, 0.0, 2.0), Interval((1,), (2,), 5.0, 1.0, 3.0)]
-    mean = mean_utilization(intervals, [10.0, 20.0], 4.0)
-    assert mean == pytest.approx([0.5, 10.0 * 2 / (20.0 * 4)])
+    mean = link_utilization(intervals, [10.0, 20.0], 4.0)
+    assert [mean[0], mean[1]] == pytest.approx([0.5, 10.0 * 2 / (20.0 * 4)])
     edges, series = utilization_over_time(intervals, [10.0, 20.0], [0, 1], 4.0, 4)
     assert edges == pytest.approx([0, 1, 2, 3, 4])
     assert series[0] == pytest.approx([1, 1, 0, 0])
@@ -100,17 +100,23 @@ def test_busiest_links_give_each_kind_its_mean_and_its_peak():
     assert [b.gbytes for b in got] == pytest.approx([500e-9, 10e-9, 50e-9])
 
 
-def test_utilization_of_the_links_crossed_is_the_dense_arrays_to_the_bit():
-    """`link_utilization` keeps only the links a run crossed (6 MB a dense array at
-    131,072 GPUs): each equal to the dense array's entry, every other link 0.0."""
+def test_utilization_is_kept_for_the_links_crossed_and_zero_elsewhere():
+    """`link_utilization` keeps only the links a run crossed (a dense array is 6 MB at
+    131,072 GPUs): each link's bytes moved over what it could carry in the iteration,
+    summed here interval by interval, and 0.0 for every other link."""
     result = run(load(cluster={"num_nodes": 4}, parallel={"data_parallel_size": 4}))
     intervals, capacities = result.trace.link_intervals, result.cluster.capacities
     end_s = result.trace.end_s
-    dense = mean_utilization(intervals, capacities, end_s)
+    moved = dict.fromkeys(range(len(capacities)), 0.0)
+    for iv in intervals:
+        for link, mult in zip(iv.links, iv.mults, strict=True):
+            moved[link] += mult * iv.rate_bytes_per_s * (iv.end_s - iv.start_s)
+    expected = [moved[i] / (capacities[i] * end_s) for i in range(len(capacities))]
     kept = link_utilization(intervals, capacities, end_s)
     assert kept.links.tolist() == sorted({link for iv in intervals for link in iv.links})
-    assert kept.values.tolist() == dense[kept.links].tolist()
-    assert [kept[i] for i in range(len(capacities))] == dense.tolist()
-    assert np.array_equal(kept.dense(len(capacities)), dense)
-    wider = np.arange(len(capacities))  # asked for every link: the dense array itself
-    assert link_utilization(intervals, capacities, end_s, wider).values.tolist() == dense.tolist()
+    assert [kept[i] for i in range(len(capacities))] == pytest.approx(expected, rel=1e-12)
+    assert all(kept[i] == 0.0 for i in range(len(capacities)) if i not in kept.links)
+    wider = np.arange(len(capacities))  # asked for every link: the same, zeros included
+    assert link_utilization(intervals, capacities, end_s, wider).values.tolist() == [
+        kept[i] for i in range(len(capacities))
+    ]

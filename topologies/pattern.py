@@ -274,16 +274,16 @@ class PatternCluster(_CountedCluster):
         )
         crossed = []
         for number, k in enumerate(keys.tolist()):
-            mine = inverse == number
+            taking = inverse == number  # the edges that take this path
             a, b = divmod(k // 2, gpn)
             if k % 2:  # inside one server: server 0's route, moved
-                moved = na[mine] * block
+                moved = na[taking] * block
                 crossed += [moved + i for i in self.unit.route(a, b)]
             else:
                 template = self._templates.get((a, b))
                 if template is None:
                     template = self._templates[(a, b)] = self._template(a, b)
-                ends = (na[mine], nb[mine])
+                ends = (na[taking], nb[taking])
                 crossed += [base + ends[end] * scale for end, base, scale in template]
         links = np.concatenate(crossed) if crossed else np.zeros(0, np.int64)
         # each crossed link of ``own`` and how often (sorted and counted: np.unique's

@@ -495,9 +495,9 @@ class StageComm:
             return list(offsets)
         gpn = pattern.region_gpus  # GPUs of a region: below, "server" reads "region"
         servers = {g // gpn for g in rep}
-        first, last, low, high = min(servers), max(servers), min(rep), max(rep)
         if len(offsets) > _ARRAY_OFFSETS and len(rep) <= _ARRAY_REP:
             return _kept_on_arrays(rep, offsets, gpn, servers)
+        first, last, low, high = min(servers), max(servers), min(rep), max(rep)
         seen: set[int] = set()
         kept = []
         for o in offsets:

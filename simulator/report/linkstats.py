@@ -55,12 +55,6 @@ class Utilization:
         at = int(np.searchsorted(self.links, link))
         return float(self.values[at]) if at < len(self.links) and self.links[at] == link else 0.0
 
-    def dense(self, num_links: int) -> np.ndarray:
-        """Every link's, in link order."""
-        out = np.zeros(num_links)
-        out[self.links] = self.values
-        return out
-
 
 def _moved_by_shape(intervals: Sequence[Interval]) -> tuple[list[tuple], list[float]]:
     """Each coupled-flow shape (links, mults) and the bytes per real flow it moved."""
@@ -112,14 +106,6 @@ def link_utilization(
         return Utilization(links, carried)
     capacity = np.fromiter(map(capacities.__getitem__, links.tolist()), np.float64, len(links))
     return Utilization(links, carried / (capacity * end_s))
-
-
-def mean_utilization(
-    intervals: Sequence[Interval], capacities: Sequence[float], end_s: float
-) -> np.ndarray:
-    """Bytes each link carried divided by what it could have carried in ``end_s``,
-    every link's (`link_utilization` keeps only the links crossed)."""
-    return link_utilization(intervals, capacities, end_s).dense(len(capacities))
 
 
 def cumulative_load(
