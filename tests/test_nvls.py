@@ -270,10 +270,14 @@ def test_large_edge_sets_are_routed_once_per_run_and_cross_what_routing_gives(mo
     assert len(cluster._routes) < copy_edges  # the copies' routes asked once, not cached
     again = collectives.all_reduce("tree", groups, 7e7, fabric)
     assert len(calls) == copy_edges  # a third size: nothing routed again
+    # the ring of the other kinds is the all-reduce's ring (`_shaped`: one shape)
+    scatter = collectives.collective("ring", REDUCE_SCATTER, groups, 5e6, fabric)
+    assert len(calls) == copy_edges
     monkeypatch.setattr(collectives, "MEMO_EDGES", 10**9)  # no memo: everything routed
     fresh = Fabric.of(build_cluster(spec, pattern=True), 6e-6, spec.nvls_fraction)
     for size, collective in zip((1e6, 3e8, 7e7), [*built, again], strict=True):
         assert collectives.all_reduce("tree", groups, size, fresh) == collective
+    assert collectives.collective("ring", REDUCE_SCATTER, groups, 5e6, fresh) == scatter
     # other edges (the same GPUs in another order): not what was kept for the first
     monkeypatch.setattr(collectives, "MEMO_EDGES", 1024)
     order = np.random.default_rng(1).permutation(128).tolist()

@@ -157,6 +157,24 @@ def test_a_long_tuple_of_links_moves_as_each_link_does(kind):
     assert all(type(i) is int for i in moved)
 
 
+@pytest.mark.parametrize("kind", ["dgx", "shared-nic", "dgx1"])
+def test_the_slowest_hop_is_the_slowest_route_of_all_edges(kind):
+    """`slowest_hop_s` asks one route per unit path: the greatest latency of every
+    edge's route, to the bit (edges inside servers and between them, any order)."""
+    pattern = PatternCluster(16, _shape(*NODES[kind]), ONE_SWITCH[0], nvlink_domain_gpus=8)
+    rng = np.random.default_rng(3)
+    for _ in range(5):
+        pairs = rng.integers(0, pattern.num_gpus, (300, 2)).tolist()
+        edges = [(a, b) for a, b in pairs if a != b]
+        every = max(pattern.route_latency_s(pattern.route(a, b)) for a, b in edges)
+        assert pattern.slowest_hop_s(edges) == every
+    inside = [(0, 1), (9, 10)]  # inside servers only: not the switch's latency
+    assert pattern.slowest_hop_s(inside) == max(
+        pattern.route_latency_s(pattern.route(a, b)) for a, b in inside
+    )
+    assert pattern.slowest_hop_s([]) is None
+
+
 def test_build_cluster_uses_the_pattern_only_when_asked():
     one = load(cluster={"num_nodes": 4})
     assert isinstance(build_cluster(one.cluster, pattern=True), PatternCluster)

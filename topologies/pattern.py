@@ -297,6 +297,21 @@ class PatternCluster(_CountedCluster):
         samples = [(edges[i], n) for i, n in zip(firsts, times_of, strict=True)]
         return samples, list(zip(hit.tolist(), times.tolist(), strict=True))
 
+    def slowest_hop_s(self, edges: Sequence[tuple[int, int]]) -> float | None:
+        """The greatest `route_latency_s` of the edges' routes, one route asked per unit
+        path (the same local GPUs, in one server or two, cross links of the same
+        latencies in the same order: the same sum); None while a GPU is detoured."""
+        if self.detours or not edges:
+            return None
+        gpn = self.gpus_per_node
+        pairs = np.fromiter(chain.from_iterable(edges), np.int64, 2 * len(edges))
+        servers, local = np.divmod(pairs.reshape(-1, 2), gpn)
+        key = (local[:, 0] * gpn + local[:, 1]) * 2 + (servers[:, 0] == servers[:, 1])
+        # return_index: np.unique without index outputs imports numpy.ma (start-up)
+        _, first = np.unique(key, return_index=True)
+        route, latency_s = self.route, self.route_latency_s
+        return max(latency_s(route(*edges[i])) for i in first.tolist())
+
     def _template(self, a: int, b: int) -> tuple[tuple[int, int, int], ...]:
         """The unit's route from local GPU ``a`` of server 0 to ``b`` of server 1 as
         (end, base, scale) per link: link ``base + server * scale``, where ``server`` is

@@ -59,7 +59,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
 from itertools import chain
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -126,6 +126,8 @@ class Fabric(NamedTuple):
     route_once: Callable[[int, int], tuple[int, ...]] | None = None
     # a pattern cluster's routes of many edges counted on arrays (PatternCluster.count_routes)
     count_routes: Callable | None = None
+    # the slowest route of many edges, one per unit path (PatternCluster.slowest_hop_s)
+    slowest_hop_s: Callable[[Sequence[Edge]], float | None] | None = None
 
     @classmethod
     def of(
@@ -161,6 +163,7 @@ class Fabric(NamedTuple):
             pcie_links=getattr(cluster, "pcie_links", None),
             route_once=getattr(cluster, "route_once", None),
             count_routes=getattr(cluster, "count_routes", None),
+            slowest_hop_s=getattr(cluster, "slowest_hop_s", None),
         )
 
 
@@ -176,13 +179,21 @@ def _coupled(
     ``bytes_per_flow``, its flow progressing at that multiple of the rate, so that all
     end together (an all-to-all-v); a link's multiplicity is then the sum of the weights
     of the flows crossing it."""
+    crossed = _crossed_memo(edge_sets, fabric, weights)
+    return Transfer(crossed[0], crossed[1], bytes_per_flow, latency_s)
+
+
+def _crossed_memo(
+    edge_sets: Sequence[Sequence[Edge]], fabric: Fabric, weights: Sequence[float] | None = None
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """`_crossed`, kept in the run's memo for many edges (`_memo_slot`)."""
     slot = _memo_slot(fabric, ("crossed", None if weights is None else tuple(weights)), edge_sets)
     crossed = None if slot is None else slot[0].get(slot[1])
     if crossed is None:
         crossed = _crossed(edge_sets, fabric, weights)
         if slot is not None:
             slot[0][slot[1]] = crossed
-    return Transfer(crossed[0], crossed[1], bytes_per_flow, latency_s)
+    return crossed
 
 
 # Edge sets of at least this many edges are routed once per run (in the pattern's memo,
@@ -191,6 +202,33 @@ def _coupled(
 # each of 8 tensor ranks again costs far more than comparing the numbers. Below it the
 # key would cost about what it saves.
 MEMO_EDGES = 1024
+
+
+# what a collective's phase over given groups is, whatever its kind and size: counts
+# (channels, GPUs per node, nodes, depth), the slowest hop's latency, (links, mults)
+_Shape = tuple
+
+
+def _shaped(
+    fabric: Fabric, tag: tuple, groups: Sequence[Sequence[int]], build: Callable[[Fabric], Any]
+) -> Any:
+    """``build(fabric)``, kept in the run's memo by the groups' GPU numbers when they are
+    many (`MEMO_EDGES` GPUs or more): the three bucket sizes of one stage's gradients, and
+    both kinds of a two-level all-reduce's phases in the nodes, are one shape."""
+    pattern = fabric.pattern
+    sizes = tuple(map(len, groups))
+    total = sum(sizes)
+    if pattern is None or total < MEMO_EDGES:
+        return build(fabric)
+    numbers = np.fromiter(chain.from_iterable(groups), np.int64, total)
+    key = ("shape", *tag, sizes, numbers.tobytes())
+    found = pattern.memo.get(key, _MISSING)
+    if found is _MISSING:
+        found = pattern.memo[key] = build(fabric)
+    return found
+
+
+_MISSING = object()
 
 
 def _memo_slot(
@@ -302,11 +340,13 @@ def _hop_latency_s(edges: Sequence[Edge], fabric: Fabric) -> float:
     """The slowest edge's latency (found once per run for many edges: `_memo_slot`)."""
     slot = _memo_slot(fabric, ("hop",), [edges])
     found = None if slot is None else slot[0].get(slot[1])
+    if found is None and slot is not None and fabric.slowest_hop_s is not None:
+        found = fabric.slowest_hop_s(edges)
     if found is None:
         route, latency_s = fabric.route, fabric.route_latency_s
         found = max(latency_s(route(a, b)) for a, b in edges)
-        if slot is not None:
-            slot[0][slot[1]] = found
+    if slot is not None:
+        slot[0][slot[1]] = found
     return found
 
 
@@ -364,15 +404,32 @@ def ring(
         return None
     steps_of: dict[str, int] = {ALL_REDUCE: 2 * (n - 1), REDUCE_SCATTER: n - 1, ALL_GATHER: n - 1}
     steps = steps_of[kind]
+    channels, hop, crossed = _shaped(fabric, ("ring",), groups, partial(_ring_shape, groups))
+    latency = fabric.base_latency_s + steps * hop
+    return (Transfer(crossed[0], crossed[1], steps * message_bytes / (n * channels), latency),)
+
+
+def _ring_shape(groups: Sequence[Sequence[int]], fabric: Fabric) -> _Shape:
+    """`ring`'s channels, slowest hop and (links, mults), whatever its kind and size."""
     rings = [ring_channels(g, fabric) for g in groups]
     edge_sets = [[edge for channel in found for edge in _cycle(channel)] for found in rings]
-    channels = len(rings[0])
-    latency = fabric.base_latency_s + steps * _hop_latency_s(edge_sets[0], fabric)
-    return (_coupled(edge_sets, fabric, steps * message_bytes / (n * channels), latency),)
+    return len(rings[0]), _hop_latency_s(edge_sets[0], fabric), _crossed_memo(edge_sets, fabric)
 
 
 def _intra_phase(kind: str, groups, message_bytes: float, fabric: Fabric) -> Transfer | None:
     """Reduce-scatter or all-gather inside every node of the group, all nodes at once."""
+    shape = _shaped(fabric, ("intra",), groups, partial(_intra_shape, groups))
+    if shape is None:
+        return None
+    k, channels, hop, crossed = shape
+    latency = fabric.base_latency_s + (k - 1) * hop
+    bytes_per_flow = (k - 1) * message_bytes / (k * channels)
+    return Transfer(crossed[0], crossed[1], bytes_per_flow, latency)
+
+
+def _intra_shape(groups: Sequence[Sequence[int]], fabric: Fabric) -> _Shape | None:
+    """`_intra_phase`'s GPUs per node, channels, slowest hop and (links, mults), the
+    same for both kinds and every size; None for one GPU per node."""
     per_node = [_by_node(g, fabric) for g in groups]
     k = len(per_node[0][0])
     if k == 1:
@@ -382,9 +439,7 @@ def _intra_phase(kind: str, groups, message_bytes: float, fabric: Fabric) -> Tra
         for nodes in per_node
     ]
     channels = len(fabric.intra_node_rings(per_node[0][0]))
-    latency = fabric.base_latency_s + (k - 1) * _hop_latency_s(edge_sets[0], fabric)
-    bytes_per_flow = (k - 1) * message_bytes / (k * channels)
-    return _coupled(edge_sets, fabric, bytes_per_flow, latency)
+    return k, channels, _hop_latency_s(edge_sets[0], fabric), _crossed_memo(edge_sets, fabric)
 
 
 def _binary_tree_edges(order: Sequence[int]) -> tuple[list[Edge], int]:
@@ -395,10 +450,22 @@ def _binary_tree_edges(order: Sequence[int]) -> tuple[list[Edge], int]:
 
 def _inter_phase(algorithm: str, groups, message_bytes: float, fabric: Fabric) -> Transfer:
     """All-reduce across nodes of each local rank's shard: rings or double binary trees."""
-    shards = [list(zip(*_by_node(g, fabric), strict=True)) for g in groups]  # per local rank
-    k = len(shards[0])
+    shape = _shaped(fabric, ("inter", algorithm), groups, partial(_inter_shape, algorithm, groups))
+    k, num_nodes, depth, hop, crossed = shape
     shard_bytes = message_bytes / k
-    num_nodes = len(shards[0][0])
+    if algorithm == RING:
+        steps = 2 * (num_nodes - 1)
+        bytes_per_flow = steps * shard_bytes / num_nodes
+    else:
+        steps = 2 * depth
+        bytes_per_flow = shard_bytes / 2  # each tree carries half, up and then down
+    return Transfer(crossed[0], crossed[1], bytes_per_flow, fabric.base_latency_s + steps * hop)
+
+
+def _inter_shape(algorithm: str, groups: Sequence[Sequence[int]], fabric: Fabric) -> _Shape:
+    """`_inter_phase`'s shards, nodes, tree depth, slowest hop and (links, mults),
+    whatever the size."""
+    shards = [list(zip(*_by_node(g, fabric), strict=True)) for g in groups]  # per local rank
     edge_sets = []
     for lines in shards:
         edges: list[Edge] = []
@@ -410,15 +477,9 @@ def _inter_phase(algorithm: str, groups, message_bytes: float, fabric: Fabric) -
                     up, _ = _binary_tree_edges(order)
                     edges += up + [(b, a) for a, b in up]
         edge_sets.append(edges)
+    _, depth = _binary_tree_edges(shards[0][0])
     hop = _hop_latency_s(edge_sets[0], fabric)
-    if algorithm == RING:
-        steps = 2 * (num_nodes - 1)
-        bytes_per_flow = steps * shard_bytes / num_nodes
-    else:
-        _, depth = _binary_tree_edges(shards[0][0])
-        steps = 2 * depth
-        bytes_per_flow = shard_bytes / 2  # each tree carries half, up and then down
-    return _coupled(edge_sets, fabric, bytes_per_flow, fabric.base_latency_s + steps * hop)
+    return len(shards[0]), len(shards[0][0]), depth, hop, _crossed_memo(edge_sets, fabric)
 
 
 def two_level_all_reduce(
