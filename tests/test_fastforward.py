@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 
+import numpy as np
 import pytest
 
 from stepsim.cost.orders import stage_orders
@@ -537,3 +538,81 @@ def test_the_lowerings_of_one_run_build_each_transfer_once(monkeypatch):
     shared = lower(longer, cluster, memo=memo)
     assert once > 0 and len(built) == once
     assert shared == lower(longer, cluster)
+
+
+def test_full_iteration_cuts_and_copies_intervals():
+    """`full_iteration`, by hand: T = 2, period 3, k = 2. An interval before T stays, one
+    across T + Δ = 5 is cut there (its tail moved k Δ = 6 later), one inside the window
+    [2, 5) is copied at 5 and 8, one across T has its window part copied."""
+    from stepsim.ir.results import FastForward
+    from stepsim.report.timeline import full_end_s, full_iteration
+
+    ff = FastForward(
+        simulated_microbatches=4,
+        period_microbatches=1,
+        periods_skipped=2,
+        period_s=3.0,
+        proved_at_s=2.0,
+    )
+    starts, ends = np.array([0.0, 1.0, 3.0, 4.0, 6.0]), np.array([1.0, 3.0, 4.0, 7.0, 7.0])
+    got = full_iteration(starts, ends, ff)
+    assert list(zip(*(a.tolist() for a in got), strict=True)) == [
+        (0.0, 1.0),  # before T
+        (1.0, 3.0),  # across T: as is up to T + Δ
+        (3.0, 4.0),
+        (4.0, 5.0),  # cut at T + Δ
+        (5.0, 6.0),  # copy 1 of [2, 3) (the one across T)
+        (6.0, 7.0),  # copy 1 of [3, 4)
+        (7.0, 8.0),  # copy 1 of [4, 5)
+        (8.0, 9.0),  # copy 2
+        (9.0, 10.0),
+        (10.0, 11.0),
+        (11.0, 13.0),  # [5, 7) of the one across T + Δ, 6 later
+        (12.0, 13.0),  # [6, 7), 6 later
+    ]
+    assert full_end_s(7.0, ff) == 13.0 and full_end_s(7.0, None) == 7.0
+    assert full_iteration(starts, ends, None) == (starts, ends)
+
+
+@pytest.mark.parametrize(("schedule", "m", "chunks"), CASES[:2])
+def test_the_timeline_draws_the_whole_iteration(schedule, m, chunks):
+    """A fast-forwarded run's timeline is the full run's: each kind's share of every
+    time slice, the idle's in all, to rounding; the end is the iteration's."""
+    from stepsim.report import timeline
+    from stepsim.report.metrics import compute_lanes
+    from stepsim.run.idlemap import idle_pieces
+
+    fast = run(_scenario(schedule, m, chunks))
+    full = run(_scenario(schedule, m, chunks, fast_forward=False))
+    ff = fast.metrics.fast_forward
+    assert ff is not None
+    rows = {lane.gpu: i for i, lane in enumerate(compute_lanes(fast.trace.lanes))}
+    end_s = timeline.full_end_s(fast.trace.end_s, ff)
+    assert end_s == pytest.approx(full.trace.end_s, rel=1e-12)
+    kinds, _, drawn = timeline.raster_shares(
+        fast.trace._replace(end_s=end_s), rows, idle_pieces(fast), ff
+    )
+    _, _, expected = timeline.raster_shares(full.trace, rows, idle_pieces(full))
+    spans = len(kinds) - 3  # then the three idle causes
+    assert np.abs(drawn[:, :spans] - expected[:, :spans]).max() < 1e-9
+    assert drawn[:, :spans].sum() > 100  # (something was drawn)
+    # the idle causes are split over the micro-batches simulated: their sum is the full's
+    idle = drawn[:, spans:].sum(axis=1) - expected[:, spans:].sum(axis=1)
+    assert np.abs(idle).max() < 1e-9
+
+
+def test_the_timeline_numbers_the_repeated_micro_batches():
+    """Few micro-batches, drawn as bars with their numbers: a fast-forwarded run labels
+    the copies of its period as the full run labels its passes."""
+    from stepsim.report import timeline
+
+    def labels(result):
+        figure = timeline.timeline_figure(result)
+        found = [(t.get_text(), t.get_position()) for t in figure.axes[0].texts]
+        return sorted((text, round(x, 9), round(y, 9)) for text, (x, y) in found)
+
+    fast = run(_scenario("1f1b", 24))
+    assert fast.metrics.fast_forward is not None
+    drawn = labels(fast)
+    assert {text for text, _, _ in drawn} == {str(mb) for mb in range(24)}
+    assert drawn == labels(run(_scenario("1f1b", 24, fast_forward=False)))

@@ -265,8 +265,8 @@ def fast_forward_lines(ff, num_microbatches: int) -> list[str]:
         f"  fast-forward              {ff.simulated_microbatches} of {num_microbatches:,} "
         f"micro-batches simulated; the state was proved to repeat every {period} "
         f"({ff.period_s:.4g} s, from {ff.proved_at_s:.4g} s) and {ff.periods_skipped:,} "
-        "periods were added (trace.json and the timeline show the "
-        f"{ff.simulated_microbatches} simulated)",
+        f"periods were added (trace.json shows the {ff.simulated_microbatches} simulated; "
+        "the timeline the whole iteration, the period repeated)",
     ]
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from stepsim.schedules import parse_label
 
 from ..ir.ops import Lane
-from ..ir.results import Result, Span, Trace
+from ..ir.results import FastForward, Result, Span, Trace
 from ..ir.vocabulary import (
     BACKWARD,
     COMM_WAITS,
@@ -80,6 +80,9 @@ def timeline_figure(result: Result, idle: IdleMap | None = None) -> Figure:
     if idle is not None:
         idle = {gpu: idle[gpu] for gpu in (lane.gpu for lane in lanes) if gpu in idle}
     row_of = {lane.gpu: i for i, lane in enumerate(lanes)}
+    ff = result.metrics.fast_forward
+    short_end_s = trace.end_s
+    trace = trace._replace(end_s=full_end_s(trace.end_s, ff))  # drawn: the whole iteration
     scale, unit = _time_unit(trace.end_s)
     height = min(max(2.0 + 0.45 * len(lanes), 3.0), 16.0)
     fig = Figure(figsize=(14, height), layout="constrained")
@@ -87,11 +90,11 @@ def timeline_figure(result: Result, idle: IdleMap | None = None) -> Figure:
     few = len(lanes) <= 16 and result.scenario.num_microbatches <= 32
     binned = len(trace.spans) > RASTER_ABOVE_SPANS
     if binned:
-        drawn = _draw_raster(ax, trace, row_of, scale, idle)
+        drawn = _draw_raster(ax, trace, row_of, scale, idle, ff)
     else:
-        drawn = _draw_bars(ax, trace, row_of, scale, idle)
+        drawn = _draw_bars(ax, trace, row_of, scale, idle, ff)
     if few:
-        _label_microbatches(ax, trace, row_of, scale)
+        _label_microbatches(ax, trace, row_of, scale, ff)
     ax.set_yticks(range(len(lanes)))
     ax.set_yticklabels(
         [
@@ -104,29 +107,27 @@ def timeline_figure(result: Result, idle: IdleMap | None = None) -> Figure:
     ax.set_ylim(len(lanes) - 0.45, -0.55)  # first stage on top
     ax.set_xlim(0, trace.end_s * scale)
     ax.set_xlabel(f"time ({unit})")
-    ff = result.metrics.fast_forward
-    what = (
-        "one iteration"
-        if ff is None
-        else f"the {ff.simulated_microbatches} micro-batches simulated of "
-        f"{result.metrics.num_microbatches:,} (fast-forward: the iteration is "
-        f"{_digits4(result.metrics.iteration_time_s * scale)} {unit})"
-    )
-    head = f"{result.scenario.name}: {what}, {_digits4(trace.end_s * scale)} {unit}"
+    head = f"{result.scenario.name}: one iteration, {_digits4(trace.end_s * scale)} {unit}"
     rows = f"(rows: {rows_note}; thin band: background transfers)"
-    ax.set_title(
-        # on one line while it fits the figure's width (about 130 characters)
-        head
-        + (" " if len(head) + len(rows) < TITLE_CHARS else "\n")
-        + rows
-        + (
-            f"\nbinned: {len(trace.spans):,} spans drawn as {RASTER_COLUMNS:,} time slices, "
-            "each stacked by the share of its time each kind took"
-            + (" (idle: each cause's share)" if idle is not None else "")
-            if binned
-            else ""
+    lines = [head + (" " if len(head) + len(rows) < TITLE_CHARS else "\n") + rows]
+    if ff is not None:
+        # what was simulated, and where the repeats of its proved period are drawn
+        cut_s = ff.proved_at_s + ff.period_s
+        lines.append(
+            f"fast-forward: {ff.simulated_microbatches} of {result.metrics.num_microbatches:,} "
+            f"micro-batches simulated (to {_digits4(short_end_s * scale)} {unit}); from "
+            f"{_digits4(cut_s * scale)} to "
+            f"{_digits4((cut_s + ff.periods_skipped * ff.period_s) * scale)} {unit}, their "
+            f"proved period of {_digits4(ff.period_s * scale)} {unit} repeated "
+            f"{ff.periods_skipped:,} times"
         )
-    )
+    if binned:
+        lines.append(
+            f"binned: {len(trace.spans):,} {'' if ff is None else 'simulated '}spans drawn as "
+            f"{RASTER_COLUMNS:,} time slices, each stacked by the share of its time each kind took"
+            + (" (idle: each cause's share)" if idle is not None else "")
+        )
+    ax.set_title("\n".join(lines))
     # the legend names what is drawn (a wait shares its communication's entry), and idle:
     # as one entry, or by cause (all three, so that a cause absent is seen to be)
     named = drawn | {LEGEND_OF[k] for k in drawn} | ({IDLE} if idle is None else set())
@@ -138,6 +139,10 @@ def timeline_figure(result: Result, idle: IdleMap | None = None) -> Figure:
     title = None
     if binned:
         title = "binned: share of each time slice" + ("" if idle is None else ", idle by cause")
+    if ff is not None and idle is not None:
+        # the causes are split over the micro-batches simulated (run/idlemap.py)
+        repeated = "idle causes as split in the micro-batches simulated, its period repeated"
+        title = repeated if title is None else f"{title}; {repeated}"
     fig.legend(
         handles=handles,
         loc="outside lower center",
@@ -222,24 +227,29 @@ def _band(row: int, stream: str) -> tuple[float, float]:
 
 
 def _draw_bars(
-    ax, trace: Trace, row_of: dict[int, int], scale: float, idle: IdleMap | None = None
+    ax,
+    trace: Trace,
+    row_of: dict[int, int],
+    scale: float,
+    idle: IdleMap | None = None,
+    ff: FastForward | None = None,
 ) -> set[str]:
     """Each span group as bars, over an idle background from 0 to the end, and the idle
-    pieces by cause over it (``idle``; then the idle spans are not drawn): the kinds drawn."""
+    pieces by cause over it (``idle``; then the idle spans are not drawn): the kinds
+    drawn. A fast-forwarded run's spans and idle as the whole iteration's (`full_iteration`)."""
     for row in row_of.values():
         ax.broken_barh(
             [(0, trace.end_s * scale)], _band(row, COMPUTE_STREAM), facecolors=COLORS[IDLE]
         )
     for gpu, pieces in (idle or {}).items():
         for cause, style in IDLE_CAUSE_STYLES.items():
-            bars = [
-                (p.start_s * scale, (p.end_s - p.start_s) * scale)
-                for p in pieces
-                if p.cause == cause
-            ]
-            if bars:
+            found = [(p.start_s, p.end_s) for p in pieces if p.cause == cause]
+            if found:
+                pairs = np.array(found).reshape(-1, 2)
+                starts, ends = full_iteration(pairs[:, 0], pairs[:, 1], ff)
+                lengths = (ends - starts) * scale
                 ax.broken_barh(
-                    bars,
+                    list(zip((starts * scale).tolist(), lengths.tolist(), strict=True)),
                     _band(row_of[gpu], COMPUTE_STREAM),
                     facecolors=style.color,
                     edgecolor="none",
@@ -249,6 +259,7 @@ def _draw_bars(
         if idle is not None and kind == IDLE:
             continue  # drawn by cause
         drawn.add(kind)
+        starts, ends = full_iteration(starts, ends, ff)
         bars = _merge(list(zip((starts * scale).tolist(), (ends * scale).tolist(), strict=True)))
         ax.broken_barh(
             [(a, b - a) for a, b in bars],
@@ -261,7 +272,12 @@ def _draw_bars(
 
 
 def _draw_raster(
-    ax, trace: Trace, row_of: dict[int, int], scale: float, idle: IdleMap | None = None
+    ax,
+    trace: Trace,
+    row_of: dict[int, int],
+    scale: float,
+    idle: IdleMap | None = None,
+    ff: FastForward | None = None,
 ) -> set[str]:
     """Each band as pixel rows of one picture whose columns are time slices, each stacked
     from the kinds that ran in it in proportion to their time (a kind with at least
@@ -271,34 +287,8 @@ def _draw_raster(
     from matplotlib.colors import to_rgba
     from matplotlib.image import PcolorImage
 
-    edges = np.linspace(0.0, trace.end_s, RASTER_COLUMNS + 1)
+    kinds, colors, share = raster_shares(trace, row_of, idle, ff)
     # time per (row band, kind, column); bands: 2 per GPU (compute, background)
-    kinds: list[str] = [kind for kind in STACK_ORDER if kind in COLORS]
-    colors = [COLORS[kind] for kind in kinds]
-    groups = [
-        (2 * row_of[gpu] + (stream != COMPUTE_STREAM), kind, starts, ends)
-        for (gpu, stream, kind), starts, ends in _span_groups(trace.spans, kinds)
-    ]
-    if idle is not None:
-        for cause, style in IDLE_CAUSE_STYLES.items():
-            kinds.append(cause)
-            colors.append(style.color)
-            for gpu, pieces in idle.items():
-                bars = [(p.start_s, p.end_s) for p in pieces if p.cause == cause]
-                if bars:
-                    starts, ends = np.array(bars).reshape(-1, 2).T
-                    groups.append((2 * row_of[gpu], cause, starts, ends))
-    time = np.zeros((2 * len(row_of), len(kinds), RASTER_COLUMNS))
-    for band, kind, starts, ends in groups:
-        times = np.concatenate([starts, ends])
-        steps = np.repeat([1.0, -1.0], len(starts))
-        order = np.argsort(times, kind="stable")
-        times, level = times[order], np.cumsum(steps[order])
-        # time covered up to each event, then at each column edge (piecewise linear)
-        covered = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times))])
-        at_edges = np.interp(edges, times, covered)
-        time[band, kinds.index(kind)] += np.diff(at_edges)
-    share = np.clip(time / np.diff(edges)[None, None, :], 0.0, 1.0)
     # every band's pixels in one picture, one row of cells per pixel row: each lane's
     # compute band, a clear gap, its background band, a clear gap to the next lane
     # (an image per band was resampled band by band, in the layout pass and again
@@ -332,6 +322,80 @@ def _draw_raster(
     ax.add_image(picture)
     drawn = share.reshape(-1, len(kinds), RASTER_COLUMNS).max(axis=(0, 2)) >= 0.02
     return {kind for kind, on in zip(kinds, drawn, strict=True) if on and kind in COLORS}
+
+
+def raster_shares(
+    trace: Trace,
+    row_of: dict[int, int],
+    idle: IdleMap | None = None,
+    ff: FastForward | None = None,
+) -> tuple[list[str], list[str], np.ndarray]:
+    """The binned timeline's kinds (then idle causes, with ``idle``), their colours and
+    each one's share of each time slice per band: (band, kind, column), two bands per
+    row (compute, background), ``RASTER_COLUMNS`` slices from 0 to ``trace.end_s``; a
+    fast-forwarded run's spans and idle as the whole iteration's (`full_iteration`)."""
+    edges = np.linspace(0.0, trace.end_s, RASTER_COLUMNS + 1)
+    kinds: list[str] = [kind for kind in STACK_ORDER if kind in COLORS]
+    colors = [COLORS[kind] for kind in kinds]
+    groups = [
+        (2 * row_of[gpu] + (stream != COMPUTE_STREAM), kind, starts, ends)
+        for (gpu, stream, kind), starts, ends in _span_groups(trace.spans, kinds)
+    ]
+    if idle is not None:
+        for cause, style in IDLE_CAUSE_STYLES.items():
+            kinds.append(cause)
+            colors.append(style.color)
+            for gpu, pieces in idle.items():
+                bars = [(p.start_s, p.end_s) for p in pieces if p.cause == cause]
+                if bars:
+                    starts, ends = np.array(bars).reshape(-1, 2).T
+                    groups.append((2 * row_of[gpu], cause, starts, ends))
+    time = np.zeros((2 * len(row_of), len(kinds), RASTER_COLUMNS))
+    for band, kind, starts, ends in groups:
+        starts, ends = full_iteration(starts, ends, ff)
+        times = np.concatenate([starts, ends])
+        steps = np.repeat([1.0, -1.0], len(starts))
+        order = np.argsort(times, kind="stable")
+        times, level = times[order], np.cumsum(steps[order])
+        # time covered up to each event, then at each column edge (piecewise linear)
+        covered = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times))])
+        at_edges = np.interp(edges, times, covered)
+        time[band, kinds.index(kind)] += np.diff(at_edges)
+    return kinds, colors, np.clip(time / np.diff(edges)[None, None, :], 0.0, 1.0)
+
+
+def full_end_s(end_s: float, ff: FastForward | None) -> float:
+    """The end of the whole iteration of a run whose simulated run ended at ``end_s``."""
+    return end_s if ff is None else end_s + ff.periods_skipped * ff.period_s
+
+
+def full_iteration(
+    starts: np.ndarray, ends: np.ndarray, ff: FastForward | None
+) -> tuple[np.ndarray, np.ndarray]:
+    """Intervals of a fast-forwarded run's simulation (in order of start) as the whole
+    iteration's, in order of start: the run is its simulation up to T + Δ, then k copies
+    of [T, T + Δ), each Δ later than the one before, then the rest k Δ later
+    (run/fastforward.py: the proof). An interval across T or T + Δ is cut there; pieces
+    of no length are left out. Unchanged without a fast-forward."""
+    if ff is None or ff.periods_skipped == 0 or not len(starts):
+        return starts, ends
+    first, period, k = ff.proved_at_s, ff.period_s, ff.periods_skipped
+    cut = first + period
+    head = starts < cut
+    head_starts, head_ends = starts[head], np.minimum(ends[head], cut)
+    inside = head & (ends > first)
+    window_starts = np.maximum(starts[inside], first)
+    window_ends = np.minimum(ends[inside], cut)
+    kept = window_ends > window_starts
+    window_starts, window_ends = window_starts[kept], window_ends[kept]
+    shifts = period * np.arange(1, k + 1, dtype=np.float64)[:, None]
+    tail = ends > cut
+    tail_starts = np.maximum(starts[tail], cut) + k * period
+    tail_ends = ends[tail] + k * period
+    out_starts = np.concatenate([head_starts, (window_starts + shifts).ravel(), tail_starts])
+    out_ends = np.concatenate([head_ends, (window_ends + shifts).ravel(), tail_ends])
+    kept = out_ends > out_starts
+    return out_starts[kept], out_ends[kept]
 
 
 def _pixel_kinds(share: np.ndarray, pixels: int, empty: int) -> np.ndarray:
@@ -440,33 +504,66 @@ def _label_width_s(text: str, end_s: float) -> float:
     return width_pt * end_s / AXIS_WIDTH_PT
 
 
-def _label_microbatches(ax, trace: Trace, row_of: dict[int, int], scale: float) -> None:
-    """Micro-batch numbers on forward and backward passes, as in the papers' figures."""
+def _label_microbatches(
+    ax, trace: Trace, row_of: dict[int, int], scale: float, ff: FastForward | None = None
+) -> None:
+    """Micro-batch numbers on forward and backward passes, as in the papers' figures
+    (a fast-forwarded run's passes as the whole iteration's, `_pieces`)."""
     compute = [
-        sp
+        piece
         for sp in trace.spans
         if sp.stream == COMPUTE_STREAM
         and sp.microbatch >= 0
         and sp.kind in (FORWARD, BACKWARD, WEIGHT, RECOMPUTE)
+        for piece in _pieces(sp, ff)
     ]
-    # one number per pass: the spans of one label (F3, B3.1, W3) on one GPU
-    compute.sort(key=lambda sp: (sp.gpu, sp.label, sp.start_s))
-    for (gpu, _), group in groupby(compute, key=lambda sp: (sp.gpu, sp.label)):
-        spans = list(group)
-        start, end = spans[0].start_s, max(sp.end_s for sp in spans)
-        if end - start < _label_width_s(str(spans[0].microbatch), trace.end_s):
+    # one number per pass: the pieces of one label (F3, B3.1, W3) on one GPU
+    compute.sort()
+    for (gpu, _), group in groupby(compute, key=itemgetter(0, 1)):
+        pieces = list(group)
+        start, end = pieces[0][2], max(piece[3] for piece in pieces)
+        microbatch, kind = pieces[0][4], pieces[0][5]
+        if end - start < _label_width_s(str(microbatch), trace.end_s):
             continue  # too narrow for its number at the figure's width: it would collide
         ax.text(
             (start + end) / 2 * scale,
             row_of[gpu] - 0.08,
-            str(spans[0].microbatch),
+            str(microbatch),
             ha="center",
             va="center",
             fontsize=LABEL_FONT_PT,
-            color="white" if spans[0].kind == FORWARD else "black",
+            color="white" if kind == FORWARD else "black",
             # inside the axes: the layout need not measure each of hundreds of labels
             in_layout=False,
         )
+
+
+def _pieces(sp: Span, ff: FastForward | None) -> list[tuple[int, str, float, float, int, str]]:
+    """A compute span as (GPU, label, start, end, micro-batch, kind) pieces of the whole
+    iteration: itself without a fast-forward, else its pieces as `full_iteration` cuts
+    and copies them, each copy's micro-batch ``q`` later than the one before (its label
+    renumbered)."""
+    found = [(0, sp.start_s, sp.end_s)]
+    if ff is not None and ff.periods_skipped:
+        first, period, k = ff.proved_at_s, ff.period_s, ff.periods_skipped
+        cut, start, end = first + period, sp.start_s, sp.end_s
+        found = [(0, start, min(end, cut))] if start < cut else []
+        low, high = max(start, first), min(end, cut)
+        if start < cut and high > low:
+            found += [(j, low + j * period, high + j * period) for j in range(1, k + 1)]
+        if end > cut:
+            found.append((k, max(start, cut) + k * period, end + k * period))
+    q = 0 if ff is None else ff.period_microbatches
+    number = str(sp.microbatch)
+    out = []
+    for j, start, end in found:
+        if end <= start and j:
+            continue
+        microbatch, label = sp.microbatch + j * q, sp.label
+        if j and label[1:].startswith(number):
+            label = label[:1] + str(microbatch) + label[1 + len(number) :]
+        out.append((sp.gpu, label, start, end, microbatch, sp.kind))
+    return out
 
 
 def pipeline_figure(studies: list) -> Figure:

@@ -30,7 +30,9 @@ Everything the metrics read is additive over time: the iteration is ``m'``'s plu
 ``k Δ``; each lane's seconds per category, FLOPs, transfers and spans are ``m'``'s plus
 ``k`` times one period's (spans counted by start); each link's bytes likewise, and its
 utilization over time is read off the inserted copies. The result's workload and trace
-(trace.json, the timeline) are the ``m'`` run's; the summary says so.
+(trace.json) are the ``m'`` run's; the summary says so. The timeline draws the whole
+iteration, cutting and copying the ``m'`` run's intervals so (report/timeline.py
+`full_iteration`).
 
 Exact mode is fast-forwarded as symmetric mode is (its lanes, a congruent TP group's
 collapsed ones included, are the state compared; spans and transfers are counted per
