@@ -545,7 +545,7 @@ def test_full_iteration_cuts_and_copies_intervals():
     across T + Δ = 5 is cut there (its tail moved k Δ = 6 later), one inside the window
     [2, 5) is copied at 5 and 8, one across T has its window part copied."""
     from stepsim.ir.results import FastForward
-    from stepsim.report.timeline import full_end_s, full_iteration
+    from stepsim.report.timeline import _covered_at, full_end_s, full_iteration
 
     ff = FastForward(
         simulated_microbatches=4,
@@ -572,6 +572,18 @@ def test_full_iteration_cuts_and_copies_intervals():
     ]
     assert full_end_s(7.0, ff) == 13.0 and full_end_s(7.0, None) == 7.0
     assert full_iteration(starts, ends, None) == (starts, ends)
+
+    # the binned picture's coverage without the copies made: what they cover
+    def coverage(starts, ends):
+        times = np.concatenate([starts, ends])
+        order = np.argsort(times, kind="stable")
+        level = np.cumsum(np.repeat([1.0, -1.0], len(starts))[order])
+        times = times[order]
+        return times, np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times))])
+
+    edges = np.linspace(0.0, 13.0, 53)
+    made = np.interp(edges, *coverage(*got))
+    assert np.abs(_covered_at(edges, *coverage(starts, ends), ff) - made).max() < 1e-12
 
 
 @pytest.mark.parametrize(("schedule", "m", "chunks"), CASES[:2])

@@ -333,7 +333,7 @@ def raster_shares(
     """The binned timeline's kinds (then idle causes, with ``idle``), their colours and
     each one's share of each time slice per band: (band, kind, column), two bands per
     row (compute, background), ``RASTER_COLUMNS`` slices from 0 to ``trace.end_s``; a
-    fast-forwarded run's spans and idle as the whole iteration's (`full_iteration`)."""
+    fast-forwarded run's spans and idle as the whole iteration's (`_covered_at`)."""
     edges = np.linspace(0.0, trace.end_s, RASTER_COLUMNS + 1)
     kinds: list[str] = [kind for kind in STACK_ORDER if kind in COLORS]
     colors = [COLORS[kind] for kind in kinds]
@@ -352,16 +352,41 @@ def raster_shares(
                     groups.append((2 * row_of[gpu], cause, starts, ends))
     time = np.zeros((2 * len(row_of), len(kinds), RASTER_COLUMNS))
     for band, kind, starts, ends in groups:
-        starts, ends = full_iteration(starts, ends, ff)
         times = np.concatenate([starts, ends])
         steps = np.repeat([1.0, -1.0], len(starts))
         order = np.argsort(times, kind="stable")
         times, level = times[order], np.cumsum(steps[order])
         # time covered up to each event, then at each column edge (piecewise linear)
         covered = np.concatenate([[0.0], np.cumsum(level[:-1] * np.diff(times))])
-        at_edges = np.interp(edges, times, covered)
-        time[band, kinds.index(kind)] += np.diff(at_edges)
+        time[band, kinds.index(kind)] += np.diff(_covered_at(edges, times, covered, ff))
     return kinds, colors, np.clip(time / np.diff(edges)[None, None, :], 0.0, 1.0)
+
+
+def _covered_at(
+    edges: np.ndarray, times: np.ndarray, covered: np.ndarray, ff: FastForward | None
+) -> np.ndarray:
+    """The time covered up to each of ``edges``, from the simulated run's (``covered``
+    at ``times``, piecewise linear): a fast-forwarded run's as the whole iteration's,
+    what `full_iteration`'s intervals would cover, without making them. Up to T + Δ the
+    simulated run's; in the j-th copy of [T, T + Δ), that at T + Δ, j times the window's,
+    and the window's part up to the same point; after the copies the simulated run's
+    k Δ earlier, plus k times the window's."""
+    if ff is None or ff.periods_skipped == 0:
+        return np.interp(edges, times, covered)
+    first, period, k = ff.proved_at_s, ff.period_s, ff.periods_skipped
+    cut = first + period
+    at_first, at_cut = np.interp([first, cut], times, covered).tolist()
+    window = at_cut - at_first
+    out = np.empty_like(edges)
+    low, high = edges <= cut, edges > cut + k * period
+    out[low] = np.interp(edges[low], times, covered)
+    out[high] = np.interp(edges[high] - k * period, times, covered) + k * window
+    inside = ~(low | high)
+    since = edges[inside] - cut
+    copies = np.minimum(np.floor(since / period), k)
+    into = np.interp(first + since - copies * period, times, covered) - at_first
+    out[inside] = at_cut + copies * window + into
+    return out
 
 
 def full_end_s(end_s: float, ff: FastForward | None) -> float:
