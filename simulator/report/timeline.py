@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from itertools import groupby
 from operator import itemgetter
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -58,13 +58,28 @@ LEGEND_OF = {
 }
 
 
-def timeline_figure(result: Result, idle: IdleMap | None = None) -> Figure:
-    """A Gantt chart: one row per simulated GPU (one per pipeline stage), its compute
-    stream on top and its background transfers in a thin band below. With ``idle``
-    (run/idlemap.py) the idle is drawn by cause, each in a light colour of its own."""
-    from matplotlib.figure import Figure
-    from matplotlib.patches import Patch
+class TimelineView(NamedTuple):
+    """What a timeline shows, whoever paints it (`timeline_figure` with matplotlib,
+    pictures.timeline_svg as SVG): its rows (one GPU per pipeline stage), their spans and
+    idle, the time axis (the whole iteration, in ``unit``: seconds times ``scale``), and
+    how it is drawn (``binned``: as time slices; ``numbered``: micro-batch numbers)."""
 
+    result: Result
+    trace: Trace  # the rows' spans; ``end_s`` the whole iteration's end
+    lanes: list[Lane]
+    row_of: dict[int, int]  # each row's GPU -> row
+    idle: IdleMap | None
+    ff: FastForward | None
+    short_end_s: float  # the simulated run's end (the iteration's without a fast-forward)
+    scale: float
+    unit: str
+    binned: bool
+    numbered: bool
+    rows_note: str
+
+
+def timeline_view(result: Result, idle: IdleMap | None = None) -> TimelineView:
+    """The timeline of ``result`` (with ``idle``, run/idlemap.py, the idle by cause)."""
     trace = result.trace
     lanes = compute_lanes(trace.lanes)
     rows_note = "one GPU per pipeline stage"
@@ -79,72 +94,114 @@ def timeline_figure(result: Result, idle: IdleMap | None = None) -> Figure:
         trace = trace._replace(spans=[sp for sp in trace.spans if sp.gpu in shown])
     if idle is not None:
         idle = {gpu: idle[gpu] for gpu in (lane.gpu for lane in lanes) if gpu in idle}
-    row_of = {lane.gpu: i for i, lane in enumerate(lanes)}
     ff = result.metrics.fast_forward
     short_end_s = trace.end_s
     trace = trace._replace(end_s=full_end_s(trace.end_s, ff))  # drawn: the whole iteration
     scale, unit = _time_unit(trace.end_s)
-    height = min(max(2.0 + 0.45 * len(lanes), 3.0), 16.0)
-    fig = Figure(figsize=(14, height), layout="constrained")
-    ax = fig.add_subplot()
-    few = len(lanes) <= 16 and result.scenario.num_microbatches <= 32
-    binned = len(trace.spans) > RASTER_ABOVE_SPANS
-    if binned:
-        drawn = _draw_raster(ax, trace, row_of, scale, idle, ff)
-    else:
-        drawn = _draw_bars(ax, trace, row_of, scale, idle, ff)
-    if few:
-        _label_microbatches(ax, trace, row_of, scale, ff)
-    ax.set_yticks(range(len(lanes)))
-    ax.set_yticklabels(
-        [
-            f"stage {lane.stage} · GPU {lane.gpu}"
-            + (f" (x{lane.stands_for})" if lane.stands_for > 1 else "")
-            for lane in lanes
-        ],
-        fontsize=8 if len(lanes) > 20 else 9,
+    return TimelineView(
+        result,
+        trace,
+        lanes,
+        {lane.gpu: i for i, lane in enumerate(lanes)},
+        idle,
+        ff,
+        short_end_s,
+        scale,
+        unit,
+        binned=len(trace.spans) > RASTER_ABOVE_SPANS,
+        numbered=len(lanes) <= 16 and result.scenario.num_microbatches <= 32,
+        rows_note=rows_note,
     )
-    ax.set_ylim(len(lanes) - 0.45, -0.55)  # first stage on top
-    ax.set_xlim(0, trace.end_s * scale)
-    ax.set_xlabel(f"time ({unit})")
+
+
+def row_labels(view: TimelineView) -> list[str]:
+    return [
+        f"stage {lane.stage} · GPU {lane.gpu}"
+        + (f" (x{lane.stands_for})" if lane.stands_for > 1 else "")
+        for lane in view.lanes
+    ]
+
+
+def title_lines(view: TimelineView) -> list[str]:
+    """The title, line by line (the first may hold a newline where it would not fit)."""
+    result, trace, ff, scale, unit = view.result, view.trace, view.ff, view.scale, view.unit
     head = f"{result.scenario.name}: one iteration, {_digits4(trace.end_s * scale)} {unit}"
-    rows = f"(rows: {rows_note}; thin band: background transfers)"
+    rows = f"(rows: {view.rows_note}; thin band: background transfers)"
     lines = [head + (" " if len(head) + len(rows) < TITLE_CHARS else "\n") + rows]
     if ff is not None:
         # what was simulated, and where the repeats of its proved period are drawn
         cut_s = ff.proved_at_s + ff.period_s
         lines.append(
             f"fast-forward: {ff.simulated_microbatches} of {result.metrics.num_microbatches:,} "
-            f"micro-batches simulated (to {_digits4(short_end_s * scale)} {unit}); from "
+            f"micro-batches simulated (to {_digits4(view.short_end_s * scale)} {unit}); from "
             f"{_digits4(cut_s * scale)} to "
             f"{_digits4((cut_s + ff.periods_skipped * ff.period_s) * scale)} {unit}, their "
             f"proved period of {_digits4(ff.period_s * scale)} {unit} repeated "
             f"{ff.periods_skipped:,} times"
         )
-    if binned:
+    if view.binned:
         lines.append(
             f"binned: {len(trace.spans):,} {'' if ff is None else 'simulated '}spans drawn as "
             f"{RASTER_COLUMNS:,} time slices, each stacked by the share of its time each kind took"
-            + (" (idle: each cause's share)" if idle is not None else "")
+            + (" (idle: each cause's share)" if view.idle is not None else "")
         )
-    ax.set_title("\n".join(lines))
-    # the legend names what is drawn (a wait shares its communication's entry), and idle:
-    # as one entry, or by cause (all three, so that a cause absent is seen to be)
+    return lines
+
+
+def legend_entries(view: TimelineView, drawn: set[str]) -> tuple[list[tuple[str, str]], str | None]:
+    """The legend's (colour, label) entries and its title (None: none). It names what is
+    drawn (a wait shares its communication's entry), and idle: as one entry, or by cause
+    (all three, so that a cause absent is seen to be)."""
+    idle = view.idle
     named = drawn | {LEGEND_OF[k] for k in drawn} | ({IDLE} if idle is None else set())
-    handles = [Patch(facecolor=COLORS[k], label=name) for k, name in LEGEND if k in named]
+    entries = [(COLORS[k], name) for k, name in LEGEND if k in named]
     if idle is not None:
-        handles += [
-            Patch(facecolor=style.color, label=style.legend) for style in IDLE_CAUSE_STYLES.values()
-        ]
+        entries += [(style.color, style.legend) for style in IDLE_CAUSE_STYLES.values()]
     title = None
-    if binned:
+    if view.binned:
         title = "binned: share of each time slice" + ("" if idle is None else ", idle by cause")
-    if ff is not None and idle is not None:
+    if view.ff is not None and idle is not None:
         # the causes are split over the micro-batches simulated (run/idlemap.py)
         repeated = "idle causes as split in the micro-batches simulated, its period repeated"
         title = repeated if title is None else f"{title}; {repeated}"
+    return entries, title
+
+
+def timeline_figure(result: Result, idle: IdleMap | None = None) -> Figure:
+    """A Gantt chart: one row per simulated GPU (one per pipeline stage), its compute
+    stream on top and its background transfers in a thin band below. With ``idle``
+    (run/idlemap.py) the idle is drawn by cause, each in a light colour of its own."""
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Patch
+
+    view = timeline_view(result, idle)
+    lanes, trace, scale = view.lanes, view.trace, view.scale
+    height = min(max(2.0 + 0.45 * len(lanes), 3.0), 16.0)
+    fig = Figure(figsize=(14, height), layout="constrained")
+    ax = fig.add_subplot()
+    drawn = _draw_raster(ax, view) if view.binned else _draw_bars(ax, view)
+    if view.numbered:
+        for x, y, text, color in microbatch_labels(view):
+            ax.text(
+                x,
+                y,
+                text,
+                ha="center",
+                va="center",
+                fontsize=LABEL_FONT_PT,
+                color=color,
+                # inside the axes: the layout need not measure each of hundreds of labels
+                in_layout=False,
+            )
+    ax.set_yticks(range(len(lanes)))
+    ax.set_yticklabels(row_labels(view), fontsize=8 if len(lanes) > 20 else 9)
+    ax.set_ylim(len(lanes) - 0.45, -0.55)  # first stage on top
+    ax.set_xlim(0, trace.end_s * scale)
+    ax.set_xlabel(f"time ({view.unit})")
+    ax.set_title("\n".join(title_lines(view)))
+    entries, title = legend_entries(view, drawn)
     fig.legend(
-        handles=handles,
+        handles=[Patch(facecolor=color, label=label) for color, label in entries],
         loc="outside lower center",
         ncol=4,
         fontsize=8,
@@ -226,102 +283,135 @@ def _band(row: int, stream: str) -> tuple[float, float]:
     return (row - 0.38, 0.6) if stream == COMPUTE_STREAM else (row + 0.26, 0.14)
 
 
-def _draw_bars(
-    ax,
-    trace: Trace,
-    row_of: dict[int, int],
-    scale: float,
-    idle: IdleMap | None = None,
-    ff: FastForward | None = None,
-) -> set[str]:
+class Bars(NamedTuple):
+    """Bars of one colour in one band of a row, (start, width) in the view's unit; an
+    ``outlined`` background (the idle under a row) or ``hatched`` (a wait)."""
+
+    row: int
+    stream: str
+    color: str
+    bars: list[tuple[float, float]]
+    hatched: bool = False
+    outlined: bool = False
+
+
+def bar_groups(view: TimelineView) -> tuple[list[Bars], set[str]]:
     """Each span group as bars, over an idle background from 0 to the end, and the idle
-    pieces by cause over it (``idle``; then the idle spans are not drawn): the kinds
-    drawn. A fast-forwarded run's spans and idle as the whole iteration's (`full_iteration`)."""
-    for row in row_of.values():
-        ax.broken_barh(
-            [(0, trace.end_s * scale)], _band(row, COMPUTE_STREAM), facecolors=COLORS[IDLE]
-        )
-    for gpu, pieces in (idle or {}).items():
+    pieces by cause over it (with idle; then the idle spans are not drawn), in drawing
+    order, and the kinds drawn. A fast-forwarded run's spans and idle as the whole
+    iteration's (`full_iteration`)."""
+    trace, row_of, scale, ff = view.trace, view.row_of, view.scale, view.ff
+    out = [
+        Bars(row, COMPUTE_STREAM, COLORS[IDLE], [(0, trace.end_s * scale)], outlined=True)
+        for row in row_of.values()
+    ]
+    for gpu, pieces in (view.idle or {}).items():
         for cause, style in IDLE_CAUSE_STYLES.items():
             found = [(p.start_s, p.end_s) for p in pieces if p.cause == cause]
             if found:
                 pairs = np.array(found).reshape(-1, 2)
                 starts, ends = full_iteration(pairs[:, 0], pairs[:, 1], ff)
                 lengths = (ends - starts) * scale
-                ax.broken_barh(
-                    list(zip((starts * scale).tolist(), lengths.tolist(), strict=True)),
-                    _band(row_of[gpu], COMPUTE_STREAM),
-                    facecolors=style.color,
-                    edgecolor="none",
-                )
+                bars = list(zip((starts * scale).tolist(), lengths.tolist(), strict=True))
+                out.append(Bars(row_of[gpu], COMPUTE_STREAM, style.color, bars))
     drawn = set()
     for (gpu, stream, kind), starts, ends in _span_groups(trace.spans):
-        if idle is not None and kind == IDLE:
+        if view.idle is not None and kind == IDLE:
             continue  # drawn by cause
         drawn.add(kind)
         starts, ends = full_iteration(starts, ends, ff)
-        bars = _merge(list(zip((starts * scale).tolist(), (ends * scale).tolist(), strict=True)))
-        ax.broken_barh(
-            [(a, b - a) for a, b in bars],
-            _band(row_of[gpu], stream),
-            facecolors=COLORS.get(kind, "#999999"),
-            edgecolor="none",
-            hatch="///" if kind in COMM_WAITS else None,
+        merged = _merge(list(zip((starts * scale).tolist(), (ends * scale).tolist(), strict=True)))
+        out.append(
+            Bars(
+                row_of[gpu],
+                stream,
+                COLORS.get(kind, "#999999"),
+                [(a, b - a) for a, b in merged],
+                hatched=kind in COMM_WAITS,
+            )
         )
+    return out, drawn
+
+
+def _draw_bars(ax, view: TimelineView) -> set[str]:
+    """`bar_groups` on the axes: the kinds drawn."""
+    groups, drawn = bar_groups(view)
+    for group in groups:
+        band = _band(group.row, group.stream)
+        if group.outlined:
+            ax.broken_barh(group.bars, band, facecolors=group.color)
+        else:
+            ax.broken_barh(
+                group.bars,
+                band,
+                facecolors=group.color,
+                edgecolor="none",
+                hatch="///" if group.hatched else None,
+            )
     return drawn
 
 
-def _draw_raster(
-    ax,
-    trace: Trace,
-    row_of: dict[int, int],
-    scale: float,
-    idle: IdleMap | None = None,
-    ff: FastForward | None = None,
-) -> set[str]:
-    """Each band as pixel rows of one picture whose columns are time slices, each stacked
-    from the kinds that ran in it in proportion to their time (a kind with at least
-    2 % of the slice gets a pixel row), the rest idle: at the scale of a large run a
-    1-in-20 share such as tensor-parallel comm stays visible. With ``idle`` the idle
-    causes stack below the kinds, each by its share. The kinds drawn."""
+class Raster(NamedTuple):
+    """The binned timeline's pixels: each row's compute band (row, RASTER_PIXELS[0]
+    pixel rows, column) and background band (RASTER_PIXELS[1] rows), each pixel the
+    index of its colour in ``colors`` (the kinds, then idle causes, then the idle of a
+    compute band and the white of a background band), and the kinds drawn."""
+
+    compute: np.ndarray
+    background: np.ndarray
+    colors: list[str]
+    drawn: set[str]
+
+
+def raster(view: TimelineView) -> Raster:
+    """Each band as pixel rows whose columns are time slices, each stacked from the
+    kinds that ran in it in proportion to their time (a kind with at least 2 % of the
+    slice gets a pixel row), the rest idle: at the scale of a large run a 1-in-20 share
+    such as tensor-parallel comm stays visible. With idle the idle causes stack below
+    the kinds, each by its share."""
+    kinds, colors, share = raster_shares(view.trace, view.row_of, view.idle, view.ff)
+    blank, white = len(kinds), len(kinds) + 1
+    compute = _pixel_kinds(share[0::2], RASTER_PIXELS[0], blank)
+    background = _pixel_kinds(share[1::2], RASTER_PIXELS[1], white)
+    on = share.reshape(-1, len(kinds), RASTER_COLUMNS).max(axis=(0, 2)) >= 0.02
+    drawn = {kind for kind, yes in zip(kinds, on.tolist(), strict=True) if yes and kind in COLORS}
+    return Raster(compute, background, [*colors, COLORS[IDLE], "#ffffff"], drawn)
+
+
+def _draw_raster(ax, view: TimelineView) -> set[str]:
+    """`raster` on the axes, as one picture: the kinds drawn."""
     from matplotlib.colors import to_rgba
     from matplotlib.image import PcolorImage
 
-    kinds, colors, share = raster_shares(trace, row_of, idle, ff)
-    # time per (row band, kind, column); bands: 2 per GPU (compute, background)
+    found = raster(view)
     # every band's pixels in one picture, one row of cells per pixel row: each lane's
     # compute band, a clear gap, its background band, a clear gap to the next lane
     # (an image per band was resampled band by band, in the layout pass and again
     # when drawn; this one is looked up once per screen pixel, at exact band edges)
-    blank, white, clear = len(kinds), len(kinds) + 1, len(kinds) + 2
-    compute = _pixel_kinds(share[0::2], RASTER_PIXELS[0], blank)
-    background = _pixel_kinds(share[1::2], RASTER_PIXELS[1], white)
-    gap = np.full((len(row_of), 1, RASTER_COLUMNS), clear)
-    cells = np.concatenate([compute, gap, background, gap], axis=1)
+    rows = len(view.row_of)
+    clear = len(found.colors)
+    gap = np.full((rows, 1, RASTER_COLUMNS), clear)
+    cells = np.concatenate([found.compute, gap, found.background, gap], axis=1)
     cells = cells.reshape(-1, RASTER_COLUMNS)[:-1]  # the last lane's gap below: none
     y_edges = []
-    for row in range(len(row_of)):
+    for row in range(rows):
         for stream, pixels in ((COMPUTE_STREAM, RASTER_PIXELS[0]), (PP_STREAM, RASTER_PIXELS[1])):
             top, height = _band(row, stream)
             y_edges.append(np.linspace(top, top + height, pixels + 1))
-    table = [to_rgba(color) for color in colors] + [
-        to_rgba(COLORS[IDLE]),  # what no kind (or cause) covers in a compute band
-        (1.0, 1.0, 1.0, 1.0),  # the same in a background band
-        (1.0, 1.0, 1.0, 0.0),  # between bands: the axes' own white
-    ]
+    # the kinds' colours, idle, white; between bands the axes' own (clear) white
+    table = [to_rgba(color) for color in found.colors] + [(1.0, 1.0, 1.0, 0.0)]
     # a pixel's four bytes looked up as one 32-bit word
     words = np.round(np.array(table) * 255).astype(np.uint8).view(np.uint32)
     rgba = words[cells].view(np.uint8)
     picture = PcolorImage(
         ax,
-        np.linspace(0.0, trace.end_s * scale, RASTER_COLUMNS + 1),
+        np.linspace(0.0, view.trace.end_s * view.scale, RASTER_COLUMNS + 1),
         np.concatenate(y_edges),
         rgba,
     )
     picture.set_in_layout(False)  # inside the axes: nothing for the layout to measure
     ax.add_image(picture)
-    drawn = share.reshape(-1, len(kinds), RASTER_COLUMNS).max(axis=(0, 2)) >= 0.02
-    return {kind for kind, on in zip(kinds, drawn, strict=True) if on and kind in COLORS}
+    return found.drawn
 
 
 def raster_shares(
@@ -529,11 +619,11 @@ def _label_width_s(text: str, end_s: float) -> float:
     return width_pt * end_s / AXIS_WIDTH_PT
 
 
-def _label_microbatches(
-    ax, trace: Trace, row_of: dict[int, int], scale: float, ff: FastForward | None = None
-) -> None:
-    """Micro-batch numbers on forward and backward passes, as in the papers' figures
-    (a fast-forwarded run's passes as the whole iteration's, `_pieces`)."""
+def microbatch_labels(view: TimelineView) -> list[tuple[float, float, str, str]]:
+    """Micro-batch numbers on forward and backward passes, as in the papers' figures:
+    (x in the view's unit, row position, text, colour) where a number fits (a
+    fast-forwarded run's passes as the whole iteration's, `_pieces`)."""
+    trace, ff, scale = view.trace, view.ff, view.scale
     compute = [
         piece
         for sp in trace.spans
@@ -544,23 +634,16 @@ def _label_microbatches(
     ]
     # one number per pass: the pieces of one label (F3, B3.1, W3) on one GPU
     compute.sort()
+    out = []
     for (gpu, _), group in groupby(compute, key=itemgetter(0, 1)):
         pieces = list(group)
         start, end = pieces[0][2], max(piece[3] for piece in pieces)
         microbatch, kind = pieces[0][4], pieces[0][5]
         if end - start < _label_width_s(str(microbatch), trace.end_s):
             continue  # too narrow for its number at the figure's width: it would collide
-        ax.text(
-            (start + end) / 2 * scale,
-            row_of[gpu] - 0.08,
-            str(microbatch),
-            ha="center",
-            va="center",
-            fontsize=LABEL_FONT_PT,
-            color="white" if kind == FORWARD else "black",
-            # inside the axes: the layout need not measure each of hundreds of labels
-            in_layout=False,
-        )
+        color = "white" if kind == FORWARD else "black"
+        out.append(((start + end) / 2 * scale, view.row_of[gpu] - 0.08, str(microbatch), color))
+    return out
 
 
 def _pieces(sp: Span, ff: FastForward | None) -> list[tuple[int, str, float, float, int, str]]:
