@@ -41,9 +41,14 @@ def test_run_writes_every_output(tmp_path, capsys):
     assert names == {"GPU 0 (stage 0)", "GPU 1 (stage 1)", "network: busiest links (utilization %)"}
     last_end_us = max(e["ts"] + e["dur"] for e in complete)
     assert last_end_us == pytest.approx(metrics["iteration_time_s"] * 1e6)
+    for svg in ("timeline.svg", "breakdown.svg"):
+        data = (tmp_path / svg).read_bytes()
+        assert data.startswith(b"<?xml") and b"<svg" in data and len(data) > 2_000
+    assert main(["run", TINY, "--out", str(tmp_path / "png"), "--pictures", "png"]) == 0
     for png in ("timeline.png", "breakdown.png"):
-        data = (tmp_path / png).read_bytes()
+        data = (tmp_path / "png" / png).read_bytes()
         assert data.startswith(b"\x89PNG") and len(data) > 10_000
+    assert not (tmp_path / "png" / "timeline.svg").exists()
     resolved = tomllib.loads((tmp_path / "scenario.resolved.toml").read_text())
     assert resolved["cluster"]["nvlink_gbytes_per_s"] == 300.0
     assert load_scenario(tmp_path / "scenario.resolved.toml") == load_scenario(TINY)

@@ -239,11 +239,19 @@ def test_run_writes_a_gzipped_trace_or_none(tmp_path, capsys):
     assert "trace" not in capsys.readouterr().out.split("wrote")[-1]
     written = sorted(p.name for p in (tmp_path / "none").iterdir())
     assert written == [
-        "breakdown.png",
+        "breakdown.svg",
         "metrics.json",
         "scenario.resolved.toml",
         "stepsim-manifest.json",  # cli/outfolder.py: the folder is complete
-        "timeline.png",
+        "timeline.svg",
+    ]
+    assert main(["run", str(TINY), "--out", str(tmp_path / "bare"), "--pictures", "none"]) == 0
+    assert "timeline" not in capsys.readouterr().out.split("wrote")[-1]
+    assert sorted(p.name for p in (tmp_path / "bare").iterdir()) == [
+        "metrics.json",
+        "scenario.resolved.toml",
+        "stepsim-manifest.json",
+        "trace.json",
     ]
 
 

@@ -93,20 +93,19 @@ def command_block(argv: list[str], output: str, note: str = "") -> str:
 
 def showcase(images: Path | None) -> Generated:
     """README: the MT-NLG 530B summary and its pictures, and the tiny timeline."""
+    from stepsim.report.pictures import breakdown_svg, timeline_svg
     from stepsim.report.summary import summary_text
-    from stepsim.report.timeline import breakdown_figure, timeline_figure
     from stepsim.run.idlemap import idle_pieces
     from stepsim.run.iteration import run
     from stepsim.scenario import load_scenario
 
     result = run(load_scenario(ROOT / "scenarios" / "mt-nlg-530b-420nodes.toml"))
     m = result.metrics
-    if images is not None:  # the idle by cause, as `stepsim run --out` draws it
-        timeline = timeline_figure(result, idle_pieces(result))
-        timeline.savefig(images / "mt-nlg-420-timeline.png", dpi=110)
-        breakdown_figure(result).savefig(images / "mt-nlg-420-breakdown.png", dpi=110)
+    if images is not None:  # the pictures `stepsim run --out` draws, the idle by cause
+        (images / "mt-nlg-420-timeline.svg").write_bytes(timeline_svg(result, idle_pieces(result)))
+        (images / "mt-nlg-420-breakdown.svg").write_bytes(breakdown_svg(result))
         tiny = run(load_scenario(ROOT / "scenarios" / "tiny-2gpu.toml"))
-        timeline_figure(tiny, idle_pieces(tiny)).savefig(images / "tiny-timeline.png", dpi=110)
+        (images / "tiny-timeline.svg").write_bytes(timeline_svg(tiny, idle_pieces(tiny)))
     gap = "\n".join(
         [
             "| | simulated by stepsim |",

@@ -47,8 +47,15 @@ def add_command(sub) -> None:
     run.add_argument(
         "--out",
         metavar="DIR",
-        help="write metrics.json, timeline.png, breakdown.png, trace.json (see --trace) and "
-        "scenario.resolved.toml to DIR",
+        help="write metrics.json, timeline.svg, breakdown.svg (see --pictures), trace.json "
+        "(see --trace) and scenario.resolved.toml to DIR",
+    )
+    run.add_argument(
+        "--pictures",
+        choices=PICTURE_FORMATS,
+        default="svg",
+        help="with --out, draw the timeline and breakdown as SVG (default: drawn from arrays, "
+        "at a fraction of the run's cost), as PNG (matplotlib, about a second more) or not",
     )
     trace = run.add_mutually_exclusive_group()
     trace.add_argument(
@@ -97,7 +104,9 @@ def command(args: argparse.Namespace) -> int:
         if args.out:  # the trace and pictures of a large run take seconds: say so
             progress.stage(f"writing {args.out}/: metrics, trace, pictures")
             with out_errors("--out", args.out):
-                written = write_outputs(result, Path(args.out), TRACE_FILES[args.trace])
+                written = write_outputs(
+                    result, Path(args.out), TRACE_FILES[args.trace], args.pictures
+                )
     finally:
         progress.clear()
     if args.json:
@@ -111,14 +120,20 @@ def command(args: argparse.Namespace) -> int:
     return 0
 
 
-def write_outputs(result, out: Path, trace_file: str | None = "trace.json") -> list[str]:
+PICTURE_FORMATS = ("svg", "png", "none")
+
+
+def write_outputs(
+    result, out: Path, trace_file: str | None = "trace.json", pictures: str = "svg"
+) -> list[str]:
     """Write the run's files to ``out`` (the trace as ``trace_file``: trace.json,
-    trace.json.gz or None for none); return their names in the order printed."""
-    from ..report.timeline import breakdown_figure, timeline_figure
+    trace.json.gz or None for none; the timeline and breakdown as ``pictures``: svg,
+    png or none); return their names in the order printed."""
     from ..report.trace import chrome_trace_chunks
     from ..run.idlemap import idle_pieces
     from ..run.iteration import gc_paused
 
+    drawn = [] if pictures == "none" else [f"timeline.{pictures}", f"breakdown.{pictures}"]
     # the collector paused as for the run: the writing allocates millions of objects,
     # and each pass it triggered would walk the run's spans and ops again for nothing
     with gc_paused():
@@ -132,9 +147,17 @@ def write_outputs(result, out: Path, trace_file: str | None = "trace.json") -> l
                 if trace_file.endswith(".gz"):
                     chunks = gzipped(chunks)
                 folder.stream(trace_file, chunks)
-            folder.figure("timeline.png", timeline_figure(result, idle), dpi=110)
-            folder.figure("breakdown.png", breakdown_figure(result), dpi=110)
-    names = ["metrics.json", "timeline.png", "breakdown.png", trace_file, "scenario.resolved.toml"]
+            if pictures == "svg":  # drawn from arrays: matplotlib is not imported
+                from ..report.pictures import breakdown_svg, timeline_svg
+
+                folder.bytes(drawn[0], timeline_svg(result, idle))
+                folder.bytes(drawn[1], breakdown_svg(result))
+            elif pictures == "png":
+                from ..report.timeline import breakdown_figure, timeline_figure
+
+                folder.figure(drawn[0], timeline_figure(result, idle), dpi=110)
+                folder.figure(drawn[1], breakdown_figure(result), dpi=110)
+    names = ["metrics.json", *drawn, trace_file, "scenario.resolved.toml"]
     return [name for name in names if name is not None]
 
 

@@ -549,7 +549,7 @@ def breakdown_figure(result: Result) -> Figure:
     from matplotlib.patches import Patch
 
     stages = result.metrics.stages
-    scale, unit = _time_unit(result.trace.end_s)
+    scale, unit = _time_unit(full_end_s(result.trace.end_s, result.metrics.fast_forward))
     fig = Figure(figsize=(max(6.0, 0.3 * len(stages) + 3), 4.5), layout="constrained")
     ax = fig.add_subplot()
     x = list(range(len(stages)))
