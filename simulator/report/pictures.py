@@ -68,7 +68,8 @@ def timeline_svg(result: Result, idle: IdleMap | None = None) -> bytes:
     height = max(min(max(2.0 + 0.45 * rows, 3.0), 16.0) * 110, top + bottom + 20 * rows)
     plot_h = height - top - bottom
     pitch = plot_h / (rows + 0.1)
-    end = view.trace.end_s * view.scale  # the axis runs from 0 to end, in the view's unit
+    # the axis runs from 0 to end, in the view's unit (a run of no time: an axis of 1)
+    end = view.trace.end_s * view.scale or 1.0
 
     def x_of(t: float) -> float:
         return left + t / end * plot_w
