@@ -601,6 +601,9 @@ def test_the_timeline_draws_the_whole_iteration(schedule, m, chunks):
     rows = {lane.gpu: i for i, lane in enumerate(compute_lanes(fast.trace.lanes))}
     end_s = timeline.full_end_s(fast.trace.end_s, ff)
     assert end_s == pytest.approx(full.trace.end_s, rel=1e-12)
+    # as many spans as the full run's, so drawn as it is (bars or time slices)
+    assert timeline.drawn_spans(fast.trace.spans, ff) == len(full.trace.spans)
+    assert timeline.timeline_view(fast).binned == timeline.timeline_view(full).binned
     kinds, _, drawn = timeline.raster_shares(
         fast.trace._replace(end_s=end_s), rows, idle_pieces(fast), ff
     )

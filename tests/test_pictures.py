@@ -21,6 +21,7 @@ from stepsim.scenario import load_scenario
 
 TINY = "scenarios/tiny-2gpu.toml"
 SVG = "{http://www.w3.org/2000/svg}"
+XLINK = "{http://www.w3.org/1999/xlink}"
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +117,7 @@ def test_the_binned_timeline_embeds_its_pixels(tiny, monkeypatch):
         for image, cells in zip(
             images[2 * row : 2 * row + 2], (found.compute[row], found.background[row]), strict=True
         ):
-            data = base64.b64decode(image.get("href").split(",", 1)[1])
+            data = base64.b64decode(image.get(f"{XLINK}href").split(",", 1)[1])
             pixels, colours = _decode_png(data)
             assert np.array_equal(pixels, cells) and np.array_equal(colours, palette)
     assert any(t.startswith("binned:") for t in _texts(root))
@@ -146,3 +147,14 @@ def test_writing_svg_pictures_imports_no_matplotlib(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stderr.strip().endswith("False")
     assert (tmp_path / "timeline.svg").exists() and (tmp_path / "breakdown.svg").exists()
+
+
+def test_a_name_of_any_characters_gives_well_formed_documents(tiny):
+    """Escaped, and what XML forbids (a control character) replaced: both parse."""
+    from dataclasses import replace
+
+    result, idle = tiny
+    named = result._replace(scenario=replace(result.scenario, name='a\x0cb & <c> "d"'))
+    for document in (pictures.timeline_svg(named, idle), pictures.breakdown_svg(named)):
+        texts = _texts(ElementTree.fromstring(document))
+        assert any(t.startswith('a\ufffdb & <c> "d"') for t in texts)

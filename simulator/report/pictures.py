@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import math
+import re
 import struct
 import zlib
 from collections.abc import Callable, Sequence
@@ -119,6 +120,8 @@ def _draw_bars(svg: _Svg, groups: Sequence[Bars], x_of: Scale, y_of: Scale) -> N
         top, height = _band(group.row, group.stream)
         y0, y1 = y_of(top), y_of(top + height)
         for start, width in group.bars:
+            if width <= 0:
+                continue  # a span of no time: nothing to draw
             # at least a pixel wide, as a rasterizer draws a short span's edge
             x0, x1 = x_of(start), x_of(start + width)
             x1 = max(x1, x0 + 1.0)
@@ -140,7 +143,8 @@ def _draw_raster(svg: _Svg, view: TimelineView, found: Raster, x_of: Scale, y_of
                 f'<image x="{_n(x0)}" y="{_n(y_of(top))}" width="{_n(x1 - x0)}" '
                 f'height="{_n(y_of(top + height) - y_of(top))}" preserveAspectRatio="none" '
                 'image-rendering="optimizeSpeed" style="image-rendering:pixelated" '
-                f'href="data:image/png;base64,{data}"/>'
+                # xlink:href: SVG 1.1's, which SVG 2 viewers read too (plain href is 2's only)
+                f'xlink:href="data:image/png;base64,{data}"/>'
             )
 
 
@@ -154,7 +158,7 @@ def breakdown_svg(result: Result) -> bytes:
     legend_w = 30 + max((len(c.label) for c in categories), default=0) * CHAR_EM * label_px
     width = max(6.0, 0.3 * len(stages) + 3) * 110
     height = 4.5 * 110
-    left, top, bottom = 16 + tick_px * 1.4 + 6 * CHAR_EM * tick_px, 14 + title_px * 1.4, 60
+    left, top, bottom = 16 + tick_px * 1.4 + 6 * CHAR_EM * tick_px, 20 + title_px * 1.6, 60
     plot_w, plot_h = width - left - legend_w - 16, height - top - bottom
     totals = [0.0] * len(stages)
     for category in categories:
@@ -171,13 +175,10 @@ def breakdown_svg(result: Result) -> bytes:
         return top + plot_h - v / y_max * plot_h
 
     svg = _Svg(width, height)
-    svg.text(
-        left + plot_w / 2,
-        10 + title_px,
-        f"{result.scenario.name}: where the time goes",
-        title_px,
-        anchor="middle",
-    )
+    title = f"{result.scenario.name}: where the time goes"
+    # over the plot while it fits there, else from the left margin
+    title_x = max(left + plot_w / 2, 8 + len(title) * CHAR_EM * title_px / 2)
+    svg.text(title_x, 10 + title_px, title, title_px, anchor="middle")
     bottoms = [0.0] * len(stages)
     for category in categories:
         for i, stage in enumerate(stages):
@@ -203,7 +204,7 @@ def breakdown_svg(result: Result) -> bytes:
     svg.add(
         f'<text transform="translate({_n(16 + tick_px * 0.4)},{_n(top + plot_h / 2)}) '
         f'rotate(-90)" font-size="{_n(tick_px)}" text-anchor="middle" '
-        f'dominant-baseline="central">{escape(y_label)}</text>'
+        f'dominant-baseline="central">{_xml_text(y_label)}</text>'
     )
     entries = [(c.color, c.label) for c in categories]
     for i, (color, label) in enumerate(entries):
@@ -222,7 +223,9 @@ class _Svg:
     def __init__(self, width: float, height: float) -> None:
         self.parts = [
             '<?xml version="1.0" encoding="UTF-8"?>\n'
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="{_n(width)}" '
+            '<svg xmlns="http://www.w3.org/2000/svg" '
+            'xmlns:xlink="http://www.w3.org/1999/xlink" '
+            f'width="{_n(width)}" '
             f'height="{_n(height)}" viewBox="0 0 {_n(width)} {_n(height)}" '
             f"font-family={quoteattr(FONT)}>",
             _rect(0, 0, width, height, fill="#fff"),
@@ -243,11 +246,20 @@ class _Svg:
         """``text`` centred vertically on y."""
         self.parts.append(
             f'<text x="{_n(x)}" y="{_n(y)}" font-size="{_n(size)}" text-anchor="{anchor}" '
-            f'dominant-baseline="central" fill="{fill}">{escape(text)}</text>'
+            f'dominant-baseline="central" fill="{fill}">{_xml_text(text)}</text>'
         )
 
     def bytes(self) -> bytes:
         return ("\n".join(self.parts) + "\n</svg>\n").encode()
+
+
+# characters XML 1.0 does not allow in a document (a scenario's name may hold them)
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _xml_text(text: str) -> str:
+    """``text`` as an element's content: escaped, each character XML forbids as U+FFFD."""
+    return escape(_NOT_XML.sub("\ufffd", text))
 
 
 def _legend_grid(

@@ -108,7 +108,7 @@ def timeline_view(result: Result, idle: IdleMap | None = None) -> TimelineView:
         short_end_s,
         scale,
         unit,
-        binned=len(trace.spans) > RASTER_ABOVE_SPANS,
+        binned=drawn_spans(trace.spans, ff) > RASTER_ABOVE_SPANS,
         numbered=len(lanes) <= 16 and result.scenario.num_microbatches <= 32,
         rows_note=rows_note,
     )
@@ -477,6 +477,19 @@ def _covered_at(
     into = np.interp(first + since - copies * period, times, covered) - at_first
     out[inside] = at_cut + copies * window + into
     return out
+
+
+def drawn_spans(spans: Sequence[Span], ff: FastForward | None) -> int:
+    """How many spans the whole iteration has: a fast-forwarded run's simulated ones and
+    k copies of those that start in its proved period's window (counted by start, as
+    the metrics count them)."""
+    if ff is None or not ff.periods_skipped or not spans:
+        return len(spans)
+    start = np.fromiter(map(itemgetter(5), spans), np.float64, len(spans))
+    cut = ff.proved_at_s + ff.period_s
+    return len(spans) + ff.periods_skipped * int(
+        np.count_nonzero((start >= ff.proved_at_s) & (start < cut))
+    )
 
 
 def full_end_s(end_s: float, ff: FastForward | None) -> float:
