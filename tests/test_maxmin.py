@@ -1,4 +1,5 @@
-"""The fair-share network's rate computation against the plain algorithm, bit for bit.
+"""The fair-share network's rate computation against the plain algorithm, bit for bit,
+and against the definition of max-min fairness (the bottleneck certificate).
 
 `engine.maxmin.max_min` handles flows of one shape as a group and links crossed alike
 as one class, and updates only what is read again; `FairShareNetwork._component` visits
@@ -100,6 +101,46 @@ def test_max_min_gives_the_plain_algorithms_rates_to_the_bit(seed):
     assert [r.hex() for r in max_min(some, capacities, structures)] == want
 
 
+def _uncertified(flows: list[_Flow], rates: list[float], capacities: list[float]) -> list[int]:
+    """The flows whose rate the max-min certificate does not back: rates are max-min
+    fair if and only if they are feasible and every flow has a bottleneck, a saturated
+    link on which no flow is faster (Bertsekas and Gallager, Data Networks, 2nd ed.,
+    Sec. 6.5.2). A coupled flow is ``mult`` real flows at its rate on each link; all of
+    them have its bottleneck. Saturation and "no faster" within 1e-9 relative."""
+    load: dict[int, float] = {}
+    fastest: dict[int, float] = {}
+    for flow, rate in zip(flows, rates, strict=True):
+        for link, mult in zip(flow.links, flow.mults, strict=True):
+            load[link] = load.get(link, 0.0) + mult * rate
+            fastest[link] = max(fastest.get(link, 0.0), rate)
+    assert all(load[link] <= capacities[link] * (1 + 1e-9) for link in load)  # feasible
+    saturated = {link for link in load if load[link] >= capacities[link] * (1 - 1e-9)}
+    return [
+        i
+        for i, (flow, rate) in enumerate(zip(flows, rates, strict=True))
+        if not any(link in saturated and rate >= fastest[link] * (1 - 1e-9) for link in flow.links)
+    ]
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_max_min_rates_carry_the_bottleneck_certificate(seed):
+    """Independent of how the rates are computed: each flow is held by a full link on
+    which nothing runs faster, and no link is over its capacity."""
+    rng = random.Random(1000 + seed)
+    num_links = rng.randint(1, 30)
+    capacities = [
+        rng.choice((1.0, 3.0, 10.0, 12.5e9, 50e9 / 3, 0.1, 7.0)) for _ in range(num_links)
+    ]
+    flows = _random_flows(rng, num_links, rng.randint(1, 40))
+    rates = max_min(flows, capacities)
+    assert all(rate > 0 for rate in rates)
+    assert _uncertified(flows, rates, capacities) == []
+    # and the certificate can fail: a flow slowed below its share has no bottleneck
+    slower = list(rates)
+    slower[0] *= 0.5
+    assert 0 in _uncertified(flows, slower, capacities)
+
+
 def test_max_min_closed_form_two_bottlenecks():
     # A crosses links 0 (cap 10) and 1 (cap 2); B crosses 0 twice-counted (mult 2).
     # A is held to 2 by link 1; B then gets (10 - 2) / 2 = 4 per real flow.
@@ -127,3 +168,23 @@ def test_component_finds_the_flows_a_flow_to_flow_search_finds(seed):
         for link in flow.links:
             del on_link[link][flow]
     assert net._component(start) == _reference_component(on_link, start)
+
+
+def test_a_runs_fair_shares_carry_the_certificate(monkeypatch):
+    """Every recompute of a run whose transfers contend (Mixtral's expert all-to-alls,
+    tensor- and data-parallel traffic on shared links) gives certified rates; a component
+    holds every flow crossing its links, so the check on it alone is the whole one."""
+    import stepsim.engine.network as network
+    from stepsim.run.iteration import run
+    from stepsim.scenario import load_scenario
+
+    checked = []
+
+    def certified(flows, capacities, structures=None):
+        rates = max_min(flows, capacities, structures)
+        checked.append(_uncertified(list(flows), rates, capacities))
+        return rates
+
+    monkeypatch.setattr(network, "max_min", certified)
+    run(load_scenario("mixtral-8x7b-16-h100"))
+    assert len(checked) > 10 and not any(checked)
