@@ -97,10 +97,35 @@ def test_the_timeline_of_bars_shows_the_view(tiny):
     numbers = [text for _, _, text, _ in timeline.microbatch_labels(view)]
     assert numbers and all(texts.count(n) >= numbers.count(n) for n in numbers)
     rects = list(root.iter(f"{SVG}rect"))
-    bars = sum(len(group.bars) * (2 if group.hatched else 1) for group in groups)
+    x_of = _x_scale(root, view)
+    bars = sum(
+        len(pictures.snapped(group.bars, x_of)) * (2 if group.hatched else 1) for group in groups
+    )
     # the page, the plot's clip, the bars, the frame, the legend's swatches
     assert len(rects) == 1 + 1 + bars + 1 + len(entries)
     assert {group.color for group in groups} <= {r.get("fill") for r in rects}
+
+
+def _x_scale(root, view):
+    """The plot's time axis, read off its frame (the clip rectangle)."""
+    clip = root.find(f"{SVG}defs/{SVG}clipPath/{SVG}rect")
+    left, width = float(clip.get("x")), float(clip.get("width"))
+    end = view.trace.end_s * view.scale
+    return lambda t: left + t / end * width
+
+
+def test_bars_snap_to_pixels_and_merge():
+    """Edges at the nearest pixel edge: a sliver within one edge is left out, one across
+    an edge is a pixel, and bars that touch once snapped are one."""
+
+    def x_of(t):
+        return t  # one unit a pixel
+
+    assert pictures.snapped([(0.0, 10.0)], x_of) == [(0, 10)]
+    assert pictures.snapped([(3.1, 0.3)], x_of) == []  # 3.1 - 3.4: within pixel 3
+    assert pictures.snapped([(3.3, 0.4)], x_of) == [(3, 4)]  # 3.3 - 3.7: across 3.5
+    assert pictures.snapped([(1.0, 2.0), (3.4, 1.0), (7.0, 1.0)], x_of) == [(1, 4), (7, 8)]
+    assert pictures.snapped([(0.0, 5.0), (1.0, 1.0)], x_of) == [(0, 5)]  # inside: one
 
 
 def test_the_binned_timeline_embeds_its_pixels(tiny, monkeypatch):

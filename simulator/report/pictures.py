@@ -119,15 +119,28 @@ def _draw_bars(svg: _Svg, groups: Sequence[Bars], x_of: Scale, y_of: Scale) -> N
     for group in groups:
         top, height = _band(group.row, group.stream)
         y0, y1 = y_of(top), y_of(top + height)
-        for start, width in group.bars:
-            if width <= 0:
-                continue  # a span of no time: nothing to draw
-            # at least a pixel wide, as a rasterizer draws a short span's edge
-            x0, x1 = x_of(start), x_of(start + width)
-            x1 = max(x1, x0 + 1.0)
+        for x0, x1 in snapped(group.bars, x_of):
             svg.add(_rect(x0, y0, x1 - x0, y1 - y0, fill=group.color))
             if group.hatched:
                 svg.add(_rect(x0, y0, x1 - x0, y1 - y0, fill="url(#hatch)"))
+
+
+def snapped(bars: Sequence[tuple[float, float]], x_of: Scale) -> list[tuple[int, int]]:
+    """Bars (start, width; in order of start) as pixel spans, snapped as Agg snaps the
+    PNG's rectangles: each edge at the nearest pixel edge, so that a bar is drawn as wide
+    as it lasts on average (a sliver within one edge is left out, one across an edge is
+    a pixel), and bars that then touch as one (thousands of slivers blended one by one
+    would haze a band, and a whole pixel for each would paint it)."""
+    out: list[list[int]] = []
+    for start, width in bars:
+        x0, x1 = round(x_of(start)), round(x_of(start + width))
+        if x1 <= x0:
+            continue
+        if out and x0 <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], x1)
+        else:
+            out.append([x0, x1])
+    return [(a, b) for a, b in out]
 
 
 def _draw_raster(svg: _Svg, view: TimelineView, found: Raster, x_of: Scale, y_of: Scale) -> None:
