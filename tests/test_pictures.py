@@ -183,3 +183,31 @@ def test_a_name_of_any_characters_gives_well_formed_documents(tiny):
     for document in (pictures.timeline_svg(named, idle), pictures.breakdown_svg(named)):
         texts = _texts(ElementTree.fromstring(document))
         assert any(t.startswith('a\ufffdb & <c> "d"') for t in texts)
+
+
+def test_a_perturbed_gpu_gets_its_own_row():
+    """Symmetric mode's fast path: the representative of each stage, and the straggler
+    (a replica it touched) after its stage's, labelled, in both painters."""
+    from stepsim.scenario import scenario_from_dict
+    from tests.helpers import scenario
+
+    doc = scenario(
+        cluster={"node": "dgx-a100", "num_nodes": 2},
+        parallel={"pipeline_model_parallel_size": 2, "data_parallel_size": 8},
+        training={"global_batch_size": 64},
+        perturbation=[{"kind": "slow_gpu", "gpu": 13, "factor": 1.5}],
+    )
+    result = run(scenario_from_dict(doc))
+    view = timeline.timeline_view(result)
+    assert [(lane.stage, lane.gpu) for lane in view.lanes] == [(0, 0), (1, 8), (1, 13)]
+    labels = timeline.row_labels(view)
+    assert labels[2] == "stage 1 · GPU 13 (perturbed)" and "perturbed" not in labels[1]
+    assert "each perturbed GPU" in timeline.title_lines(view)[0]
+    texts = _texts(ElementTree.fromstring(pictures.timeline_svg(result)))
+    assert "stage 1 · GPU 13 (perturbed)" in texts
+    # the straggler's compute ends later than its stage's representative's
+    last = {
+        gpu: max(sp.end_s for sp in view.trace.spans if sp.gpu == gpu and sp.kind == "backward")
+        for gpu in (8, 13)
+    }
+    assert last[13] > last[8]

@@ -84,12 +84,23 @@ def timeline_view(result: Result, idle: IdleMap | None = None) -> TimelineView:
     lanes = compute_lanes(trace.lanes)
     rows_note = "one GPU per pipeline stage"
     if len({lane.stage for lane in lanes}) < len(lanes):
-        # exact mode: every GPU was simulated; draw the first GPU of each stage
+        # several lanes a stage: exact mode (every GPU simulated), or the replicas a
+        # perturbation touches beside the representatives; the first GPU of each stage,
+        # and after it each GPU a perturbation names (a straggler is what one asks to see)
+        named = perturbed_gpus(result.scenario)
         first: dict[int, Lane] = {}
+        extra: list[Lane] = []
         for lane in lanes:
-            first.setdefault(lane.stage, lane)
-        lanes = list(first.values())
-        rows_note = "the first GPU of each stage, all simulated"
+            if first.setdefault(lane.stage, lane) is not lane and lane.gpu in named:
+                extra.append(lane)
+        extra = extra[:PERTURBED_ROWS]
+        lanes = sorted([*first.values(), *extra], key=lambda lane: lane.stage)
+        touched = result.scenario.perturbations and result.scenario.network.symmetry
+        rows_note = (
+            "the first GPU of each stage, for its untouched replicas"
+            if touched
+            else "the first GPU of each stage, all simulated"
+        ) + ("; and each perturbed GPU" if extra else "")
         shown = {lane.gpu for lane in lanes}
         trace = trace._replace(spans=[sp for sp in trace.spans if sp.gpu in shown])
     if idle is not None:
@@ -114,10 +125,29 @@ def timeline_view(result: Result, idle: IdleMap | None = None) -> TimelineView:
     )
 
 
+# the most rows a timeline adds for perturbed GPUs (a slow node names 8)
+PERTURBED_ROWS = 8
+
+
+def perturbed_gpus(scenario) -> set[int]:
+    """The GPUs a scenario's perturbations name: a ``gpu``, or a ``node``'s GPUs (a
+    perturbation of every GPU, or of a link, names none here)."""
+    gpn = scenario.cluster.gpus_per_node
+    named: set[int] = set()
+    for p in scenario.perturbations:
+        if p.gpu is not None:
+            named.add(p.gpu)
+        elif p.node is not None:
+            named.update(range(p.node * gpn, (p.node + 1) * gpn))
+    return named
+
+
 def row_labels(view: TimelineView) -> list[str]:
+    named = perturbed_gpus(view.result.scenario) if view.result.scenario.perturbations else set()
     return [
         f"stage {lane.stage} · GPU {lane.gpu}"
         + (f" (x{lane.stands_for})" if lane.stands_for > 1 else "")
+        + (" (perturbed)" if lane.gpu in named else "")
         for lane in view.lanes
     ]
 
