@@ -2,11 +2,12 @@
 where each stage's time goes (`breakdown_svg`). They show what timeline.py's matplotlib
 figures show (the same `TimelineView`: rows, title, legend, bars or time slices,
 micro-batch numbers; the same breakdown categories), without importing matplotlib,
-which costs more than a large run's simulation: text and rectangles are SVG elements,
-and a binned timeline's time slices are an 8-bit palette PNG per band (`png_palette`),
-embedded. Positions are computed here with fixed margins (text widths estimated from
-character counts), so a viewer's font may make a label a little wider or narrower than
-its room; nothing depends on it. Deterministic: the same result gives the same bytes."""
+whose import alone costs a third of a large run (docs/design.md, "Pictures"): text and
+rectangles are SVG elements, bars snapped to whole pixels (`snapped`), and a binned
+timeline's time slices an 8-bit palette PNG per band (`png_palette`), embedded.
+Positions are computed here with fixed margins (text widths estimated from character
+counts), so a viewer's font may make a label a little wider or narrower than its room;
+nothing depends on it. Deterministic: the same result gives the same bytes."""
 
 from __future__ import annotations
 
