@@ -631,7 +631,7 @@ def readme_timings(images: Path | None) -> Generated:
     when = time.strftime("%Y-%m-%d")
     return {
         ("README.md", "readme-run-time"): (
-            f"It takes {with_files:.0f} s in all on a {machine} "
+            f"It takes {with_files:.1f} s in all on a {machine} "
             f"({alone:.1f} s for `--json` alone, without the trace and pictures; median of "
             f"three, {when}; `python tools/docs.py --only readme-timings` measures it again)."
         ),
