@@ -75,9 +75,9 @@ def test_ticks_step_by_one_two_two_and_a_half_or_five(low, high, ticks):
 
 
 def test_a_tick_shows_the_decimals_its_step_needs():
-    assert [pictures._tick_text(t, 35.2) for t in (0.0, 5.0, 35.0)] == ["0", "5", "35"]
-    assert pictures._tick_text(0.5, 1.0) == "0.5"
-    assert pictures._tick_text(0.0075, 0.024) == "0.0075"
+    assert pictures.tick_texts(pictures.nice_ticks(0.0, 35.2))[:3] == ["0", "5", "10"]
+    assert pictures.tick_texts(pictures.nice_ticks(0.0, 1.0))[5] == "0.5"
+    assert pictures.tick_texts(pictures.nice_ticks(0.0, 0.024))[3] == "0.0075"
 
 
 def test_the_timeline_of_bars_shows_the_view(tiny):

@@ -102,10 +102,11 @@ def timeline_svg(result: Result, idle: IdleMap | None = None) -> bytes:
         svg.text(left - 6, y_of(row), label, label_px, anchor="end")
         svg.add(_line(left - 4, y_of(row), left, y_of(row)))
     axis_y = top + plot_h
-    for tick in nice_ticks(0.0, end):
+    ticks = nice_ticks(0.0, end)
+    for tick, text in zip(ticks, tick_texts(ticks), strict=True):
         x = x_of(tick)
         svg.add(_line(x, axis_y, x, axis_y + 4))
-        svg.text(x, axis_y + 4 + tick_px, _tick_text(tick, end), tick_px, anchor="middle")
+        svg.text(x, axis_y + 4 + tick_px, text, tick_px, anchor="middle")
     label_y = axis_y + 8 + tick_px * 2.4
     svg.text(left + plot_w / 2, label_y, f"time ({view.unit})", tick_px, anchor="middle")
     y = label_y + 12 + legend_px
@@ -178,9 +179,8 @@ def breakdown_svg(result: Result) -> bytes:
     for category in categories:
         for i, stage in enumerate(stages):
             totals[i] += stage.breakdown_s[category.key] * scale
-    ceiling = max(totals, default=0.0) or 1.0
-    ticks = nice_ticks(0.0, ceiling * 1.05)
-    y_max = max(ceiling * 1.05, ticks[-1] if ticks else 0.0)
+    y_max = 1.05 * (max(totals, default=0.0) or 1.0)  # the tallest bar and a margin
+    ticks = nice_ticks(0.0, y_max)  # none above y_max
 
     def x_of(v: float) -> float:  # stage i's bar over [i - 0.4, i + 0.4]
         return left + (v + 0.8) / (len(stages) + 0.6) * plot_w
@@ -202,12 +202,10 @@ def breakdown_svg(result: Result) -> bytes:
             svg.add(_rect(x0, y0, x1 - x0, y1 - y0, fill=category.color))
             bottoms[i] += value
     svg.add(_rect(left, top, plot_w, plot_h, fill="none", stroke="#000"))
-    for tick in ticks:
+    for tick, text in zip(ticks, tick_texts(ticks), strict=True):
         y = y_of(tick)
-        if y < top - 0.5:
-            continue
         svg.add(_line(left - 4, y, left, y))
-        svg.text(left - 6, y, _tick_text(tick, y_max), tick_px, anchor="end")
+        svg.text(left - 6, y, text, tick_px, anchor="end")
     stage_px = (7 if len(stages) > 20 else 9) * PX_PER_PT
     for i, stage in enumerate(stages):
         x = x_of(i)
@@ -330,15 +328,14 @@ def nice_ticks(low: float, high: float, most: int = 10) -> list[float]:
     return [round((first + i) * step, 12) for i in range(count)]
 
 
-def _tick_text(value: float, span: float) -> str:
-    """A tick's number with as many decimals as the ticks' step needs."""
-    step = nice_ticks(0.0, span)
+def tick_texts(ticks: Sequence[float]) -> list[str]:
+    """The ticks' numbers, each with as many decimals as their step needs."""
     decimals = 0
-    if len(step) > 1:
-        gap = step[1] - step[0]
+    if len(ticks) > 1:
+        gap = ticks[1] - ticks[0]
         while decimals < 6 and abs(round(gap, decimals) - gap) > 1e-9 * max(gap, 1.0):
             decimals += 1
-    return f"{value:.{decimals}f}"
+    return [f"{tick:.{decimals}f}" for tick in ticks]
 
 
 def rgb(color: str) -> tuple[int, int, int]:

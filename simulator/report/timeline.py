@@ -535,8 +535,17 @@ def full_iteration(
     of [T, T + Δ), each Δ later than the one before, then the rest k Δ later
     (run/fastforward.py: the proof). An interval across T or T + Δ is cut there; pieces
     of no length are left out. Unchanged without a fast-forward."""
+    found = _copied(starts, ends, ff)
+    return found[0], found[1]
+
+
+def _copied(
+    starts: np.ndarray, ends: np.ndarray, ff: FastForward | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`full_iteration`'s pieces and the copy each belongs to: 0 up to T + Δ, j for the
+    j-th copy of [T, T + Δ), k for the rest (all 0 without a fast-forward)."""
     if ff is None or ff.periods_skipped == 0 or not len(starts):
-        return starts, ends
+        return starts, ends, np.zeros(len(starts), np.int64)
     first, period, k = ff.proved_at_s, ff.period_s, ff.periods_skipped
     cut = first + period
     head = starts < cut
@@ -546,14 +555,22 @@ def full_iteration(
     window_ends = np.minimum(ends[inside], cut)
     kept = window_ends > window_starts
     window_starts, window_ends = window_starts[kept], window_ends[kept]
-    shifts = period * np.arange(1, k + 1, dtype=np.float64)[:, None]
+    copy = np.arange(1, k + 1, dtype=np.int64)[:, None]
+    shifts = period * copy.astype(np.float64)
     tail = ends > cut
     tail_starts = np.maximum(starts[tail], cut) + k * period
     tail_ends = ends[tail] + k * period
     out_starts = np.concatenate([head_starts, (window_starts + shifts).ravel(), tail_starts])
     out_ends = np.concatenate([head_ends, (window_ends + shifts).ravel(), tail_ends])
+    out_copy = np.concatenate(
+        [
+            np.zeros(len(head_starts), np.int64),
+            np.broadcast_to(copy, (k, len(window_starts))).ravel(),
+            np.full(len(tail_starts), k, np.int64),
+        ]
+    )
     kept = out_ends > out_starts
-    return out_starts[kept], out_ends[kept]
+    return out_starts[kept], out_ends[kept], out_copy[kept]
 
 
 def _pixel_kinds(share: np.ndarray, pixels: int, empty: int) -> np.ndarray:
@@ -691,25 +708,13 @@ def microbatch_labels(view: TimelineView) -> list[tuple[float, float, str, str]]
 
 def _pieces(sp: Span, ff: FastForward | None) -> list[tuple[int, str, float, float, int, str]]:
     """A compute span as (GPU, label, start, end, micro-batch, kind) pieces of the whole
-    iteration: itself without a fast-forward, else its pieces as `full_iteration` cuts
-    and copies them, each copy's micro-batch ``q`` later than the one before (its label
-    renumbered)."""
-    found = [(0, sp.start_s, sp.end_s)]
-    if ff is not None and ff.periods_skipped:
-        first, period, k = ff.proved_at_s, ff.period_s, ff.periods_skipped
-        cut, start, end = first + period, sp.start_s, sp.end_s
-        found = [(0, start, min(end, cut))] if start < cut else []
-        low, high = max(start, first), min(end, cut)
-        if start < cut and high > low:
-            found += [(j, low + j * period, high + j * period) for j in range(1, k + 1)]
-        if end > cut:
-            found.append((k, max(start, cut) + k * period, end + k * period))
+    iteration, as `full_iteration` cuts and copies it (itself without a fast-forward),
+    each copy's micro-batch ``q`` later than the one before (its label renumbered)."""
+    starts, ends, copies = _copied(np.array([sp.start_s]), np.array([sp.end_s]), ff)
     q = 0 if ff is None else ff.period_microbatches
     number = str(sp.microbatch)
     out = []
-    for j, start, end in found:
-        if end <= start and j:
-            continue
+    for start, end, j in zip(starts.tolist(), ends.tolist(), copies.tolist(), strict=True):
         microbatch, label = sp.microbatch + j * q, sp.label
         if j and label[1:].startswith(number):
             label = label[:1] + str(microbatch) + label[1 + len(number) :]
