@@ -27,6 +27,7 @@ from . import collectives
 from .collectives import Edge, Fabric, LayoutError
 
 if TYPE_CHECKING:
+    from .classes import Partition
     from .congruent import RankLinks
 
 # StageComm.expert's cache key: (group, kind, message bytes, offset), then the
@@ -133,6 +134,8 @@ class StageComm:
         self.group = group
         self.exact = (not scenario.network.symmetry or joint is not None) and not group
         self.exclude, self.joint = exclude, joint
+        # class mode (classes.ClassComm): the lanes' classes of GPUs; None elsewhere
+        self.partition: Partition | None = None
         # mixed mode: data-parallel collectives are rendezvous of the representative's
         # lane and the lanes of the excluded replicas; ``split``: the (replica, stage)
         # TP groups of those that have a lane per GPU (the others one lane each)

@@ -39,6 +39,11 @@ class GpuOps:
         self.copies = 1
         if comm.group and comm.ranks is not None:
             self.stands_for, self.copies = 1, placement.tensor
+        partition = comm.partition
+        if partition is not None:  # class mode (classes.py): (rank class j, replica class d)
+            ranks, replicas = partition.ranks[j], partition.replicas[d]
+            self.gpu = placement.gpu(ranks[0], replicas[0], self.stage)
+            self.stands_for = len(ranks) * len(replicas)
         self._num_collectives: dict[str, int] = {}  # by op kind: TP_COMM, DP_SYNC
         self.lane = self.new_lane(COMPUTE_STREAM)
 

@@ -44,6 +44,7 @@ from stepsim.schedules.p2p import (
     Call,
 )
 
+from ..comm.classes import ClassComm, Partition
 from ..comm.collectives import Fabric
 from ..comm.congruent import NotCongruent, RankLinks, collapsible
 from ..comm.placement import StageComm, placement_of
@@ -51,6 +52,7 @@ from ..cost.compute import ComputeModel, OverlapGemms
 from ..cost.kernels import ZERO, Work
 from ..cost.orders import stage_orders
 from ..cost.params import rank_moe_flags
+from ..ir.flows import Members
 from ..ir.keys import AsyncTpKey, PipelineKey
 from ..ir.ops import Workload, WorkloadBuilder
 from ..ir.units import us_to_s
@@ -118,6 +120,28 @@ def lower(
             pass  # two ranks' transfers unlike: every GPU its own lane
     share = share and shareable(scenario)
     return _lower(scenario, cluster, touched, split, share=share, memo=memo)
+
+
+def lower_classes(scenario: Scenario, cluster, partition: Partition, members: Members) -> Workload:
+    """Class mode (comm/classes.py): a lane per class of each stage's GPUs, named and met
+    as exact mode's GPU (rank class, replica class); ``members`` receives what each
+    coupled transfer is made of, for the network's certificate."""
+    placement = placement_of(scenario)
+    fabric = Fabric.of(
+        cluster,
+        us_to_s(scenario.cluster.collective_base_latency_us),
+        scenario.cluster.nvls_fraction,
+    )
+    compute = ComputeModel(scenario)
+    builder = WorkloadBuilder()
+    orders = stage_orders(scenario)
+    items = p2p_items(scenario, orders)
+    for stage, order in enumerate(orders):
+        comm = ClassComm(scenario, fabric, placement, stage, partition, members)
+        for d in range(len(partition.replicas)):
+            for j in range(len(partition.ranks)):
+                _Stage(GpuOps(builder, comm, j, d), scenario, compute).lower(order, items[stage])
+    return builder.build()
 
 
 def _lower(

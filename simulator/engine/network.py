@@ -29,7 +29,7 @@ from heapq import heappush
 import simpy
 from simpy.events import NORMAL
 
-from ..ir.flows import Collective, Interval, Transfer
+from ..ir.flows import Collective, Interval, Members, Transfer, Uncertified
 from .events import Callback, after, queue_of
 from .maxmin import max_min
 
@@ -68,20 +68,76 @@ class Network:
     when it has finished (a callback rather than a simpy event: one event less per
     transfer, and the engine's lanes are driven by callbacks too)."""
 
-    def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
+    def __init__(
+        self,
+        env: simpy.Environment,
+        capacities: Sequence[float],
+        members: Members | None = None,
+    ) -> None:
         self.env = env  # the engine's, or one that simpy processes share (tests, scripts)
         self._after = after(env)
         # read only: a list is kept as given (a cluster's, megabytes at 100,000 GPUs)
         self.capacities = capacities if type(capacities) is list else list(capacities)
         self.num_transfers = 0
         self.intervals: list[Interval] = []  # every stretch of constant rate, for link stats
+        # class mode (comm/classes.py): the members of its coupled transfers, whose rates
+        # are certified wherever they are set (`certify_alone`, `certify`); None elsewhere
+        self.members = members
+        self._alone_certified: set[int] = set()  # links tuples, by identity
 
     @classmethod
-    def factory(cls, capacities: Sequence[float]) -> NetworkFactory:
+    def factory(cls, capacities: Sequence[float], members: Members | None = None) -> NetworkFactory:
         """This model over links of these capacities (bytes/s, by link index), made when
         a simulation starts: the network runs on the engine's clock, which the engine
-        creates (see engine.core.simulate)."""
-        return partial(cls, capacities=capacities)
+        creates (see engine.core.simulate). ``members``: class mode's (`certify`)."""
+        return partial(cls, capacities=capacities, members=members)
+
+    def certify_alone(self, links: tuple[int, ...], mults: tuple[float, ...]) -> None:
+        """Class mode: a coupled transfer alone on its links runs at its tightest link's
+        share, which holds a member only if one of that member's links is that tight
+        (the certificate, `certify`, with no other flow). Raises Uncertified otherwise."""
+        members = self.members
+        if members is None or id(links) in self._alone_certified:
+            return
+        entry = members.get(id(links))
+        if entry is not None:
+            capacities = self.capacities
+            share = [capacities[link] / mult for link, mult in zip(links, mults, strict=True)]
+            rate = min(share)
+            tight = {link for link, s in zip(links, share, strict=True) if s <= rate * _HELD}
+            _check(entry[1], tight)
+            self._alone_certified.add(id(links))
+
+    def certify(self, flows: Sequence[_Flow], rates: Sequence[float]) -> None:
+        """Class mode: every member of a coupled transfer among ``flows`` (a recompute's
+        component, so every flow on their links) held at the transfer's rate by a link
+        of its own that is saturated and on which no flow is faster (Bertsekas and
+        Gallager's max-min certificate, within `CERTIFY_RTOL`). Raises Uncertified for
+        the first transfer whose members are not all held."""
+        members = self.members
+        assert members is not None  # called in class mode only
+        watched = [
+            (flow, rate)
+            for flow, rate in zip(flows, rates, strict=True)
+            if id(flow.links) in members
+        ]
+        if not watched:
+            return
+        load: dict[int, float] = {}
+        fastest: dict[int, float] = {}
+        for flow, rate in zip(flows, rates, strict=True):
+            for link, mult in zip(flow.links, flow.mults, strict=True):
+                load[link] = load.get(link, 0.0) + mult * rate
+                if rate > fastest.get(link, 0.0):
+                    fastest[link] = rate
+        capacities = self.capacities
+        for flow, rate in watched:
+            held = {
+                link
+                for link in flow.links
+                if load[link] >= capacities[link] * _SATURATED and rate * _HELD >= fastest[link]
+            }
+            _check(members[id(flow.links)][1], held)
 
     def start(self, transfer: Transfer | Collective, on_done: Callback) -> None:
         if type(transfer) is not Transfer:
@@ -116,6 +172,27 @@ class Network:
 
 # Makes a network on the engine's clock: ``Network.factory(capacities)``.
 NetworkFactory = Callable[[simpy.Environment], Network]
+
+
+# Class mode's certificate: a link is saturated within this relative tolerance of its
+# capacity, and a flow as fast as another within it. The rates are progressive
+# filling's, whose roundings are near 1e-15; a looser test only splits a class that
+# need not have split (more lanes, the same result), a tighter one could miss nothing.
+CERTIFY_RTOL = 1e-9
+_SATURATED = 1 - CERTIFY_RTOL
+_HELD = 1 + CERTIFY_RTOL
+
+
+def _check(entry, held: set[int]) -> None:
+    """Raise Uncertified unless every member (its links, its GPUs) has a link in ``held``."""
+    holders = [gpus for own, gpus in entry if not own.isdisjoint(held)]
+    if len(holders) < len(entry):
+        others = [gpus for own, gpus in entry if own.isdisjoint(held)]
+        raise Uncertified(
+            frozenset(g for gpus in holders for g in gpus),
+            frozenset(g for gpus in others for g in gpus),
+            f"{len(others)} of {len(entry)} members of a class transfer would run faster alone",
+        )
 
 
 def solo_rate_bytes_per_s(
@@ -193,8 +270,13 @@ class _Alone:
 
 
 class FairShareNetwork(Network):
-    def __init__(self, env: simpy.Environment, capacities: Sequence[float]) -> None:
-        super().__init__(env, capacities)
+    def __init__(
+        self,
+        env: simpy.Environment,
+        capacities: Sequence[float],
+        members: Members | None = None,
+    ) -> None:
+        super().__init__(env, capacities, members)
         # (each distinct capacity once: a cluster's links have a handful)
         assert all(0 < c < float("inf") for c in set(self.capacities)), (
             "link capacities must be finite"
@@ -252,6 +334,8 @@ class FairShareNetwork(Network):
             self._start_later(flow)
             return
         # onto idle, unclaimed links: the flow claims them and runs alone
+        if self.members is not None:
+            self.certify_alone(flow.links, flow.mults)
         flow.claimed = True
         self._busy.update(flow.links)
         self._claimant.update(dict.fromkeys(flow.links, flow))
@@ -288,6 +372,8 @@ class FairShareNetwork(Network):
         timing = self._alone_timing.get(id(transfer))
         if timing is None:
             timing = self._alone_timing_entry(transfer)
+            if self.members is not None:
+                self.certify_alone(transfer.links, transfer.mults)
         rate = timing[1]
         if rate == 0.0:  # no bytes or no links: its latency only
             self._after(transfer.latency_s, on_done)
@@ -381,6 +467,8 @@ class FairShareNetwork(Network):
         if self._add(flow):
             # Nothing else on its links: max-min gives the solo rate, no recompute needed.
             # A flow joining later (even at this instant) marks the links and re-rates it.
+            if self.members is not None:
+                self.certify_alone(flow.links, flow.mults)
             self._set_rate(flow, flow.solo_rate)
         else:
             self._mark_dirty(flow.links)
@@ -476,9 +564,10 @@ class FairShareNetwork(Network):
             self._close_interval(flow, now)
             flow.bytes_left -= flow.rate * (now - flow.updated_s)
             flow.updated_s = now
-        for flow, rate in zip(
-            flows, max_min(flows, self.capacities, self._structures), strict=True
-        ):
+        rates = max_min(flows, self.capacities, self._structures)
+        if self.members is not None:
+            self.certify(flows, rates)
+        for flow, rate in zip(flows, rates, strict=True):
             if rate != flow.rate:
                 self._set_rate(flow, rate)
 

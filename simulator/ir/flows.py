@@ -43,3 +43,21 @@ class Interval(NamedTuple):
     rate_bytes_per_s: float
     start_s: float
     end_s: float
+
+
+# Class mode (comm/classes.py): what a coupled transfer of several exact-mode flows is
+# made of, by the identity of its ``links`` tuple: that tuple (kept, so the identity
+# stays unique) and, per member flow, its links and its GPUs.
+Member = tuple[frozenset[int], tuple[int, ...]]
+Members = dict[int, tuple[tuple[int, ...], tuple[Member, ...]]]
+
+
+class Uncertified(Exception):
+    """A coupled transfer of class mode whose members would not all run as one: some hold
+    it at its rate (a saturated link of theirs on which no flow is faster: the max-min
+    certificate), the others would run otherwise (``violators``; their GPUs), or their
+    routes differ in shape. The run is lowered again with the classes split."""
+
+    def __init__(self, holders: frozenset[int], violators: frozenset[int], why: str) -> None:
+        super().__init__(why)
+        self.holders, self.violators = holders, violators

@@ -303,6 +303,15 @@ class SweepPoint(NamedTuple):
         }
 
 
+class ClassRun(NamedTuple):
+    """How class mode (comm/classes.py) ran: its classes of tensor ranks and of replicas
+    when the certificate held, and how many runs it took to find them."""
+
+    ranks: tuple[tuple[int, ...], ...]
+    replicas: tuple[tuple[int, ...], ...]
+    runs: int
+
+
 class Result(NamedTuple):
     scenario: Scenario
     cluster: AnyCluster
@@ -310,6 +319,7 @@ class Result(NamedTuple):
     trace: Trace
     memory: list[StageMemory]
     metrics: Metrics
+    classes: ClassRun | None = None  # class mode's classes; None in every other mode
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

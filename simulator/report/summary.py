@@ -279,7 +279,15 @@ def perturbation_lines(result: Result) -> list[str]:
     s, m = result.scenario, result.metrics
     lines = ["", "  perturbations"]
     lines += [f"    {i + 1}. {text}" for i, text in enumerate(m.perturbations)]
-    if s.network.symmetry:
+    if result.classes is not None:
+        c = result.classes
+        lines.append(
+            f"    symmetric mode, in classes: {len(c.ranks) * len(c.replicas)} classes of GPUs "
+            f"a stage ({len(c.ranks)} of tensor ranks x {len(c.replicas)} of replicas) ran "
+            f"alike, found in {c.runs} run{'s' if c.runs > 1 else ''}: every class transfer's "
+            f"members held at its rate (the max-min certificate): exact mode's result, to rounding"
+        )
+    elif s.network.symmetry:
         placement = placement_of(s)
         lanes = compute_lanes(result.workload.lanes)
         replicas = sorted({placement.replica_of(lane.gpu) for lane in lanes} - {0})

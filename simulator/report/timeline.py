@@ -97,7 +97,9 @@ def timeline_view(result: Result, idle: IdleMap | None = None) -> TimelineView:
         lanes = sorted([*first.values(), *extra], key=lambda lane: lane.stage)
         touched = result.scenario.perturbations and result.scenario.network.symmetry
         rows_note = (
-            "the first GPU of each stage, for its untouched replicas"
+            "each stage's first class of GPUs that ran alike, by its first GPU"
+            if result.classes is not None
+            else "the first GPU of each stage, for its untouched replicas"
             if touched
             else "the first GPU of each stage, all simulated"
         ) + ("; and each perturbed GPU" if extra else "")

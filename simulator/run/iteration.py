@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterator
+import itertools
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 
@@ -21,14 +22,18 @@ from stepsim.topologies import (
 )
 from stepsim.topologies.describe import LINK_ROLES, link_name
 
+from ..comm.classes import Partition
 from ..comm.collectives import LayoutError
 from ..comm.congruent import collapsible, exact_transfers
+from ..comm.placement import placement_of
 from ..cost.memory import out_of_memory, stage_memory
 from ..cost.orders import inflight_per_stage, stage_orders
-from ..emit.lowering import lower
+from ..emit.lowering import lower, lower_classes
 from ..engine.core import simulate, simulate_totals
 from ..engine.network import AnalyticalNetwork, FairShareNetwork
-from ..ir.results import LinkLoad, Result, StageMemory, Trace
+from ..ir.flows import Members, Uncertified
+from ..ir.ops import Workload
+from ..ir.results import ClassRun, LinkLoad, Result, StageMemory, Trace
 from ..ir.units import gbps_to_bytes_per_s, gbytes_per_s_to_bytes_per_s, us_to_s
 from ..ir.vocabulary import ANALYTICAL, FAIR_SHARE, IDLE_TIME
 from ..report.linkstats import Utilization, link_utilization, utilization_over_time
@@ -36,7 +41,7 @@ from ..report.metrics import summarize, tally
 from ..scenario import ClusterSpec, Scenario, ScenarioError, limits
 from . import fastforward
 from .bubble import PASS_OF_KIND, idle_causes, pass_times
-from .perturb import Perturbation
+from .perturb import Perturbation, needs_whole_cluster
 
 # the network model a scenario names (network.model), as the engine's network
 NETWORKS = {FAIR_SHARE: FairShareNetwork, ANALYTICAL: AnalyticalNetwork}
@@ -153,6 +158,8 @@ def _run(
     """`run` without the idle split."""
     # symmetric mode simulates the representative GPUs: the pattern is enough
     cluster = build_cluster(scenario.cluster, pattern=scenario.network.symmetry)
+    if needs_whole_cluster(scenario, cluster):  # class mode reroutes every GPU's flows
+        cluster = build_cluster(scenario.cluster)
     # the scenario's what-ifs, applied at each step below (run/perturb.py)
     perturbation = Perturbation.of(scenario, cluster)
     capacities = cluster.capacities
@@ -175,16 +182,22 @@ def _run(
                 if progress is not None:
                     progress(1.0)
                 return _fast_forwarded(scenario, cluster, plan)
+            workload: Workload | None = None
             if perturbation is None:
                 workload = lower(scenario, cluster, collapse=collapse, memo=memo)
-            else:
+            elif not perturbation.classes:
                 workload = perturbation.lower(collapse)
         except LayoutError as exc:  # the layout the user chose: their one-line error
             raise ScenarioError(str(exc)) from None
         blame = perturbation is not None
         # the seconds per category and spans counted as they ended (no spans kept)
         totals: tuple[dict[tuple[int, str], dict[str, float]], int] | None = None
-        if spans or any(lane.copies != 1 for lane in workload.lanes):
+        classes = None
+        if workload is None:  # class mode: lowered and run until its classes hold
+            workload, trace, totals, classes = _in_classes(
+                scenario, cluster, capacities, progress, spans
+            )
+        elif spans or any(lane.copies != 1 for lane in workload.lanes):
             trace = simulate(workload, network=network, progress=progress, blame=blame)
         else:
             trace, seconds, num_spans = simulate_totals(
@@ -207,8 +220,43 @@ def _run(
             counted=counted,
         )
         if perturbation is not None:
-            metrics = perturbation.explained(metrics, workload, trace.waits)
-    return Result(scenario, cluster, workload, trace, memory, metrics)
+            metrics = perturbation.explained(metrics, workload, trace.waits, classes)
+    return Result(scenario, cluster, workload, trace, memory, metrics, classes)
+
+
+def _in_classes(
+    scenario: Scenario,
+    cluster,
+    capacities: Sequence[float],
+    progress: Callable[[float], None] | None,
+    spans: bool,
+) -> tuple[Workload, Trace, tuple[dict[tuple[int, str], dict[str, float]], int] | None, ClassRun]:
+    """Class mode (comm/classes.py): from one class of every GPU of a stage, lower and
+    simulate, and where a class transfer's members would not run as one (the network's
+    certificate, or unlike routes), split the classes and start again. Each split adds a
+    class of tensor ranks or of replicas, so it ends within T + D runs (at worst exact
+    mode's lane per GPU); the run whose certificate held is exact mode's, to rounding."""
+    placement = placement_of(scenario)
+    partition = Partition.whole(placement)
+    model = NETWORKS[scenario.network.model]
+    for runs in itertools.count(1):
+        members: Members = {}
+        found = ClassRun(partition.ranks, partition.replicas, runs)
+        try:
+            workload = lower_classes(scenario, cluster, partition, members)
+            network = model.factory(capacities, members)
+            if spans:
+                trace = simulate(workload, network=network, progress=progress, blame=True)
+                return workload, trace, None, found
+            trace, seconds, num_spans = simulate_totals(
+                workload, network=network, progress=progress, blame=True
+            )
+            return workload, trace, (seconds, num_spans), found
+        except Uncertified as why:
+            partition = partition.refined(placement, why)
+        except LayoutError as exc:
+            raise ScenarioError(str(exc)) from None
+    raise AssertionError("unreachable: itertools.count does not end")
 
 
 def _fast_forwarded(scenario: Scenario, cluster, plan: fastforward.Plan) -> Result:

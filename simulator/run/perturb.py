@@ -32,9 +32,9 @@ from stepsim.topologies.detour import Detour
 from ..comm.placement import placement_of
 from ..emit.lowering import lower
 from ..ir.ops import Workload
-from ..ir.results import Metrics, StageMemory, Wait, WaitCause
+from ..ir.results import ClassRun, Metrics, StageMemory, Wait, WaitCause
 from ..ir.units import bytes_to_gib
-from ..ir.vocabulary import COMPUTE_KINDS
+from ..ir.vocabulary import COMPUTE_KINDS, FAIR_SHARE
 from ..scenario import Scenario, ScenarioError
 from ..scenario.hardware import GPUS
 from ..scenario.perturbation import (
@@ -57,7 +57,12 @@ class Perturbation:
 
     def __init__(self, scenario: Scenario, cluster: AnyCluster) -> None:
         self.scenario, self.cluster = scenario, cluster
-        self.touched, self.split = fast_path(scenario, cluster)
+        # symmetric mode, a switch-to-switch link: class mode (comm/classes.py)
+        self.classes = in_classes(scenario, cluster)
+        self.touched: frozenset[int] = frozenset()
+        self.split: frozenset[tuple[int, int]] = frozenset()
+        if not self.classes:
+            self.touched, self.split = fast_path(scenario, cluster)
         fail_links(scenario, cluster)
 
     @classmethod
@@ -82,12 +87,18 @@ class Perturbation:
     def memory_problem(self, memory: list[StageMemory]) -> str | None:
         return memory_problem(self.scenario, memory)
 
-    def explained(self, metrics: Metrics, workload: Workload, waits: Sequence[Wait]) -> Metrics:
+    def explained(
+        self,
+        metrics: Metrics,
+        workload: Workload,
+        waits: Sequence[Wait],
+        classes: ClassRun | None = None,
+    ) -> Metrics:
         """``metrics`` with the waits by cause and the perturbations as the summary
-        lists them."""
+        lists them (``classes``: class mode's, whose lanes are classes of GPUs)."""
         return replace(
             metrics,
-            waits=wait_causes(self.scenario, self.cluster, workload, waits),
+            waits=wait_causes(self.scenario, self.cluster, workload, waits, classes),
             perturbations=described(self.scenario, self.cluster),
         )
 
@@ -285,6 +296,77 @@ def described(scenario: Scenario, cluster) -> tuple[str, ...]:
 
 
 # -- symmetric mode: which replicas leave the representative ---------------------------
+
+
+def between_switches(scenario: Scenario, cluster) -> list[PerturbationSpec]:
+    """The perturbations of a link between switches (a leaf's uplink, say): their
+    traffic is many replicas', which the fast path cannot split."""
+    gpn = scenario.cluster.gpus_per_node
+    out = []
+    for p in scenario.perturbations:
+        if p.kind == SLOW_LINK:
+            assert p.link is not None  # a slow_link names its link (the rules)
+            links = cable(cluster, p.link, p, scenario)
+            if _node_of(cluster.links[links[0]], gpn) is None:
+                out.append(p)
+    return out
+
+
+def in_classes(scenario: Scenario, cluster) -> bool:
+    """Whether symmetric mode runs the scenario in class mode (comm/classes.py): a link
+    between switches is perturbed. Class mode takes only what acts on links (slow or
+    failed links and NICs) and the layouts the fast path takes; a one-line error for
+    the rest. It needs the whole cluster drawn (`needs_whole_cluster`)."""
+    if not scenario.network.symmetry or not scenario.perturbations:
+        return False
+    switched = between_switches(scenario, cluster)
+    if not switched:
+        return False
+    off = "; set network.symmetry = false (exact mode) for it"
+    what = named(scenario, switched[0])
+    others = [p for p in scenario.perturbations if p.kind not in (SLOW_LINK, SLOW_NIC)]
+    if others:
+        raise ScenarioError(
+            f"{what}: a link between switches is simulated by classes of GPUs that run "
+            f"alike, which take only link perturbations; {named(scenario, others[0])} "
+            f"acts on a GPU{off}",
+            key="network.symmetry",
+            value=True,
+        )
+    if scenario.network.model != FAIR_SHARE:
+        # the analytical model runs each transfer as if alone: a class transfer's
+        # members would share its links where exact mode's transfers do not
+        raise ScenarioError(
+            f"{what}: a link between switches in symmetric mode is simulated by classes of "
+            f"GPUs, which need network.model = 'fair-share'{off}",
+            key="network.model",
+            value=scenario.network.model,
+        )
+    training = scenario.training
+    if (
+        scenario.parallel.cp_size > 1
+        or scenario.model.moe
+        or training.data_parallel_sharding == "full"
+        or training.offloaded_layers
+    ):
+        raise ScenarioError(
+            f"{what}: a link between switches in symmetric mode needs a layout without "
+            f"context or expert parallelism, FSDP (data_parallel_sharding='full') or "
+            f"activation offloading{off}",
+            key="network.symmetry",
+            value=True,
+        )
+    return True
+
+
+def needs_whole_cluster(scenario: Scenario, cluster) -> bool:
+    """Whether a run on ``cluster`` (a pattern cluster: symmetric mode's) must draw the
+    whole graph instead: class mode routes every GPU's flows around a failed cable."""
+    return (
+        scenario.network.symmetry
+        and bool(scenario.perturbations)
+        and bool(between_switches(scenario, cluster))
+    )
 
 
 def fast_path(scenario: Scenario, cluster) -> tuple[frozenset[int], frozenset[tuple[int, int]]]:
@@ -507,12 +589,17 @@ def touching(scenario: Scenario, cluster) -> dict[int, list[str]]:
     return out
 
 
-def wait_causes(scenario: Scenario, cluster, workload: Workload, waits) -> tuple[WaitCause, ...]:
+def wait_causes(
+    scenario: Scenario, cluster, workload: Workload, waits, classes: ClassRun | None = None
+) -> tuple[WaitCause, ...]:
     """GPU-seconds lost waiting at collectives (engine Trace.waits), summed by the
     data-parallel replica of the last arriver, named with the perturbations touching a
     GPU of that replica (replicas meet only at data-parallel collectives, so a late
-    replica is late by what touches it); most first."""
+    replica is late by what touches it); most first. In class mode (``classes``) by the
+    last arriver's class of GPUs instead."""
     lanes = workload.lanes
+    if classes is not None:
+        return _class_waits(scenario, workload, waits, classes)
     placement = placement_of(scenario)
     touched = touching(scenario, cluster)
     by_replica: dict[int, set[str]] = {}
@@ -541,3 +628,44 @@ def wait_causes(scenario: Scenario, cluster, workload: Workload, waits) -> tuple
         top = min(per_gpu, key=lambda g: (-per_gpu[g], g))
         out.append(WaitCause(label, replica, top, sum(per_gpu.values())))
     return tuple(sorted(out, key=lambda w: (-w.gpu_seconds, w.replica)))
+
+
+def _class_waits(
+    scenario: Scenario, workload: Workload, waits, classes: ClassRun
+) -> tuple[WaitCause, ...]:
+    """`wait_causes` in class mode: by the last arriver's class (its tensor ranks and
+    replicas), whose GPUs ran alike; a link perturbation touches no GPU of its own."""
+    lanes, placement = workload.lanes, placement_of(scenario)
+    by_class: dict[tuple[int, int], float] = {}
+    for w in waits:
+        gpu = lanes[w.cause].gpu
+        key = (
+            classes_of(classes.ranks, gpu % placement.tensor),
+            classes_of(classes.replicas, placement.replica_of(gpu)),
+        )
+        by_class[key] = by_class.get(key, 0.0) + w.seconds * lanes[w.lane].stands_for
+    out = []
+    for (a, b), seconds in by_class.items():
+        ranks, replicas = classes.ranks[a], classes.replicas[b]
+        label = (
+            f"tensor ranks {runs_of(ranks)} of replicas {runs_of(replicas)} "
+            f"({len(ranks) * len(replicas)} GPUs a stage that ran alike)"
+        )
+        out.append(WaitCause(label, replicas[0], placement.gpu(ranks[0], replicas[0], 0), seconds))
+    return tuple(sorted(out, key=lambda w: (-w.gpu_seconds, w.replica, w.gpu)))
+
+
+def classes_of(classes: tuple[tuple[int, ...], ...], member: int) -> int:
+    """The index of the class holding ``member``."""
+    return next(i for i, members in enumerate(classes) if member in members)
+
+
+def runs_of(values: Sequence[int]) -> str:
+    """Sorted integers as runs: 0-3, 7, 9-12."""
+    runs: list[list[int]] = []
+    for v in values:
+        if runs and v == runs[-1][1] + 1:
+            runs[-1][1] = v
+        else:
+            runs.append([v, v])
+    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
