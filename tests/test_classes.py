@@ -229,3 +229,17 @@ def test_a_partition_of_single_gpus_is_exact_modes():
         seen.add(p.size())
     assert p.ranks == ((0,), (1,)) and p.replicas == ((0,), (1,))
     assert dataclasses.astuple(p) == (((0,), (1,)), ((0,), (1,)))
+
+
+def test_refinement_splits_where_holders_and_violators_meet():
+    """Holders over every rank and replica (ranks 1-3 everywhere, rank 0 of replicas 2
+    and 3) but meeting the violators (rank 0 of replicas 0 and 1) only in class (rank 0,
+    replicas 1-3): that class's replicas split; a failure split already changes nothing."""
+    placement = Placement(tensor=4, data=4, pipeline=1)
+    p = Partition(((0,), (1, 2, 3)), ((0,), (1, 2, 3)))
+    holders = frozenset({8, 12} | {t + 4 * d for t in (1, 2, 3) for d in range(4)})
+    split = p.refined(placement, Uncertified(holders, frozenset({0, 4}), ""))
+    assert split.ranks == p.ranks
+    assert split.replicas == ((0,), (1,), (2, 3))
+    apart = Uncertified(frozenset({1, 2}), frozenset({0}), "")  # rank 0 against ranks 1, 2
+    assert split.refined(placement, apart) is split

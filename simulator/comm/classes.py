@@ -23,10 +23,13 @@ rate. So the network checks, wherever it gives a class transfer a rate, that eve
 member is held at that rate by a saturated link of its own on which no flow runs faster
 (the max-min certificate; engine/network.py): then the rates are exact mode's
 (Bertsekas and Gallager, *Data Networks*, 2nd ed., 1992, Sec. 6.5.2: max-min fair rates
-are the only feasible ones with that property). Where a member is not held, the run
-stops (`ir.flows.Uncertified`), the partition is split between the members that hold
-it and the others (`Partition.refined`), and the run starts again (run/iteration.py),
-until no class splits: the result is exact mode's, to rounding.
+are the only feasible ones with that property). Where a member is not held, the
+network notes it (`ir.flows.Uncertified`) and the run goes on (its rates are no longer
+exact mode's, but its later failures point at more classes to split); then the
+partition is split between the members that held and the others, failure by failure
+(`Partition.refined`), and the run starts again (run/iteration.py `_in_classes`). Only
+a run with no failure is the result: exact mode's, to rounding. Each split adds a class,
+so it ends within T + D runs (at worst a lane per GPU, exact mode itself).
 """
 
 from __future__ import annotations
@@ -57,36 +60,59 @@ class Partition:
 
     def refined(self, placement: Placement, error: Uncertified) -> Partition:
         """Split so that the members that held their transfer (``error.holders``) and those
-        that did not fall into other classes: the rank class and the replica class of the
-        holders split between their ranks (replicas) and the rest. Where neither splits
-        (holders and violators share every rank and replica), the first violator's
-        replica, else its rank, leaves its class. Each call adds a class."""
-        ranks, replicas = (
-            _split(self.ranks, {g % placement.tensor for g in error.holders}),
-            _split(self.replicas, {placement.replica_of(g) for g in error.holders}),
-        )
+        that did not (``error.violators``) fall into other classes. In the first class
+        that holds both, its rank class splits between the holders' ranks and the rest,
+        and its replica class between their replicas and the rest; where neither splits
+        (holders and violators share every rank and replica of it), the first violator's
+        replica, else its rank, leaves. No class holds both (a run's later failure that
+        its earlier ones split already): the partition as it is."""
+        holding: dict[tuple[int, int], list[int]] = {}
+        for g in error.holders:
+            holding.setdefault(self._class_of(placement, g), []).append(g)
+        violating: dict[tuple[int, int], list[int]] = {}
+        for g in error.violators:
+            violating.setdefault(self._class_of(placement, g), []).append(g)
+        both = sorted(set(holding) & set(violating))
+        if not both:
+            return self
+        a, b = both[0]
+        held = holding[both[0]]
+        ranks = _split(self.ranks, a, {g % placement.tensor for g in held})
+        replicas = _split(self.replicas, b, {placement.replica_of(g) for g in held})
         if (ranks, replicas) == (self.ranks, self.replicas):
-            first = min(error.violators)
-            replicas = _split(self.replicas, {placement.replica_of(first)})
+            first = min(violating[both[0]])
+            replicas = _split(self.replicas, b, {placement.replica_of(first)})
             if replicas == self.replicas:
-                ranks = _split(self.ranks, {first % placement.tensor})
+                ranks = _split(self.ranks, a, {first % placement.tensor})
+        # a GPU is one member's (a member is a group, a ring or a pair: none shares a
+        # tensor rank and replica with another), so a class holding both has two GPUs
         assert (ranks, replicas) != (self.ranks, self.replicas), "a refinement splits a class"
         return Partition(ranks, replicas)
+
+    def _class_of(self, placement: Placement, gpu: int) -> tuple[int, int]:
+        """The (rank class, replica class) of a GPU of any stage."""
+        rank, replica = gpu % placement.tensor, placement.replica_of(gpu)
+        return (
+            next(i for i, c in enumerate(self.ranks) if rank in c),
+            next(i for i, c in enumerate(self.replicas) if replica in c),
+        )
 
     def size(self) -> int:
         """Lanes per stage."""
         return len(self.ranks) * len(self.replicas)
 
 
-def _split(classes: tuple[tuple[int, ...], ...], part: set[int]) -> tuple[tuple[int, ...], ...]:
-    """Each class cut into its members in ``part`` and the others (both kept only when
-    neither is empty), in order of first member."""
-    out: list[tuple[int, ...]] = []
-    for members in classes:
-        inside = tuple(m for m in members if m in part)
-        outside = tuple(m for m in members if m not in part)
-        out.extend(c for c in (inside, outside) if c)
-    return tuple(sorted(out))
+def _split(
+    classes: tuple[tuple[int, ...], ...], index: int, part: set[int]
+) -> tuple[tuple[int, ...], ...]:
+    """Class ``index`` cut into its members in ``part`` and the others (both kept only
+    when neither is empty); the classes in order of first member."""
+    members = classes[index]
+    inside = tuple(m for m in members if m in part)
+    outside = tuple(m for m in members if m not in part)
+    if not inside or not outside:
+        return classes
+    return tuple(sorted([*classes[:index], inside, outside, *classes[index + 1 :]]))
 
 
 class ClassComm(StageComm):
@@ -102,24 +128,42 @@ class ClassComm(StageComm):
         stage: int,
         partition: Partition,
         members: Members,
+        built: dict | None = None,
     ) -> None:
         super().__init__(scenario, fabric, placement, stage)
         self.exact = True  # lanes named and met as exact mode's GPU (j, d)
         self.partition = self.classes = partition
         self.members = members
         self._classes: dict[tuple, Collective | None] = {}
+        # each member's own transfer by its GPUs, kept across the runs of one refinement
+        # (their partitions differ, their members' transfers do not)
+        self._built: dict = {} if built is None else built
+
+    def _own(self, kind: str, group: Sequence[int], message_bytes: float) -> Collective | None:
+        """Exact mode's collective of one group (its algorithm chosen for it alone)."""
+        key = (kind, tuple(group), message_bytes)
+        if key not in self._built:
+            self._built[key] = self._collective(kind, [group], message_bytes)
+        return self._built[key]
+
+    def _pair(self, pair: tuple[int, int], nbytes: float) -> Collective:
+        """Exact mode's send of one pair, as a collective of one phase."""
+        key = ("pair", pair, nbytes)
+        if key not in self._built:
+            self._built[key] = (collectives.point_to_point([pair], nbytes, self.fabric),)
+        return self._built[key]
 
     def tp(self, kind: str, d: int) -> Collective | None:
         def parts() -> list[tuple[Sequence[int], Collective | None]]:
             groups = [self.placement.tp_group(r, self.stage) for r in self.classes.replicas[d]]
-            return [(g, self._collective(kind, [g], self.activation_bytes)) for g in groups]
+            return [(g, self._own(kind, g, self.activation_bytes)) for g in groups]
 
         return self._of(("tp", kind, d), parts)
 
     def dp(self, kind: str, message_bytes: float, j: int) -> Collective | None:
         def parts() -> list[tuple[Sequence[int], Collective | None]]:
             groups = [self.placement.dp_group(t, self.stage) for t in self.classes.ranks[j]]
-            return [(g, self._collective(kind, [g], message_bytes)) for g in groups]
+            return [(g, self._own(kind, g, message_bytes)) for g in groups]
 
         return self._of(("dp", kind, message_bytes, j), parts)
 
@@ -133,7 +177,7 @@ class ClassComm(StageComm):
                 for r in self.classes.replicas[d]
                 for t in self.classes.ranks[j]
             ]
-            return [(p, self._collective(ALL_REDUCE, [p], message_bytes)) for p in pairs]
+            return [(p, self._own(ALL_REDUCE, p, message_bytes)) for p in pairs]
 
         return self._of(("tied", other, message_bytes, j, d), parts)
 
@@ -149,7 +193,7 @@ class ClassComm(StageComm):
                 for r in self.classes.replicas[d]
                 for t in self.classes.ranks[j]
             ]
-            return [(p, (collectives.point_to_point([p], nbytes, self.fabric),)) for p in pairs]
+            return [(p, self._pair(p, nbytes)) for p in pairs]
 
         merged = self._of(("send", src, dst, nbytes, j, d), parts)
         assert merged is not None  # a pair's transfer is never None

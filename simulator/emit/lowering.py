@@ -122,10 +122,13 @@ def lower(
     return _lower(scenario, cluster, touched, split, share=share, memo=memo)
 
 
-def lower_classes(scenario: Scenario, cluster, partition: Partition, members: Members) -> Workload:
+def lower_classes(
+    scenario: Scenario, cluster, partition: Partition, members: Members, built: dict | None = None
+) -> Workload:
     """Class mode (comm/classes.py): a lane per class of each stage's GPUs, named and met
     as exact mode's GPU (rank class, replica class); ``members`` receives what each
-    coupled transfer is made of, for the network's certificate."""
+    coupled transfer is made of, for the network's certificate; ``built`` keeps the
+    members' own transfers for the next lowering of the same scenario."""
     placement = placement_of(scenario)
     fabric = Fabric.of(
         cluster,
@@ -137,7 +140,7 @@ def lower_classes(scenario: Scenario, cluster, partition: Partition, members: Me
     orders = stage_orders(scenario)
     items = p2p_items(scenario, orders)
     for stage, order in enumerate(orders):
-        comm = ClassComm(scenario, fabric, placement, stage, partition, members)
+        comm = ClassComm(scenario, fabric, placement, stage, partition, members, built)
         for d in range(len(partition.replicas)):
             for j in range(len(partition.ranks)):
                 _Stage(GpuOps(builder, comm, j, d), scenario, compute).lower(order, items[stage])

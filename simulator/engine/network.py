@@ -73,6 +73,7 @@ class Network:
         env: simpy.Environment,
         capacities: Sequence[float],
         members: Members | None = None,
+        uncertified: list[Uncertified] | None = None,
     ) -> None:
         self.env = env  # the engine's, or one that simpy processes share (tests, scripts)
         self._after = after(env)
@@ -83,19 +84,40 @@ class Network:
         # class mode (comm/classes.py): the members of its coupled transfers, whose rates
         # are certified wherever they are set (`certify_alone`, `certify`); None elsewhere
         self.members = members
+        # what failed the certificate: raised at once (None), or gathered here and the
+        # run left to go on (the rates after it are not exact mode's; class mode's next
+        # run splits them all, and only a run with none is its result)
+        self.uncertified = uncertified
         self._alone_certified: set[int] = set()  # links tuples, by identity
+        self._failed: set[int] = set()  # links tuples (by identity) that failed once
 
     @classmethod
-    def factory(cls, capacities: Sequence[float], members: Members | None = None) -> NetworkFactory:
+    def factory(
+        cls,
+        capacities: Sequence[float],
+        members: Members | None = None,
+        uncertified: list[Uncertified] | None = None,
+    ) -> NetworkFactory:
         """This model over links of these capacities (bytes/s, by link index), made when
         a simulation starts: the network runs on the engine's clock, which the engine
-        creates (see engine.core.simulate). ``members``: class mode's (`certify`)."""
-        return partial(cls, capacities=capacities, members=members)
+        creates (see engine.core.simulate). ``members``, ``uncertified``: class mode's
+        (`certify`)."""
+        return partial(cls, capacities=capacities, members=members, uncertified=uncertified)
+
+    def _uncertified(self, links: tuple[int, ...], error: Uncertified | None) -> None:
+        """A failed certificate: raised, or gathered once per transfer."""
+        if error is None:
+            return
+        if self.uncertified is None:
+            raise error
+        if id(links) not in self._failed:
+            self._failed.add(id(links))
+            self.uncertified.append(error)
 
     def certify_alone(self, links: tuple[int, ...], mults: tuple[float, ...]) -> None:
         """Class mode: a coupled transfer alone on its links runs at its tightest link's
         share, which holds a member only if one of that member's links is that tight
-        (the certificate, `certify`, with no other flow). Raises Uncertified otherwise."""
+        (the certificate, `certify`, with no other flow); Uncertified otherwise."""
         members = self.members
         if members is None or id(links) in self._alone_certified:
             return
@@ -105,15 +127,15 @@ class Network:
             share = [capacities[link] / mult for link, mult in zip(links, mults, strict=True)]
             rate = min(share)
             tight = {link for link, s in zip(links, share, strict=True) if s <= rate * _HELD}
-            _check(entry[1], tight)
+            self._uncertified(links, _check(entry[1], tight))
             self._alone_certified.add(id(links))
 
     def certify(self, flows: Sequence[_Flow], rates: Sequence[float]) -> None:
         """Class mode: every member of a coupled transfer among ``flows`` (a recompute's
         component, so every flow on their links) held at the transfer's rate by a link
         of its own that is saturated and on which no flow is faster (Bertsekas and
-        Gallager's max-min certificate, within `CERTIFY_RTOL`). Raises Uncertified for
-        the first transfer whose members are not all held."""
+        Gallager's max-min certificate, within `CERTIFY_RTOL`); a transfer whose members
+        are not all held is Uncertified (`_uncertified`)."""
         members = self.members
         assert members is not None  # called in class mode only
         watched = [
@@ -137,7 +159,7 @@ class Network:
                 for link in flow.links
                 if load[link] >= capacities[link] * _SATURATED and rate * _HELD >= fastest[link]
             }
-            _check(members[id(flow.links)][1], held)
+            self._uncertified(flow.links, _check(members[id(flow.links)][1], held))
 
     def start(self, transfer: Transfer | Collective, on_done: Callback) -> None:
         if type(transfer) is not Transfer:
@@ -183,16 +205,17 @@ _SATURATED = 1 - CERTIFY_RTOL
 _HELD = 1 + CERTIFY_RTOL
 
 
-def _check(entry, held: set[int]) -> None:
-    """Raise Uncertified unless every member (its links, its GPUs) has a link in ``held``."""
+def _check(entry, held: set[int]) -> Uncertified | None:
+    """Uncertified unless every member (its links, its GPUs) has a link in ``held``."""
     holders = [gpus for own, gpus in entry if not own.isdisjoint(held)]
-    if len(holders) < len(entry):
-        others = [gpus for own, gpus in entry if own.isdisjoint(held)]
-        raise Uncertified(
-            frozenset(g for gpus in holders for g in gpus),
-            frozenset(g for gpus in others for g in gpus),
-            f"{len(others)} of {len(entry)} members of a class transfer would run faster alone",
-        )
+    if len(holders) == len(entry):
+        return None
+    others = [gpus for own, gpus in entry if own.isdisjoint(held)]
+    return Uncertified(
+        frozenset(g for gpus in holders for g in gpus),
+        frozenset(g for gpus in others for g in gpus),
+        f"{len(others)} of {len(entry)} members of a class transfer would run faster alone",
+    )
 
 
 def solo_rate_bytes_per_s(
@@ -275,8 +298,9 @@ class FairShareNetwork(Network):
         env: simpy.Environment,
         capacities: Sequence[float],
         members: Members | None = None,
+        uncertified: list[Uncertified] | None = None,
     ) -> None:
-        super().__init__(env, capacities, members)
+        super().__init__(env, capacities, members, uncertified)
         # (each distinct capacity once: a cluster's links have a handful)
         assert all(0 < c < float("inf") for c in set(self.capacities)), (
             "link capacities must be finite"

@@ -233,29 +233,40 @@ def _in_classes(
 ) -> tuple[Workload, Trace, tuple[dict[tuple[int, str], dict[str, float]], int] | None, ClassRun]:
     """Class mode (comm/classes.py): from one class of every GPU of a stage, lower and
     simulate, and where a class transfer's members would not run as one (the network's
-    certificate, or unlike routes), split the classes and start again. Each split adds a
-    class of tensor ranks or of replicas, so it ends within T + D runs (at worst exact
-    mode's lane per GPU); the run whose certificate held is exact mode's, to rounding."""
+    certificate, gathered over the whole run, or unlike routes), split the classes and
+    start again. Each split adds a class of tensor ranks or of replicas, so it ends
+    within T + D runs (at worst exact mode's lane per GPU); the run whose certificate
+    held throughout is exact mode's, to rounding. The members' own transfers are built
+    once for all the runs."""
     placement = placement_of(scenario)
     partition = Partition.whole(placement)
     model = NETWORKS[scenario.network.model]
+    built: dict = {}  # the members' own transfers, the same in every run
     for runs in itertools.count(1):
         members: Members = {}
+        failed: list[Uncertified] = []  # the run goes on past a failure, gathering them
         found = ClassRun(partition.ranks, partition.replicas, runs)
+        totals = None
         try:
-            workload = lower_classes(scenario, cluster, partition, members)
-            network = model.factory(capacities, members)
+            workload = lower_classes(scenario, cluster, partition, members, built)
+            network = model.factory(capacities, members, failed)
             if spans:
                 trace = simulate(workload, network=network, progress=progress, blame=True)
-                return workload, trace, None, found
-            trace, seconds, num_spans = simulate_totals(
-                workload, network=network, progress=progress, blame=True
-            )
-            return workload, trace, (seconds, num_spans), found
-        except Uncertified as why:
-            partition = partition.refined(placement, why)
+            else:
+                trace, seconds, num_spans = simulate_totals(
+                    workload, network=network, progress=progress, blame=True
+                )
+                totals = (seconds, num_spans)
+        except Uncertified as unlike:  # members of unlike shape, found while lowering
+            failed = [unlike]
         except LayoutError as exc:
             raise ScenarioError(str(exc)) from None
+        if not failed:
+            return workload, trace, totals, found
+        before = partition
+        for error in failed:
+            partition = partition.refined(placement, error)
+        assert partition != before  # the run's first failure splits a class
     raise AssertionError("unreachable: itertools.count does not end")
 
 
