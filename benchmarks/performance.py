@@ -19,14 +19,17 @@ process, median of 3, at the start and again at the end of the sitting), so that
 figures taken on machines or at loads that differ compare: `search` (the 175B /
 1,024-GPU search, `stepsim search gpt3-175b-128nodes --jobs 2`, wall, and the peak
 resident memory of any process in it), `out-json` (`stepsim run --out DIR` against
-`stepsim run --json` on MT-NLG 530B and on the 16,384-GPU dense run) and `mt-nlg`
-(MT-NLG symmetric `stepsim run --json`, the whole process).
+`stepsim run --json` on MT-NLG 530B and on the 16,384-GPU dense run), `mt-nlg`
+(MT-NLG symmetric `stepsim run --json`, the whole process) and `what-if` (the
+16,384-GPU dense run with a leaf's uplink failed, which class mode simulates,
+comm/classes.py, and with one GPU 5 % slow: `stepsim run --json` of a scenario file with
+the `[[perturbation]]` table, written in the child's temporary folder).
 
 `--instructions` counts instead of timing (valgrind's callgrind, one run each, about
 50x slower): each case's whole process, and the reference loop's own instructions (its
 process less one that only starts), so that the ratios do not move with the host's
-speed, which drifted by 2x within minutes on 2026-11-28. `search` is left out there
-(its workers would take most of an hour under valgrind).
+speed, which drifted by 2x within minutes on 2026-11-28. `search` and `what-if` are
+left out there (their processes would take most of an hour under valgrind).
 
     python benchmarks/performance.py --only out-json --instructions   # ~15 min
 
@@ -161,6 +164,17 @@ RATIO_ITEMS: dict[str, dict[str, str]] = {
         "dense-16k-out": "stepsim run dense-16k-h100 --out DIR",
     },
     "mt-nlg": {"mt-nlg-json": "stepsim run mt-nlg-530b-420nodes --json (symmetric)"},
+    "what-if": {
+        "dense-16k-uplink": "stepsim run dense-16k-h100 + leaf 0's uplink to spine 0 failed --json",
+        "dense-16k-straggler": "stepsim run dense-16k-h100 + GPU 43 at 1.05x --json",
+    },
+}
+# what-if cases: dense-16k-h100 with a [[perturbation]] table, written to a scenario file
+# in the child's temporary folder ("{what-if}" in RATIO_CASES). Link 81952 is leaf 0's
+# first uplink, to spine 0 (studies/perturbation.py `first_uplink`, the what-if table's).
+WHAT_IFS = {
+    "dense-16k-uplink": '[[perturbation]]\nkind = "slow_link"\nlink = 81952\ndown = true\n',
+    "dense-16k-straggler": '[[perturbation]]\nkind = "slow_gpu"\ngpu = 43\nfactor = 1.05\n',
 }
 RATIO_CASES: dict[str, list[str]] = {
     "search-175b": ["search", GPT3, "--jobs", str(SEARCH_JOBS), "--json", "--quiet"],
@@ -168,8 +182,12 @@ RATIO_CASES: dict[str, list[str]] = {
     "mt-nlg-out": ["run", MT_NLG, "--out", "{out}", "--quiet"],
     "dense-16k-json": ["run", DENSE_16K, "--json", "--quiet"],
     "dense-16k-out": ["run", DENSE_16K, "--out", "{out}", "--quiet"],
+    "dense-16k-uplink": ["run", "{what-if}", "--json", "--quiet"],
+    "dense-16k-straggler": ["run", "{what-if}", "--json", "--quiet"],
 }
 ITEMS = ("targets", "flat", *RATIO_ITEMS)
+# items left out of `--instructions` (their processes would take most of an hour there)
+NOT_COUNTED = ("search", "what-if")
 # `--instructions`: the reference loop's process, and one that only starts (its cost)
 REFERENCE_CASE, EMPTY_CASE = "reference-loop", "nothing"
 
@@ -227,7 +245,12 @@ def run_ratio_case(name: str) -> None:
     from stepsim.cli import program  # what the stepsim executable runs
 
     with tempfile.TemporaryDirectory() as folder:
-        argv = [folder if a == "{out}" else a for a in RATIO_CASES[name]]
+        what_if = Path(folder) / "what-if.toml"
+        if name in WHAT_IFS:
+            text = (ROOT / DENSE_16K).read_text(encoding="utf-8")
+            what_if.write_text(f"{text}\n{WHAT_IFS[name]}", encoding="utf-8")
+        paths = {"{out}": folder, "{what-if}": str(what_if)}
+        argv = [paths.get(a, a) for a in RATIO_CASES[name]]
         with contextlib.redirect_stdout(io.StringIO()):
             code = program(argv)
     if code != 0:
@@ -322,7 +345,7 @@ def run_instructions(items: list[str]) -> None:
     print(f"  reference loop ({REFERENCE_EVENTS:,} simpy events): {loop / 1e9:.2f} G")
     cases: dict[str, str] = {}
     for item in items:
-        if item != "search":
+        if item not in NOT_COUNTED:
             cases.update(RATIO_ITEMS[item])
     counted = {}
     for case in cases:
