@@ -11,8 +11,8 @@ the loss), the NIC of that GPU at half rate, the cable from that
 NIC to its leaf switch failed (the job after its restart without the NIC: GPU 43 uses
 NIC 2), and a switch uplink failed. The first three touch replica 5 only, so symmetric
 mode simulates that replica besides the representatives (simulator/run/perturb.py); a
-failed uplink is refused there (it reroutes many replicas' traffic) and the table says
-so.
+failed uplink reroutes many replicas' traffic, which symmetric mode runs in class mode
+(simulator/comm/classes.py).
 """
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ def test_one_class_where_nothing_tells_the_gpus_apart():
     assert result.metrics.iteration_time_s == pytest.approx(exact.iteration_time_s, rel=1e-12)
     assert result.metrics.iteration_time_s > run(base).metrics.iteration_time_s
     text = summary_text(result)
-    assert "symmetric mode, in classes: 1 classes of GPUs a stage" in text
+    assert "symmetric mode, in classes: 1 class of GPUs a stage" in text
     assert "found in 1 run:" in text
 
 

@@ -281,8 +281,9 @@ def perturbation_lines(result: Result) -> list[str]:
     lines += [f"    {i + 1}. {text}" for i, text in enumerate(m.perturbations)]
     if result.classes is not None:
         c = result.classes
+        n = len(c.ranks) * len(c.replicas)
         lines.append(
-            f"    symmetric mode, in classes: {len(c.ranks) * len(c.replicas)} classes of GPUs "
+            f"    symmetric mode, in classes: {n} class{'es' if n > 1 else ''} of GPUs "
             f"a stage ({len(c.ranks)} of tensor ranks x {len(c.replicas)} of replicas) ran "
             f"alike, found in {c.runs} run{'s' if c.runs > 1 else ''}: every class transfer's "
             f"members held at its rate (the max-min certificate): exact mode's result, to rounding"

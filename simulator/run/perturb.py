@@ -648,8 +648,10 @@ def _class_waits(
     for (a, b), seconds in by_class.items():
         ranks, replicas = classes.ranks[a], classes.replicas[b]
         label = (
-            f"tensor ranks {runs_of(ranks)} of replicas {runs_of(replicas)} "
-            f"({len(ranks) * len(replicas)} GPUs a stage that ran alike)"
+            f"tensor rank{'s' if len(ranks) > 1 else ''} {runs_of(ranks)} of "
+            f"replica{'s' if len(replicas) > 1 else ''} {runs_of(replicas)} "
+            f"({len(ranks) * len(replicas)} GPU{'s' if len(ranks) * len(replicas) > 1 else ''} "
+            f"a stage that ran alike)"
         )
         out.append(WaitCause(label, replicas[0], placement.gpu(ranks[0], replicas[0], 0), seconds))
     return tuple(sorted(out, key=lambda w: (-w.gpu_seconds, w.replica, w.gpu)))
