@@ -78,6 +78,11 @@ CASES = {
         lambda s: [P(kind="slow_link", link=uplink(s, 1), bandwidth_factor=0.25)],
     ),
     "rail 0 down": (RAILS, {}, lambda s: [P(kind="slow_link", link=uplink(s, 0), down=True)]),
+    "ZeRO-2": (
+        TREE,
+        {"data_parallel_sharding": "gradients"},
+        lambda s: [P(kind="slow_link", link=uplink(s, 0), down=True)],
+    ),
     "no ZeRO, all-reduce after the flush": (
         TREE,
         {"overlap_grad_reduce": False, "data_parallel_sharding": "none"},
@@ -243,3 +248,12 @@ def test_refinement_splits_where_holders_and_violators_meet():
     assert split.replicas == ((0,), (1,), (2, 3))
     apart = Uncertified(frozenset({1, 2}), frozenset({0}), "")  # rank 0 against ranks 1, 2
     assert split.refined(placement, apart) is split
+
+
+def test_class_mode_refuses_a_three_level_tree():
+    """Measured too slow there (docs/performance.md): exact mode is the way."""
+    tree = {"num_nodes": 8, "fabric": "fat-tree", "nodes_per_leaf": 2, "fabric_levels": 3}
+    base = load(**{**TREE, "cluster": {**TREE["cluster"], **tree}})
+    s = with_perturbations(base, P(kind="slow_link", link=uplink(base, 0), down=True))
+    with pytest.raises(ScenarioError, match=r"on 2-level fabrics only"):
+        run(s)

@@ -131,7 +131,9 @@ class _Blame:
                 # all-reduce): waiting on the pipeline, not charged
                 continue
             if not op.blocking:
-                if op.lane != last_lane:
+                # a member that arrived at this instant waited for no one: a lane
+                # waiting for it later waited for it, not for the last arriver
+                if op.lane != last_lane and start_s[index] != now:
                     self.pending[index] = (last_lane, now)
                 continue
             wait = now - start_s[index]  # type: ignore[operator]  # arrived, so started

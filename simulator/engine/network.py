@@ -197,9 +197,10 @@ NetworkFactory = Callable[[simpy.Environment], Network]
 
 
 # Class mode's certificate: a link is saturated within this relative tolerance of its
-# capacity, and a flow as fast as another within it. The rates are progressive
-# filling's, whose roundings are near 1e-15; a looser test only splits a class that
-# need not have split (more lanes, the same result), a tighter one could miss nothing.
+# capacity, and a flow as fast as another within it. Progressive filling's roundings
+# are near 1e-15, so exact mode's held members pass; members whose own rates would
+# differ by less than this pass too, and class mode's result then agrees with exact
+# mode's within it (a tighter test would split classes over roundings: more lanes).
 CERTIFY_RTOL = 1e-9
 _SATURATED = 1 - CERTIFY_RTOL
 _HELD = 1 + CERTIFY_RTOL

@@ -333,6 +333,16 @@ def in_classes(scenario: Scenario, cluster) -> bool:
             key="network.symmetry",
             value=True,
         )
+    if scenario.cluster.fabric == "fat-tree" and scenario.cluster.fabric_levels > 2:
+        # measured: on llama3.1-405b-16k-h100's 3-level tree the first run, one class a
+        # stage, took 322 s, about exact mode's time (docs/performance.md)
+        raise ScenarioError(
+            f"{what}: a link between switches in symmetric mode is simulated by classes of "
+            f"GPUs on 2-level fabrics only (on a 3-level fat tree it costs about what exact "
+            f"mode does){off}",
+            key="cluster.fabric_levels",
+            value=scenario.cluster.fabric_levels,
+        )
     if scenario.network.model != FAIR_SHARE:
         # the analytical model runs each transfer as if alone: a class transfer's
         # members would share its links where exact mode's transfers do not
@@ -361,12 +371,9 @@ def in_classes(scenario: Scenario, cluster) -> bool:
 
 def needs_whole_cluster(scenario: Scenario, cluster) -> bool:
     """Whether a run on ``cluster`` (a pattern cluster: symmetric mode's) must draw the
-    whole graph instead: class mode routes every GPU's flows around a failed cable."""
-    return (
-        scenario.network.symmetry
-        and bool(scenario.perturbations)
-        and bool(between_switches(scenario, cluster))
-    )
+    whole graph instead: class mode routes every GPU's flows around a failed cable. What
+    class mode refuses is refused here, before that graph is drawn (`in_classes`)."""
+    return in_classes(scenario, cluster)
 
 
 def fast_path(scenario: Scenario, cluster) -> tuple[frozenset[int], frozenset[tuple[int, int]]]:
@@ -636,16 +643,17 @@ def _class_waits(
     """`wait_causes` in class mode: by the last arriver's class (its tensor ranks and
     replicas), whose GPUs ran alike; a link perturbation touches no GPU of its own."""
     lanes, placement = workload.lanes, placement_of(scenario)
-    by_class: dict[tuple[int, int], float] = {}
+    by_class: dict[tuple[int, int], dict[int, float]] = {}  # class -> lane's GPU -> GPU-s
     for w in waits:
         gpu = lanes[w.cause].gpu
         key = (
             classes_of(classes.ranks, gpu % placement.tensor),
             classes_of(classes.replicas, placement.replica_of(gpu)),
         )
-        by_class[key] = by_class.get(key, 0.0) + w.seconds * lanes[w.lane].stands_for
+        per_gpu = by_class.setdefault(key, {})
+        per_gpu[gpu] = per_gpu.get(gpu, 0.0) + w.seconds * lanes[w.lane].stands_for
     out = []
-    for (a, b), seconds in by_class.items():
+    for (a, b), per_gpu in by_class.items():
         ranks, replicas = classes.ranks[a], classes.replicas[b]
         label = (
             f"tensor rank{'s' if len(ranks) > 1 else ''} {runs_of(ranks)} of "
@@ -653,7 +661,10 @@ def _class_waits(
             f"({len(ranks) * len(replicas)} GPU{'s' if len(ranks) * len(replicas) > 1 else ''} "
             f"a stage that ran alike)"
         )
-        out.append(WaitCause(label, replicas[0], placement.gpu(ranks[0], replicas[0], 0), seconds))
+        # the class's lane on the stage charged the most (its first GPU), as exact mode names
+        # its last arriver charged the most
+        top = min(per_gpu, key=lambda g: (-per_gpu[g], g))
+        out.append(WaitCause(label, replicas[0], top, sum(per_gpu.values())))
     return tuple(sorted(out, key=lambda w: (-w.gpu_seconds, w.replica, w.gpu)))
 
 
