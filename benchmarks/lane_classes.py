@@ -22,6 +22,7 @@ from collections import Counter, defaultdict
 from dataclasses import replace
 
 from stepsim.run.iteration import build_cluster, run
+from stepsim.run.perturb import runs_of
 from stepsim.scenario import load_scenario
 from stepsim.scenario.perturbation import PerturbationSpec
 
@@ -95,19 +96,8 @@ def members(gpus: list[int], dp: int) -> str:
         for d, ranks in sorted(replicas.items()):
             by_ranks[tuple(sorted(ranks))].append(d)
         for ranks, ds in sorted(by_ranks.items()):
-            parts.append(f"stage {stage}, ranks {spans_of(list(ranks))}, replicas {spans_of(ds)}")
+            parts.append(f"stage {stage}, ranks {runs_of(list(ranks))}, replicas {runs_of(ds)}")
     return "; ".join(parts)
-
-
-def spans_of(values: list[int]) -> str:
-    """Sorted integers as runs: 0-3, 7, 9-12."""
-    runs: list[list[int]] = []
-    for v in values:
-        if runs and v == runs[-1][1] + 1:
-            runs[-1][1] = v
-        else:
-            runs.append([v, v])
-    return ", ".join(f"{a}" if a == b else f"{a}-{b}" for a, b in runs)
 
 
 if __name__ == "__main__":
