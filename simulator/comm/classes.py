@@ -68,10 +68,10 @@ class Partition:
         its earlier ones split already): the partition as it is."""
         holding: dict[tuple[int, int], list[int]] = {}
         for g in error.holders:
-            holding.setdefault(self._class_of(placement, g), []).append(g)
+            holding.setdefault(self.class_of(placement, g), []).append(g)
         violating: dict[tuple[int, int], list[int]] = {}
         for g in error.violators:
-            violating.setdefault(self._class_of(placement, g), []).append(g)
+            violating.setdefault(self.class_of(placement, g), []).append(g)
         both = sorted(set(holding) & set(violating))
         if not both:
             return self
@@ -89,7 +89,7 @@ class Partition:
         assert (ranks, replicas) != (self.ranks, self.replicas), "a refinement splits a class"
         return Partition(ranks, replicas)
 
-    def _class_of(self, placement: Placement, gpu: int) -> tuple[int, int]:
+    def class_of(self, placement: Placement, gpu: int) -> tuple[int, int]:
         """The (rank class, replica class) of a GPU of any stage."""
         rank, replica = gpu % placement.tensor, placement.replica_of(gpu)
         return (

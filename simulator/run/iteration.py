@@ -41,7 +41,7 @@ from ..report.metrics import summarize, tally
 from ..scenario import ClusterSpec, Scenario, ScenarioError, limits
 from . import fastforward
 from .bubble import PASS_OF_KIND, idle_causes, pass_times
-from .perturb import Perturbation, needs_whole_cluster
+from .perturb import Perturbation, in_classes
 
 # the network model a scenario names (network.model), as the engine's network
 NETWORKS = {FAIR_SHARE: FairShareNetwork, ANALYTICAL: AnalyticalNetwork}
@@ -158,7 +158,8 @@ def _run(
     """`run` without the idle split."""
     # symmetric mode simulates the representative GPUs: the pattern is enough
     cluster = build_cluster(scenario.cluster, pattern=scenario.network.symmetry)
-    if needs_whole_cluster(scenario, cluster):  # class mode reroutes every GPU's flows
+    # class mode routes every GPU's flows (what it refuses is refused before drawing)
+    if in_classes(scenario, cluster):
         cluster = build_cluster(scenario.cluster)
     # the scenario's what-ifs, applied at each step below (run/perturb.py)
     perturbation = Perturbation.of(scenario, cluster)

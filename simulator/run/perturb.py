@@ -29,6 +29,7 @@ import numpy as np
 from stepsim.topologies import PLANAR, AnyCluster
 from stepsim.topologies.detour import Detour
 
+from ..comm.classes import Partition
 from ..comm.placement import placement_of
 from ..emit.lowering import lower
 from ..ir.ops import Workload
@@ -316,7 +317,7 @@ def in_classes(scenario: Scenario, cluster) -> bool:
     """Whether symmetric mode runs the scenario in class mode (comm/classes.py): a link
     between switches is perturbed. Class mode takes only what acts on links (slow or
     failed links and NICs) and the layouts the fast path takes; a one-line error for
-    the rest. It needs the whole cluster drawn (`needs_whole_cluster`)."""
+    the rest, before the run draws the whole cluster that class mode routes on."""
     if not scenario.network.symmetry or not scenario.perturbations:
         return False
     switched = between_switches(scenario, cluster)
@@ -367,13 +368,6 @@ def in_classes(scenario: Scenario, cluster) -> bool:
             value=True,
         )
     return True
-
-
-def needs_whole_cluster(scenario: Scenario, cluster) -> bool:
-    """Whether a run on ``cluster`` (a pattern cluster: symmetric mode's) must draw the
-    whole graph instead: class mode routes every GPU's flows around a failed cable. What
-    class mode refuses is refused here, before that graph is drawn (`in_classes`)."""
-    return in_classes(scenario, cluster)
 
 
 def fast_path(scenario: Scenario, cluster) -> tuple[frozenset[int], frozenset[tuple[int, int]]]:
@@ -643,14 +637,11 @@ def _class_waits(
     """`wait_causes` in class mode: by the last arriver's class (its tensor ranks and
     replicas), whose GPUs ran alike; a link perturbation touches no GPU of its own."""
     lanes, placement = workload.lanes, placement_of(scenario)
+    partition = Partition(classes.ranks, classes.replicas)
     by_class: dict[tuple[int, int], dict[int, float]] = {}  # class -> lane's GPU -> GPU-s
     for w in waits:
         gpu = lanes[w.cause].gpu
-        key = (
-            classes_of(classes.ranks, gpu % placement.tensor),
-            classes_of(classes.replicas, placement.replica_of(gpu)),
-        )
-        per_gpu = by_class.setdefault(key, {})
+        per_gpu = by_class.setdefault(partition.class_of(placement, gpu), {})
         per_gpu[gpu] = per_gpu.get(gpu, 0.0) + w.seconds * lanes[w.lane].stands_for
     out = []
     for (a, b), per_gpu in by_class.items():
@@ -666,11 +657,6 @@ def _class_waits(
         top = min(per_gpu, key=lambda g: (-per_gpu[g], g))
         out.append(WaitCause(label, replicas[0], top, sum(per_gpu.values())))
     return tuple(sorted(out, key=lambda w: (-w.gpu_seconds, w.replica, w.gpu)))
-
-
-def classes_of(classes: tuple[tuple[int, ...], ...], member: int) -> int:
-    """The index of the class holding ``member``."""
-    return next(i for i, members in enumerate(classes) if member in members)
 
 
 def runs_of(values: Sequence[int]) -> str:
